@@ -1,0 +1,43 @@
+# meshscope: the two commands of the README's Quick start, plus the pieces they are made of.
+# Everything installs into .venv so a fresh clone on a fresh machine needs nothing installed by hand.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
+
+.PHONY: demo test lint typecheck contracts unit bench crds clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	rm -f $(VENV)/.installed-*
+	touch $@
+
+venv: $(STAMP)
+
+## make demo: plan the bundled example job (later: the full local run)
+demo: $(STAMP)
+	$(BIN)/meshscope demo
+
+## make test: lint, type-check, architecture contracts, then the whole test suite
+test: lint typecheck contracts unit
+
+lint: $(STAMP)
+	$(BIN)/ruff check src operator sidecar tests benchmarks
+	$(BIN)/ruff format --check src operator sidecar tests benchmarks
+
+typecheck: $(STAMP)
+	$(BIN)/mypy
+
+contracts: $(STAMP)
+	$(BIN)/lint-imports
+
+unit: $(STAMP)
+	$(BIN)/pytest -q
+
+bench: $(STAMP)
+	$(BIN)/python benchmarks/bench_planner.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -1,0 +1,152 @@
+"""The typed, frozen form of a TrainingJob spec.
+
+``crds/trainingjobs.meshscope.io.yaml`` is the single source of truth for the wire format (camelCase, as a user
+``kubectl apply``s it); :mod:`meshscope.loading` turns a manifest into these objects, applying every default in one
+place. Everything downstream (planner, simulator, operator) takes a :class:`JobSpec` and never sees raw dicts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from meshscope.hardware import HardwareConfig
+from meshscope.layout import ParallelLayout
+from meshscope.models import ModelConfig
+
+
+class Precision(StrEnum):
+    """Compute precision of the matmuls."""
+
+    BF16 = "bf16"
+    FP16 = "fp16"
+    FP8 = "fp8"
+    FP32 = "fp32"
+
+
+class Recompute(StrEnum):
+    """Activation recomputation policy (Megatron-core's ``recompute_granularity``)."""
+
+    NONE = "none"
+    SELECTIVE = "selective"
+    """Recompute the attention core (softmax, dropout, QK^T, AV): drops the ``5as/h`` term (Korthikanti et al. 2022)."""
+    FULL = "full"
+    """Keep only each layer's input; recompute the whole layer in backward."""
+
+
+class AttentionImpl(StrEnum):
+    """How attention is computed; decides whether the ``s^2`` attention scores are stored."""
+
+    FLASH = "flash"
+    """Fused / FlashAttention: no ``s^2`` tensors kept for backward."""
+    EAGER = "eager"
+    """Unfused: scores, softmax and dropout mask (``5as^2b`` bytes per layer) are kept unless recomputed."""
+
+
+class PipelineSchedule(StrEnum):
+    """Pipeline schedule."""
+
+    ONE_F_ONE_B = "1f1b"
+    INTERLEAVED = "interleaved"
+    GPIPE = "gpipe"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ParallelismConfig:
+    """The layout plus the switches that change what each axis stores and sends."""
+
+    layout: ParallelLayout
+    """Degrees, virtual stages and rank order."""
+    sequence_parallel: bool = False
+    """Megatron sequence parallelism: norms and dropout sharded over tp, all-reduce -> reduce-scatter + all-gather."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TrainingConfig:
+    """Batch, precision and memory-saving settings."""
+
+    micro_batch_size: int
+    """Sequences per micro-batch per data-parallel replica (``b``)."""
+    global_batch_size: int
+    """Sequences per optimizer step over the whole job (``B``)."""
+    precision: Precision = Precision.BF16
+    """Matmul precision."""
+    recompute: Recompute = Recompute.NONE
+    """Activation recomputation."""
+    attention: AttentionImpl = AttentionImpl.FLASH
+    """Attention implementation."""
+    distributed_optimizer: bool = False
+    """Megatron's distributed optimizer: fp32 main params, grads' optimizer state sharded over dp (6 + 12/dp B/param)."""
+    zero_stage: int = 0
+    """ZeRO stage 0-3 (DeepSpeed / FSDP terms): 1 shards optimizer state, 2 also gradients, 3 also parameters."""
+    pipeline_schedule: PipelineSchedule = PipelineSchedule.ONE_F_ONE_B
+    """Pipeline schedule; ``interleaved`` needs ``vpp > 1``."""
+    grad_reduce_bytes: int = 4
+    """Bytes per gradient element in the data-parallel reduction (4: fp32, Megatron's default; 2: bf16)."""
+    overlap_grad_reduce: bool = True
+    """Whether the data-parallel gradient reduction overlaps the backward pass."""
+    overlap_param_gather: bool = True
+    """Whether the distributed optimizer's parameter all-gather overlaps the next forward pass."""
+    tp_comm_overlap: bool = False
+    """Whether tensor-parallel collectives overlap GEMMs (Transformer Engine userbuffers)."""
+
+    def micro_batches(self, dp: int) -> int:
+        """Micro-batches per pipeline per step: ``m = B / (b * dp)``."""
+        return self.global_batch_size // (self.micro_batch_size * dp)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TopologyConfig:
+    """Node label keys that tell where pods landed (used by the operator to build a placement)."""
+
+    nvlink_domain_label: str = "nvidia.com/gpu.clique"
+    """Node label naming the NVLink domain (GPU feature discovery's clique; ``<ClusterUUID>.<CliqueID>``)."""
+    network_tier_labels: tuple[str, ...] = (
+        "network.topology.nvidia.com/leaf",
+        "network.topology.nvidia.com/spine",
+    )
+    """Node labels naming the network switch at each tier, closest to the node first (topograph)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MonitoringConfig:
+    """What the sidecar collects and how often."""
+
+    enabled: bool = True
+    """Whether the operator injects the sidecar."""
+    scrape_interval_seconds: float = 15.0
+    """Prometheus scrape interval of the sidecar's metrics, seconds."""
+    sources: tuple[str, ...] = ("train", "dcgm", "nccl", "infiniband")
+    """Telemetry sources the sidecar turns on."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JobSpec:
+    """A whole TrainingJob spec, defaults applied."""
+
+    name: str
+    """``metadata.name``."""
+    model: ModelConfig
+    """The model."""
+    parallelism: ParallelismConfig
+    """Layout and sequence parallelism."""
+    training: TrainingConfig
+    """Batch and precision settings."""
+    hardware: HardwareConfig
+    """GPU type, node count and wiring."""
+    namespace: str = "default"
+    """``metadata.namespace``."""
+    topology: TopologyConfig = field(default_factory=TopologyConfig)
+    """Node label keys."""
+    monitoring: MonitoringConfig = field(default_factory=MonitoringConfig)
+    """Sidecar settings."""
+
+    @property
+    def layout(self) -> ParallelLayout:
+        """Shortcut for ``parallelism.layout``."""
+        return self.parallelism.layout
+
+    @property
+    def world_size(self) -> int:
+        """Ranks in the job."""
+        return self.layout.world_size
