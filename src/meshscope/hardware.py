@@ -76,8 +76,8 @@ CATALOGUE: dict[str, GpuSpec] = {
             gpus_per_node=8,
             nic_bandwidth_bytes_per_s=25 * GB,
             source=(
-                "NVIDIA A100 datasheet via glennklockwood (312 TF BF16 dense, 80 GB HBM2e, 2,039 GB/s, NVLink3 600 GB/s "
-                "total); Narayanan et al. 2021 §5: 8x 200 Gb/s HDR per DGX A100 node"
+                "NVIDIA A100 datasheet via glennklockwood (312 TF BF16 dense, 80 GB HBM2e, 2,039 GB/s, "
+                "NVLink3 600 GB/s total); Narayanan et al. 2021 §5: 8x 200 Gb/s HDR per DGX A100 node"
             ),
         ),
         GpuSpec(
@@ -174,7 +174,7 @@ def lookup_gpu(name: str) -> GpuSpec:
     raise SpecError("spec.hardware.gpu", f"unknown GPU type {name!r}; known: {', '.join(CATALOGUE)}")
 
 
-def custom_gpu(base: GpuSpec, **overrides: float | int | str | None) -> GpuSpec:
+def custom_gpu(base: GpuSpec, **overrides: float | str | None) -> GpuSpec:
     """A catalogue entry with some numbers replaced (explicit hardware in the spec)."""
     return replace(base, **overrides)  # type: ignore[arg-type]
 

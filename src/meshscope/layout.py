@@ -17,8 +17,9 @@ Two generators share the order, as in Megatron-core:
   parallelism is carved out of ``dp*cp``. It defines the ``ep`` coord and groups and the expert-data-parallel groups
   (over which routed-expert gradients are reduced). ``etp`` (expert tensor parallel) defaults to ``tp``.
 
-Megatron-core requires ``ep`` and ``dp`` to be adjacent in the order when both are used; so do we. The pipeline coord
-must agree between the two generators, which holds whenever ``pp`` comes after the axes whose degrees differ.
+Megatron-core requires ``ep`` and ``dp`` to be adjacent in the order when both are used; so do we. With experts
+sharded (``ep > 1`` or ``etp != tp``) the pipeline coord must agree between the two generators, which holds whenever
+``pp`` comes after the axes whose degrees differ.
 
 Nothing here knows about nodes or hardware (that is :mod:`meshscope.placement`).
 """
@@ -165,9 +166,10 @@ class ParallelLayout:
                 )
         dec = self._strides(self._decoder_degrees())
         exp = self._strides(self._expert_degrees())
-        if dec[MeshAxis.PP] != exp[MeshAxis.PP]:
+        sharded_experts = self.ep > 1 or self.expert_tp != self.tp
+        if self.pp > 1 and sharded_experts and dec[MeshAxis.PP] != exp[MeshAxis.PP]:
             raise LayoutError(
-                f"rank order {_fmt_order(order)!r} with etp={self.expert_tp} != tp={self.tp}: the pipeline coord "
+                f"rank order {_fmt_order(order)!r} with ep={self.ep}, etp={self.expert_tp}: the pipeline coord "
                 f"would differ between dense and expert layers; put pp after tp, cp, ep and dp"
             )
         object.__setattr__(self, "_decoder_strides", dec)
@@ -214,7 +216,13 @@ class ParallelLayout:
     # ---------------------------------------------------------------- generators
 
     def _decoder_degrees(self) -> dict[MeshAxis, int]:
-        return {MeshAxis.TP: self.tp, MeshAxis.CP: self.cp, MeshAxis.EP: 1, MeshAxis.DP: self.dp, MeshAxis.PP: self.pp}
+        return {
+            MeshAxis.TP: self.tp,
+            MeshAxis.CP: self.cp,
+            MeshAxis.EP: 1,
+            MeshAxis.DP: self.dp,
+            MeshAxis.PP: self.pp,
+        }
 
     def _expert_degrees(self) -> dict[MeshAxis, int]:
         return {

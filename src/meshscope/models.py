@@ -255,9 +255,7 @@ def output_params(model: ModelConfig) -> int:
 def total_params(model: ModelConfig) -> int:
     """All parameters of the model."""
     return (
-        sum(layer_params(model, i).total for i in range(model.layers))
-        + embedding_params(model)
-        + output_params(model)
+        sum(layer_params(model, i).total for i in range(model.layers)) + embedding_params(model) + output_params(model)
     )
 
 
@@ -273,38 +271,99 @@ def active_params(model: ModelConfig) -> int:
     return total
 
 
-_LLAMA = {"activation": Activation.SWIGLU, "norm": Norm.RMSNORM, "tied_embeddings": False}
-
 PRESETS: dict[str, ModelConfig] = {
     m.name: m
     for m in (
         # Llama 3 (Meta, "The Llama 3 Herd of Models", Table 3): 8.03B / 70.6B / 405.9B parameters.
-        ModelConfig(name="llama3-8b", layers=32, hidden_size=4096, attention_heads=32, kv_heads=8,
-                    ffn_hidden_size=14336, vocab_size=128256, seq_length=8192, **_LLAMA),  # type: ignore[arg-type]
-        ModelConfig(name="llama3-70b", layers=80, hidden_size=8192, attention_heads=64, kv_heads=8,
-                    ffn_hidden_size=28672, vocab_size=128256, seq_length=8192, **_LLAMA),  # type: ignore[arg-type]
-        ModelConfig(name="llama3-405b", layers=126, hidden_size=16384, attention_heads=128, kv_heads=8,
-                    ffn_hidden_size=53248, vocab_size=128256, seq_length=8192, **_LLAMA),  # type: ignore[arg-type]
+        ModelConfig(
+            name="llama3-8b",
+            layers=32,
+            hidden_size=4096,
+            attention_heads=32,
+            kv_heads=8,
+            ffn_hidden_size=14336,
+            vocab_size=128256,
+            seq_length=8192,
+        ),
+        ModelConfig(
+            name="llama3-70b",
+            layers=80,
+            hidden_size=8192,
+            attention_heads=64,
+            kv_heads=8,
+            ffn_hidden_size=28672,
+            vocab_size=128256,
+            seq_length=8192,
+        ),
+        ModelConfig(
+            name="llama3-405b",
+            layers=126,
+            hidden_size=16384,
+            attention_heads=128,
+            kv_heads=8,
+            ffn_hidden_size=53248,
+            vocab_size=128256,
+            seq_length=8192,
+        ),
         # GPT-3 175B (Brown et al. 2020, Table 2.1): 96 layers, d_model 12288, 96 heads, 2048 context.
-        ModelConfig(name="gpt3-175b", layers=96, hidden_size=12288, attention_heads=96, ffn_hidden_size=4 * 12288,
-                    vocab_size=50257, seq_length=2048, activation=Activation.GELU, norm=Norm.LAYERNORM,
-                    position_embedding=PositionEmbedding.LEARNED, dropout=0.1, tied_embeddings=True,
-                    linear_bias=True),
+        ModelConfig(
+            name="gpt3-175b",
+            layers=96,
+            hidden_size=12288,
+            attention_heads=96,
+            ffn_hidden_size=4 * 12288,
+            vocab_size=50257,
+            seq_length=2048,
+            activation=Activation.GELU,
+            norm=Norm.LAYERNORM,
+            position_embedding=PositionEmbedding.LEARNED,
+            dropout=0.1,
+            tied_embeddings=True,
+            linear_bias=True,
+        ),
         # Mixtral 8x7B (Mistral AI, arXiv 2401.04088): 46.7B total, 12.9B active parameters.
-        ModelConfig(name="mixtral-8x7b", layers=32, hidden_size=4096, attention_heads=32, kv_heads=8,
-                    ffn_hidden_size=14336, vocab_size=32000, seq_length=32768,
-                    moe=MoEConfig(experts=8, top_k=2, expert_ffn_hidden_size=14336), **_LLAMA),  # type: ignore[arg-type]
+        ModelConfig(
+            name="mixtral-8x7b",
+            layers=32,
+            hidden_size=4096,
+            attention_heads=32,
+            kv_heads=8,
+            ffn_hidden_size=14336,
+            vocab_size=32000,
+            seq_length=32768,
+            moe=MoEConfig(experts=8, top_k=2, expert_ffn_hidden_size=14336),
+        ),
         # DeepSeek-V3 (arXiv 2412.19437): 671B total, 37B active; MLA, 1 shared + 256 routed experts, top-8,
         # first 3 layers dense. The multi-token-prediction module (14B) is not counted, as in the published 671B.
-        ModelConfig(name="deepseek-v3", layers=61, hidden_size=7168, attention_heads=128, ffn_hidden_size=18432,
-                    vocab_size=129280, seq_length=4096,
-                    moe=MoEConfig(experts=256, top_k=8, expert_ffn_hidden_size=2048, shared_experts=1,
-                                  dense_layers=3, router_bias=True),
-                    mla=MLAConfig(q_lora_rank=1536, kv_lora_rank=512, qk_head_dim=128, qk_rope_head_dim=64,
-                                  v_head_dim=128), **_LLAMA),  # type: ignore[arg-type]
+        ModelConfig(
+            name="deepseek-v3",
+            layers=61,
+            hidden_size=7168,
+            attention_heads=128,
+            ffn_hidden_size=18432,
+            vocab_size=129280,
+            seq_length=4096,
+            moe=MoEConfig(
+                experts=256,
+                top_k=8,
+                expert_ffn_hidden_size=2048,
+                shared_experts=1,
+                dense_layers=3,
+                router_bias=True,
+            ),
+            mla=MLAConfig(q_lora_rank=1536, kv_lora_rank=512, qk_head_dim=128, qk_rope_head_dim=64, v_head_dim=128),
+        ),
         # A model small enough to train for real on CPU ranks (meshscope demo).
-        ModelConfig(name="tiny", layers=4, hidden_size=64, attention_heads=4, kv_heads=2, ffn_hidden_size=256,
-                    vocab_size=512, seq_length=64, **_LLAMA),  # type: ignore[arg-type]
+        ModelConfig(
+            name="tiny",
+            layers=4,
+            hidden_size=64,
+            attention_heads=4,
+            kv_heads=2,
+            ffn_hidden_size=256,
+            vocab_size=512,
+            seq_length=64,
+        ),
     )
 }
 

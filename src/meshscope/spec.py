@@ -9,10 +9,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import TYPE_CHECKING
 
-from meshscope.hardware import HardwareConfig
-from meshscope.layout import ParallelLayout
-from meshscope.models import ModelConfig
+if TYPE_CHECKING:
+    from meshscope.hardware import HardwareConfig
+    from meshscope.layout import ParallelLayout
+    from meshscope.models import ModelConfig
 
 
 class Precision(StrEnum):
@@ -59,6 +61,13 @@ class ParallelismConfig:
     """Degrees, virtual stages and rank order."""
     sequence_parallel: bool = False
     """Megatron sequence parallelism: norms and dropout sharded over tp, all-reduce -> reduce-scatter + all-gather."""
+    account_for_embedding_in_pipeline_split: bool = False
+    """Megatron's ``--account-for-embedding-in-pipeline-split``: the input embedding counts as one layer when layers
+    are split over the ``pp*vpp`` model chunks, so the first chunk holds one transformer layer less. With both this
+    and ``account_for_loss_in_pipeline_split``, ``layers + 2`` must divide evenly (Llama 3 405B: 126 + 2 over pp 16)."""
+    account_for_loss_in_pipeline_split: bool = False
+    """Megatron's ``--account-for-loss-in-pipeline-split``: the output layer and loss count as one layer, so the last
+    chunk holds one transformer layer less."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -76,7 +85,7 @@ class TrainingConfig:
     attention: AttentionImpl = AttentionImpl.FLASH
     """Attention implementation."""
     distributed_optimizer: bool = False
-    """Megatron's distributed optimizer: fp32 main params, grads' optimizer state sharded over dp (6 + 12/dp B/param)."""
+    """Megatron's distributed optimizer: main params and Adam state sharded over dp (6 + 12/dp bytes/param)."""
     zero_stage: int = 0
     """ZeRO stage 0-3 (DeepSpeed / FSDP terms): 1 shards optimizer state, 2 also gradients, 3 also parameters."""
     pipeline_schedule: PipelineSchedule = PipelineSchedule.ONE_F_ONE_B

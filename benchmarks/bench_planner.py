@@ -1,0 +1,84 @@
+"""Planner speed targets (issue 2), measured and printed; nothing is asserted.
+
+Targets: placement check of a 131,072-GPU layout under 0.5 s; ``meshscope plan`` of a 16,384-GPU llama3-405b spec
+under 1 s end to end (YAML load + plan + JSON); layout search over 16,384 GPUs under 10 s.
+Run: ``.venv/bin/python benchmarks/bench_planner.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from meshscope.hardware import default_hardware
+from meshscope.layout import ParallelLayout
+from meshscope.loading import load_spec
+from meshscope.models import lookup_model
+from meshscope.placement import Placement, axis_spans
+from meshscope.plan import plan_job
+from meshscope.search import SearchRequest, search_layouts
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def best_of(fn, repeat: int) -> tuple[float, float]:
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return min(times), statistics.median(times)
+
+
+def main() -> None:
+    # 1. Placement check: 131,072 GPUs (16,384 nodes of 8), tp8 cp2 ep8 pp16 dp512, every axis' groups spanned.
+    layout = ParallelLayout(dp=512, tp=8, pp=16, cp=2, ep=8)
+    hw = default_hardware("H100", nodes=16_384)
+
+    def placement_check() -> None:
+        axis_spans(layout, Placement.for_hardware(layout.world_size, hw))
+
+    best, median = best_of(placement_check, 5)
+    print(
+        f"placement check, {layout.world_size:,} GPUs ({layout.describe()}): best {best:.3f} s, median {median:.3f} s"
+        f" (target < 0.5 s)"
+    )
+
+    # 2. plan of the 16,384-GPU llama3-405b example: in process (load + plan + to_dict), and as a fresh CLI process.
+    example = ROOT / "examples" / "llama3-405b-h100.yaml"
+
+    def plan_in_process() -> None:
+        json.dumps(plan_job(load_spec(example)).to_dict())
+
+    best, median = best_of(plan_in_process, 5)
+    print(f"plan {example.name} (16,384 GPUs), in process: best {best:.3f} s, median {median:.3f} s (target < 1 s)")
+
+    def plan_cli() -> None:
+        subprocess.run([sys.executable, "-m", "meshscope", "plan", "--json", str(example)], check=True,
+                       capture_output=True)  # fmt: skip
+
+    best, median = best_of(plan_cli, 3)
+    print(
+        f"meshscope plan --json {example.name}, whole process incl. interpreter start: best {best:.3f} s, "
+        f"median {median:.3f} s (target < 1 s)"
+    )
+
+    # 3. Layout search over 16,384 H100s for llama3-405b.
+    request = SearchRequest(
+        model=lookup_model("llama3-405b"), hardware=default_hardware("H100", nodes=2048), global_batch_size=2048
+    )
+    t0 = time.perf_counter()
+    result = search_layouts(request)
+    elapsed = time.perf_counter() - t0
+    print(
+        f"layout search, llama3-405b on 16,384 H100: {elapsed:.2f} s for {result.evaluated:,} planned layouts, "
+        f"{len(result.candidates):,} fit (target < 10 s)"
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,578 @@
+"""Every collective a training step runs, per axis: message, count, bytes per GPU, link, FLOPs/byte and seconds.
+
+Exists so that a plan can say which axis' traffic crosses which link, how many bytes each GPU moves, whether enough
+compute exists to hide it, and how much of it is expected to stay exposed. It works on one representative GPU per
+pipeline stage and on the group spans of :func:`meshscope.placement.axis_spans` (vectorised); it never loops over
+ranks.
+
+Conventions (docs/planner.md, "Collectives"; reference/planner.md §1.4, §1.7):
+
+* ``message_bytes`` is NCCL's array size ``S``: the whole buffer of an all-reduce, the gathered (unsharded) buffer
+  of an all-gather / reduce-scatter, the send buffer of an all-to-all, the tensor of a send/recv.
+* Bytes each GPU moves per instance = ``S`` x bus factor: ``2(n-1)/n`` all-reduce, ``(n-1)/n`` reduce-scatter,
+  all-gather and all-to-all, 1 send/recv (nccl-tests ``doc/PERFORMANCE.md``).
+* Activations travel at 2 bytes per element (4 in fp32 training), also under fp8; gradients at
+  ``grad_reduce_bytes``; parameter all-gathers at the weight's bytes.
+* ``flops_per_byte`` is per axis, as in reference §1.7: the model FLOPs per step on that GPU that the axis' traffic
+  could hide behind (TP and CP: the stage's transformer layers; EP: its routed experts; PP and DP: everything the
+  stage computes) ÷ all bytes that axis moves per GPU per step. It is compared with the link budget, peak FLOP/s ÷
+  link bytes/s: below it, the traffic cannot be hidden even with perfect overlap.
+* Expected seconds of one instance = bytes per GPU ÷ (link bandwidth x link efficiency). The exposed part is what
+  the overlap assumptions and the compute in the collective's overlap window leave over.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import TYPE_CHECKING
+
+from meshscope.layout import MeshAxis
+from meshscope.placement import Link, axis_spans, span_of_groups
+from meshscope.plan.memory import activation_element_bytes, sharding_stage, state_bytes_per_param
+
+if TYPE_CHECKING:
+    from meshscope.hardware import HardwareConfig
+    from meshscope.layout import ParallelLayout
+    from meshscope.models import ModelConfig
+    from meshscope.placement import GroupSpan, Placement
+    from meshscope.plan.assumptions import PlanAssumptions
+    from meshscope.plan.memory import StageParams
+    from meshscope.plan.timing import StageCompute
+    from meshscope.spec import ParallelismConfig, TrainingConfig
+
+
+class CollectiveOp(StrEnum):
+    """NCCL operation."""
+
+    ALL_REDUCE = "all-reduce"
+    REDUCE_SCATTER = "reduce-scatter"
+    ALL_GATHER = "all-gather"
+    ALL_TO_ALL = "all-to-all"
+    SEND_RECV = "send-recv"
+
+    def bus_factor(self, group_size: int) -> float:
+        """Bytes each GPU moves per byte of the array ``S`` (nccl-tests ``doc/PERFORMANCE.md``)."""
+        n = group_size
+        if self is CollectiveOp.ALL_REDUCE:
+            return 2.0 * (n - 1) / n
+        if self is CollectiveOp.SEND_RECV:
+            return 1.0
+        return (n - 1) / n
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CollectivePlan:
+    """One kind of collective of one axis, on one GPU of one pipeline stage, over a whole step."""
+
+    axis: str
+    """Mesh axis whose traffic this is (``tp``, ``cp``, ``ep``, ``pp``, ``dp``)."""
+    group: str
+    """Process group it runs on: the axis, or ``dp-cp`` (dense gradients), ``edp`` (routed-expert gradients),
+    ``etp`` (expert tensor parallel), ``pp-embedding`` (first and last stage, tied embeddings)."""
+    op: CollectiveOp
+    """NCCL operation."""
+    purpose: str
+    """What it moves, e.g. ``dense gradients``."""
+    pp_rank: int
+    """Pipeline rank of the GPU these numbers are for."""
+    group_size: int
+    """Ranks per group."""
+    groups: int
+    """Groups of this kind in the job."""
+    groups_crossing_domains: int
+    """Groups whose members sit in more than one NVLink domain."""
+    link: Link
+    """Slowest hop: ``network`` if any group crosses an NVLink domain."""
+    message_bytes: int
+    """NCCL array size ``S`` of one instance, bytes."""
+    count_per_step: int
+    """Instances per step on this GPU."""
+    bus_factor: float
+    """Bytes moved per GPU per byte of ``S``."""
+    bytes_per_gpu_per_step: float
+    """``message_bytes · bus_factor · count_per_step``."""
+    bandwidth_bytes_per_s: float
+    """Per-direction bandwidth of ``link`` per GPU (before the efficiency assumption)."""
+    seconds_per_instance: float
+    """Expected seconds of one instance: ``message_bytes · bus_factor / (bandwidth · link efficiency)``."""
+    hiding_flops_per_step: float
+    """Model FLOPs per step on this GPU that this collective's share of its axis' traffic could hide behind."""
+    flops_per_byte: float
+    """The axis' hiding FLOPs ÷ the axis' bytes per GPU per step (reference/planner.md §1.7)."""
+    link_budget_flops_per_byte: float
+    """Peak FLOP/s ÷ link bytes/s: FLOPs needed to hide each byte on ``link``."""
+    overlap_fraction: float
+    """Fraction of it allowed to run under compute (from the assumptions and the training switches)."""
+    overlap_window_seconds: float
+    """Compute seconds per step it can overlap (shared with collectives of the same window)."""
+    exposed_seconds_per_step: float
+    """Expected seconds per step not hidden behind compute."""
+
+    @property
+    def expected_seconds_per_step(self) -> float:
+        """``seconds_per_instance · count_per_step``."""
+        return self.seconds_per_instance * self.count_per_step
+
+    @property
+    def hideable(self) -> bool:
+        """Whether its FLOPs/byte reaches the link budget."""
+        return self.flops_per_byte >= self.link_budget_flops_per_byte
+
+    def to_dict(self) -> dict[str, object]:
+        """JSON form (bytes, seconds, FLOPs in base units)."""
+        return {
+            "axis": self.axis,
+            "group": self.group,
+            "op": self.op.value,
+            "purpose": self.purpose,
+            "pp_rank": self.pp_rank,
+            "group_size": self.group_size,
+            "groups": self.groups,
+            "groups_crossing_domains": self.groups_crossing_domains,
+            "link": self.link.value,
+            "message_bytes": self.message_bytes,
+            "count_per_step": self.count_per_step,
+            "bus_factor": self.bus_factor,
+            "bytes_per_gpu_per_step": self.bytes_per_gpu_per_step,
+            "bandwidth_bytes_per_s": self.bandwidth_bytes_per_s,
+            "seconds_per_instance": self.seconds_per_instance,
+            "expected_seconds_per_step": self.expected_seconds_per_step,
+            "exposed_seconds_per_step": self.exposed_seconds_per_step,
+            "overlap_fraction": self.overlap_fraction,
+            "hiding_flops_per_step": self.hiding_flops_per_step,
+            "flops_per_byte": self.flops_per_byte,
+            "link_budget_flops_per_byte": self.link_budget_flops_per_byte,
+        }
+
+
+def collective_spans(layout: ParallelLayout, placement: Placement, model: ModelConfig) -> dict[str, GroupSpan]:
+    """Spans of every process group a collective of ``model`` on ``layout`` runs on.
+
+    Keys: the enabled axes from :func:`~meshscope.placement.axis_spans`; ``dp-cp`` always names the dense
+    gradient group (``dp``, ``cp`` or both); ``etp`` and ``edp`` for MoE models when those groups have more than one
+    rank; ``pp-embedding`` for tied embeddings with pp > 1. All vectorised over groups.
+    """
+    spans = axis_spans(layout, placement)
+    if "dp-cp" not in spans:
+        if layout.dp > 1:
+            spans["dp-cp"] = spans["dp"]
+        elif layout.cp > 1:
+            spans["dp-cp"] = spans["cp"]
+    if model.is_moe:
+        if layout.expert_tp > 1:
+            spans["etp"] = span_of_groups("etp", layout.groups(MeshAxis.TP, expert=True), placement)
+        if layout.expert_dp > 1 and "edp" not in spans:
+            spans["edp"] = span_of_groups("edp", layout.groups(MeshAxis.DP, expert=True), placement)
+    if model.tied_embeddings and layout.pp > 1:
+        ends = layout.groups(MeshAxis.PP)[:, [0, layout.pp - 1]]
+        spans["pp-embedding"] = span_of_groups("pp-embedding", ends, placement)
+    return spans
+
+
+# Overlap windows: collectives that share a window share its compute seconds.
+_STAGE = "stage compute"
+_BACKWARD = "backward"
+_CORE = "attention core"
+_LAST_BACKWARD = "backward of the last micro-batch"
+_FIRST_FORWARD = "forward of the first micro-batch"
+_ALL_FORWARD = "forward of every micro-batch"
+_NONE = "none"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Draft:
+    axis: MeshAxis
+    group: str
+    op: CollectiveOp
+    purpose: str
+    message_bytes: int
+    count_per_step: int
+    overlap_fraction: float
+    window: str
+
+
+def _windows(compute: StageCompute) -> dict[str, float]:
+    m = compute.micro_batches
+    forward, backward = compute.forward_seconds_per_microbatch, compute.backward_seconds_per_microbatch
+    return {
+        _STAGE: compute.compute_seconds_per_step,
+        _BACKWARD: m * backward,
+        _CORE: m * compute.attention_core_seconds_per_microbatch,
+        _LAST_BACKWARD: backward,
+        _FIRST_FORWARD: forward,
+        _ALL_FORWARD: m * forward,
+        _NONE: 0.0,
+    }
+
+
+def stage_collectives(
+    model: ModelConfig,
+    parallelism: ParallelismConfig,
+    training: TrainingConfig,
+    *,
+    hardware: HardwareConfig,
+    assumptions: PlanAssumptions,
+    spans: dict[str, GroupSpan],
+    pp_rank: int,
+    layer_indices: list[int],
+    params: StageParams,
+    compute: StageCompute,
+) -> tuple[CollectivePlan, ...]:
+    """Every collective one GPU of pipeline rank ``pp_rank`` runs in a step.
+
+    Args:
+        model: the model.
+        parallelism: layout and sequence parallelism.
+        training: batch, precision, sharding and overlap switches.
+        hardware: link bandwidths and peak FLOP/s.
+        assumptions: link efficiencies and overlap fractions.
+        spans: :func:`collective_spans` of the layout on its placement.
+        pp_rank: the pipeline rank.
+        layer_indices: its transformer layers.
+        params: its parameters per GPU.
+        compute: its expected compute (FLOPs and seconds).
+
+    Returns:
+        The collectives, grouped by axis in the order tp, cp, ep, pp, dp.
+    """
+    drafts = [
+        *_tp_drafts(model, parallelism, training, assumptions, layer_indices),
+        *_cp_drafts(model, parallelism, training, assumptions, layer_indices),
+        *_ep_drafts(model, parallelism, training, assumptions, layer_indices),
+        *_pp_drafts(model, parallelism, training, assumptions, pp_rank),
+        *_dp_drafts(training, assumptions, params, compute.micro_batches),
+    ]
+    drafts = [d for d in drafts if d.count_per_step > 0 and d.message_bytes > 0 and d.group in spans]
+    hiding = _hiding_flops(compute)
+    precision = training.precision.value
+    sized = []
+    for d in drafts:
+        span = spans[d.group]
+        bus = d.op.bus_factor(span.group_size)
+        link = span.link
+        bandwidth = hardware.link_bandwidth_bytes_per_s(link.value)
+        per_instance = d.message_bytes * bus / (bandwidth * assumptions.link_efficiency(link.value))
+        sized.append((d, span, bus, link, bandwidth, per_instance, d.message_bytes * bus * d.count_per_step))
+    axis_bytes: dict[MeshAxis, float] = defaultdict(float)
+    for d, *_, moved in sized:
+        axis_bytes[d.axis] += moved
+    windows = _windows(compute)
+    full_windows = dict(windows)
+    out = []
+    for d, span, bus, link, bandwidth, per_instance, moved in sized:
+        expected = per_instance * d.count_per_step
+        hidden = min(d.overlap_fraction * expected, windows[d.window])
+        windows[d.window] -= hidden
+        axis_flops = hiding[d.axis]
+        out.append(
+            CollectivePlan(
+                axis=d.axis.value,
+                group=d.group,
+                op=d.op,
+                purpose=d.purpose,
+                pp_rank=pp_rank,
+                group_size=span.group_size,
+                groups=span.groups,
+                groups_crossing_domains=span.groups_crossing_domains,
+                link=link,
+                message_bytes=d.message_bytes,
+                count_per_step=d.count_per_step,
+                bus_factor=bus,
+                bytes_per_gpu_per_step=moved,
+                bandwidth_bytes_per_s=bandwidth,
+                seconds_per_instance=per_instance,
+                hiding_flops_per_step=axis_flops * moved / axis_bytes[d.axis],
+                flops_per_byte=axis_flops / axis_bytes[d.axis],
+                link_budget_flops_per_byte=hardware.link_budget_flops_per_byte(link.value, precision),
+                overlap_fraction=d.overlap_fraction,
+                overlap_window_seconds=full_windows[d.window],
+                exposed_seconds_per_step=expected - hidden,
+            )
+        )
+    return tuple(out)
+
+
+def _hiding_flops(compute: StageCompute) -> dict[MeshAxis, float]:
+    """Model FLOPs per step on this GPU that each axis' traffic can hide behind (reference/planner.md §1.7)."""
+    m, forward = compute.micro_batches, compute.forward_flops_per_microbatch
+    layers = 3.0 * m * forward.layers
+    everything = 3.0 * m * forward.total
+    return {
+        MeshAxis.TP: layers,
+        MeshAxis.CP: layers,
+        MeshAxis.EP: 3.0 * m * forward.experts,
+        MeshAxis.PP: everything,
+        MeshAxis.DP: everything,
+    }
+
+
+def _tokens_per_gpu(model: ModelConfig, parallelism: ParallelismConfig, training: TrainingConfig) -> float:
+    """Tokens of one micro-batch one GPU holds between layers: ``s/cp·b``, ÷ tp with sequence parallelism."""
+    layout = parallelism.layout
+    tokens = model.seq_length / layout.cp * training.micro_batch_size
+    return tokens / layout.tp if parallelism.sequence_parallel else tokens
+
+
+def _moe_layer_count(model: ModelConfig, layer_indices: list[int]) -> int:
+    return sum(1 for i in layer_indices if model.is_moe_layer(i))
+
+
+def _tp_drafts(
+    model: ModelConfig,
+    parallelism: ParallelismConfig,
+    training: TrainingConfig,
+    assumptions: PlanAssumptions,
+    layer_indices: list[int],
+) -> list[_Draft]:
+    """TP: activations of every TP-sharded block (attention, dense MLP, shared experts).
+
+    One all-reduce forward and one backward per block (Narayanan et al. 2021 §3.2: ``8bsh(t-1)/t`` per layer per
+    micro-batch), or with SP an all-gather and a reduce-scatter each way (Korthikanti et al. 2022 §4.2.2) plus the
+    backward re-gather of each column-parallel input; MoE layers gather routed tokens over the expert-TP group.
+    """
+    layout = parallelism.layout
+    m, e = training.micro_batches(layout.dp), activation_element_bytes(training)
+    drafts: list[_Draft] = []
+    n_moe = _moe_layer_count(model, layer_indices)
+    if layout.tp > 1:
+        shared = n_moe if (model.moe is not None and model.moe.shared_experts) else 0
+        blocks = len(layer_indices) + (len(layer_indices) - n_moe) + shared  # attention + dense MLP + shared experts
+        message = math.ceil(model.seq_length / layout.cp * training.micro_batch_size * model.hidden_size * e)
+        overlap = assumptions.tp_comm_overlap if training.tp_comm_overlap else 0.0
+        if parallelism.sequence_parallel:
+            drafts.extend(
+                _Draft(
+                    axis=MeshAxis.TP,
+                    group="tp",
+                    op=op,
+                    purpose="layer activations, sequence parallel (forward and backward)",
+                    message_bytes=message,
+                    count_per_step=2 * blocks * m,
+                    overlap_fraction=overlap,
+                    window=_STAGE,
+                )
+                for op in (CollectiveOp.ALL_GATHER, CollectiveOp.REDUCE_SCATTER)
+            )
+            drafts.append(
+                _Draft(
+                    axis=MeshAxis.TP,
+                    group="tp",
+                    op=CollectiveOp.ALL_GATHER,
+                    purpose="sequence-parallel re-gather of GEMM inputs for weight gradients (backward)",
+                    message_bytes=message,
+                    count_per_step=blocks * m,
+                    overlap_fraction=assumptions.sp_backward_allgather_overlap,
+                    window=_BACKWARD,
+                )
+            )
+        else:
+            drafts.append(
+                _Draft(
+                    axis=MeshAxis.TP,
+                    group="tp",
+                    op=CollectiveOp.ALL_REDUCE,
+                    purpose="layer activations (forward and backward)",
+                    message_bytes=message,
+                    count_per_step=2 * blocks * m,
+                    overlap_fraction=overlap,
+                    window=_STAGE,
+                )
+            )
+    if model.moe is not None and n_moe and layout.expert_tp > 1:
+        tokens = _tokens_per_gpu(model, parallelism, training)
+        message = math.ceil(layout.expert_tp * model.moe.top_k * tokens * model.hidden_size * e)
+        overlap = assumptions.tp_comm_overlap if training.tp_comm_overlap else 0.0
+        drafts.extend(
+            _Draft(
+                axis=MeshAxis.TP,
+                group="etp",
+                op=op,
+                purpose="routed tokens over expert tensor parallel (forward and backward)",
+                message_bytes=message,
+                count_per_step=2 * n_moe * m,
+                overlap_fraction=overlap,
+                window=_STAGE,
+            )
+            for op in (CollectiveOp.ALL_GATHER, CollectiveOp.REDUCE_SCATTER)
+        )
+    return drafts
+
+
+def _cp_drafts(
+    model: ModelConfig,
+    parallelism: ParallelismConfig,
+    training: TrainingConfig,
+    assumptions: PlanAssumptions,
+    layer_indices: list[int],
+) -> list[_Draft]:
+    """CP: ring exchange of K/V chunks.
+
+    ``cp - 1`` send/recv per attention layer forward and twice that backward (K/V again and dK/dV; Megatron
+    context-parallel docs).
+    """
+    layout = parallelism.layout
+    if layout.cp == 1 or not layer_indices:
+        return []
+    e = activation_element_bytes(training)
+    if model.mla is not None:
+        # MLA rings the up-projected keys and values.
+        kv_width = model.attention_heads / layout.tp * (model.mla.qk_head_dim + model.mla.qk_rope_head_dim)
+        kv_width += model.attention_heads / layout.tp * model.mla.v_head_dim
+    else:
+        kv_width = 2 * max(model.groups / layout.tp, 1.0) * model.kv_channels
+    message = math.ceil(model.seq_length / layout.cp * training.micro_batch_size * kv_width * e)
+    m = training.micro_batches(layout.dp)
+    return [
+        _Draft(
+            axis=MeshAxis.CP,
+            group="cp",
+            op=CollectiveOp.SEND_RECV,
+            purpose="ring exchange of K/V chunks (forward) and K/V + dK/dV (backward)",
+            message_bytes=message,
+            count_per_step=3 * (layout.cp - 1) * len(layer_indices) * m,
+            overlap_fraction=assumptions.cp_comm_overlap,
+            window=_CORE,
+        )
+    ]
+
+
+def _ep_drafts(
+    model: ModelConfig,
+    parallelism: ParallelismConfig,
+    training: TrainingConfig,
+    assumptions: PlanAssumptions,
+    layer_indices: list[int],
+) -> list[_Draft]:
+    """EP: token dispatch and combine.
+
+    Forward and backward: 4 all-to-alls of ``T_loc·k·h`` per MoE layer per micro-batch (reference/planner.md §1.4).
+    """
+    layout = parallelism.layout
+    n_moe = _moe_layer_count(model, layer_indices)
+    if layout.ep == 1 or model.moe is None or not n_moe:
+        return []
+    e = activation_element_bytes(training)
+    tokens = _tokens_per_gpu(model, parallelism, training)
+    message = math.ceil(tokens * model.moe.top_k * model.hidden_size * e)
+    return [
+        _Draft(
+            axis=MeshAxis.EP,
+            group="ep",
+            op=CollectiveOp.ALL_TO_ALL,
+            purpose="token dispatch and combine (forward and backward)",
+            message_bytes=message,
+            count_per_step=4 * n_moe * training.micro_batches(layout.dp),
+            overlap_fraction=assumptions.ep_comm_overlap,
+            window=_STAGE,
+        )
+    ]
+
+
+def _pp_drafts(
+    model: ModelConfig,
+    parallelism: ParallelismConfig,
+    training: TrainingConfig,
+    assumptions: PlanAssumptions,
+    pp_rank: int,
+) -> list[_Draft]:
+    """PP: stage-to-stage transfers and the tied-embedding gradient all-reduce.
+
+    One activation tensor forward and one gradient backward per micro-batch per chunk boundary, ``b·s·h`` (÷ tp with
+    SP or scatter/gather; Narayanan et al. 2021 §4.1), x vpp interleaved; plus the tied-embedding gradient
+    all-reduce between the first and last stage.
+    """
+    layout = parallelism.layout
+    p, vpp = layout.pp, layout.vpp
+    if p == 1:
+        return []
+    m, e = training.micro_batches(layout.dp), activation_element_bytes(training)
+    shard = layout.tp if (parallelism.sequence_parallel or assumptions.pp_scatter_gather) else 1
+    message = math.ceil(model.seq_length / layout.cp * training.micro_batch_size * model.hidden_size * e / shard)
+    # The last virtual stage sends nothing forward, the first nothing backward.
+    forward_sends = m * (vpp - (1 if pp_rank == p - 1 else 0))
+    backward_sends = m * (vpp - (1 if pp_rank == 0 else 0))
+    drafts = [
+        _Draft(
+            axis=MeshAxis.PP,
+            group="pp",
+            op=CollectiveOp.SEND_RECV,
+            purpose=purpose,
+            message_bytes=message,
+            count_per_step=count,
+            overlap_fraction=assumptions.pp_comm_overlap,
+            window=_STAGE,
+        )
+        for purpose, count in (
+            ("activations (forward)", forward_sends),
+            ("activation gradients (backward)", backward_sends),
+        )
+    ]
+    if model.tied_embeddings and pp_rank in (0, p - 1):
+        grad_bytes = state_bytes_per_param(training).gradients
+        word = -(-model.vocab_size * model.hidden_size // layout.tp)
+        drafts.append(
+            _Draft(
+                axis=MeshAxis.PP,
+                group="pp-embedding",
+                op=CollectiveOp.ALL_REDUCE,
+                purpose="tied word-embedding gradients (first and last stage)",
+                message_bytes=math.ceil(word * grad_bytes),
+                count_per_step=1,
+                overlap_fraction=0.0,
+                window=_NONE,
+            )
+        )
+    return drafts
+
+
+def _dp_drafts(
+    training: TrainingConfig, assumptions: PlanAssumptions, params: StageParams, micro_batches: int
+) -> list[_Draft]:
+    """DP: gradient reduction over ``dp·cp`` (dense) and ``expert_dp`` (routed experts).
+
+    * no sharding: one all-reduce per step;
+    * distributed optimizer / ZeRO-1: reduce-scatter of gradients + all-gather of updated weights, once per step
+      (Megatron dist_optimizer.md);
+    * ZeRO-2: the reduce-scatter runs every micro-batch (gradients are sharded, so they cannot accumulate whole);
+    * ZeRO-3: all-gather of weights for every forward and every backward, reduce-scatter every micro-batch
+      (``3Ψ`` per micro-batch, 1.5x the all-reduce; Rajbhandari et al. 2019 §7).
+    """
+    per = state_bytes_per_param(training)
+    stage = sharding_stage(training)
+    m = micro_batches
+    grad = assumptions.dp_grad_reduce_overlap if training.overlap_grad_reduce else 0.0
+    gather = assumptions.dp_param_gather_overlap if training.overlap_param_gather else 0.0
+    # (op, what, bytes per param, count, overlap, window) for each sharding stage.
+    plans: dict[int, list[tuple[CollectiveOp, str, float, int, float, str]]] = {
+        0: [(CollectiveOp.ALL_REDUCE, "gradients", per.gradients, 1, grad, _LAST_BACKWARD)],
+        1: [
+            (CollectiveOp.REDUCE_SCATTER, "gradients", per.gradients, 1, grad, _LAST_BACKWARD),
+            (CollectiveOp.ALL_GATHER, "weights", per.weights, 1, gather, _FIRST_FORWARD),
+        ],
+        2: [
+            (CollectiveOp.REDUCE_SCATTER, "gradients", per.gradients, m, grad, _BACKWARD),
+            (CollectiveOp.ALL_GATHER, "weights", per.weights, 1, gather, _FIRST_FORWARD),
+        ],
+        3: [
+            (CollectiveOp.ALL_GATHER, "weights (forward)", per.weights, m, gather, _ALL_FORWARD),
+            (CollectiveOp.ALL_GATHER, "weights (backward)", per.weights, m, gather, _BACKWARD),
+            (CollectiveOp.REDUCE_SCATTER, "gradients", per.gradients, m, grad, _BACKWARD),
+        ],
+    }
+    return [
+        _Draft(
+            axis=MeshAxis.DP,
+            group=group,
+            op=op,
+            purpose=f"{kind} {what}",
+            message_bytes=math.ceil(n_params * bytes_per_param),
+            count_per_step=count,
+            overlap_fraction=overlap,
+            window=window,
+        )
+        for group, kind, n_params in (("dp-cp", "dense", params.dense), ("edp", "routed-expert", params.experts))
+        for op, what, bytes_per_param, count, overlap, window in plans[stage]
+    ]

@@ -1,0 +1,344 @@
+"""``plan_job``: a job spec in, a plan out (memory per stage, collectives per axis, FLOPs, bubble, expected time).
+
+Exists as the one entry point the CLI, the operator's admission webhook and the cost table call. It validates what
+only the planner can check (batch arithmetic, the layer split, that the placement fits the layout), puts the
+per-stage pieces of :mod:`~meshscope.plan.memory`, :mod:`~meshscope.plan.flops`, :mod:`~meshscope.plan.timing` and
+:mod:`~meshscope.plan.comms` together, and collects the findings. It works per pipeline stage (one representative
+GPU each) and on vectorised group spans, never per rank: a 16,384-GPU plan takes milliseconds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from meshscope.errors import PlanError
+from meshscope.layout import AXES
+from meshscope.models import active_params, total_params
+from meshscope.placement import Placement
+from meshscope.plan.assumptions import PlanAssumptions
+from meshscope.plan.comms import CollectivePlan, collective_spans, stage_collectives
+from meshscope.plan.findings import Finding, StageSummary, collect_findings
+from meshscope.plan.flops import StepFlops, step_flops
+from meshscope.plan.memory import (
+    ActivationBreakdown,
+    MemoryBreakdown,
+    StageParams,
+    memory_breakdown,
+    model_state_bytes,
+    resolve_schedule,
+    stage_activations,
+    stage_layer_ranges,
+    stage_params,
+    state_bytes_per_param,
+)
+from meshscope.plan.timing import (
+    ExpectedStepTime,
+    bubble_fraction,
+    optimizer_seconds,
+    peak_flops_per_s,
+    stage_compute,
+)
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+    from meshscope.layout import ParallelLayout
+    from meshscope.placement import GroupSpan
+    from meshscope.spec import JobSpec, PipelineSchedule, TrainingConfig
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StagePlan:
+    """One GPU of one pipeline stage: what it holds, what it computes, what it sends."""
+
+    pp_rank: int
+    """Pipeline rank."""
+    layer_ranges: tuple[tuple[int, int], ...]
+    """Transformer layers ``[start, stop)`` of each of its model chunks (``vpp`` of them)."""
+    params: StageParams
+    """Parameters on this GPU, by bucket."""
+    memory: MemoryBreakdown
+    """Peak memory of this GPU."""
+    activations: ActivationBreakdown
+    """Activation memory in detail."""
+    hbm_bytes: int
+    """HBM usable by the model (``hardware.usable_hbm_bytes``)."""
+    forward_seconds_per_microbatch: float
+    """Expected forward time of one micro-batch on this GPU (for the simulator)."""
+    backward_seconds_per_microbatch: float
+    """Expected backward time of one micro-batch, recompute included (for the simulator)."""
+    model_flops_per_microbatch: float
+    """Model FLOPs (forward + backward) of one micro-batch on this GPU."""
+    hardware_flops_per_microbatch: float
+    """Model FLOPs plus recomputation of one micro-batch on this GPU."""
+    collectives: tuple[CollectivePlan, ...]
+    """Every collective this GPU runs in a step."""
+    step_time: ExpectedStepTime
+    """Expected step time of this stage (bubble from the slowest stage)."""
+
+    @property
+    def layers(self) -> int:
+        """Transformer layers on this stage (all chunks)."""
+        return sum(stop - start for start, stop in self.layer_ranges)
+
+    @property
+    def headroom_bytes(self) -> int:
+        """``hbm_bytes - memory.total_bytes``; negative when the stage does not fit."""
+        return self.hbm_bytes - self.memory.total_bytes
+
+    def to_dict(self) -> dict[str, object]:
+        """JSON form: ``{pp_rank, layers, params, memory_bytes, hbm_bytes, headroom_bytes, ...}``."""
+        return {
+            "pp_rank": self.pp_rank,
+            "layers": self.layers,
+            "layer_ranges": [list(r) for r in self.layer_ranges],
+            "params": self.params.total,
+            "params_by_bucket": {
+                "tp_sharded": self.params.tp_sharded,
+                "replicated": self.params.replicated,
+                "routed_experts": self.params.experts,
+                "embedding": self.params.embedding,
+                "output": self.params.output,
+            },
+            "memory_bytes": self.memory.to_dict(),
+            "hbm_bytes": self.hbm_bytes,
+            "headroom_bytes": self.headroom_bytes,
+            "in_flight_microbatches": self.activations.in_flight_microbatches,
+            "forward_seconds_per_microbatch": self.forward_seconds_per_microbatch,
+            "backward_seconds_per_microbatch": self.backward_seconds_per_microbatch,
+            "model_flops_per_microbatch": self.model_flops_per_microbatch,
+            "hardware_flops_per_microbatch": self.hardware_flops_per_microbatch,
+            "expected_step_seconds": self.step_time.to_dict(),
+        }
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Plan:
+    """What a job will hold, send, compute and cost per step, before it runs."""
+
+    world_size: int
+    """GPUs."""
+    layout: ParallelLayout
+    """The parallel layout."""
+    micro_batches: int
+    """Micro-batches per pipeline per step ``m``."""
+    schedule: PipelineSchedule
+    """The pipeline schedule that runs."""
+    stages: tuple[StagePlan, ...]
+    """Every pipeline stage, in order."""
+    collectives: tuple[CollectivePlan, ...]
+    """One entry per kind of collective (axis, group, op, purpose), on the stage where it moves the most bytes."""
+    flops: StepFlops
+    """FLOPs per step under the three conventions."""
+    bubble_fraction: float
+    """Pipeline bubble as a fraction of ideal compute."""
+    expected_step_time: ExpectedStepTime
+    """Expected step time of the slowest stage, by category."""
+    findings: tuple[Finding, ...]
+    """Findings, errors first."""
+    assumptions: PlanAssumptions
+    """The assumptions behind every expected second."""
+    peak_flops_per_s: float
+    """Dense peak FLOP/s per GPU at the training precision."""
+    total_params: int
+    """Parameters of the whole model (every expert)."""
+    active_params: int
+    """Parameters one token passes through (``top_k`` of the routed experts)."""
+
+    @property
+    def flops_per_step(self) -> float:
+        """Headline model FLOPs per step (causal attention halved unless the assumptions say otherwise)."""
+        return self.flops.model_flops
+
+    @property
+    def expected_mfu(self) -> float:
+        """Model FLOPs utilisation at the expected step time: ``flops_per_step / (world · peak · step)``."""
+        return self.flops.model_flops / (
+            self.world_size * self.peak_flops_per_s * self.expected_step_time.total_seconds
+        )
+
+    def to_dict(self) -> dict[str, object]:
+        """The plan as JSON-ready data: base units (bytes, seconds, FLOPs), keys documented in docs/planner.md."""
+        layout = {a.value: self.layout.degree(a) for a in AXES}
+        return {
+            "world_size": self.world_size,
+            "total_params": self.total_params,
+            "active_params": self.active_params,
+            "layout": {**layout, "vpp": self.layout.vpp, "etp": self.layout.expert_tp},
+            "micro_batches": self.micro_batches,
+            "schedule": self.schedule.value,
+            "stages": [s.to_dict() for s in self.stages],
+            "collectives": [c.to_dict() for c in self.collectives],
+            "flops_per_step": self.flops.model_flops,
+            "flops": self.flops.to_dict(),
+            "bubble_fraction": self.bubble_fraction,
+            "expected_step_seconds": self.expected_step_time.to_dict(),
+            "expected_mfu": self.expected_mfu,
+            "findings": [f.to_dict() for f in self.findings],
+            "assumptions": self.assumptions.to_dict(),
+        }
+
+
+def _check_batch(training: TrainingConfig, layout: ParallelLayout) -> int:
+    b, gbs, dp = training.micro_batch_size, training.global_batch_size, layout.dp
+    if b < 1 or gbs < 1:
+        raise PlanError(f"micro_batch_size ({b}) and global_batch_size ({gbs}) must be >= 1")
+    if gbs % (b * dp):
+        raise PlanError(
+            f"global_batch_size {gbs} is not a multiple of micro_batch_size·dp = {b}·{dp} = {b * dp}; "
+            f"micro-batches per step would be {gbs / (b * dp):g}"
+        )
+    return training.micro_batches(dp)
+
+
+def plan_job(
+    spec: JobSpec,
+    *,
+    placement: Placement | None = None,
+    assumptions: PlanAssumptions | None = None,
+    spans: Mapping[str, GroupSpan] | None = None,
+) -> Plan:
+    """Plan a training job: memory per stage, every collective, FLOPs, bubble, expected step time and findings.
+
+    Args:
+        spec: the job (model, layout, training settings, hardware).
+        placement: where each rank runs; default ``Placement.for_hardware(world_size, spec.hardware)`` (consecutive
+            ranks fill nodes, nodes fill NVLink domains).
+        assumptions: efficiencies and overlap fractions; default :class:`PlanAssumptions()`.
+        spans: precomputed :func:`~meshscope.plan.comms.collective_spans` of this layout (without vpp) on
+            ``placement``; the layout search shares them between candidates that differ only in vpp or micro-batch.
+
+    Returns:
+        The plan.
+
+    Raises:
+        PlanError: if the hardware or placement does not match the layout's world size, the batch does not split
+            into whole micro-batches, the layers do not fill every pipeline chunk, or a training setting is out of
+            range (all with the numbers).
+    """
+    assumptions = PlanAssumptions() if assumptions is None else assumptions
+    model, parallelism, training, hardware = spec.model, spec.parallelism, spec.training, spec.hardware
+    layout = parallelism.layout
+    world = layout.world_size
+    if placement is None:
+        if hardware.world_size != world:
+            raise PlanError(
+                f"layout {layout.describe()} needs dp·tp·pp·cp = {world} GPUs but the hardware has "
+                f"nodes·gpus_per_node = {hardware.nodes}·{hardware.gpus_per_node} = {hardware.world_size}"
+            )
+        placement = Placement.for_hardware(world, hardware)
+    elif placement.world_size != world:
+        raise PlanError(f"placement has {placement.world_size} ranks but layout {layout.describe()} has {world}")
+    m = _check_batch(training, layout)
+    schedule = resolve_schedule(training, layout)
+    ranges = stage_layer_ranges(
+        model.layers,
+        layout,
+        embedding_counts_as_layer=parallelism.account_for_embedding_in_pipeline_split,
+        loss_counts_as_layer=parallelism.account_for_loss_in_pipeline_split,
+    )
+    spans = dict(spans) if spans is not None else collective_spans(layout, placement, model)
+    per_param = state_bytes_per_param(training)
+    usable = hardware.usable_hbm_bytes
+
+    drafts = []
+    for r in range(layout.pp):
+        indices = [i for start, stop in ranges[r] for i in range(start, stop)]
+        params = stage_params(model, layout, r, indices)
+        state = model_state_bytes(params, training, dense_shards=layout.dp * layout.cp, expert_shards=layout.expert_dp)
+        activations = stage_activations(
+            model, parallelism, training, pp_rank=r, layer_indices=indices, micro_batches=m, schedule=schedule
+        )
+        compute = stage_compute(
+            model, layout, training, hardware, assumptions, pp_rank=r, layer_indices=indices, micro_batches=m
+        )
+        collectives = stage_collectives(
+            model,
+            parallelism,
+            training,
+            hardware=hardware,
+            assumptions=assumptions,
+            spans=spans,
+            pp_rank=r,
+            layer_indices=indices,
+            params=params,
+            compute=compute,
+        )
+        drafts.append((r, params, memory_breakdown(state, activations), activations, compute, collectives, state))
+
+    fraction = bubble_fraction(layout.pp, m, vpp=layout.vpp, schedule=schedule)
+    slowest_compute = max(d[4].compute_seconds_per_step for d in drafts)
+    bubble_seconds = fraction * slowest_compute
+    stages = []
+    for r, params, memory, activations, compute, collectives, state in drafts:
+        exposed = {a.value: 0.0 for a in layout.enabled_axes}
+        for c in collectives:
+            exposed[c.axis] = exposed.get(c.axis, 0.0) + c.exposed_seconds_per_step
+        step_time = ExpectedStepTime(
+            pp_rank=r,
+            compute_seconds=compute.compute_seconds_per_step,
+            exposed_comm_seconds=exposed,
+            bubble_seconds=bubble_seconds,
+            optimizer_seconds=optimizer_seconds(state, per_param, hardware, assumptions),
+        )
+        stages.append(
+            StagePlan(
+                pp_rank=r,
+                layer_ranges=ranges[r],
+                params=params,
+                memory=memory,
+                activations=activations,
+                hbm_bytes=usable,
+                forward_seconds_per_microbatch=compute.forward_seconds_per_microbatch,
+                backward_seconds_per_microbatch=compute.backward_seconds_per_microbatch,
+                model_flops_per_microbatch=compute.model_flops_per_microbatch,
+                hardware_flops_per_microbatch=compute.hardware_flops_per_microbatch,
+                collectives=collectives,
+                step_time=step_time,
+            )
+        )
+    critical = max(stages, key=lambda s: (s.step_time.total_seconds, -s.pp_rank))
+    plan_collectives = _busiest(stages)
+    findings = collect_findings(
+        layout=layout,
+        hardware=hardware,
+        assumptions=assumptions,
+        spans=spans,
+        stages=[StageSummary(pp_rank=s.pp_rank, memory=s.memory, collectives=s.collectives) for s in stages],
+        bubble_fraction=fraction,
+        bubble_seconds=bubble_seconds,
+        micro_batches=m,
+        schedule=schedule,
+    )
+    return Plan(
+        world_size=world,
+        layout=layout,
+        micro_batches=m,
+        schedule=schedule,
+        stages=tuple(stages),
+        collectives=plan_collectives,
+        flops=step_flops(model, training, causal=assumptions.causal_attention),
+        bubble_fraction=fraction,
+        expected_step_time=critical.step_time,
+        findings=findings,
+        assumptions=assumptions,
+        peak_flops_per_s=peak_flops_per_s(hardware, training.precision),
+        total_params=total_params(model),
+        active_params=active_params(model),
+    )
+
+
+def _busiest(stages: list[StagePlan]) -> tuple[CollectivePlan, ...]:
+    """For each kind of collective, the stage where it moves the most bytes (then: the most expected seconds)."""
+    best: dict[tuple[str, str, str, str], CollectivePlan] = {}
+    for stage in stages:
+        for c in stage.collectives:
+            key = (c.axis, c.group, c.op.value, c.purpose)
+            held = best.get(key)
+            if held is None or (c.bytes_per_gpu_per_step, c.expected_seconds_per_step) > (
+                held.bytes_per_gpu_per_step,
+                held.expected_seconds_per_step,
+            ):
+                best[key] = c
+    return tuple(best.values())

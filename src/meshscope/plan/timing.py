@@ -1,0 +1,188 @@
+"""Expected seconds per step, split into the categories of the step breakdown.
+
+Exists to turn the planner's FLOPs and bytes into the "expected" column of the cost table: compute, exposed
+communication per axis, pipeline bubble and optimizer, each from a formula and a named assumption
+(:class:`~meshscope.plan.assumptions.PlanAssumptions`). It does not decide which collectives exist (that is
+:mod:`meshscope.plan.comms`) and it does not simulate a schedule: the bubble is the closed form of Narayanan et al.
+2021 §2.2.
+
+Conventions (docs/planner.md, "Expected step time"):
+
+* compute: a GPU's hardware FLOPs (recompute included) ÷ (dense peak at the training precision x
+  ``compute_efficiency``); forward = 1 pass, backward = 2 passes + recompute;
+* bubble: ``(pp - 1)/m`` (1F1B, GPipe) or ``(pp - 1)/(m·vpp)`` (interleaved) of the slowest stage's compute;
+* optimizer: bytes the Adam step streams through HBM ÷ (HBM bandwidth x ``hbm_efficiency``);
+* the step is the slowest stage's ``compute + exposed communication + bubble + optimizer``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from meshscope.plan.flops import ForwardFlops, layer_forward_flops, logits_forward_flops, recompute_forward_flops
+from meshscope.spec import PipelineSchedule, Precision, Recompute
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+    from meshscope.hardware import HardwareConfig
+    from meshscope.layout import ParallelLayout
+    from meshscope.models import ModelConfig
+    from meshscope.plan.assumptions import PlanAssumptions
+    from meshscope.plan.memory import ModelStateBytes, StateBytesPerParam
+    from meshscope.spec import TrainingConfig
+
+
+def bubble_fraction(pp: int, micro_batches: int, *, vpp: int = 1, schedule: PipelineSchedule) -> float:
+    """Pipeline bubble as a fraction of ideal compute time.
+
+    ``(p - 1)/m`` for 1F1B and GPipe (Narayanan et al. 2021 §2.2.1), ``(p - 1)/(m·v)`` for the interleaved schedule
+    (§2.2.2); 0 without a pipeline.
+    """
+    if pp == 1:
+        return 0.0
+    chunks = vpp if schedule is PipelineSchedule.INTERLEAVED else 1
+    return (pp - 1) / (micro_batches * chunks)
+
+
+def peak_flops_per_s(hardware: HardwareConfig, precision: Precision) -> float:
+    """Dense peak FLOP/s of one GPU at ``precision``."""
+    return hardware.gpu.peak_flops_per_s(precision.value)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StageCompute:
+    """Compute of one GPU of a pipeline stage: FLOPs and expected seconds."""
+
+    forward_flops_per_microbatch: ForwardFlops
+    """Forward FLOPs of one micro-batch through the stage on this GPU (÷ tp·cp), by category."""
+    recompute_flops_per_microbatch: float
+    """Forward FLOPs recomputation adds to one micro-batch's backward on this GPU."""
+    forward_seconds_per_microbatch: float
+    """Expected forward time of one micro-batch, seconds (for the simulator)."""
+    backward_seconds_per_microbatch: float
+    """Expected backward time of one micro-batch, recompute included, seconds (for the simulator)."""
+    attention_core_seconds_per_microbatch: float
+    """Expected time of the attention core (forward, backward, recompute) of one micro-batch, seconds: the window
+    the context-parallel ring exchange overlaps."""
+    micro_batches: int
+    """Micro-batches per step ``m``."""
+
+    @property
+    def model_flops_per_microbatch(self) -> float:
+        """Model FLOPs (forward + backward) of one micro-batch on this GPU."""
+        return 3.0 * self.forward_flops_per_microbatch.total
+
+    @property
+    def hardware_flops_per_microbatch(self) -> float:
+        """Model FLOPs plus recomputation of one micro-batch on this GPU."""
+        return self.model_flops_per_microbatch + self.recompute_flops_per_microbatch
+
+    @property
+    def compute_seconds_per_step(self) -> float:
+        """``m·(forward + backward)`` seconds."""
+        return self.micro_batches * (self.forward_seconds_per_microbatch + self.backward_seconds_per_microbatch)
+
+
+def stage_compute(
+    model: ModelConfig,
+    layout: ParallelLayout,
+    training: TrainingConfig,
+    hardware: HardwareConfig,
+    assumptions: PlanAssumptions,
+    *,
+    pp_rank: int,
+    layer_indices: list[int],
+    micro_batches: int,
+) -> StageCompute:
+    """Expected compute of one GPU of pipeline rank ``pp_rank``.
+
+    Per GPU, FLOPs are the stage's whole-model FLOPs ÷ ``tp·cp``: TP splits every GEMM, CP splits the tokens (and,
+    with Megatron's load-balanced causal chunks, the attention core evenly); routed experts divide the same way
+    because EP trades tokens among ranks that hold ``1/ep`` of the experts each.
+
+    Args:
+        model: the model.
+        layout: the parallel layout.
+        training: batch, precision and recompute.
+        hardware: the GPU.
+        assumptions: ``compute_efficiency`` and ``causal_attention``.
+        pp_rank: the pipeline rank.
+        layer_indices: its transformer layers.
+        micro_batches: micro-batches per step.
+
+    Returns:
+        The stage's compute.
+    """
+    tokens = float(training.micro_batch_size * model.seq_length)
+    forward = ForwardFlops()
+    for layer in layer_indices:
+        forward += layer_forward_flops(model, layer, tokens=tokens, causal=assumptions.causal_attention)
+    if pp_rank == layout.pp - 1:
+        forward += logits_forward_flops(model, tokens=tokens)
+    per_gpu = forward.scaled(1.0 / (layout.tp * layout.cp))
+    recompute = recompute_forward_flops(per_gpu, training.recompute)
+    rate = peak_flops_per_s(hardware, training.precision) * assumptions.compute_efficiency
+    core_passes = 3.0 + (1.0 if training.recompute in (Recompute.SELECTIVE, Recompute.FULL) else 0.0)
+    return StageCompute(
+        forward_flops_per_microbatch=per_gpu,
+        recompute_flops_per_microbatch=recompute,
+        forward_seconds_per_microbatch=per_gpu.total / rate,
+        backward_seconds_per_microbatch=(2.0 * per_gpu.total + recompute) / rate,
+        attention_core_seconds_per_microbatch=core_passes * per_gpu.attention_core / rate,
+        micro_batches=micro_batches,
+    )
+
+
+def optimizer_seconds(
+    state: ModelStateBytes, per_param: StateBytesPerParam, hardware: HardwareConfig, assumptions: PlanAssumptions
+) -> float:
+    """Expected optimizer-step time of one GPU.
+
+    The Adam step is memory-bound; per parameter it updates it reads and writes the optimizer state
+    (``2·optimizer``), reads the gradient twice (gradient-norm clipping, then Adam: ``2·gradients``) and writes the
+    model weight (read and written when the weight is itself the fp32 main weight): 34 bytes for Megatron's bf16
+    default, 32 for fp32.
+    """
+    weight_passes = 2.0 if per_param.weights_are_main else 1.0
+    per_updated_param = 2.0 * per_param.optimizer + 2.0 * per_param.gradients + weight_passes * per_param.weights
+    traffic = state.updated_params * per_updated_param
+    return traffic / (hardware.gpu.hbm_bandwidth_bytes_per_s * assumptions.hbm_efficiency)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ExpectedStepTime:
+    """Expected seconds of one step on one GPU, by breakdown category; the categories add up to ``total_seconds``."""
+
+    pp_rank: int
+    """Pipeline rank these numbers are for (the plan reports the slowest stage)."""
+    compute_seconds: float
+    """Forward, backward and recompute of all micro-batches."""
+    exposed_comm_seconds: Mapping[str, float]
+    """Communication not hidden behind compute, per axis (``tp``, ``cp``, ``ep``, ``pp``, ``dp``)."""
+    bubble_seconds: float
+    """Pipeline bubble: ``bubble_fraction`` x the slowest stage's compute."""
+    optimizer_seconds: float
+    """Optimizer step."""
+
+    @property
+    def exposed_comm_total_seconds(self) -> float:
+        """Exposed communication of all axes."""
+        return sum(self.exposed_comm_seconds.values())
+
+    @property
+    def total_seconds(self) -> float:
+        """Expected step time."""
+        return self.compute_seconds + self.exposed_comm_total_seconds + self.bubble_seconds + self.optimizer_seconds
+
+    def to_dict(self) -> dict[str, object]:
+        """``{compute, exposed_comm: {axis: seconds}, bubble, optimizer, total}`` in seconds, plus ``pp_rank``."""
+        return {
+            "compute": self.compute_seconds,
+            "exposed_comm": dict(self.exposed_comm_seconds),
+            "bubble": self.bubble_seconds,
+            "optimizer": self.optimizer_seconds,
+            "total": self.total_seconds,
+            "pp_rank": self.pp_rank,
+        }

@@ -1,0 +1,96 @@
+"""Placement: which groups cross nodes, NVLink domains and network blocks."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from meshscope.errors import LayoutError
+from meshscope.hardware import default_hardware
+from meshscope.layout import ParallelLayout
+from meshscope.placement import Link, Placement, axis_spans
+
+
+def h100_placement(world: int) -> Placement:
+    return Placement.default(world, gpus_per_node=8, nvlink_domain_gpus=8, nodes_per_network_block=4)
+
+
+def test_tp8_on_8_gpu_nodes_stays_on_nvlink() -> None:
+    layout = ParallelLayout(dp=4, tp=8, pp=2)  # 64 ranks, 8 nodes
+    spans = axis_spans(layout, h100_placement(64))
+    assert spans["tp"].groups == 8
+    assert spans["tp"].groups_crossing_domains == 0
+    assert spans["tp"].link is Link.NVLINK
+    # dp groups stride over tp=8: each of the 4 members sits on its own node.
+    assert spans["dp"].groups_crossing_nodes == spans["dp"].groups == 16
+    assert spans["dp"].max_nodes_per_group == 4
+    assert spans["dp"].link is Link.NETWORK
+    # pp groups stride over tp*dp = 32 ranks = 4 nodes = one network block of 4 nodes: every pp group crosses blocks.
+    assert spans["pp"].groups_crossing_blocks == 32
+
+
+def test_tp16_on_8_gpu_nodes_crosses_every_group() -> None:
+    layout = ParallelLayout(dp=2, tp=16)
+    spans = axis_spans(layout, h100_placement(32))
+    tp = spans["tp"]
+    assert (tp.groups, tp.groups_crossing_domains, tp.max_domains_per_group) == (2, 2, 2)
+    assert tp.example_crossing_group == tuple(range(16))
+    assert tp.link is Link.NETWORK
+
+
+def test_nvl72_domain_holds_tp_and_more() -> None:
+    # GB200 NVL72: 4-GPU trays, 72-GPU domains -> 18 nodes per domain.
+    layout = ParallelLayout(dp=18, tp=4, pp=2)  # 144 ranks, 2 domains
+    placement = Placement.default(144, gpus_per_node=4, nvlink_domain_gpus=72, nodes_per_network_block=32)
+    spans = axis_spans(layout, placement)
+    assert spans["tp"].link is Link.NVLINK
+    # dp groups stride 4 over 72 ranks: they cross nodes but stay in the NVLink domain.
+    assert spans["dp"].groups_crossing_nodes == spans["dp"].groups
+    assert spans["dp"].groups_crossing_domains == 0
+    assert spans["pp"].groups_crossing_domains == spans["pp"].groups
+
+
+def test_combined_gradient_groups() -> None:
+    layout = ParallelLayout(dp=2, tp=2, cp=2, ep=2, pp=1)
+    spans = axis_spans(layout, h100_placement(8))
+    assert spans["dp-cp"].group_size == 4
+    assert spans["edp"].group_size == layout.expert_dp == 2
+
+
+def test_from_node_names_uses_labels() -> None:
+    # Pods landed out of order: rank 1 on node b, ranks 0,2,3 on node a; a and b share one NVLink clique.
+    placement = Placement.from_node_names(
+        ["a", "b", "a", "a"], node_domains={"a": "uuid.1", "b": "uuid.1"}, node_blocks={"a": "leaf-1", "b": "leaf-2"}
+    )
+    assert placement.nodes == 2
+    assert placement.node_name(1) == "b"
+    layout = ParallelLayout(tp=2, dp=2)
+    spans = axis_spans(layout, placement)
+    assert spans["tp"].groups_crossing_nodes == 1  # [0, 1] crosses a->b; [2, 3] stays on a
+    assert spans["tp"].groups_crossing_domains == 0  # same clique
+    assert spans["tp"].groups_crossing_blocks == 1
+
+
+def test_hardware_default_placement_matches_catalogue() -> None:
+    hw = default_hardware("GB200", nodes=36)
+    placement = Placement.for_hardware(hw.world_size, hw)
+    assert np.unique(placement.domain_of_rank()).size == 2  # 144 GPUs / 72
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"world_size": 12, "gpus_per_node": 8, "nvlink_domain_gpus": 8}, r"world size 12 does not fill whole 8-GPU"),
+        ({"world_size": 16, "gpus_per_node": 8, "nvlink_domain_gpus": 12}, r"domain of 12 GPUs is not a whole number"),
+        ({"world_size": 16, "gpus_per_node": 0, "nvlink_domain_gpus": 8}, r"gpus_per_node \(0\)"),
+    ],
+    ids=["partial-node", "domain-not-nodes", "zero"],
+)
+def test_bad_placement(kwargs: dict[str, int], message: str) -> None:
+    with pytest.raises(LayoutError, match=message):
+        Placement.default(nodes_per_network_block=4, **kwargs)
+
+
+def test_placement_must_cover_layout() -> None:
+    with pytest.raises(LayoutError, match="placement has 8 ranks but the layout"):
+        axis_spans(ParallelLayout(dp=16), h100_placement(8))

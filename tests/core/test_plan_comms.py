@@ -1,0 +1,364 @@
+"""Planner collectives: messages, counts, bus factors, links, FLOPs per byte (reference/planner.md §1.4, §1.7).
+
+Expected numbers are written from the formulas: Narayanan et al. 2021 §3.2 (TP, PP), Korthikanti et al. 2022 (SP),
+nccl-tests PERFORMANCE.md (bus factors), ZeRO §7 (1.5x), and the worked values of reference §1.7.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from meshscope.hardware import default_hardware
+from meshscope.layout import ParallelLayout
+from meshscope.models import Activation, ModelConfig, MoEConfig, Norm, PositionEmbedding
+from meshscope.placement import Link
+from meshscope.plan import CollectiveOp, CollectivePlan, Plan, PlanAssumptions, plan_job
+from meshscope.spec import JobSpec, ParallelismConfig, PipelineSchedule, TrainingConfig
+
+NONCAUSAL = PlanAssumptions(causal_attention=False)
+
+
+def gpt(*, layers: int, h: int, a: int, s: int, v: int = 1000, tied: bool = True) -> ModelConfig:
+    return ModelConfig(
+        name="gpt",
+        layers=layers,
+        hidden_size=h,
+        attention_heads=a,
+        ffn_hidden_size=4 * h,
+        vocab_size=v,
+        seq_length=s,
+        activation=Activation.GELU,
+        norm=Norm.LAYERNORM,
+        position_embedding=PositionEmbedding.LEARNED,
+        dropout=0.1,
+        tied_embeddings=tied,
+        linear_bias=True,
+    )
+
+
+def llama(*, layers: int = 2, h: int = 1024, a: int = 16, g: int = 4, f: int = 2816, s: int = 4096) -> ModelConfig:
+    return ModelConfig(
+        name="llama",
+        layers=layers,
+        hidden_size=h,
+        attention_heads=a,
+        kv_heads=g,
+        ffn_hidden_size=f,
+        vocab_size=1000,
+        seq_length=s,
+    )
+
+
+def moe_model(*, experts: int, top_k: int, fe: int, h: int = 1024, s: int = 256, layers: int = 2) -> ModelConfig:
+    return ModelConfig(
+        name="moe",
+        layers=layers,
+        hidden_size=h,
+        attention_heads=8,
+        ffn_hidden_size=4096,
+        vocab_size=1000,
+        seq_length=s,
+        moe=MoEConfig(experts=experts, top_k=top_k, expert_ffn_hidden_size=fe),
+    )
+
+
+def job(
+    model: ModelConfig, layout: ParallelLayout, *, gpu: str = "H100", sp: bool = False, **training: object
+) -> JobSpec:
+    world = layout.world_size
+    hardware = default_hardware(gpu, max(world // 8, 1))
+    if world < 8:
+        hardware = replace(hardware, nodes=1, gpus_per_node=world, nvlink_domain_gpus=world)
+    settings: dict[str, object] = {"micro_batch_size": 1, "global_batch_size": layout.dp, **training}
+    return JobSpec(
+        name="test",
+        model=model,
+        parallelism=ParallelismConfig(layout=layout, sequence_parallel=sp),
+        training=TrainingConfig(**settings),  # type: ignore[arg-type]
+        hardware=hardware,
+    )
+
+
+def only(plan: Plan | tuple[CollectivePlan, ...], *, axis: str, op: CollectiveOp, purpose: str = "") -> CollectivePlan:
+    pool = plan.collectives if isinstance(plan, Plan) else plan
+    found = [c for c in pool if c.axis == axis and c.op is op and purpose in c.purpose]
+    assert len(found) == 1, [(c.axis, c.op, c.purpose) for c in pool]
+    return found[0]
+
+
+# ---------------------------------------------------------------------------------------------------- bus factors
+
+
+@pytest.mark.parametrize(
+    ("op", "n", "factor"),
+    [
+        (CollectiveOp.ALL_REDUCE, 8, 2 * 7 / 8),
+        (CollectiveOp.REDUCE_SCATTER, 8, 7 / 8),
+        (CollectiveOp.ALL_GATHER, 4, 3 / 4),
+        (CollectiveOp.ALL_TO_ALL, 64, 63 / 64),
+        (CollectiveOp.SEND_RECV, 2, 1.0),
+    ],
+    ids=["all-reduce", "reduce-scatter", "all-gather", "all-to-all", "send-recv"],
+)
+def test_nccl_bus_factors(op, n, factor):
+    assert op.bus_factor(n) == pytest.approx(factor)
+
+
+# ---------------------------------------------------------------------------------------------------- TP
+
+
+def test_tp_all_reduces_without_sequence_parallel():
+    big_l, h, s, b, t, m = 2, 1024, 512, 2, 4, 3
+    plan = plan_job(
+        job(gpt(layers=big_l, h=h, a=16, s=s), ParallelLayout(tp=t), micro_batch_size=b, global_batch_size=b * m)
+    )
+    ar = only(plan, axis="tp", op=CollectiveOp.ALL_REDUCE)
+    assert ar.message_bytes == b * s * h * 2  # b·s·h bf16 elements
+    assert ar.count_per_step == 4 * big_l * m  # 2 forward + 2 backward per layer per micro-batch
+    assert ar.bytes_per_gpu_per_step == pytest.approx(4 * big_l * m * 2 * (t - 1) / t * b * s * h * 2)
+    # Narayanan §3.2: 8bsh(t-1)/t elements per layer per device per micro-batch.
+    assert ar.bytes_per_gpu_per_step == pytest.approx(big_l * m * 8 * b * s * h * (t - 1) / t * 2)
+    assert ar.link is Link.NVLINK
+    assert ar.group_size == t
+    assert ar.seconds_per_instance == pytest.approx(b * s * h * 2 * 2 * (t - 1) / t / (450e9 * 0.8))
+    # Without tp_comm_overlap nothing hides TP traffic.
+    assert ar.exposed_seconds_per_step == pytest.approx(ar.expected_seconds_per_step)
+
+
+def test_sequence_parallel_moves_the_same_bytes_as_all_reduce_plus_a_backward_regather():
+    big_l, h, s, t = 2, 1024, 512, 4
+    model = gpt(layers=big_l, h=h, a=16, s=s)
+    plain = plan_job(job(model, ParallelLayout(tp=t)))
+    sp = plan_job(job(model, ParallelLayout(tp=t), sp=True))
+    ag = only(sp, axis="tp", op=CollectiveOp.ALL_GATHER, purpose="sequence parallel")
+    rs = only(sp, axis="tp", op=CollectiveOp.REDUCE_SCATTER)
+    regather = only(sp, axis="tp", op=CollectiveOp.ALL_GATHER, purpose="re-gather")
+    assert ag.count_per_step == rs.count_per_step == 4 * big_l  # 2 forward + 2 backward per layer
+    assert regather.count_per_step == 2 * big_l  # QKV and fc1 inputs, backward
+    ar = only(plain, axis="tp", op=CollectiveOp.ALL_REDUCE)
+    assert ag.bytes_per_gpu_per_step + rs.bytes_per_gpu_per_step == pytest.approx(ar.bytes_per_gpu_per_step)
+
+
+@pytest.mark.parametrize(
+    ("h", "a", "s", "t", "worked"),
+    [(12288, 96, 2048, 8, 8119), (4096, 32, 8192, 8, 3511)],
+    ids=["h12288-s2048", "h4096-s8192"],
+)
+def test_tp_flops_per_byte_reproduces_reference_1_7(h, a, s, t, worked):
+    plan = plan_job(job(gpt(layers=2, h=h, a=a, s=s), ParallelLayout(tp=t)), assumptions=NONCAUSAL)
+    ar = only(plan, axis="tp", op=CollectiveOp.ALL_REDUCE)
+    # (72bsh² + 12bs²h)/t ÷ 2·8bsh(t-1)/t = (4.5h + 0.75s)/(t-1).
+    assert ar.flops_per_byte == pytest.approx((4.5 * h + 0.75 * s) / (t - 1))
+    assert ar.flops_per_byte == pytest.approx(worked, abs=0.5)
+    assert ar.link_budget_flops_per_byte == pytest.approx(989e12 / 450e9)
+    assert ar.hideable
+
+
+def test_tp_comm_overlap_hides_up_to_the_assumed_fraction():
+    model = gpt(layers=2, h=4096, a=32, s=2048)
+    plan = plan_job(job(model, ParallelLayout(tp=8), tp_comm_overlap=True))
+    ar = only(plan, axis="tp", op=CollectiveOp.ALL_REDUCE)
+    window = plan.stages[0].step_time.compute_seconds
+    expected = ar.expected_seconds_per_step
+    assert ar.exposed_seconds_per_step == pytest.approx(expected - min(0.8 * expected, window))
+
+
+def test_expert_tensor_parallel_gathers_routed_tokens():
+    k, s, h, t = 2, 256, 1024, 2
+    model = moe_model(experts=4, top_k=k, fe=512, h=h, s=s)
+    plan = plan_job(job(model, ParallelLayout(tp=t, dp=2, ep=2), sp=True, global_batch_size=2))
+    ag = next(c for c in plan.collectives if c.group == "etp" and c.op is CollectiveOp.ALL_GATHER)
+    # Each GPU holds s·b/t tokens (SP), k copies after dispatch; the etp all-gather assembles etp of them.
+    assert ag.message_bytes == t * k * (s // t) * h * 2
+    assert ag.count_per_step == 2 * 2  # forward + backward, 2 MoE layers, 1 micro-batch
+    assert ag.axis == "tp"
+
+
+# ---------------------------------------------------------------------------------------------------- PP
+
+
+def test_pp_flops_per_byte_matches_reference_1_7():
+    h, s, t, p, big_l = 25600, 2048, 8, 3, 6
+    plan = plan_job(
+        job(gpt(layers=big_l, h=h, a=160, s=s, tied=False), ParallelLayout(tp=t, pp=p), sp=True, global_batch_size=8),
+        assumptions=NONCAUSAL,
+    )
+    middle = plan.stages[1]  # sends activations forward and gradients backward
+    send = only(middle.collectives, axis="pp", op=CollectiveOp.SEND_RECV, purpose="(forward)")
+    assert send.message_bytes == s * h // t * 2  # b·s·h/t (SP shards it)
+    # 3·(L/p)(24bsh² + 4bs²h)/t ÷ 2·2bsh/t = (18h + 3s)·L/p; reference §1.7 drops the s term: 18hL/p = 921,600.
+    assert send.flops_per_byte == pytest.approx((18 * h + 3 * s) * big_l / p)
+    assert send.flops_per_byte == pytest.approx(921_600, rel=0.02)
+
+
+def test_pp_sends_per_stage_1f1b():
+    m, p = 4, 3
+    plan = plan_job(job(gpt(layers=6, h=512, a=8, s=256, tied=False), ParallelLayout(pp=p), global_batch_size=m))
+    counts = [{c.purpose: c.count_per_step for c in s.collectives if c.axis == "pp"} for s in plan.stages]
+    assert counts == [
+        {"activations (forward)": m},
+        {"activations (forward)": m, "activation gradients (backward)": m},
+        {"activation gradients (backward)": m},
+    ]
+
+
+def test_pp_sends_per_stage_interleaved_multiply_by_vpp():
+    m, p, v = 4, 2, 2
+    spec = job(
+        gpt(layers=8, h=512, a=8, s=256, tied=False),
+        ParallelLayout(pp=p, vpp=v),
+        global_batch_size=m,
+        pipeline_schedule=PipelineSchedule.INTERLEAVED,
+    )
+    plan = plan_job(spec)
+    counts = [{c.purpose: c.count_per_step for c in s.collectives if c.axis == "pp"} for s in plan.stages]
+    # Every chunk boundary but the model's ends: rank 0 receives nothing backward for its first chunk, rank p-1
+    # sends nothing forward from its last chunk.
+    assert counts == [
+        {"activations (forward)": v * m, "activation gradients (backward)": (v - 1) * m},
+        {"activations (forward)": (v - 1) * m, "activation gradients (backward)": v * m},
+    ]
+
+
+def test_tied_embedding_gradients_are_all_reduced_between_first_and_last_stage():
+    v, h, t = 1000, 512, 2
+    plan = plan_job(job(gpt(layers=4, h=h, a=8, s=256, v=v), ParallelLayout(tp=t, pp=2)))
+    ar = next(c for c in plan.collectives if c.group == "pp-embedding")
+    assert ar.op is CollectiveOp.ALL_REDUCE
+    assert ar.group_size == 2
+    assert ar.message_bytes == v * h // t * 4  # fp32 main gradients of the vocabulary shard
+    assert ar.count_per_step == 1
+
+
+# ---------------------------------------------------------------------------------------------------- DP
+
+H, A, G, D, F, V = 1024, 16, 4, 64, 2816, 1000
+P_LLAMA = 2 * (2 * H * A * D + 2 * H * G * D + 3 * H * F + 2 * H) + V * H + H + V * H  # llama(), tp=1, pp=1
+
+
+def test_dp_all_reduce_of_fp32_gradients():
+    d = 16
+    plan = plan_job(job(llama(), ParallelLayout(dp=d), global_batch_size=d))
+    ar = only(plan, axis="dp", op=CollectiveOp.ALL_REDUCE)
+    assert ar.message_bytes == P_LLAMA * 4
+    assert ar.count_per_step == 1
+    assert ar.bytes_per_gpu_per_step == pytest.approx(2 * (d - 1) / d * P_LLAMA * 4)
+    assert ar.link is Link.NETWORK  # 16 ranks over two 8-GPU nodes
+    assert ar.groups_crossing_domains == 1
+
+
+def test_distributed_optimizer_reduce_scatters_grads_and_gathers_bf16_weights():
+    d = 16
+    plan = plan_job(job(llama(), ParallelLayout(dp=d), global_batch_size=d, distributed_optimizer=True))
+    rs = only(plan, axis="dp", op=CollectiveOp.REDUCE_SCATTER)
+    ag = only(plan, axis="dp", op=CollectiveOp.ALL_GATHER)
+    assert rs.bytes_per_gpu_per_step == pytest.approx((d - 1) / d * P_LLAMA * 4)
+    assert ag.bytes_per_gpu_per_step == pytest.approx((d - 1) / d * P_LLAMA * 2)
+
+
+def test_zero3_moves_one_and_a_half_times_the_all_reduce():
+    d = 16
+    base = plan_job(job(llama(), ParallelLayout(dp=d), global_batch_size=d, grad_reduce_bytes=2))
+    zero3 = plan_job(job(llama(), ParallelLayout(dp=d), global_batch_size=d, grad_reduce_bytes=2, zero_stage=3))
+    ar = sum(c.bytes_per_gpu_per_step for c in base.collectives if c.axis == "dp")
+    z3 = sum(c.bytes_per_gpu_per_step for c in zero3.collectives if c.axis == "dp")
+    assert z3 == pytest.approx(1.5 * ar)  # Rajbhandari et al. 2019 §7: 3Ψ vs 2Ψ
+
+
+def test_dp_reduction_includes_context_parallel_ranks():
+    plan = plan_job(job(llama(), ParallelLayout(dp=2, cp=4), global_batch_size=2))
+    ar = only(plan, axis="dp", op=CollectiveOp.ALL_REDUCE)
+    assert ar.group == "dp-cp"
+    assert ar.group_size == 8
+
+
+def test_dp_flops_per_byte_close_to_reference_1_7():
+    h, a, s, big_l, v, d, g = 4096, 32, 256, 4, 1000, 64, 4
+    big_b = 16_777_216 // s  # B·s = 16,777,216 tokens
+    model = gpt(layers=big_l, h=h, a=a, s=s, v=v, tied=False)
+    plan = plan_job(job(model, ParallelLayout(dp=d), global_batch_size=big_b), assumptions=NONCAUSAL)
+    ar = only(plan, axis="dp", op=CollectiveOp.ALL_REDUCE)
+    # Exact, our definition: model FLOPs of the GPU's step ÷ all-reduce bytes of its fp32 gradients.
+    tokens = big_b * s / d
+    flops = 72 * tokens * big_l * h**2 * (1 + s / (6 * h)) + 6 * tokens * h * v
+    params = big_l * (12 * h * h + 13 * h) + v * h + s * h + 2 * h + v * h  # GPT layers with biases, untied
+    assert ar.flops_per_byte == pytest.approx(flops / (2 * (d - 1) / d * params * g))
+    # Reference §1.7: 3·B·s/(g·(d-1)) ≈ 199,729 with 6Ψ FLOPs per token.
+    assert ar.flops_per_byte == pytest.approx(199_729, rel=0.02)
+
+
+def test_dp_grad_reduce_overlap_is_capped_by_the_last_backward():
+    d = 16
+    on = plan_job(job(llama(), ParallelLayout(dp=d), global_batch_size=4 * d))
+    ar = only(on, axis="dp", op=CollectiveOp.ALL_REDUCE)
+    window = on.stages[0].backward_seconds_per_microbatch
+    assert ar.exposed_seconds_per_step == pytest.approx(
+        ar.expected_seconds_per_step - min(0.9 * ar.expected_seconds_per_step, window)
+    )
+    off = plan_job(job(llama(), ParallelLayout(dp=d), global_batch_size=4 * d, overlap_grad_reduce=False))
+    ar_off = only(off, axis="dp", op=CollectiveOp.ALL_REDUCE)
+    assert ar_off.exposed_seconds_per_step == pytest.approx(ar_off.expected_seconds_per_step)
+
+
+# ---------------------------------------------------------------------------------------------------- EP
+
+
+def test_ep_all_to_all_reproduces_reference_1_7():
+    fe, ep, k, s, h = 2048, 64, 2, 256, 1024
+    model = moe_model(experts=64, top_k=k, fe=fe, h=h, s=s)
+    plan = plan_job(job(model, ParallelLayout(dp=64, ep=ep), global_batch_size=64))
+    a2a = only(plan, axis="ep", op=CollectiveOp.ALL_TO_ALL)
+    assert a2a.message_bytes == s * k * h * 2  # T_loc·k·h bf16
+    assert a2a.count_per_step == 4 * 2  # dispatch + combine, forward + backward, 2 MoE layers
+    assert a2a.bytes_per_gpu_per_step == pytest.approx(8 * s * k * h * 2 * (ep - 1) / ep)
+    # 18·T·k·h·f_e ÷ 8·T·k·h·(ep-1)/ep = 2.25·f_e·ep/(ep-1) ≈ 4,681.
+    assert a2a.flops_per_byte == pytest.approx(2.25 * fe * ep / (ep - 1))
+    assert a2a.flops_per_byte == pytest.approx(4681, abs=0.5)
+    assert a2a.link is Link.NETWORK
+    assert a2a.link_budget_flops_per_byte == pytest.approx(19_780)
+    assert not a2a.hideable
+    assert a2a.exposed_seconds_per_step == pytest.approx(a2a.expected_seconds_per_step)  # EP overlap 0 by default
+
+
+def test_expert_gradients_reduce_over_expert_data_parallel():
+    model = moe_model(experts=8, top_k=2, fe=512)
+    plan = plan_job(job(model, ParallelLayout(dp=8, ep=4), global_batch_size=8))
+    experts = next(c for c in plan.collectives if c.group == "edp")
+    per_gpu_experts = 2 * 8 * 3 * 1024 * 512 // 4
+    assert experts.group_size == 8 // 4
+    assert experts.message_bytes == per_gpu_experts * 4
+
+
+# ---------------------------------------------------------------------------------------------------- CP
+
+
+def test_cp_ring_exchange_of_kv_chunks():
+    big_l, h, a, g, d, f, s, t, cp = 2, 1024, 16, 4, 64, 2816, 4096, 2, 4
+    plan = plan_job(job(llama(layers=big_l, s=s), ParallelLayout(tp=t, cp=cp), sp=True))
+    ring = only(plan, axis="cp", op=CollectiveOp.SEND_RECV)
+    # K and V of s/cp tokens, g/t heads of d each, bf16.
+    assert ring.message_bytes == 2 * (s // cp) * (g // t) * d * 2
+    # cp-1 forward steps per layer, about twice that backward.
+    assert ring.count_per_step == 3 * (cp - 1) * big_l
+    # Hiding FLOPs: the GPU's layer FLOPs (projections, SwiGLU, causal attention core) ÷ the ring's bytes.
+    tokens = s
+    layer = 2 * tokens * (2 * h * a * d + 2 * h * g * d) + 2 * tokens * 3 * h * f + 2 * tokens * s * a * d
+    flops = 3 * big_l * layer / (t * cp)
+    assert ring.flops_per_byte == pytest.approx(flops / (3 * (cp - 1) * big_l * ring.message_bytes))
+
+
+# ---------------------------------------------------------------------------------------------------- budgets
+
+
+def test_b200_link_budgets():
+    plan = plan_job(job(llama(), ParallelLayout(tp=8, dp=2), gpu="B200", global_batch_size=2))
+    tp = only(plan, axis="tp", op=CollectiveOp.ALL_REDUCE)
+    dp = only(plan, axis="dp", op=CollectiveOp.ALL_REDUCE)
+    assert tp.link is Link.NVLINK
+    assert tp.link_budget_flops_per_byte == pytest.approx(2500)  # 2,250 TF ÷ 900 GB/s
+    assert dp.link is Link.NETWORK
+    assert dp.link_budget_flops_per_byte == pytest.approx(45_000)  # 2,250 TF ÷ 50 GB/s
+    assert dp.bandwidth_bytes_per_s == pytest.approx(50e9)
+    assert dp.seconds_per_instance == pytest.approx(dp.message_bytes * 2 * 1 / 2 / (50e9 * 0.7))
