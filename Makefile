@@ -5,7 +5,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 
-.PHONY: demo test lint typecheck contracts unit bench crds clean
+.PHONY: demo test lint typecheck contracts unit bench crds clean venv system-deps
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -15,6 +15,15 @@ $(STAMP): pyproject.toml
 	touch $@
 
 venv: $(STAMP)
+
+# Debian packages the tests drive for real: headless Chromium renders the HTML report.
+CHROMIUM := $(shell command -v chromium 2>/dev/null)
+system-deps:
+ifeq ($(CHROMIUM),)
+	@echo "installing Debian's chromium for the report browser tests"
+	apt-get update -qq
+	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium >/dev/null
+endif
 
 ## make demo: plan the bundled example job (later: the full local run)
 demo: $(STAMP)
@@ -33,7 +42,7 @@ typecheck: $(STAMP)
 contracts: $(STAMP)
 	$(BIN)/lint-imports
 
-unit: $(STAMP)
+unit: $(STAMP) system-deps
 	$(BIN)/pytest -q
 
 bench: $(STAMP)
