@@ -1,0 +1,549 @@
+"""Step records: round trips through JSON lines (plain and gzip), the columnar table, and every bad-input error."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import re
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import meshscope.records as records_module
+from meshscope.errors import ParseError
+from meshscope.layout import RankCoord
+from meshscope.records import (
+    COMM_CODE,
+    KIND_CODE,
+    OP_CODE,
+    SCHEMA,
+    DataStats,
+    Interval,
+    IntervalColumns,
+    RecordTable,
+    StepColumns,
+    StepRecord,
+    lexsort_keys,
+    read_records,
+    read_table,
+    record_to_json,
+    write_records,
+)
+
+DATA_DIR = Path(__file__).parent.parent / "data"
+
+
+def make_record(rank: int = 0, step: int = 0, *, job: str = "demo", **overrides) -> StepRecord:
+    t0 = 1_700_000_000_000_000 + step * 100_000
+    fields = {
+        "job": job,
+        "step": step,
+        "rank": rank,
+        "coord": RankCoord(dp=rank // 2, tp=rank % 2, pp=0, cp=0, ep=0),
+        "node": f"node-{rank // 4}",
+        "nvlink_domain": "nvl-0",
+        "network_tier": "block-0",
+        "gpu": rank % 4,
+        "start_us": t0,
+        "end_us": t0 + 100_000,
+        "intervals": (
+            Interval(kind="data", start_us=t0, end_us=t0 + 5_000),
+            Interval(kind="compute", start_us=t0 + 5_000, end_us=t0 + 40_000, phase="forward"),
+            Interval(
+                kind="comm",
+                start_us=t0 + 40_000,
+                end_us=t0 + 45_000,
+                axis="tp",
+                op="all_reduce",
+                group=f"tp:{rank // 2}",
+                seq=step,
+                size_bytes=8_388_608,
+                group_size=2,
+            ),
+            Interval(
+                kind="p2p",
+                start_us=t0 + 45_000,
+                end_us=t0 + 47_000,
+                axis="pp",
+                op="recv",
+                group="pp:0-1",
+                seq=step,
+                size_bytes=4_194_304,
+                peer=rank + 8,
+            ),
+            Interval(kind="compute", start_us=t0 + 47_000, end_us=t0 + 90_000, phase="backward"),
+            Interval(kind="optimizer", start_us=t0 + 90_000, end_us=t0 + 95_000),
+            Interval(kind="checkpoint", start_us=t0 + 95_000, end_us=t0 + 100_000),
+        ),
+        "stats": DataStats(
+            tokens=16384,
+            sequences=4,
+            longest_sequence=8192,
+            attention_work=2.1e8,
+            attention_us=5100,
+            peak_memory_bytes=123_456_789,
+        ),
+        "gpu_util": 0.97,
+    }
+    fields.update(overrides)
+    return StepRecord(**fields)
+
+
+def sample_records() -> list[StepRecord]:
+    return [make_record(rank, step) for step in range(2) for rank in range(4)]
+
+
+def write_lines(path: Path, objs: list[dict], *, tail: str = "") -> Path:
+    text = "".join(json.dumps(o) + "\n" for o in objs) + tail
+    path.write_text(text)
+    return path
+
+
+def good_json(rank: int = 0, step: int = 0, **changes) -> dict:
+    obj = record_to_json(make_record(rank, step))
+    obj.update(changes)
+    return obj
+
+
+# ---------------------------------------------------------------------------- round trips
+
+
+@pytest.mark.parametrize("name", ["records.jsonl", "records.jsonl.gz"], ids=["plain", "gzip"])
+def test_write_then_read_round_trips(tmp_path, name):
+    records = sample_records()
+    path = tmp_path / name
+    assert write_records(path, records) == len(records)
+    read = read_records(path)
+    assert read.records == tuple(records)
+    assert read.job == "demo"
+    assert read.notes == ()
+    table = read_table(path)
+    assert table.to_records() == tuple(records)
+    assert table.source_files == (str(path),)
+    if name.endswith(".gz"):
+        with gzip.open(path, "rt") as f:
+            assert json.loads(f.readline())["schema"] == SCHEMA
+
+
+def test_table_round_trips_through_a_file(tmp_path):
+    table = RecordTable.from_records(sample_records())
+    write_records(tmp_path / "t.jsonl", table)
+    again = read_table(tmp_path / "t.jsonl")
+    assert again.to_records() == table.to_records()
+    np.testing.assert_array_equal(again.intervals.kind, table.intervals.kind)
+    np.testing.assert_array_equal(again.steps.coord, table.steps.coord)
+
+
+def test_table_columns_hold_codes_and_the_rows_they_belong_to():
+    table = RecordTable.from_records(sample_records())
+    assert table.n_rows == 8
+    assert table.n_intervals == 8 * 7
+    iv = table.intervals
+    np.testing.assert_array_equal(np.bincount(iv.row), [7] * 8)
+    comm = iv.kind == COMM_CODE
+    assert (iv.op[comm] == OP_CODE["all_reduce"]).all()
+    assert [table.group_name(int(g)) for g in iv.group[comm][:4]] == ["tp:0", "tp:0", "tp:1", "tp:1"]
+    assert (iv.group[iv.kind == KIND_CODE["data"]] == -1).all()
+    assert table.node_names == ("node-0",)
+    assert table.steps.gpu_util.tolist() == [0.97] * 8
+
+
+def test_optional_fields_may_be_left_out(tmp_path):
+    obj = good_json()
+    for key in ("nvlink_domain", "network_tier", "gpu", "stats", "gpu_util"):
+        del obj[key]
+    obj["intervals"] = [{"kind": "compute", "start_us": obj["start_us"], "end_us": obj["end_us"]}]
+    path = write_lines(tmp_path / "r.jsonl", [obj])
+    (rec,) = read_records(path).records
+    assert (rec.gpu, rec.gpu_util, rec.stats, rec.intervals[0].phase) == (None, None, DataStats(), None)
+    table = read_table(path)
+    assert table.to_records() == (rec,)
+    assert np.isnan(table.steps.gpu_util[0])
+    assert table.steps.nvlink_domain[0] == -1
+
+
+def test_several_files_of_one_job_read_together(tmp_path):
+    records = sample_records()
+    a = tmp_path / "rank0.jsonl"
+    b = tmp_path / "rank1.jsonl.gz"
+    write_records(a, records[:3])
+    write_records(b, records[3:])
+    assert read_records([a, b]).records == tuple(records)
+    table = read_table([a, b])
+    assert table.to_records() == tuple(records)
+    assert table.where_row(4) == f"{b} line 2"
+
+
+def test_from_arrays_builds_the_same_table_as_from_records():
+    records = [make_record(0), make_record(1)]
+    expected = RecordTable.from_records(records)
+    e = expected.intervals
+    built = RecordTable(
+        job="demo",
+        steps=StepColumns.build(
+            rank=[0, 1],
+            step=[0, 0],
+            start_us=expected.steps.start_us,
+            end_us=expected.steps.end_us,
+            coord=expected.steps.coord,
+            node=[0, 0],
+            nvlink_domain=[0, 0],
+            network_tier=[0, 0],
+            gpu=[0, 1],
+            gpu_util=[0.97, 0.97],
+            tokens=[16384] * 2,
+            sequences=[4] * 2,
+            longest_sequence=[8192] * 2,
+            attention_work=[2.1e8] * 2,
+            attention_us=[5100] * 2,
+            peak_memory_bytes=[123_456_789] * 2,
+        ),
+        intervals=IntervalColumns.build(
+            row=e.row,
+            kind=e.kind,
+            start_us=e.start_us,
+            end_us=e.end_us,
+            phase=e.phase,
+            axis=e.axis,
+            op=e.op,
+            group=e.group,
+            seq=e.seq,
+            size_bytes=e.size_bytes,
+            group_size=e.group_size,
+            peer=e.peer,
+        ),
+        node_names=("node-0",),
+        nvlink_domain_names=("nvl-0",),
+        network_tier_names=("block-0",),
+        group_names=("tp:0", "pp:0-1"),
+    )
+    assert built.to_records() == tuple(records)
+
+
+# ---------------------------------------------------------------------------- partial files
+
+
+def test_truncated_last_line_is_an_error_naming_the_line(tmp_path):
+    objs = [good_json(0), good_json(1)]
+    cut = json.dumps(good_json(2))[:120]
+    path = write_lines(tmp_path / "r.jsonl", objs, tail=cut)
+    for reader in (read_records, read_table):
+        with pytest.raises(ParseError, match=re.escape(f"{path} line 3: the last line is truncated")) as info:
+            reader(path)
+        assert "allow_partial=True" in str(info.value)
+
+
+def test_truncated_last_line_is_skipped_and_noted_when_partial_data_is_allowed(tmp_path):
+    cut = json.dumps(good_json(2))[:120]
+    path = write_lines(tmp_path / "r.jsonl", [good_json(0), good_json(1)], tail=cut)
+    read = read_records(path, allow_partial=True)
+    assert [r.rank for r in read.records] == [0, 1]
+    (note,) = read.notes
+    assert (note.code, note.count) == ("truncated_line", 1)
+    assert "line 3" in note.message
+    table = read_table(path, allow_partial=True)
+    assert table.n_rows == 2
+    assert [n.code for n in table.notes] == ["truncated_line"]
+
+
+def test_truncated_gzip_stream(tmp_path):
+    path = tmp_path / "r.jsonl.gz"
+    records = [make_record(rank, step) for step in range(10) for rank in range(8)]
+    write_records(path, records)
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+    with pytest.raises(ParseError, match="compressed stream ends early"):
+        read_records(path)
+    table = read_table(path, allow_partial=True)
+    assert 0 < table.n_rows < len(records)
+    assert table.to_records() == tuple(records[: table.n_rows])
+    assert [n.code for n in table.notes] == ["truncated_file"]
+
+
+def test_corrupt_line_in_the_middle_is_an_error_even_with_partial_data_allowed(tmp_path):
+    path = write_lines(tmp_path / "r.jsonl", [good_json(0)], tail='{"schema": oops\n' + json.dumps(good_json(1)) + "\n")
+    for reader in (read_records, read_table):
+        with pytest.raises(ParseError, match=re.escape(f"{path} line 2: not valid JSON")):
+            reader(path, allow_partial=True)
+
+
+def test_blank_lines_are_ignored(tmp_path):
+    path = tmp_path / "r.jsonl"
+    path.write_text(json.dumps(good_json(0)) + "\n\n" + json.dumps(good_json(1)) + "\n\n")
+    assert len(read_records(path)) == 2
+    assert read_table(path).where_row(1) == f"{path} line 3"
+
+
+# ---------------------------------------------------------------------------- schema errors
+
+
+def _both_readers_raise(path: Path, *fragments: str) -> None:
+    for reader in (read_records, read_table):
+        with pytest.raises(ParseError) as info:
+            reader(path)
+        for fragment in fragments:
+            assert fragment in str(info.value), (reader.__name__, str(info.value))
+
+
+def test_mismatched_jobs_name_both_jobs(tmp_path):
+    a = write_lines(tmp_path / "a.jsonl", [good_json(0)])
+    b = write_lines(tmp_path / "b.jsonl", [good_json(1, job="other-job")])
+    for reader in (read_records, read_table):
+        with pytest.raises(ParseError) as info:
+            reader([a, b])
+        message = str(info.value)
+        assert "'other-job'" in message
+        assert "'demo'" in message
+        assert f"{b} line 1" in message
+        assert f"{a} line 1" in message
+
+
+def test_interval_ending_before_it_starts(tmp_path):
+    obj = good_json()
+    iv = obj["intervals"][2]
+    iv["end_us"] = iv["start_us"] - 7
+    path = write_lines(tmp_path / "r.jsonl", [obj])
+    _both_readers_raise(
+        path, f"{path} line 1: intervals[2].end_us = {iv['end_us']} is before start_us = {iv['start_us']}"
+    )
+
+
+def test_step_ending_before_it_starts(tmp_path):
+    obj = good_json()
+    obj["end_us"] = obj["start_us"] - 1
+    obj["intervals"] = []
+    path = write_lines(tmp_path / "r.jsonl", [obj])
+    _both_readers_raise(path, f"{path} line 1: end_us = {obj['end_us']} is before start_us = {obj['start_us']}")
+
+
+def test_interval_wholly_outside_its_step(tmp_path):
+    obj = good_json()
+    obj["intervals"][1]["start_us"] = obj["end_us"] + 10
+    obj["intervals"][1]["end_us"] = obj["end_us"] + 20
+    path = write_lines(tmp_path / "r.jsonl", [obj])
+    _both_readers_raise(path, "line 1: intervals[1] = [", "lies wholly outside the step [")
+
+
+def test_unknown_kind_lists_the_kinds_that_fit(tmp_path):
+    obj = good_json()
+    obj["intervals"][0]["kind"] = "idle"
+    path = write_lines(tmp_path / "r.jsonl", [obj])
+    _both_readers_raise(path, "line 1: intervals[0]: kind = 'idle' is not one of ['compute', 'data'", "'p2p']")
+
+
+def test_duplicate_rank_step_names_both_lines(tmp_path):
+    path = write_lines(tmp_path / "r.jsonl", [good_json(0), good_json(1), good_json(0)])
+    _both_readers_raise(path, "rank 0 step 0 appears twice", f"{path} line 1", f"{path} line 3")
+
+
+@pytest.mark.parametrize(
+    ("change", "fragments"),
+    [
+        ({"schema": "meshscope.step/2"}, ["schema = 'meshscope.step/2' is not supported", SCHEMA]),
+        ({"start_us": "soon"}, ["start_us = 'soon' (str); expected a whole number"]),
+        ({"start_us": 1.5}, ["start_us = 1.5 (float); expected a whole number"]),
+        ({"rank": -3}, ["rank = -3 is below 0"]),
+        ({"gpu_util": 97}, ["gpu_util = 97", "ratio in [0, 1]"]),
+        ({"gpu": -2}, ["gpu = -2 is below 0"]),
+        ({"coord": {"dp": 0, "tp": 0, "pp": 0, "cp": 0}}, ["coord: field 'ep' is missing"]),
+        ({"node": ""}, ["node = ''", "non-empty string"]),
+        ({"intervals": {"kind": "compute"}}, ["intervals = ", "expected a list"]),
+        ({"stats": {"tokens": -1}}, ["stats: tokens = -1 is below 0"]),
+    ],
+    ids=["schema", "str-time", "float-time", "neg-rank", "util-percent", "neg-gpu", "coord", "node", "ivs", "stats"],
+)
+def test_field_errors_name_field_value_and_what_fits(tmp_path, change, fragments):
+    bad = good_json(1)
+    bad.update(change)
+    path = write_lines(tmp_path / "r.jsonl", [good_json(0), bad])
+    _both_readers_raise(path, f"{path} line 2", *fragments)
+
+
+@pytest.mark.parametrize(
+    ("index", "change", "fragment"),
+    [
+        (2, {"axis": "xp"}, "intervals[2]: axis = 'xp' is not one of ['dp', 'tp', 'pp', 'cp', 'ep']"),
+        (2, {"op": "send"}, "intervals[2].op = 'send' is point-to-point"),
+        (3, {"op": "all_reduce"}, "intervals[3].op = 'all_reduce' is a collective"),
+        (2, {"seq": None}, "intervals[2]: seq = None (null); expected a whole number"),
+        (2, {"bytes": -5}, "intervals[2]: bytes = -5 is below 0"),
+        (2, {"group_size": 0}, "intervals[2]: group_size = 0 is below 1"),
+        (3, {"peer": -1}, "intervals[3]: peer = -1 is below 0"),
+        (1, {"phase": "sideways"}, "intervals[1]: phase = 'sideways' is not one of ['forward', 'backward'"),
+    ],
+    ids=["axis", "comm-send", "p2p-collective", "seq-null", "neg-bytes", "group-size", "neg-peer", "phase"],
+)
+def test_interval_field_errors(tmp_path, index, change, fragment):
+    obj = good_json()
+    obj["intervals"][index].update(change)
+    if change.get("seq", 0) is None:
+        del obj["intervals"][index]["seq"]
+        fragment = "intervals[2]: field 'seq' is missing"
+    path = write_lines(tmp_path / "r.jsonl", [obj])
+    _both_readers_raise(path, f"{path} line 1", fragment)
+
+
+def test_missing_required_field(tmp_path):
+    obj = good_json()
+    del obj["node"]
+    path = write_lines(tmp_path / "r.jsonl", [obj])
+    _both_readers_raise(path, f"{path} line 1: field 'node' is missing; it is required")
+
+
+def test_line_that_is_not_an_object(tmp_path):
+    path = tmp_path / "r.jsonl"
+    path.write_text("[1, 2]\n")
+    _both_readers_raise(path, f"{path} line 1: line = ", "expected a JSON object")
+
+
+# ---------------------------------------------------------------------------- cross-record rules of the table
+
+
+def test_same_collective_twice_on_one_rank_is_an_error():
+    # seq restarting every step makes (group, seq) ambiguous: the table refuses it.
+    records = [make_record(0, 0), make_record(0, 1)]
+    fixed = [
+        replace_interval(r, 2, seq=0)  # both steps claim tp:0 seq 0
+        for r in records
+    ]
+    with pytest.raises(ParseError, match=r"seq 0 appears twice on rank 0.*does not restart every step"):
+        RecordTable.from_records(fixed)
+
+
+def test_members_of_one_collective_must_agree_on_the_op():
+    a = make_record(0)
+    b = replace_interval(make_record(1), 2, op="all_gather")
+    with pytest.raises(ParseError, match=r"has op 'all_reduce' but .* has 'all_gather'"):
+        RecordTable.from_records([a, b])
+
+
+def test_a_group_belongs_to_one_axis_and_has_one_size():
+    a = make_record(0)
+    with pytest.raises(ParseError, match=r"is on axis tp at .* but on axis dp"):
+        RecordTable.from_records([a, replace_interval(make_record(1), 2, axis="dp")])
+    with pytest.raises(ParseError, match=r"group 'tp:0' has group_size 2 at .* but 4 elsewhere; a group has one size"):
+        RecordTable.from_records([a, replace_interval(make_record(1), 2, group_size=4)])
+    with pytest.raises(ParseError, match="has 2 members but group_size = 1"):
+        RecordTable.from_records(
+            [replace_interval(a, 2, group_size=1), replace_interval(make_record(1), 2, group_size=1)]
+        )
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"row": [0, 5]}, "row = 5 is not a rank-step row"),
+        ({"kind": [0, 9]}, "kind = 9 is not a kind of"),
+        ({"end_us": [5, 1]}, "row 0 (rank 7, step 3): intervals[1].end_us = 1 is before start_us = 2"),
+        ({"start_us": [0, 50], "end_us": [5, 60]}, "lies wholly outside the step [0, 10]"),
+        ({"size_bytes": [-1, -7]}, "intervals[1].bytes = -7 is below 0 (-1 means unknown)"),
+    ],
+    ids=["row", "kind", "end-before-start", "outside", "bytes"],
+)
+def test_tables_built_from_arrays_are_validated(change, message):
+    columns = {"row": [0, 0], "kind": [0, 0], "start_us": [0, 2], "end_us": [5, 6], **change}
+    with pytest.raises(ParseError, match=re.escape(message)):
+        RecordTable(
+            job="sim",
+            steps=StepColumns.build(rank=[7], step=[3], start_us=[0], end_us=[10]),
+            intervals=IntervalColumns.build(**columns),
+        )
+
+
+def test_array_columns_of_the_wrong_length_are_refused():
+    with pytest.raises(ParseError, match=re.escape("column step has shape (3,); expected (2,)")):
+        StepColumns.build(rank=[0, 1], step=[0, 0, 0], start_us=[0, 0], end_us=[1, 1])
+
+
+def test_duplicate_rank_steps_in_arrays():
+    with pytest.raises(ParseError, match=re.escape("rank 1 step 0 appears twice: row 0 (rank 1, step 0) and row 1")):
+        RecordTable(
+            job="sim",
+            steps=StepColumns.build(rank=[1, 1], step=[0, 0], start_us=[0, 0], end_us=[1, 1]),
+            intervals=IntervalColumns.build(row=[], kind=[], start_us=[], end_us=[]),
+        )
+
+
+def test_record_objects_check_themselves():
+    with pytest.raises(ParseError, match="end_us = 1 is before start_us = 2"):
+        Interval(kind="compute", start_us=2, end_us=1)
+    with pytest.raises(ParseError, match="a comm interval needs group, seq"):
+        Interval(kind="comm", start_us=0, end_us=1, axis="dp", op="all_reduce")
+    with pytest.raises(ParseError, match="kind = 'nap' is not one of"):
+        Interval(kind="nap", start_us=0, end_us=1)
+
+
+def test_the_scenario_files_are_valid_and_small():
+    for path in (DATA_DIR / "dp8_straggler").glob("*.jsonl*"):
+        assert path.stat().st_size < 100_000, path
+        assert read_table(path).n_rows > 0
+
+
+def replace_interval(record: StepRecord, index: int, **changes) -> StepRecord:
+    ivs = list(record.intervals)
+    ivs[index] = replace(ivs[index], **changes)
+    return replace(record, intervals=tuple(ivs))
+
+
+@pytest.mark.parametrize("wide", [False, True], ids=["packed", "lexsort-fallback"])
+def test_lexsort_keys_sorts_by_the_first_key_first(wide):
+    rng = np.random.default_rng(3)
+    a = rng.integers(0, 5, 500)
+    b = rng.integers(-(2**40) if wide else -50, 2**40 if wide else 50, 500)
+    c = rng.integers(0, 2**30 if wide else 7, 500)
+    order = lexsort_keys(a, b, c)
+    keys = list(zip(a[order].tolist(), b[order].tolist(), c[order].tolist(), strict=True))
+    assert keys == sorted(keys)
+
+
+# ---------------------------------------------------------------------------- parallel decoding
+
+
+@pytest.fixture
+def small_chunks(monkeypatch):
+    monkeypatch.setattr(records_module, "_PARALLEL_MIN_BYTES", 0)
+    monkeypatch.setattr(records_module, "_CHUNK_MIN_BYTES", 4096)  # a few records per worker item
+
+
+def test_worker_processes_read_the_same_table(tmp_path, small_chunks, monkeypatch):
+    module = records_module
+    records = [make_record(rank, step) for step in range(6) for rank in range(8)]
+    a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl.gz"
+    write_records(a, records[:30])
+    write_records(b, records[30:])
+    one = read_table([a, b], workers=1)
+    parallel = module._read_parallel
+    used = []
+    monkeypatch.setattr(module, "_read_parallel", lambda *a, **k: used.append(parallel(*a, **k)) or used[-1])
+    many = read_table([a, b], workers=2)
+    assert used
+    assert used[0] is not None  # the workers' result, not the in-process fallback
+    assert len(module._chunk_plan([a, b], 2)) > 2
+    assert many.to_records() == one.to_records() == tuple(records)
+    np.testing.assert_array_equal(many.steps.source_line, one.steps.source_line)
+    assert many.where_row(29) == f"{a} line 30"
+    assert many.group_names == one.group_names
+
+
+def test_worker_errors_name_the_right_line(tmp_path, small_chunks):
+    objs = [good_json(rank, step) for step in range(5) for rank in range(8)]
+    objs[33]["intervals"][2]["bytes"] = -5
+    path = write_lines(tmp_path / "r.jsonl", objs)
+    with pytest.raises(ParseError, match=re.escape(f"{path} line 34: intervals[2]: bytes = -5 is below 0")):
+        read_table(path, workers=2)
+    objs[33] = good_json(2, 0)  # same rank and step as line 3, in another worker's byte range
+    path = write_lines(tmp_path / "r.jsonl", objs)
+    with pytest.raises(ParseError, match=re.escape(f"appears twice: {path} line 3 and {path} line 34")):
+        read_table(path, workers=2)
+
+
+def test_worker_path_keeps_the_partial_data_rules(tmp_path, small_chunks):
+    objs = [good_json(rank, step) for step in range(5) for rank in range(8)]
+    path = write_lines(tmp_path / "r.jsonl", objs, tail=json.dumps(good_json(0, 9))[:100])
+    with pytest.raises(ParseError, match="line 41: the last line is truncated"):
+        read_table(path, workers=2)
+    table = read_table(path, workers=2, allow_partial=True)
+    assert table.n_rows == 40
+    assert [n.code for n in table.notes] == ["truncated_line"]
