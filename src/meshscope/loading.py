@@ -21,7 +21,6 @@ hands it the object as a mapping.
 from __future__ import annotations
 
 import difflib
-import math
 import re
 from collections.abc import Mapping
 from dataclasses import replace
@@ -44,6 +43,16 @@ from meshscope.spec import (
     Recompute,
     TopologyConfig,
     TrainingConfig,
+)
+from meshscope.validation import (
+    check_batch,
+    check_context_parallel,
+    check_experts,
+    check_ffn,
+    check_heads,
+    check_pipeline_split,
+    divisors_text,
+    nearest_multiples,
 )
 
 if TYPE_CHECKING:
@@ -487,11 +496,11 @@ def _job_spec(spec: _Section, *, name: str, namespace: str) -> JobSpec:
     model = _model(_required_section(spec, "model"))
     hardware = _hardware(_required_section(spec, "hardware"))
     parallelism = _parallelism(_required_section(spec, "parallelism"), hardware)
-    _check_heads(model, parallelism.layout)
-    _check_ffn(model, parallelism.layout)
-    _check_context_parallel(model, parallelism.layout)
-    _check_experts(model, parallelism.layout)
-    _check_pipeline_split(model, parallelism)
+    check_heads(model, parallelism.layout)
+    check_ffn(model, parallelism.layout)
+    check_context_parallel(model, parallelism.layout)
+    check_experts(model, parallelism.layout)
+    check_pipeline_split(model, parallelism)
     training = _training(_required_section(spec, "training"), parallelism)
     template = spec.raw("template")
     if template is not None and not isinstance(template, Mapping):
@@ -652,7 +661,7 @@ def _resolve_model(model: ModelConfig) -> ModelConfig:
         raise SpecError(
             "spec.model.kvHeads",
             f"model.kvHeads ({kv_heads}) does not divide model.attentionHeads ({heads}); use one of "
-            f"{_divisors_text(heads)}",
+            f"{divisors_text(heads)}",
         )
     head_dim = model.head_dim
     if head_dim is None and hidden % heads == 0:
@@ -661,7 +670,7 @@ def _resolve_model(model: ModelConfig) -> ModelConfig:
         raise SpecError(
             "spec.model.headDim",
             f"model.hiddenSize ({hidden}) is not divisible by model.attentionHeads ({heads}); give headDim "
-            f"explicitly, or use attentionHeads among {_divisors_text(hidden)}",
+            f"explicitly, or use attentionHeads among {divisors_text(hidden)}",
         )
     if model.moe is not None and model.moe.dense_layers >= model.layers:
         raise SpecError(
@@ -757,28 +766,9 @@ def _gpu(sec: _Section) -> GpuSpec:
             "spec.hardware.nvlinkDomainGpus",
             f"nvlinkDomainGpus ({gpu.nvlink_domain_gpus}) is not a multiple of gpusPerNode ({gpu.gpus_per_node}): "
             f"an NVLink domain is made of whole nodes; use "
-            f"{_nearest_multiples(gpu.nvlink_domain_gpus, gpu.gpus_per_node)}",
+            f"{nearest_multiples(gpu.nvlink_domain_gpus, gpu.gpus_per_node)}",
         )
     return gpu
-
-
-def check_job(spec: JobSpec) -> None:
-    """The cross-field checks of a typed spec: heads, FFN, context and expert parallelism, layer split, batch.
-
-    The loader runs them on every manifest; the layout search runs them on every candidate it builds, so both
-    accept exactly the same jobs.
-
-    Raises:
-        SpecError: naming the field, the numbers and what would fit.
-    """
-    layout = spec.layout
-    _check_heads(spec.model, layout)
-    _check_ffn(spec.model, layout)
-    _check_context_parallel(spec.model, layout)
-    _check_experts(spec.model, layout)
-    _check_pipeline_split(spec.model, spec.parallelism)
-    training = spec.training
-    _check_batch(training.global_batch_size, training.micro_batch_size, layout, training.pipeline_schedule)
 
 
 # ---------------------------------------------------------------------------------------------------- parallelism
@@ -795,7 +785,7 @@ def _parallelism(sec: _Section, hardware: HardwareConfig) -> ParallelismConfig:
             raise SpecError(
                 "spec.parallelism",
                 f"tp*pp*cp = {tp}*{pp}*{cp} = {rest} does not divide the {machines}, so dp cannot take the "
-                f"leftover ranks; make tp*pp*cp one of {_divisors_text(world)}, or change hardware.nodes",
+                f"leftover ranks; make tp*pp*cp one of {divisors_text(world)}, or change hardware.nodes",
             )
         dp = world // rest
     elif dp * rest != world:
@@ -845,109 +835,6 @@ def _parallelism(sec: _Section, hardware: HardwareConfig) -> ParallelismConfig:
     return config
 
 
-def _check_heads(model: ModelConfig, layout: ParallelLayout) -> None:
-    tp, heads, kv_heads = layout.tp, model.attention_heads, model.groups
-    if heads % tp:
-        raise SpecError(
-            "spec.model.attentionHeads",
-            f"model.heads ({heads}) is not divisible by tp ({tp}); use tp among {_divisors_text(heads)}",
-        )
-    if model.mla is None and tp % kv_heads and kv_heads % tp:
-        raise SpecError(
-            "spec.model.kvHeads",
-            f"model.kvHeads ({kv_heads}) and tp ({tp}): one must divide the other (each TP rank holds kvHeads/tp "
-            f"key/value heads, or Megatron replicates them when tp > kvHeads); use tp among "
-            f"{_divisors_text(kv_heads)} or a multiple of {kv_heads}",
-        )
-
-
-def _check_ffn(model: ModelConfig, layout: ParallelLayout) -> None:
-    tp, etp = layout.tp, layout.expert_tp
-    moe = model.moe
-    if (moe is None or moe.dense_layers > 0) and model.ffn_hidden_size % tp:
-        raise SpecError(
-            "spec.model.ffnHiddenSize",
-            f"model.ffnHiddenSize ({model.ffn_hidden_size}) is not divisible by tp ({tp}); use tp among "
-            f"{_divisors_text(model.ffn_hidden_size)}",
-        )
-    if moe is None:
-        return
-    if moe.expert_ffn_hidden_size % etp:
-        raise SpecError(
-            "spec.model.moe.expertFfnHiddenSize",
-            f"model.moe.expertFfnHiddenSize ({moe.expert_ffn_hidden_size}) is not divisible by etp ({etp}); use "
-            f"etp among {_divisors_text(moe.expert_ffn_hidden_size)}",
-        )
-    shared = moe.shared_experts * moe.expert_ffn_hidden_size
-    if shared % tp:
-        raise SpecError(
-            "spec.model.moe.sharedExperts",
-            f"the shared experts' FFN size sharedExperts*expertFfnHiddenSize = {moe.shared_experts}*"
-            f"{moe.expert_ffn_hidden_size} = {shared} is not divisible by tp ({tp}); use tp among "
-            f"{_divisors_text(shared)}",
-        )
-
-
-def _check_context_parallel(model: ModelConfig, layout: ParallelLayout) -> None:
-    cp, seq = layout.cp, model.seq_length
-    if cp > 1 and seq % (2 * cp):
-        raise SpecError(
-            "spec.parallelism.cp",
-            f"model.seqLength ({seq}) is not divisible by 2*cp (2*{cp} = {2 * cp}): context parallelism splits "
-            f"each sequence into 2*cp chunks for load balance; use cp among "
-            f"{_divisors_text(seq // 2) if seq % 2 == 0 else '1'}",
-        )
-
-
-def _check_experts(model: ModelConfig, layout: ParallelLayout) -> None:
-    ep, moe = layout.ep, model.moe
-    if moe is None:
-        if ep > 1:
-            raise SpecError(
-                "spec.parallelism.ep",
-                f"ep ({ep}) > 1 needs a mixture-of-experts model, but model {model.name!r} has no experts; "
-                f"set ep to 1 or add spec.model.moe",
-            )
-        return
-    if ep > moe.experts:
-        raise SpecError(
-            "spec.parallelism.ep",
-            f"ep ({ep}) exceeds model.moe.experts ({moe.experts}); use ep among {_divisors_text(moe.experts)}",
-        )
-    if moe.experts % ep:
-        raise SpecError(
-            "spec.parallelism.ep",
-            f"model.moe.experts ({moe.experts}) is not divisible by ep ({ep}); use ep among "
-            f"{_divisors_text(moe.experts)}",
-        )
-
-
-def _check_pipeline_split(model: ModelConfig, parallelism: ParallelismConfig) -> None:
-    pp, vpp = parallelism.layout.pp, parallelism.layout.vpp
-    chunks = pp * vpp
-    extras = [
-        label
-        for label, on in (
-            ("embedding (1)", parallelism.account_for_embedding_in_pipeline_split),
-            ("loss (1)", parallelism.account_for_loss_in_pipeline_split),
-        )
-        if on
-    ]
-    total = model.layers + len(extras)
-    if total % chunks == 0:
-        return
-    counted = f"model.layers ({model.layers})" + "".join(f" + {e}" for e in extras)
-    if extras:
-        counted += f" = {total}"
-    hint = f"pp*vpp must divide {total}: use one of {_divisors_text(total)}"
-    if not extras and pp > 1 and (model.layers + 2) % chunks == 0:
-        hint += (
-            f"; or set parallelism.accountForEmbeddingInPipelineSplit and accountForLossInPipelineSplit, which split "
-            f"{model.layers} + 2 = {model.layers + 2} (as Megatron does for Llama 3 405B)"
-        )
-    raise SpecError("spec.model.layers", f"{counted} is not divisible by pp*vpp ({pp}*{vpp}); {hint}")
-
-
 # ---------------------------------------------------------------------------------------------------- training
 
 
@@ -958,7 +845,7 @@ def _training(sec: _Section, parallelism: ParallelismConfig) -> TrainingConfig:
         raise SpecError("spec.training.globalBatchSize", "required: sequences per optimizer step over the whole job")
     micro_batch = sec.integer("microBatchSize") or 1
     schedule = _schedule(sec, layout)
-    _check_batch(global_batch, micro_batch, layout, schedule)
+    check_batch(global_batch, micro_batch, layout, schedule)
     changes: dict[str, Any] = {}
     for key, attr, enum_type in (
         ("precision", "precision", Precision),
@@ -1020,34 +907,6 @@ def _schedule(sec: _Section, layout: ParallelLayout) -> PipelineSchedule:
     return PipelineSchedule.ONE_F_ONE_B if given is None else given
 
 
-def _check_batch(global_batch: int, micro_batch: int, layout: ParallelLayout, schedule: PipelineSchedule) -> None:
-    dp, pp = layout.dp, layout.pp
-    unit = micro_batch * dp
-    field = "spec.training.globalBatchSize"
-    if global_batch % unit:
-        raise SpecError(
-            field,
-            f"training.globalBatchSize ({global_batch}) is not divisible by microBatchSize*dp ({micro_batch}*{dp} "
-            f"= {unit}); use a multiple of {unit}, e.g. {_nearest_multiples(global_batch, unit)}",
-        )
-    m = global_batch // unit
-    m_text = (
-        f"micro-batches per step m = globalBatchSize/(microBatchSize*dp) = {global_batch}/({micro_batch}*{dp}) = {m}"
-    )
-    if pp > 1 and schedule is PipelineSchedule.ONE_F_ONE_B and m < pp:
-        raise SpecError(
-            field,
-            f"{m_text} < pp ({pp}): the 1F1B schedule needs m >= pp; use globalBatchSize >= {pp * unit}, a smaller "
-            f"microBatchSize, or fewer pipeline stages",
-        )
-    if schedule is PipelineSchedule.INTERLEAVED and m % pp:
-        raise SpecError(
-            field,
-            f"{m_text} is not a multiple of pp ({pp}), which the interleaved schedule needs (Megatron-core); use "
-            f"globalBatchSize {_nearest_multiples(global_batch, pp * unit)}",
-        )
-
-
 # ------------------------------------------------------------------------------------------ topology, monitoring
 
 
@@ -1091,25 +950,3 @@ def _monitoring(sec: _Section | None) -> MonitoringConfig:
 
 
 # ---------------------------------------------------------------------------------------------------- hints
-
-
-def _divisors(n: int) -> list[int]:
-    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
-    return sorted({*small, *(n // d for d in small)})
-
-
-def _divisors_text(n: int, limit: int = 12) -> str:
-    """``1, 2, 4, 8`` (the first ``limit`` divisors of ``n``, then ``..., n``)."""
-    divisors = _divisors(max(n, 1))
-    if len(divisors) > limit:
-        return ", ".join(str(d) for d in divisors[: limit - 1]) + f", ..., {divisors[-1]}"
-    return ", ".join(str(d) for d in divisors)
-
-
-def _nearest_multiples(value: int, unit: int) -> str:
-    return " or ".join(str(v) for v in _nearest(value, unit))
-
-
-def _nearest(value: int, unit: int) -> list[int]:
-    below = value // unit * unit
-    return [v for v in (below, below + unit) if v > 0]

@@ -25,7 +25,6 @@ from typing import TYPE_CHECKING
 
 from meshscope.errors import PlanError, SpecError
 from meshscope.layout import AXES, ParallelLayout
-from meshscope.loading import check_job
 from meshscope.placement import Placement
 from meshscope.plan import plan_job
 from meshscope.plan.comms import collective_spans
@@ -37,6 +36,7 @@ from meshscope.spec import (
     Recompute,
     TrainingConfig,
 )
+from meshscope.validation import check_job
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
