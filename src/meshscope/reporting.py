@@ -1,0 +1,1111 @@
+"""``meshscope report``: one self-contained HTML file that says which axis costs the job time, and because of whom.
+
+The report is read by a performance engineer, often on a machine with no network: it is one file with inline CSS and
+inline SVG (no scripts, fonts or CDNs), and it stays a few MB even for a 16k-rank job. It shows, in order: the job
+summary, partial-data warnings, the findings, the cost table (with a bar of where the median step goes), a per-rank
+step timeline of the slowest and a median step, and expected vs measured collective bytes and memory. The timeline
+draws one row per rank (a bounded selection for big jobs: the slowest ranks, the suspects and a sample of every
+pipeline stage, saying how many were left out) with phases coloured by category and the **sync-wait** part of every
+collective hatched: from the member's arrival until its last member's arrival, on the aligned clock.
+
+Numbers come from three inputs and nowhere else: the records (:class:`~meshscope.records.RecordTable`), their
+breakdown (:class:`~meshscope.breakdown.Breakdown`) and the analysis dict (``Analysis.to_dict()``, the JSON of
+``meshscope analyze``). This module formats; it must not analyse. All text from the inputs (job, node and group names
+come from users) is HTML-escaped; every number carries its unit.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from meshscope import __version__
+from meshscope.analysis import analyze
+from meshscope.breakdown import BUBBLE, CATEGORY_INDEX, SYNC_WAIT, TICKS_PER_US, comm_category
+from meshscope.errors import MeshscopeError
+from meshscope.formatting import human_bytes, human_seconds, human_si, percent
+from meshscope.layout import AXES
+from meshscope.loading import load_spec
+from meshscope.records import KINDS, PHASES, IntervalKind, read_table
+from meshscope.traces import (
+    check_breakdown,
+    coord_text,
+    degrees,
+    interval_name,
+    row_offsets_us,
+    step_times,
+    sync_waits,
+    write_trace,
+)
+
+if TYPE_CHECKING:
+    import argparse
+    from collections.abc import Iterable, Mapping, Sequence
+
+    from numpy.typing import NDArray
+
+    from meshscope.breakdown import Breakdown
+    from meshscope.records import RecordTable
+    from meshscope.traces import SyncWaits
+
+DEFAULT_TIMELINE_RANKS = 48
+"""Most rank rows the timeline draws per step; bigger jobs get a selection (slowest, suspects, pp-stage samples)."""
+TRACE_ALL_STEPS_MAX_INTERVALS = 500_000
+"""``meshscope report`` traces every step up to this many intervals, else only the steps the report shows."""
+
+# ====================================================================== colours (one palette for table and timeline)
+
+_COLORS: dict[str, str] = {
+    "forward": "#8dbbe6",
+    "backward": "#2f6fb3",
+    "recompute": "#b9a5e0",
+    "compute": "#4a86c5",
+    "data": "#e9b949",
+    "optimizer": "#3f9b5a",
+    "checkpoint": "#6e6e6e",
+    "dp": "#e8743b",
+    "tp": "#a355b8",
+    "pp": "#1a9e9e",
+    "cp": "#d4507c",
+    "ep": "#94783c",
+    "bubble": "#a7dede",
+    "other": "#cfd3d8",
+}
+_LEGEND: tuple[tuple[str, str], ...] = (
+    ("forward", "compute: forward"),
+    ("backward", "compute: backward"),
+    ("recompute", "compute: recompute"),
+    ("compute", "compute (phase unknown)"),
+    ("data", "data wait"),
+    ("optimizer", "optimizer"),
+    ("checkpoint", "checkpoint"),
+    ("dp", "comm dp"),
+    ("tp", "comm tp"),
+    ("pp", "p2p / comm pp"),
+    ("cp", "comm cp"),
+    ("ep", "comm ep"),
+)
+_HATCH_ID = "ms-hatch"
+_HATCH_CSS = "repeating-linear-gradient(135deg,rgba(122,31,31,.85) 0 2px,rgba(255,255,255,.25) 2px 5px)"
+
+# Timeline geometry, px.
+_LABEL_W = 250
+_PLOT_W = 930
+_RIGHT_W = 90
+_SVG_W = _LABEL_W + _PLOT_W + _RIGHT_W
+_ROW_H = 26
+_AXIS_H = 24
+_MIN_RECT_PX = 1.0
+_MERGE_GAP_PX = 0.5
+_TITLE_MIN_PX = 3.0
+_MAX_TABLE_ROWS = 200
+
+
+def _e(value: object) -> str:
+    """Escape any value for HTML text and attributes."""
+    return html.escape(str(value), quote=True)
+
+
+# ====================================================================== public API
+
+
+def render_report(
+    table: RecordTable,
+    bd: Breakdown,
+    analysis: Mapping[str, Any],
+    *,
+    title: str | None = None,
+    max_ranks: int = DEFAULT_TIMELINE_RANKS,
+) -> str:
+    """The HTML report as one self-contained string.
+
+    Args:
+        table: the step records.
+        bd: their breakdown (``break_down(table)`` or ``Analysis.breakdown``).
+        analysis: ``Analysis.to_dict()``: job, summary, rows (the cost table), findings, expected vs measured.
+        title: page title; default ``meshscope report — <job>``.
+        max_ranks: most rank rows per timeline step (>= 1).
+
+    Returns:
+        The HTML document.
+
+    Raises:
+        ValueError: if ``bd`` is not the breakdown of ``table`` or ``max_ranks`` < 1.
+    """
+    check_breakdown(table, bd)
+    if max_ranks < 1:
+        raise ValueError(f"max_ranks = {max_ranks}; the timeline needs at least 1 row")
+    job = str(analysis.get("job") or table.job)
+    heading = title if title is not None else f"meshscope report — {job}"
+    sections = [
+        _header(table, analysis, heading),
+        _partial_data(analysis),
+        _summary(table, analysis),
+        _findings(analysis),
+        _cost_table(analysis),
+        _timeline_section(table, bd, analysis, max_ranks=max_ranks),
+        _expected_vs_measured(analysis),
+        _footer(table),
+    ]
+    body = "\n".join(s for s in sections if s)
+    return (
+        "<!DOCTYPE html>\n"
+        '<html lang="en">\n<head>\n<meta charset="utf-8">\n'
+        '<meta name="viewport" content="width=device-width, initial-scale=1">\n'
+        f'<meta name="generator" content="meshscope {_e(__version__)}">\n'
+        f"<title>{_e(heading)}</title>\n<style>{_CSS}</style>\n</head>\n<body>\n"
+        f"{_svg_defs()}\n<main>\n{body}\n</main>\n</body>\n</html>\n"
+    )
+
+
+def write_report(
+    path: str | Path,
+    table: RecordTable,
+    bd: Breakdown,
+    analysis: Mapping[str, Any],
+    *,
+    title: str | None = None,
+    max_ranks: int = DEFAULT_TIMELINE_RANKS,
+) -> Path:
+    """Write :func:`render_report`'s document to ``path`` (UTF-8); return the path.
+
+    Raises:
+        ValueError: as :func:`render_report`.
+        OSError: if the file cannot be written.
+    """
+    out = Path(path)
+    out.write_text(render_report(table, bd, analysis, title=title, max_ranks=max_ranks), encoding="utf-8")
+    return out
+
+
+# ====================================================================== formatting helpers
+
+
+def _num(value: object) -> float | None:
+    """A finite float, or None for null/NaN/non-numbers."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    v = float(value)
+    return v if math.isfinite(v) else None
+
+
+def _secs(value: object) -> str:
+    v = _num(value)
+    return "–" if v is None else human_seconds(v)
+
+
+def _pct(value: object) -> str:
+    v = _num(value)
+    return "–" if v is None else percent(v)
+
+
+def _fmt_key(key: str, value: object) -> str:  # noqa: C901, PLR0911 - one unit rule per line
+    """Format a value by its key's unit suffix (the analysis JSON keeps base units and names them)."""
+    if value is None:
+        return "–"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    v = _num(value)
+    if v is None:
+        return str(value)
+    k = key.lower()
+    if k.endswith(("_seconds", "_s")):
+        return human_seconds(v)
+    if k.endswith("_us"):
+        return human_seconds(v / 1e6)
+    if "bytes" in k:
+        return human_bytes(v)
+    if "flops" in k and "per_byte" not in k:
+        return human_si(v, "FLOP")
+    if k.endswith(("share", "ratio", "fraction", "efficiency", "util", "_share_of_step")):
+        return percent(v)
+    if "gpu_hours" in k:
+        return f"{v:,.1f} GPU·h/day"
+    if isinstance(value, int) or v.is_integer():
+        return f"{int(v):,}"
+    return f"{v:.3g}"
+
+
+def _fmt_header(key: str) -> str:
+    return key.replace("_per_", "/").replace("_", " ")
+
+
+def _rank_text(rank: object) -> str:
+    return "–" if rank is None else f"rank {_e(rank)}"
+
+
+def _swatch(category: str) -> str:
+    """A small colour box for a cost-table category (hatched for sync wait)."""
+    color, hatched = _category_color(category)
+    hatch = f'<rect width="14" height="14" fill="url(#{_HATCH_ID})"/>' if hatched else ""
+    return (
+        f'<svg class="sw" width="14" height="14" aria-hidden="true"><rect width="14" height="14" rx="2" '
+        f'fill="{color}"/>{hatch}</svg>'
+    )
+
+
+def _category_color(category: str) -> tuple[str, bool]:
+    """Colour of a breakdown category and whether it is drawn hatched."""
+    parts = category.split(".")
+    if len(parts) == 3 and parts[0] == "comm":
+        return _COLORS.get(parts[1], _COLORS["other"]), parts[2] == SYNC_WAIT
+    if category == "compute":
+        return _COLORS["backward"], False
+    return _COLORS.get(category, _COLORS["other"]), False
+
+
+# ====================================================================== sections
+
+
+def _header(table: RecordTable, analysis: Mapping[str, Any], heading: str) -> str:
+    steps = analysis.get("steps") or {}
+    world = analysis.get("world_size")
+    seen = analysis.get("ranks_seen")
+    bits = []
+    if world is not None:
+        bits.append(f"{_fmt_key('n', world)} ranks")
+    if seen is not None and seen != world:
+        bits.append(f"{_fmt_key('n', seen)} with records")
+    if steps:
+        bits.append(
+            f"steps {_e(steps.get('first', '?'))}–{_e(steps.get('last', '?'))} ({_fmt_key('n', steps.get('count'))})"
+        )
+    deg = degrees(table)
+    layout = " · ".join(f"{a}={d}" for a, d in deg.items() if d > 1) or "one rank"
+    bits.append(f"layout seen in records: {_e(layout)}")
+    nodes = int(np.unique(table.steps.node).size) if table.n_rows else 0
+    bits.append(f"{nodes:,} nodes")
+    return f'<header><h1>{_e(heading)}</h1><p class="sub">{" · ".join(bits)}</p></header>'
+
+
+def _partial_data(analysis: Mapping[str, Any]) -> str:
+    notes = analysis.get("partial_data") or []
+    if not notes:
+        return ""
+    items = "".join(
+        f"<li><code>{_e(n.get('code', ''))}</code> ({_fmt_key('count', n.get('count'))}): {_e(n.get('message', ''))}"
+        "</li>"
+        for n in notes
+    )
+    return (
+        '<section class="notice"><h2>Partial data</h2><p>Some input was left out or adjusted; '
+        f"the numbers below account for it.</p><ul>{items}</ul></section>"
+    )
+
+
+def _summary(table: RecordTable, analysis: Mapping[str, Any]) -> str:
+    s = analysis.get("summary") or {}
+    slowest = s.get("slowest_rank")
+    slowest_where = ""
+    if slowest is not None:
+        hit = np.flatnonzero(table.steps.rank == int(slowest))
+        if hit.size:
+            slowest_where = _e(table.node_name(int(table.steps.node[hit[0]])))
+    tiles = [
+        ("median step", _secs(s.get("median_step_seconds")), ""),
+        ("slowest step", _secs(s.get("max_step_seconds")), ""),
+        ("straggler gap", _secs(s.get("straggler_gap_seconds")), "slowest rank vs the median rank, per step"),
+        ("slowest rank", _rank_text(slowest), slowest_where),
+        ("efficiency", _pct(s.get("efficiency")), f"ideal step {_secs(s.get('ideal_step_seconds'))}"),
+    ]
+    cards = "".join(
+        f'<div class="tile"><div class="k">{_e(k)}</div><div class="v">{v}</div><div class="n">{n}</div></div>'
+        for k, v, n in tiles
+    )
+    return f'<section><h2>Summary</h2><div class="tiles">{cards}{_util_tile(s)}</div>{_step_bar(analysis)}</section>'
+
+
+def _util_tile(s: Mapping[str, Any]) -> str:
+    """Useful compute beside reported GPU utilisation: a spinning NCCL kernel reads as busy."""
+    useful, util = _num(s.get("useful_compute_share")), _num(s.get("reported_gpu_util"))
+
+    def bar(label: str, value: float | None, color: str) -> str:
+        width = 0.0 if value is None else max(0.0, min(1.0, value)) * 100
+        shown = "–" if value is None else percent(value)
+        return (
+            f'<div class="ub"><span class="ul">{_e(label)}</span><span class="ut"><span class="uf" '
+            f'style="width:{width:.1f}%;background:{color}"></span></span><span class="uv">{shown}</span></div>'
+        )
+
+    gap = ""
+    if useful is not None and util is not None and util > useful:
+        gap = f"{percent(util - useful)} of the step reads busy but is not useful compute"
+    return (
+        '<div class="tile wide"><div class="k">GPU time: useful vs reported</div>'
+        f"{bar('useful compute', useful, _COLORS['backward'])}{bar('reported GPU util', util, '#9aa3ad')}"
+        f'<div class="n">{_e(gap)}</div></div>'
+    )
+
+
+def _step_bar(analysis: Mapping[str, Any]) -> str:
+    """Where the median step goes: one stacked bar of the cost table's shares (HTML, so labels never stretch)."""
+    segments = []
+    for row in analysis.get("rows") or []:
+        share = _num(row.get("share_of_step"))
+        if share is None or share <= 0:
+            continue
+        segments.append((str(row.get("category", "")), str(row.get("label") or row.get("category", "")), share))
+    if not segments:
+        return ""
+    total = sum(v for _, _, v in segments)
+    scale = 1.0 / total if total > 1.0 else 1.0
+    parts = []
+    for category, label, share in segments:
+        color, hatched = _category_color(category)
+        background = f"{_HATCH_CSS},{color}" if hatched else color
+        tip = f"{label}: {percent(share)} of the median step"
+        ink = "light" if _is_light(color) else "dark"
+        parts.append(
+            f'<span class="seg {ink}" style="width:{share * scale * 100:.2f}%;background:{background}" '
+            f'title="{_e(tip)}">{_e(label)} {_e(percent(share))}</span>'
+        )
+    return (
+        '<div class="stepbar"><div class="k">where the median step goes (share of step time)</div>'
+        f'<div class="bar" role="img" aria-label="share of the median step per category">{"".join(parts)}</div></div>'
+    )
+
+
+def _is_light(color: str) -> bool:
+    """Whether a ``#rrggbb`` colour needs dark text (relative luminance above ~0.5)."""
+    r, g, b = (int(color[i : i + 2], 16) / 255 for i in (1, 3, 5))
+    return 0.2126 * r + 0.7152 * g + 0.0722 * b > 0.55
+
+
+def _findings(analysis: Mapping[str, Any]) -> str:
+    findings = analysis.get("findings") or []
+    if not findings:
+        return '<section><h2>Findings</h2><p class="muted">No findings: nothing stood out.</p></section>'
+    items = []
+    for f in findings:
+        severity = str(f.get("severity", "info")).lower()
+        cls = {"critical": "crit", "error": "crit", "warning": "warn", "warn": "warn"}.get(severity, "info")
+        suspects = f.get("suspects") or []
+        chips = "".join(_suspect_chip(s) for s in suspects[:12])
+        if len(suspects) > 12:
+            chips += f'<span class="chip more">+{len(suspects) - 12:,} more</span>'
+        items.append(
+            f'<li class="finding {cls}"><span class="sev">{_e(severity)}</span> <code>{_e(f.get("code", ""))}</code>'
+            f'<div class="msg">{_e(f.get("message", ""))}</div>{_evidence(f.get("evidence"))}'
+            f"{f'<div class=chips>{chips}</div>' if chips else ''}</li>"
+        )
+    return f'<section><h2>Findings ({len(findings)})</h2><ul class="findings">{"".join(items)}</ul></section>'
+
+
+def _suspect_chip(s: Mapping[str, Any]) -> str:
+    parts = [f"rank {s.get('rank')}"] if s.get("rank") is not None else []
+    parts += [str(s[k]) for k in ("node", "group") if s.get(k)]
+    return f'<span class="chip">{_e(" · ".join(parts) or "?")}</span>'
+
+
+def _evidence(evidence: object) -> str:
+    if evidence is None or evidence in ("", {}, []):
+        return ""
+    if isinstance(evidence, dict):
+        inner = " · ".join(f"{_e(_fmt_header(str(k)))}: {_e(_fmt_key(str(k), v))}" for k, v in evidence.items())
+    elif isinstance(evidence, list):
+        inner = " · ".join(_e(x) for x in evidence)
+    else:
+        inner = _e(evidence)
+    return f'<div class="ev">{inner}</div>'
+
+
+def _cost_table(analysis: Mapping[str, Any]) -> str:
+    rows = analysis.get("rows") or []
+    if not rows:
+        return ""
+    # Without a plan every expected value is null: drop the expected and delta columns rather than print dashes.
+    planned = any(_num(r.get("expected_seconds")) is not None for r in rows)
+    max_share = max((_num(r.get("share_of_step")) or 0.0 for r in rows), default=0.0) or 1.0
+    body = []
+    for r in rows:
+        category = str(r.get("category", ""))
+        share = _num(r.get("share_of_step"))
+        bar_w = 0.0 if share is None else max(0.0, share) / max_share * 40
+        worst_rank = r.get("worst_rank")
+        worst = _secs(r.get("worst_seconds"))
+        if worst_rank is not None:
+            worst += f' <span class="muted">{_rank_text(worst_rank)}</span>'
+        gpu_h = _num(r.get("gpu_hours_per_day"))
+        cells = [
+            f'<td class="cat">{_swatch(category)} {_e(r.get("label") or category)}</td>',
+            f'<td class="num">{_secs(r.get("expected_seconds"))}</td>' if planned else "",
+            f'<td class="num">{_secs(r.get("measured_median_seconds"))}</td>',
+            f'<td class="num">{_secs(r.get("measured_p95_seconds"))}</td>',
+            f'<td class="num">{worst}</td>',
+            f'<td class="num share"><span class="sbar" style="width:{bar_w:.1f}px"></span>{_pct(share)}</td>',
+            _delta_cell(_num(r.get("delta_seconds"))) if planned else "",
+            f'<td class="num">{"–" if gpu_h is None else f"{gpu_h:,.1f} GPU·h"}</td>',
+            f'<td class="sus">{_suspect_cell(r.get("suspect"))}</td>',
+        ]
+        body.append(f"<tr>{''.join(cells)}</tr>")
+    heads = [
+        "category",
+        "expected" if planned else "",
+        "measured median",
+        "p95",
+        "worst rank",
+        "share of step",
+        "delta vs expected" if planned else "",
+        "cost / day at job scale",
+    ]
+    head = "".join(f"<th>{h}</th>" for h in heads if h) + '<th class="l">top suspect</th>'
+    expected = (
+        "expected from the planner; delta = measured median − expected"
+        if planned
+        else "no plan to compare with (meshscope report --spec FILE adds the expected numbers)"
+    )
+    return (
+        '<section><h2>Cost table</h2><p class="muted">Per step and per GPU, measured over every rank-step; '
+        f"{expected}; cost = GPU-hours per day the category takes across the whole job.</p>"
+        f'<table class="cost"><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table></section>'
+    )
+
+
+def _delta_cell(delta: float | None) -> str:
+    if delta is None:
+        return '<td class="num">–</td>'
+    cls = "" if abs(delta) < 1e-9 else (" worse" if delta > 0 else " better")
+    return f'<td class="num{cls}">{_e(("+" if delta > 0 else "") + human_seconds(delta))}</td>'
+
+
+def _suspect_cell(suspect: Mapping[str, Any] | None) -> str:
+    if not suspect:
+        return '<span class="muted">–</span>'
+    who = " · ".join([f"rank {suspect.get('rank')}"] + [str(suspect[k]) for k in ("node", "group") if suspect.get(k)])
+    return f'<span class="who">{_e(who)}</span><div class="why">{_e(suspect.get("message") or "")}</div>'
+
+
+def _expected_vs_measured(analysis: Mapping[str, Any]) -> str:
+    evm = analysis.get("expected_vs_measured") or {}
+    parts = []
+    for key, title in (("collectives", "Collective bytes per axis"), ("memory", "Memory per pipeline stage")):
+        rows = evm.get(key) or []
+        if rows:
+            parts.append(_record_table(rows, title))
+        else:
+            parts.append(f'<h3>{_e(title)}</h3><p class="muted">Nothing to compare (no plan or no measurement).</p>')
+    return f"<section><h2>Expected vs measured</h2>{''.join(parts)}</section>"
+
+
+def _flatten(row: Mapping[str, Any]) -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    for k, v in row.items():
+        if isinstance(v, dict):
+            for k2, v2 in v.items():
+                flat[f"{k}.{k2}"] = v2
+        else:
+            flat[str(k)] = v
+    return flat
+
+
+def _record_table(rows: Sequence[Mapping[str, Any]], title: str) -> str:
+    """A table of JSON rows whose columns are the union of their keys; values formatted by their key's unit."""
+    flat = [_flatten(r) for r in rows[:_MAX_TABLE_ROWS]]
+    columns: list[str] = []
+    for r in flat:
+        columns.extend(k for k in r if k not in columns)
+    ratio = _ratio_columns(columns)
+    numeric = {c for c in columns if any(_num(r.get(c)) is not None for r in flat)}
+    head = "".join(f'<th class="{"" if c in numeric else "l"}">{_e(_fmt_header(c))}</th>' for c in columns)
+    if ratio:
+        head += "<th>measured / expected</th>"
+    body = []
+    for r in flat:
+        cells = "".join(
+            f'<td class="{"num" if c in numeric else ""}">{_e(_fmt_key(c, r.get(c)))}</td>' for c in columns
+        )
+        if ratio:
+            cells += f'<td class="num">{_ratio_cell(r.get(ratio[0]), r.get(ratio[1]))}</td>'
+        body.append(f"<tr>{cells}</tr>")
+    more = ""
+    if len(rows) > _MAX_TABLE_ROWS:
+        more = f'<p class="muted">{len(rows) - _MAX_TABLE_ROWS:,} more rows left out.</p>'
+    return (
+        f'<h3>{_e(title)}</h3><table class="evm"><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table>'
+        f"{more}"
+    )
+
+
+def _ratio_columns(columns: Sequence[str]) -> tuple[str, str] | None:
+    """The first (expected_X, measured_X) pair of columns, if any."""
+    for c in columns:
+        if c.startswith("expected_"):
+            rest = c.removeprefix("expected_")
+            for m in columns:
+                if m.startswith("measured") and m.endswith(rest):
+                    return c, m
+    return None
+
+
+def _ratio_cell(expected: object, measured: object) -> str:
+    e, m = _num(expected), _num(measured)
+    if e is None or m is None or e <= 0:
+        return "–"
+    ratio = m / e
+    cls = "worse" if ratio > 1.1 else ("better" if ratio < 0.9 else "")
+    width = min(ratio, 2.0) / 2.0 * 60
+    return (
+        f'<span class="rbar"><span style="width:{width:.1f}px"></span><i></i></span>'
+        f'<span class="{cls}">{ratio:.2f}×</span>'
+    )
+
+
+def _footer(table: RecordTable) -> str:
+    files = ", ".join(Path(f).name for f in table.source_files[:3])
+    if len(table.source_files) > 3:
+        files += f" and {len(table.source_files) - 3:,} more"
+    source = f" from {_e(files)}" if files else ""
+    return (
+        f"<footer>meshscope {_e(__version__)} · {table.n_rows:,} rank-steps, {table.n_intervals:,} intervals{source}. "
+        "The per-interval view of every rank is in <code>trace.json</code> next to this file: open it in "
+        "Perfetto UI (ui.perfetto.dev, works offline once loaded) or chrome://tracing.</footer>"
+    )
+
+
+# ====================================================================== the timeline
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Selection:
+    """Which ranks the timeline draws, and why."""
+
+    ranks: tuple[int, ...]
+    """Ranks drawn, ascending."""
+    tags: dict[int, tuple[str, ...]]
+    """Why a rank is drawn or marked: ``slowest``, ``suspect``."""
+    total: int
+    """Ranks with records."""
+    reasons: dict[str, int]
+    """How many ranks each reason brought in (subset mode only)."""
+
+
+def _suspect_ranks(analysis: Mapping[str, Any]) -> list[int]:
+    """Ranks the analysis points at: the slowest rank, the findings' suspects, the ranks that caused sync wait.
+
+    Other cost-table rows name their worst rank as the suspect even when the cost is spread evenly; those do not
+    make a rank a suspect on the timeline.
+    """
+    out: list[int] = []
+
+    def add(rank: object) -> None:
+        if isinstance(rank, int) and not isinstance(rank, bool) and rank not in out:
+            out.append(rank)
+
+    add((analysis.get("summary") or {}).get("slowest_rank"))
+    for f in analysis.get("findings") or []:
+        for s in f.get("suspects") or []:
+            add(s.get("rank"))
+    for row in analysis.get("rows") or []:
+        if str(row.get("category", "")).endswith(SYNC_WAIT):
+            add((row.get("suspect") or {}).get("rank"))
+    return out
+
+
+def _busy_us(bd: Breakdown) -> NDArray[np.float64]:
+    """Step time minus waiting for others (sync wait on every axis, pipeline bubble): what the rank itself needed."""
+    waiting = [CATEGORY_INDEX[comm_category(a, SYNC_WAIT)] for a in AXES] + [CATEGORY_INDEX[BUBBLE]]
+    busy: NDArray[np.float64] = bd.step_us - bd.ticks[:, waiting].sum(axis=1) / TICKS_PER_US
+    return busy
+
+
+def _select_ranks(
+    table: RecordTable, bd: Breakdown, analysis: Mapping[str, Any], step: int, max_ranks: int
+) -> _Selection:
+    s = table.steps
+    all_ranks = np.unique(s.rank)
+    suspects = [r for r in _suspect_ranks(analysis) if r in set(all_ranks.tolist())]
+    in_step = np.flatnonzero(s.step == step)
+    busy = _busy_us(bd)[in_step]
+    # Only ranks that needed more than the median rank are "slow": in a job without a straggler nobody is tagged.
+    above = busy > np.median(busy) if busy.size else busy.astype(bool)
+    by_busy = s.rank[in_step][above][np.argsort(-busy[above], kind="stable")].tolist()
+    tags: dict[int, list[str]] = {}
+    if all_ranks.size <= max_ranks:
+        for r in suspects:
+            tags.setdefault(r, []).append("suspect")
+        if by_busy:
+            tags.setdefault(by_busy[0], []).insert(0, "slowest")
+        return _Selection(
+            ranks=tuple(all_ranks.tolist()),
+            tags={r: tuple(t) for r, t in tags.items()},
+            total=int(all_ranks.size),
+            reasons={},
+        )
+    chosen: list[int] = []
+    reasons = {"slowest": 0, "suspect": 0, "sampled across pipeline stages": 0}
+
+    def take(rank: int, reason: str) -> None:
+        if len(chosen) < max_ranks and rank not in chosen:
+            chosen.append(rank)
+            reasons[reason] += 1
+        if rank in chosen:
+            tags.setdefault(rank, []).append(reason)
+
+    n_slow = max(1, max_ranks // 6)
+    for r in by_busy[:n_slow]:
+        take(r, "slowest")
+    for r in suspects[: max(1, max_ranks // 4)]:
+        take(r, "suspect")
+    rest = all_ranks[~np.isin(all_ranks, chosen)]
+    for r in _stage_samples(table, rest, max_ranks - len(chosen)):
+        take(r, "sampled across pipeline stages")
+    return _Selection(
+        ranks=tuple(sorted(chosen)),
+        tags={r: tuple(dict.fromkeys(t)) for r, t in tags.items() if r in chosen},
+        total=int(all_ranks.size),
+        reasons=reasons,
+    )
+
+
+def _stage_samples(table: RecordTable, ranks: NDArray[np.int64], room: int) -> list[int]:
+    """About ``room`` ranks spread evenly over every pipeline stage (stages spread evenly when there are more)."""
+    s = table.steps
+    pp_of = dict(zip(s.rank.tolist(), s.coord[:, AXES.index("pp")].tolist(), strict=True))
+    stages: dict[int, list[int]] = {}
+    for r in ranks.tolist():
+        stages.setdefault(pp_of[r], []).append(r)
+    stage_ids = sorted(stages)
+    if room > 0 and len(stage_ids) > room:
+        stage_ids = [stage_ids[i] for i in np.linspace(0, len(stage_ids) - 1, room).round().astype(int).tolist()]
+    per_stage, extra = divmod(max(room, 0), max(len(stage_ids), 1))
+    out: list[int] = []
+    for k, st in enumerate(stage_ids):
+        members = stages[st]
+        want = min(per_stage + (k < extra), len(members))
+        picks = np.linspace(0, len(members) - 1, want).round().astype(int).tolist() if want else []
+        out.extend(members[i] for i in picks)
+    return out
+
+
+def _timeline_section(table: RecordTable, bd: Breakdown, analysis: Mapping[str, Any], *, max_ranks: int) -> str:
+    times = step_times(table)
+    chosen = times.representative()
+    if not chosen:
+        return '<section><h2>Step timeline</h2><p class="muted">No step records.</p></section>'
+    selection = _select_ranks(table, bd, analysis, chosen[0], max_ranks)
+    waits = sync_waits(table, bd)
+    panels = []
+    for i, step in enumerate(chosen):
+        kind = "Slowest step" if i == 0 else "Median step"
+        panels.append(
+            _panel(
+                table=table,
+                bd=bd,
+                waits=waits,
+                step=step,
+                selection=selection,
+                caption=f"{kind}: step {step}",
+                step_us=times.us(step),
+            )
+        )
+    shown = len(selection.ranks)
+    if shown < selection.total:
+        why = ", ".join(f"{n:,} {k}" for k, n in selection.reasons.items() if n)
+        scope = (
+            f"Showing {shown:,} of {selection.total:,} ranks ({why}); {selection.total - shown:,} ranks left out "
+            "(the Perfetto trace that meshscope report writes beside this file has every rank)."
+        )
+    else:
+        scope = f"Showing all {shown:,} ranks."
+    return (
+        '<section><h2>Per-rank step timeline</h2><p class="muted">One row per GPU, on clocks aligned on collective '
+        "completions. Upper lane: compute, data, optimizer, checkpoint; lower lane: communication. The hatched part of "
+        "a collective is <b>sync wait</b>: from the rank's arrival until the last member arrived. ▲ slowest: needed "
+        "the most time in the slowest step, waits for others not counted; ● suspect: named by the analysis. "
+        f"{_e(scope)} Hover a bar for details.</p>{_legend(table)}{''.join(panels)}</section>"
+    )
+
+
+def _legend(table: RecordTable) -> str:
+    iv = table.intervals
+    used: set[str] = set()
+    for k in np.unique(iv.kind).tolist():
+        kind = KINDS[k]
+        if kind is IntervalKind.COMPUTE:
+            phases = np.unique(iv.phase[iv.kind == k]).tolist()
+            used.update(PHASES[p].value if p >= 0 else "compute" for p in phases)
+        elif kind in (IntervalKind.COMM, IntervalKind.P2P):
+            used.update(AXES[a].value for a in np.unique(iv.axis[iv.kind == k]).tolist())
+        else:
+            used.add(kind.value)
+    items = [
+        f'<span class="li"><svg width="22" height="12" aria-hidden="true"><rect width="22" height="12" rx="2" '
+        f'fill="{_COLORS[key]}"/></svg>{_e(label)}</span>'
+        for key, label in _LEGEND
+        if key in used
+    ]
+    items.append(
+        f'<span class="li"><svg width="22" height="12" aria-hidden="true"><rect width="22" height="12" rx="2" '
+        f'fill="{_COLORS["dp"]}"/><rect width="22" height="12" fill="url(#{_HATCH_ID})"/></svg>sync wait '
+        "(waiting for the last member)</span>"
+    )
+    items.append(
+        '<span class="li"><svg width="22" height="12" aria-hidden="true"><rect width="22" height="12" rx="2" '
+        'class="bg"/></svg>in the step, no recorded interval (other)</span>'
+    )
+    return f'<div class="legend">{"".join(items)}</div>'
+
+
+@dataclass(slots=True)
+class _Bar:
+    x0: float
+    x1: float
+    lane: int
+    cls: str
+    name: str
+    count: int
+    dur_us: int
+    detail: str
+
+
+def _panel(
+    *,
+    table: RecordTable,
+    bd: Breakdown,
+    waits: SyncWaits,
+    step: int,
+    selection: _Selection,
+    caption: str,
+    step_us: int,
+) -> str:
+    s, iv = table.steps, table.intervals
+    offset = row_offsets_us(table, bd)
+    ranks = np.asarray(selection.ranks, dtype=np.int64)
+    rows = np.flatnonzero((s.step == step) & np.isin(s.rank, ranks))
+    row_of_rank = dict(zip(s.rank[rows].tolist(), rows.tolist(), strict=True))
+    t0 = int((s.start_us[rows] - offset[rows]).min())
+    t1 = int((s.end_us[rows] - offset[rows]).max())
+    span = max(t1 - t0, 1)
+    px_per_us = _PLOT_W / span
+    degree = degrees(table)
+
+    # Intervals of the drawn rows, grouped by row.
+    idx = np.flatnonzero(np.isin(iv.row, rows))
+    idx = idx[np.argsort(iv.row[idx], kind="stable")]
+    bounds = np.searchsorted(iv.row[idx], rows, side="left"), np.searchsorted(iv.row[idx], rows, side="right")
+    span_of_row = {int(r): (int(a), int(b)) for r, a, b in zip(rows.tolist(), *bounds, strict=True)}
+    wait_sel = np.isin(iv.row[waits.interval], rows)
+    wait_rows = iv.row[waits.interval[wait_sel]].tolist()
+    wait_lo, wait_hi = waits.start_us[wait_sel].tolist(), waits.end_us[wait_sel].tolist()
+    wait_late = waits.late_rank[wait_sel].tolist()
+    waits_by_row: dict[int, list[tuple[int, int, int]]] = {}
+    for r, a, b, late in zip(wait_rows, wait_lo, wait_hi, wait_late, strict=True):
+        waits_by_row.setdefault(r, []).append((a, b, late))
+
+    height = _AXIS_H + _ROW_H * len(selection.ranks) + 6
+    out = [
+        (
+            f'<figure class="panel"><figcaption><b>{_e(caption)}</b> · {_e(human_seconds(step_us / 1e6))} '
+            "(longest rank-step)</figcaption>"
+        ),
+        (
+            f'<svg class="tl" width="100%" viewBox="0 0 {_SVG_W} {height}" role="img" '
+            f'aria-label="{_e(caption)} timeline">'
+        ),
+        _time_axis(span, height),
+        f'<text x="{_LABEL_W + _PLOT_W + 8}" y="{_AXIS_H - 8}" class="tick" text-anchor="start">step time</text>',
+    ]
+    prev_node = None
+    for i, rank in enumerate(selection.ranks):
+        y = _AXIS_H + i * _ROW_H
+        row = row_of_rank.get(rank)
+        out.append(f'<g transform="translate(0,{y})">')
+        if row is None:
+            out.append(_row_label(rank, None, "", selection.tags.get(rank, ())))
+            out.append(f'<text x="{_LABEL_W + 6}" y="16" class="muted">no record for this step</text></g>')
+            continue
+        node = table.node_name(int(s.node[row]))
+        if prev_node is not None and node != prev_node:
+            out.append(f'<line x1="0" x2="{_SVG_W}" y1="0" y2="0" class="nodeline"/>')
+        prev_node = node
+        where = f"{node} · {coord_text(s.coord[row].tolist(), degree)}"
+        out.append(_row_label(rank, row, where, selection.tags.get(rank, ())))
+        shift = int(offset[row]) + t0
+        lo, hi = int(s.start_us[row]) - shift, int(s.end_us[row]) - shift
+        out.append(
+            f'<rect x="{_LABEL_W + lo * px_per_us:.1f}" y="2" width="{max((hi - lo) * px_per_us, _MIN_RECT_PX):.1f}" '
+            f'height="21" class="bg"/>'
+        )
+        a, b = span_of_row[row]
+        bars = _row_bars(table, idx[a:b], shift=shift, lo=lo, hi=hi, px_per_us=px_per_us)
+        bars += _wait_bars(waits_by_row.get(row, []), t0, lo, hi, px_per_us)
+        out.extend(_draw_bars(bars, rank))
+        out.append(
+            f'<text x="{_LABEL_W + _PLOT_W + 8}" y="16" class="rt">{_e(human_seconds((hi - lo) / 1e6))}</text></g>'
+        )
+    out.append("</svg></figure>")
+    return "".join(out)
+
+
+_TAG_MARK = {"slowest": "▲", "suspect": "●"}
+
+
+def _row_label(rank: int, row: int | None, where: str, tags: Sequence[str]) -> str:
+    marks = "".join(f'<tspan class="tag {t}"> {_TAG_MARK[t]} {_e(t)}</tspan>' for t in tags if t in _TAG_MARK)
+    cls = "rl sus" if "suspect" in tags or "slowest" in tags else "rl"
+    sub = f'<text x="8" y="22" class="rs">{_e(where)}</text>' if row is not None else ""
+    return f'<text x="8" y="11" class="{cls}">rank {rank}{marks}</text>{sub}'
+
+
+def _time_axis(span_us: int, height: int) -> str:
+    """Ticks at 1-2-5 steps, labelled in ms (µs for sub-ms steps, s for long ones)."""
+    raw = span_us / 8
+    mag = 10 ** math.floor(math.log10(max(raw, 1)))
+    tick = next(m * mag for m in (1, 2, 5, 10) if m * mag >= raw)
+    unit, div = ("s", 1e6) if span_us >= 5e6 else ("ms", 1e3) if span_us >= 5e3 else ("µs", 1.0)
+    parts = []
+    t = 0
+    while t <= span_us:
+        x = _LABEL_W + t * _PLOT_W / span_us
+        value = t / div
+        text = f"{value:g} {unit}"
+        parts.append(f'<line x1="{x:.1f}" x2="{x:.1f}" y1="{_AXIS_H - 4}" y2="{height}" class="grid"/>')
+        if x <= _LABEL_W + _PLOT_W - 25:  # keep clear of the "step time" header at the right edge
+            parts.append(f'<text x="{x:.1f}" y="{_AXIS_H - 8}" class="tick">{_e(text)}</text>')
+        t += tick
+    return "".join(parts)
+
+
+_DETAIL_KINDS = (IntervalKind.COMM, IntervalKind.P2P)
+
+
+def _row_bars(
+    table: RecordTable, idx: NDArray[np.intp], *, shift: int, lo: int, hi: int, px_per_us: float
+) -> list[_Bar]:
+    iv = table.intervals
+    bars = []
+    cols = zip(
+        iv.kind[idx].tolist(),
+        np.clip(iv.start_us[idx] - shift, lo, hi).tolist(),
+        np.clip(iv.end_us[idx] - shift, lo, hi).tolist(),
+        iv.phase[idx].tolist(),
+        iv.axis[idx].tolist(),
+        iv.op[idx].tolist(),
+        iv.group[idx].tolist(),
+        iv.seq[idx].tolist(),
+        iv.size_bytes[idx].tolist(),
+        iv.peer[idx].tolist(),
+        strict=True,
+    )
+    for kind, a, b, phase, axis, op, group, seq, size, peer in cols:
+        k = KINDS[kind]
+        if k in _DETAIL_KINDS:
+            cls, lane = AXES[axis].value, 1
+            bits = [table.group_name(group) if group >= 0 else "", f"seq {seq}" if seq >= 0 else ""]
+            bits.append(human_bytes(size) if size >= 0 else "")
+            detail = " · ".join(b for b in bits if b)
+        else:
+            cls = (PHASES[phase].value if phase >= 0 else "compute") if k is IntervalKind.COMPUTE else k.value
+            lane, detail = 0, ""
+        bars.append(
+            _Bar(
+                x0=_LABEL_W + a * px_per_us,
+                x1=_LABEL_W + b * px_per_us,
+                lane=lane,
+                cls=cls,
+                name=interval_name(kind, phase, axis, op if k in _DETAIL_KINDS else -1, peer),
+                count=1,
+                dur_us=b - a,
+                detail=detail,
+            )
+        )
+    return bars
+
+
+def _wait_bars(waits: list[tuple[int, int, int]], t0: int, lo: int, hi: int, px_per_us: float) -> list[_Bar]:
+    bars = []
+    for a, b, late in waits:
+        a2, b2 = max(a - t0, lo), min(b - t0, hi)
+        if b2 > a2:
+            bars.append(
+                _Bar(
+                    x0=_LABEL_W + a2 * px_per_us,
+                    x1=_LABEL_W + b2 * px_per_us,
+                    lane=2,
+                    cls="wait",
+                    name=f"sync wait for rank {late}",
+                    count=1,
+                    dur_us=b2 - a2,
+                    detail="",
+                )
+            )
+    return bars
+
+
+def _merge(bars: Iterable[_Bar]) -> list[_Bar]:
+    """Coalesce bars of one lane and class closer than half a pixel: bounds the SVG whatever the interval count."""
+    merged: list[_Bar] = []
+    groups: dict[tuple[int, str], list[_Bar]] = {}
+    for bar in bars:
+        groups.setdefault((bar.lane, bar.cls), []).append(bar)
+    for key in sorted(groups):
+        current: _Bar | None = None
+        for bar in sorted(groups[key], key=lambda b: b.x0):
+            if current is not None and bar.x0 - current.x1 < _MERGE_GAP_PX:
+                current.x1 = max(current.x1, bar.x1)
+                current.count += bar.count
+                current.dur_us += bar.dur_us
+                if bar.name != current.name:
+                    current.name = current.cls if current.cls not in _COLORS else _merged_name(current.cls)
+                current.detail = ""
+            else:
+                current = _Bar(bar.x0, bar.x1, bar.lane, bar.cls, bar.name, bar.count, bar.dur_us, bar.detail)
+                merged.append(current)
+    return merged
+
+
+def _merged_name(cls: str) -> str:
+    return f"{cls} comm" if cls in {a.value for a in AXES} else cls
+
+
+_LANE_Y = {0: (3, 11), 1: (14, 8), 2: (14, 8)}
+
+
+def _draw_bars(bars: list[_Bar], rank: int) -> list[str]:
+    out = []
+    for bar in _merge(bars):
+        y, h = _LANE_Y[bar.lane]
+        w = max(bar.x1 - bar.x0, _MIN_RECT_PX)
+        cls = "k-wait" if bar.cls == "wait" else f"k-{bar.cls}"
+        title = ""
+        if w >= _TITLE_MIN_PX:
+            what = bar.name if bar.count == 1 else f"{bar.name} ×{bar.count:,}"
+            text = f"rank {rank} · {what} · {human_seconds(bar.dur_us / 1e6)}"
+            if bar.detail:
+                text += f" · {bar.detail}"
+            title = f"<title>{_e(text)}</title>"
+        out.append(f'<rect x="{bar.x0:.1f}" y="{y}" width="{w:.1f}" height="{h}" class="{cls}">{title}</rect>')
+    return out
+
+
+def _svg_defs() -> str:
+    """The hatch pattern, defined once for every inline SVG of the page (ids are document-wide)."""
+    return (
+        '<svg width="0" height="0" style="position:absolute" aria-hidden="true"><defs>'
+        f'<pattern id="{_HATCH_ID}" patternUnits="userSpaceOnUse" width="6" height="6" '
+        'patternTransform="rotate(45)"><rect width="6" height="6" fill="#ffffff" fill-opacity="0.35"/>'
+        '<line x1="0" y1="0" x2="0" y2="6" stroke="#7a1f1f" stroke-width="3"/></pattern></defs></svg>'
+    )
+
+
+_CSS = (
+    """
+:root{--fg:#1d2430;--muted:#5f6b7a;--line:#e3e7ec;--bg:#f6f7f9;--card:#fff;--bad:#b42318;--good:#1a7f37}
+*{box-sizing:border-box}
+body{margin:0;background:var(--bg);color:var(--fg);
+font:14px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,"DejaVu Sans","Helvetica Neue",Arial,sans-serif}
+main{max-width:1340px;margin:0 auto;padding:18px 20px 40px}
+header h1{font-size:22px;margin:4px 0 2px;word-break:break-word}
+.sub,.muted{color:var(--muted)}
+h2{font-size:16px;margin:0 0 8px}h3{font-size:14px;margin:14px 0 6px}
+section{background:var(--card);border:1px solid var(--line);border-radius:8px;padding:14px 16px;margin:14px 0;
+overflow-x:auto}
+section.notice{background:#fff8e6;border-color:#f0d58c}
+.notice ul{margin:4px 0 0 18px;padding:0}
+.tiles{display:flex;flex-wrap:wrap;gap:10px}
+.tile{flex:1 1 150px;border:1px solid var(--line);border-radius:6px;padding:8px 10px;min-width:140px}
+.tile.wide{flex:2 1 300px}
+.tile .k,.stepbar .k{font-size:12px;color:var(--muted);text-transform:uppercase;letter-spacing:.03em}
+.tile .v{font-size:22px;font-weight:600;font-variant-numeric:tabular-nums}
+.tile .n{font-size:12px;color:var(--muted);min-height:1em}
+.ub{display:flex;align-items:center;gap:8px;margin:4px 0;font-size:13px}
+.ul{width:130px}.ut{flex:1;height:10px;background:#eef0f3;border-radius:5px;overflow:hidden}
+.uf{display:block;height:100%}.uv{width:60px;text-align:right;font-variant-numeric:tabular-nums}
+.stepbar{margin-top:12px}
+.bar{display:flex;height:26px;border-radius:4px;overflow:hidden;margin-top:4px;background:#eef0f3}
+.seg{display:block;overflow:hidden;white-space:nowrap;text-overflow:clip;color:#fff;font-size:12px;line-height:26px;
+padding-left:4px}
+.seg.dark{text-shadow:0 0 2px rgba(0,0,0,.6)}.seg.light{color:#1d2430}
+ul.findings{list-style:none;margin:0;padding:0}
+.finding{border-left:4px solid #8aa0b8;padding:6px 10px;margin:6px 0;background:#fafbfc;border-radius:0 6px 6px 0}
+.finding.crit{border-color:var(--bad)}.finding.warn{border-color:#d08700}
+.sev{font-size:11px;text-transform:uppercase;font-weight:700;color:var(--muted)}
+.crit .sev{color:var(--bad)}.warn .sev{color:#a15c00}
+.msg{margin:2px 0}.ev{font-size:12px;color:var(--muted)}
+.chip{display:inline-block;font-size:12px;background:#eef2f7;border-radius:10px;padding:1px 8px;margin:3px 4px 0 0}
+table{border-collapse:collapse;width:100%;font-variant-numeric:tabular-nums}
+th{font-size:12px;font-weight:600;color:var(--muted);text-align:right;border-bottom:2px solid var(--line);
+padding:5px 8px;vertical-align:bottom}
+th:first-child,th.l{text-align:left}
+td{border-bottom:1px solid var(--line);padding:5px 8px;vertical-align:top}
+tbody tr:nth-child(even){background:#fafbfc}
+td.num{text-align:right;white-space:nowrap}
+td.cat{min-width:150px}
+.sw{vertical-align:-2px;margin-right:4px}
+.sbar{display:inline-block;height:8px;background:#9db4cf;border-radius:2px;margin-right:6px;vertical-align:0}
+.worse{color:var(--bad);font-weight:600}.better{color:var(--good)}
+.who{font-weight:600}.why{font-size:12px;color:var(--muted)}td.sus{min-width:190px}
+table.cost{font-size:13px}table.cost td{padding:5px 6px}.small{font-size:12px}
+.rbar{display:inline-block;position:relative;width:60px;height:8px;background:#eef0f3;margin-right:6px}
+.rbar span{position:absolute;left:0;top:0;bottom:0;background:#9db4cf}
+.rbar i{position:absolute;left:30px;top:-2px;bottom:-2px;border-left:1px solid #555}
+.legend{display:flex;flex-wrap:wrap;gap:6px 16px;margin:8px 0 4px;font-size:12px}
+.li{display:inline-flex;align-items:center;gap:5px}
+figure.panel{margin:12px 0 4px;overflow-x:auto}
+figcaption{margin-bottom:2px}
+svg.tl{display:block;font-size:11px;width:100%;height:auto}
+.tl .grid{stroke:#e6e9ee;stroke-width:1}
+.tl .tick{fill:var(--muted);text-anchor:middle;font-size:10px}
+.tl .rl{font-weight:600;fill:var(--fg)}.tl .rl.sus{fill:var(--bad)}
+.tl .rs{fill:var(--muted);font-size:10px}
+.tl .rt{fill:var(--muted)}
+.tl .tag{font-size:10px;font-weight:700}
+.tl .nodeline{stroke:#b9c1cb;stroke-dasharray:3 3}
+.bg{fill:#eceff3}
+.k-wait{fill:url(#"""
+    + _HATCH_ID
+    + """)}
+footer{color:var(--muted);font-size:12px;margin:18px 4px}
+"""
+    + "".join(f".k-{name}{{fill:{color}}}" for name, color in _COLORS.items())
+    + "\n"
+)
+
+
+# ====================================================================== the command line
+
+
+def add_report_parser(subparsers: Any) -> argparse.ArgumentParser:  # noqa: ANN401 - argparse's private subparsers action
+    """Add ``meshscope report`` to the CLI's subparsers (``cli.build_parser`` calls this once)."""
+    report = subparsers.add_parser(
+        "report",
+        help="write an HTML report and a Perfetto trace from step records",
+        description="Read step records, analyse them, and write OUT/report.html (self-contained) and OUT/trace.json "
+        "(Chrome trace-event JSON for Perfetto UI or chrome://tracing); print both paths.",
+    )
+    report.add_argument("records", nargs="+", help="step-record files (JSON lines, .gz allowed)")
+    report.add_argument("--spec", help="TrainingJob manifest the records belong to (for expected numbers)")
+    report.add_argument("--out", default="meshscope-report", help="output directory (./meshscope-report)")
+    report.set_defaults(handler=_cmd_report)
+    return report  # type: ignore[no-any-return]
+
+
+class ReportInputError(MeshscopeError):
+    """Records the report command cannot use."""
+
+
+def _cmd_report(args: argparse.Namespace) -> int:
+    paths = [Path(p) for p in args.records]
+    missing = [str(p) for p in paths if not p.is_file()]
+    if missing:
+        raise ReportInputError(f"no such records file: {', '.join(missing)}")
+    spec = load_spec(args.spec) if args.spec else None
+    try:
+        table = read_table(paths)
+    except OSError as exc:
+        raise ReportInputError(f"cannot read records: {exc}") from exc
+    result = analyze(table, spec=spec)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    report = write_report(out / "report.html", table, result.breakdown, result.to_dict())
+    steps = None if table.n_intervals <= TRACE_ALL_STEPS_MAX_INTERVALS else step_times(table).representative()
+    trace = write_trace(out / "trace.json", table, result.breakdown, steps=steps)
+    which = "every step" if steps is None else f"steps {', '.join(map(str, steps))} (slowest, median)"
+    sys.stdout.write(f"report: {report}\ntrace:  {trace} ({which}; open in ui.perfetto.dev or chrome://tracing)\n")
+    return 0
