@@ -1,0 +1,641 @@
+"""``meshscope run``: launch a training command on local ranks, collect their step records, report at the end.
+
+Why it exists: local mode (DESIGN.md) must show the whole product on one machine. This module launches ``--nproc``
+ranks with the environment ``torchrun`` would give them (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``,
+``LOCAL_WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``) plus meshscope's (``MESHSCOPE_JOB``, ``MESHSCOPE_LAYOUT``,
+``MESHSCOPE_COLLECTOR``, ``MESHSCOPE_NODE`` ...), runs the record collector in process (one Unix datagram socket per
+rank, :mod:`meshscope.sdk.transport`), writes ``OUT/records.jsonl``, and when every rank has exited calls an
+``on_finished(records_path, spec_or_layout) -> exit code`` hook (today a per-rank summary; the cost table later).
+
+Two launchers: ``exec`` starts any command as a subprocess; ``fork`` (chosen automatically for ``python script.py``,
+``python -m module`` and ``python -c code`` run by this very interpreter) imports torch once and forks the ranks,
+which saves each rank the 1.5-2 s of ``import torch`` (``cpu-testbed.md`` §5.1: 5.7 s instead of 20 s for 8 ranks).
+
+A crashing rank or Ctrl-C stops every rank (SIGTERM to its process group, SIGKILL after a grace period) and ends
+with one line naming the rank and its exit code, and a non-zero exit code. This module imports torch only inside the
+fork launcher, and never at module level.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal, TypeAlias
+
+from meshscope.errors import LayoutError, MeshscopeError
+from meshscope.layout import DEFAULT_ORDER, ParallelLayout, parse_layout
+from meshscope.placement import Placement
+from meshscope.sdk.settings import (
+    ENV_COLLECTOR,
+    ENV_JOB,
+    ENV_LAYOUT,
+    ENV_NETWORK_TIER,
+    ENV_NODE,
+    ENV_NVLINK_DOMAIN,
+)
+from meshscope.sdk.transport import RecordCollector
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Sequence
+
+    from meshscope.spec import JobSpec
+
+FinishedHook: TypeAlias = "Callable[[Path, JobSpec | ParallelLayout], int]"
+"""``on_finished(records_path, spec_or_layout) -> exit code``, called once every rank has exited successfully."""
+
+POLL_S = 0.05
+"""How often the launcher looks at its ranks, seconds."""
+CLOSE_WAIT_S = 2.0
+"""How long, after the last rank exits, the collector waits for ranks' goodbye messages, seconds."""
+
+Launcher = Literal["auto", "fork", "exec"]
+
+
+class RunError(MeshscopeError):
+    """A ``meshscope run`` command line that cannot be launched (bad command, impossible layout)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunSettings:
+    """One local run, built from the command line once."""
+
+    nproc: int
+    """Ranks to launch (the world size)."""
+    command: tuple[str, ...]
+    """The training command, e.g. ``("python", "train.py", "--steps", "10")``."""
+    layout: ParallelLayout
+    """Layout passed to the ranks as ``MESHSCOPE_LAYOUT``."""
+    out_dir: Path
+    """Where ``records.jsonl`` and ``collector.json`` go."""
+    job: str = "local"
+    """Job name (``MESHSCOPE_JOB``)."""
+    spec: JobSpec | None = None
+    """The TrainingJob the run stands for, if one was given (passed to ``on_finished``)."""
+    launcher: Launcher = "auto"
+    """``fork`` (python only, torch imported once), ``exec`` (any command), ``auto`` (fork where possible)."""
+    grace_s: float = 5.0
+    """Seconds between SIGTERM and SIGKILL when stopping ranks."""
+    gpus_per_node: int | None = None
+    """Ranks per emulated node for ``MESHSCOPE_NODE`` names; ``None``: the spec's hardware, else one node."""
+    extra_env: dict[str, str] = field(default_factory=dict)
+    """More environment for every rank."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RankExit:
+    """How one rank ended."""
+
+    rank: int
+    """Global rank."""
+    code: int
+    """Exit status as ``subprocess`` reports it: >= 0 an exit code, < 0 the killing signal."""
+
+    def describe(self) -> str:
+        """``exited with code 3`` or ``was killed by signal 9 (SIGKILL)``."""
+        if self.code >= 0:
+            return f"exited with code {self.code}"
+        sig = -self.code
+        try:
+            name = signal.Signals(sig).name
+        except ValueError:
+            name = "unknown"
+        return f"was killed by signal {sig} ({name})"
+
+    @property
+    def shell_code(self) -> int:
+        """The code a shell would show: the exit code, or 128 + signal."""
+        return self.code if self.code >= 0 else 128 - self.code
+
+
+# ====================================================================== rank processes
+
+
+class _RankProcess:
+    """A launched rank: a forked child or a subprocess, always the leader of its own process group."""
+
+    def __init__(self, rank: int, pid: int, popen: Any = None) -> None:  # noqa: ANN401 - subprocess.Popen or None
+        self.rank = rank
+        self.pid = pid
+        self._popen = popen
+        self.code: int | None = None
+
+    def poll(self) -> int | None:
+        if self.code is not None:
+            return self.code
+        if self._popen is not None:
+            self.code = self._popen.poll()
+            return self.code
+        try:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+        except ChildProcessError:
+            self.code = -signal.SIGKILL
+            return self.code
+        if pid == 0:
+            return None
+        self.code = os.waitstatus_to_exitcode(status)
+        return self.code
+
+    def signal_group(self, sig: int) -> None:
+        if self.poll() is not None:
+            return
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.pid, sig)
+
+
+def _python_form(command: Sequence[str]) -> tuple[str, str, list[str]] | None:
+    """How to run ``command`` in a forked child, or ``None`` when only the exec launcher can run it.
+
+    Returns:
+        ``(kind, target, args)`` for ``python script.py ...``, ``python -m mod ...`` and ``python -c code ...`` when
+        ``python`` is this very interpreter (same path, symlinks not resolved: a venv's python is a symlink).
+    """
+    if len(command) < 2:
+        return None
+    exe = shutil.which(command[0]) if os.sep not in command[0] else command[0]
+    if exe is None or os.path.abspath(exe) != os.path.abspath(sys.executable):  # noqa: PTH100 - symlinks not resolved on purpose (a venv's python is a symlink)
+        return None
+    first, rest = command[1], list(command[2:])
+    if first in {"-m", "-c"}:
+        if not rest:
+            return None
+        return ("module" if first == "-m" else "code"), rest[0], rest[1:]
+    if first.startswith("-"):
+        return None
+    return "script", first, rest
+
+
+def _preimport_torch() -> None:
+    """Import torch and the distributed stacks once, before forking (the children share them copy-on-write)."""
+    import importlib  # noqa: PLC0415
+
+    for name in (
+        "torch",
+        "torch.distributed",
+        "torch.distributed.tensor",
+        "torch.distributed.tensor.parallel",
+        "torch.distributed.pipelining",
+        "torch.distributed.fsdp",
+        "torch.distributed.checkpoint",
+        "torch.nn.parallel",
+    ):
+        with contextlib.suppress(ImportError):
+            importlib.import_module(name)
+
+
+def _run_in_child(kind: str, target: str, args: list[str], env: dict[str, str]) -> int:
+    """Body of a forked rank: become the rank and run its program; returns its exit code."""
+    import runpy  # noqa: PLC0415
+    import traceback  # noqa: PLC0415
+
+    os.environ.clear()
+    os.environ.update(env)
+    with contextlib.suppress(ImportError, ValueError):
+        import torch  # noqa: PLC0415
+
+        torch.set_num_threads(max(1, int(env.get("OMP_NUM_THREADS", "1"))))
+    code = 0
+    try:
+        if kind == "script":
+            sys.argv = [target, *args]
+            sys.path.insert(0, os.path.dirname(os.path.abspath(target)))  # noqa: PTH120, PTH100 - as python does
+            runpy.run_path(target, run_name="__main__")
+        elif kind == "module":
+            sys.argv = [target, *args]
+            sys.path.insert(0, os.getcwd())  # noqa: PTH109
+            runpy.run_module(target, run_name="__main__", alter_sys=True)
+        else:
+            sys.argv = ["-c", *args]
+            exec(compile(target, "<string>", "exec"), {"__name__": "__main__"})  # noqa: S102 - python -c semantics
+    except SystemExit as exc:
+        if exc.code is None:
+            code = 0
+        elif isinstance(exc.code, int):
+            code = exc.code
+        else:
+            sys.stderr.write(f"{exc.code}\n")
+            code = 1
+    except BaseException:  # noqa: BLE001 - a rank's crash becomes its exit code, like an interpreter's
+        traceback.print_exc()
+        code = 1
+    return code
+
+
+def _fork_rank(form: tuple[str, str, list[str]], env: dict[str, str], close: Callable[[], None]) -> int:
+    pid = os.fork()
+    if pid:
+        return pid
+    # the child: never return into the launcher's code
+    code = 1
+    try:
+        os.setsid()
+        close()
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        code = _run_in_child(*form, env)
+        import atexit  # noqa: PLC0415
+
+        atexit._run_exitfuncs()  # noqa: SLF001 - os._exit skips them, and trackers flush there
+    finally:
+        with contextlib.suppress(Exception):
+            sys.stdout.flush()
+            sys.stderr.flush()
+        os._exit(code & 0xFF)
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def layout_text(layout: ParallelLayout) -> str:
+    """``MESHSCOPE_LAYOUT`` text of ``layout`` (``dp=2,tp=2,pp=2,cp=1,ep=1``, plus etp, vpp, order when set)."""
+    parts = [f"{a}={layout.degree(a)}" for a in ("dp", "tp", "pp", "cp", "ep")]
+    if layout.etp is not None:
+        parts.append(f"etp={layout.etp}")
+    if layout.vpp != 1:
+        parts.append(f"vpp={layout.vpp}")
+    if layout.order != DEFAULT_ORDER:
+        parts.append("order=" + "-".join(a.value for a in layout.order))
+    return ",".join(parts)
+
+
+def _placement(settings: RunSettings) -> Placement:
+    n = settings.nproc
+    if settings.gpus_per_node is not None:
+        per = settings.gpus_per_node
+        return Placement.default(n, gpus_per_node=per, nvlink_domain_gpus=per, nodes_per_network_block=1 << 20)
+    if settings.spec is not None:
+        hw = settings.spec.hardware
+        with contextlib.suppress(LayoutError):
+            return Placement.for_hardware(n, hw)
+    return Placement.default(n, gpus_per_node=n, nvlink_domain_gpus=n, nodes_per_network_block=1)
+
+
+def rank_env(settings: RunSettings, rank: int, *, port: int, collector: str, placement: Placement) -> dict[str, str]:
+    """The environment of one rank (the launcher's own environment plus torchrun's and meshscope's variables)."""
+    node = int(placement.node_of_rank[rank])
+    per_node = int((placement.node_of_rank == node).sum())
+    local_rank = int((placement.node_of_rank[:rank] == node).sum())
+    env = dict(os.environ)
+    env.update(settings.extra_env)
+    env.setdefault("OMP_NUM_THREADS", "1")
+    env.update(
+        {
+            "RANK": str(rank),
+            "WORLD_SIZE": str(settings.nproc),
+            "LOCAL_RANK": str(local_rank),
+            "LOCAL_WORLD_SIZE": str(per_node),
+            "GROUP_RANK": str(node),
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+            ENV_JOB: settings.job,
+            ENV_LAYOUT: layout_text(settings.layout),
+            ENV_COLLECTOR: f"unix:{collector}",
+            ENV_NODE: placement.node_name(node),
+            ENV_NVLINK_DOMAIN: f"nvl-{int(placement.domain_of_node[node])}",
+            ENV_NETWORK_TIER: f"block-{int(placement.block_of_node[node])}",
+        }
+    )
+    return env
+
+
+# ====================================================================== the run
+
+
+def _say(message: str) -> None:
+    sys.stderr.write(f"meshscope run: {message}\n")
+    sys.stderr.flush()
+
+
+def _stop_all(procs: list[_RankProcess], grace_s: float) -> None:
+    for p in procs:
+        p.signal_group(signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline and any(p.poll() is None for p in procs):
+        time.sleep(POLL_S)
+    for p in procs:
+        p.signal_group(signal.SIGKILL)
+    for p in procs:
+        while p.poll() is None:
+            time.sleep(POLL_S / 5)
+
+
+def _launch(settings: RunSettings, envs: list[dict[str, str]], collector: RecordCollector) -> list[_RankProcess]:
+    form = _python_form(settings.command)
+    use_fork = settings.launcher == "fork" or (settings.launcher == "auto" and form is not None)
+    if use_fork and form is None:
+        raise RunError(
+            f"--launcher fork needs 'python SCRIPT', 'python -m MODULE' or 'python -c CODE' run by {sys.executable}; "
+            f"got {' '.join(settings.command)!r} (use --launcher exec)"
+        )
+    procs: list[_RankProcess] = []
+    if use_fork and form is not None:
+        _preimport_torch()
+        for rank, env in enumerate(envs):
+            pid = _fork_rank(form, env, collector.close_inherited)
+            procs.append(_RankProcess(rank, pid))
+        return procs
+    import subprocess  # noqa: PLC0415
+
+    for rank, env in enumerate(envs):
+        try:
+            popen = subprocess.Popen(list(settings.command), env=env, start_new_session=True)  # noqa: S603
+        except OSError as exc:
+            _stop_all(procs, settings.grace_s)
+            raise RunError(f"cannot start {settings.command[0]!r}: {exc}") from None
+        procs.append(_RankProcess(rank, popen.pid, popen))
+    return procs
+
+
+def _monitor(procs: list[_RankProcess], grace_s: float) -> RankExit | None:
+    """Wait for every rank; on the first failure stop the others. Returns the first failed rank, or ``None``."""
+    while True:
+        running = 0
+        for p in procs:
+            code = p.poll()
+            if code is None:
+                running += 1
+            elif code != 0:
+                failed = RankExit(rank=p.rank, code=code)
+                others = [q for q in procs if q.poll() is None]
+                _stop_all(others, grace_s)
+                return failed
+        if not running:
+            return None
+        time.sleep(POLL_S)
+
+
+def run_job(
+    settings: RunSettings, *, on_finished: Callable[[Path, JobSpec | ParallelLayout], int] | None = None
+) -> int:
+    """Launch the ranks, collect their records into ``OUT/records.jsonl``, and report.
+
+    Args:
+        settings: the run.
+        on_finished: called with the records file and the spec (or layout) once every rank exited with 0; its
+            return value is the exit code. Default: :func:`summarize_run`.
+
+    Returns:
+        The exit code: ``on_finished``'s, the failed rank's (128 + signal for a killed rank), or 130 on Ctrl-C.
+
+    Raises:
+        RunError: when the command cannot be launched.
+    """
+    hook = on_finished or summarize_run
+    settings.out_dir.mkdir(parents=True, exist_ok=True)
+    records_path = settings.out_dir / "records.jsonl"
+    sock_dir = Path(tempfile.mkdtemp(prefix="meshscope-"))
+    paths = [sock_dir / f"rank-{r}.sock" for r in range(settings.nproc)]
+    collector = RecordCollector(paths, records_path)
+    placement = _placement(settings)
+    port = _free_port()
+    envs = [
+        rank_env(settings, r, port=port, collector=str(paths[r]), placement=placement) for r in range(settings.nproc)
+    ]
+    procs: list[_RankProcess] = []
+    failed: RankExit | None = None
+    interrupted = False
+    started = time.monotonic()
+    try:
+        procs = _launch(settings, envs, collector)
+        collector.start()  # after forking: the children must not inherit a running thread
+        failed = _monitor(procs, settings.grace_s)
+    except KeyboardInterrupt:
+        interrupted = True
+        _stop_all(procs, settings.grace_s)
+    finally:
+        if not interrupted and failed is None:
+            _wait_for_goodbyes(collector, settings.nproc)
+        collector.stop()
+        with contextlib.suppress(OSError):
+            sock_dir.rmdir()
+    wall_s = time.monotonic() - started
+    _write_collector_report(settings, collector, procs, wall_s)
+    if interrupted:
+        _say(f"interrupted; stopped {len(procs)} ranks")
+        return 130
+    if failed is not None:
+        _say(f"rank {failed.rank} {failed.describe()}; stopped the other {len(procs) - 1} ranks")
+        return failed.shell_code or 1
+    _say(_received_line(collector, settings.nproc, wall_s))
+    return hook(records_path, settings.spec if settings.spec is not None else settings.layout)
+
+
+def _wait_for_goodbyes(collector: RecordCollector, nproc: int) -> None:
+    deadline = time.monotonic() + CLOSE_WAIT_S
+    while time.monotonic() < deadline:
+        hello = [t for t in collector.ranks.values() if t.hello]
+        if all(t.closed for t in hello) and (len(hello) == nproc or not hello):
+            return
+        time.sleep(POLL_S)
+
+
+def _dropped(collector: RecordCollector) -> int:
+    return sum(t.counters.get("records_dropped", 0) for t in collector.ranks.values())
+
+
+def _received_line(collector: RecordCollector, nproc: int, wall_s: float) -> str:
+    silent = nproc - len(collector.ranks)
+    parts = [
+        f"{collector.lines} records from {len(collector.ranks)} of {nproc} ranks in {wall_s:.1f} s",
+        f"{_dropped(collector)} dropped",
+    ]
+    if collector.garbage:
+        parts.append(f"{collector.garbage} unreadable datagrams skipped")
+    if silent:
+        parts.append(f"{silent} ranks sent nothing (no meshscope tracker, or MESHSCOPE_DISABLE=1)")
+    return "; ".join(parts)
+
+
+def _write_collector_report(
+    settings: RunSettings, collector: RecordCollector, procs: list[_RankProcess], wall_s: float
+) -> None:
+    report = {
+        "job": settings.job,
+        "nproc": settings.nproc,
+        "layout": layout_text(settings.layout),
+        "command": list(settings.command),
+        "wall_seconds": round(wall_s, 3),
+        "records": collector.lines,
+        "unreadable_datagrams": collector.garbage,
+        "exit_codes": {str(p.rank): p.code for p in procs},
+        "ranks": {
+            str(rank): {"records": t.records, "closed": t.closed, "counters": t.counters}
+            for rank, t in sorted(collector.ranks.items())
+        },
+    }
+    with contextlib.suppress(OSError):
+        (settings.out_dir / "collector.json").write_text(json.dumps(report, indent=2) + "\n")
+
+
+# ====================================================================== the default report
+
+
+def summarize_run(records_path: Path, spec_or_layout: JobSpec | ParallelLayout) -> int:
+    """Print one row per rank: steps, median and worst step time, received records. The cost table replaces it.
+
+    Returns:
+        0: the job itself succeeded (ranks without records are listed, e.g. when ``MESHSCOPE_DISABLE=1``).
+    """
+    from meshscope.formatting import human_seconds, render_table  # noqa: PLC0415
+
+    layout = spec_or_layout if isinstance(spec_or_layout, ParallelLayout) else spec_or_layout.layout
+    per_rank: dict[int, list[int]] = {}
+    coords: dict[int, dict[str, int]] = {}
+    with records_path.open("rb") as f:
+        for raw in f:
+            with contextlib.suppress(ValueError):
+                rec = json.loads(raw)
+                rank = int(rec["rank"])
+                per_rank.setdefault(rank, []).append(int(rec["end_us"]) - int(rec["start_us"]))
+                coords[rank] = rec.get("coord", {})
+    rows = []
+    for rank in range(layout.world_size):
+        times = sorted(per_rank.get(rank, []))
+        coord = coords.get(rank, {})
+        where = " ".join(
+            f"{a}{coord[a]}" for a in ("pp", "dp", "cp", "tp", "ep") if layout.degree(a) > 1 and a in coord
+        )
+        if times:
+            median = times[len(times) // 2] / 1e6
+            rows.append([str(rank), where, str(len(times)), human_seconds(median), human_seconds(times[-1] / 1e6)])
+        else:
+            rows.append([str(rank), where, "0", "-", "-"])
+    print(render_table(["rank", "coord", "records", "median step", "slowest step"], rows, title="Steps per rank"))  # noqa: T201
+    missing = [r for r in range(layout.world_size) if r not in per_rank]
+    if missing:
+        print(f"no records from ranks {missing} (no tracker, MESHSCOPE_DISABLE=1, or every record dropped)")  # noqa: T201
+    return 0
+
+
+# ====================================================================== the command line
+
+
+def add_run_parser(subparsers: Any) -> argparse.ArgumentParser:  # noqa: ANN401 - argparse's private subparsers action
+    """Add ``meshscope run`` to the CLI's subparsers (``cli.build_parser`` calls this once)."""
+    run = subparsers.add_parser(
+        "run",
+        help="launch a training command on local ranks and collect its step records",
+        description="Launch N local ranks of a training command (torchrun-style environment), collect the records "
+        "of the meshscope SDK into OUT/records.jsonl, and report when every rank has exited.",
+    )
+    run.add_argument("--nproc", type=int, required=True, help="ranks to launch (the world size)")
+    run.add_argument("--layout", help="parallel layout, e.g. dp=2,tp=2,pp=2 (default: the spec's, else dp=NPROC)")
+    run.add_argument("--spec", help="TrainingJob manifest the run stands for (layout, hardware, model)")
+    run.add_argument("--out", help="output directory (default: ./meshscope-run-<time>)")
+    run.add_argument("--job", help="job name written into the records (default: the spec's name, else 'local')")
+    run.add_argument(
+        "--launcher",
+        choices=["auto", "fork", "exec"],
+        default="auto",
+        help="fork: python only, torch imported once (fast); exec: any command; auto (default): fork when possible",
+    )
+    run.add_argument("--grace", type=float, default=5.0, help="seconds between SIGTERM and SIGKILL (5)")
+    run.add_argument("--gpus-per-node", type=int, help="ranks per emulated node (default: the spec's, else all)")
+    run.add_argument("command", nargs=argparse.REMAINDER, help="-- then the training command")
+    run.set_defaults(handler=_cmd_run)
+    return run  # type: ignore[no-any-return]
+
+
+def settings_from_args(args: argparse.Namespace) -> RunSettings:
+    """Build :class:`RunSettings` from parsed ``meshscope run`` arguments.
+
+    Raises:
+        RunError: for a missing command or a bad count.
+        LayoutError: for a layout that does not fit ``--nproc``.
+    """
+    command = list(args.command)
+    if command and command[0] == "--":
+        command = command[1:]
+    if not command:
+        raise RunError("run needs a command after '--', e.g. meshscope run --nproc 8 -- python train.py")
+    if args.nproc < 1:
+        raise RunError(f"--nproc must be >= 1, got {args.nproc}")
+    spec = None
+    if args.spec:
+        from meshscope.loading import load_spec  # noqa: PLC0415
+
+        spec = load_spec(args.spec)
+    if args.layout:
+        layout = parse_layout(args.layout, world_size=args.nproc)
+        if spec is not None and spec.layout != layout:
+            raise LayoutError(
+                f"--layout {layout.describe()} differs from the spec's {spec.layout.describe()}; give one of them"
+            )
+    elif spec is not None:
+        layout = spec.layout
+        if layout.world_size != args.nproc:
+            raise LayoutError(
+                f"the spec's layout {layout.describe()} has {layout.world_size} ranks but --nproc is {args.nproc}"
+            )
+    else:
+        layout = parse_layout("", world_size=args.nproc)
+    if args.gpus_per_node is not None and (args.gpus_per_node < 1 or args.nproc % args.gpus_per_node):
+        raise RunError(f"--gpus-per-node {args.gpus_per_node} does not divide --nproc {args.nproc}")
+    job = args.job or (spec.name if spec is not None else "local")
+    out = Path(args.out) if args.out else Path.cwd() / time.strftime("meshscope-run-%Y%m%d-%H%M%S")
+    return RunSettings(
+        nproc=args.nproc,
+        command=tuple(command),
+        layout=layout,
+        out_dir=out,
+        job=job,
+        spec=spec,
+        launcher=args.launcher,
+        grace_s=max(0.0, args.grace),
+        gpus_per_node=args.gpus_per_node,
+    )
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    return run_job(settings_from_args(args))
+
+
+# ====================================================================== the demo job
+
+
+def demo_settings(out_dir: Path, *, steps: int = 8) -> RunSettings:
+    """The run ``meshscope demo`` can launch to show a straggler end to end.
+
+    The bundled ``examples/train_tiny.py`` on 8 ranks (pp=2, dp=2, tp=2), with emulated accelerator time and rank 5
+    running 2x slow; ranks 0-3 and 4-7 on two emulated nodes.
+    """
+    from meshscope.bundled import data_root  # noqa: PLC0415
+
+    script = data_root("examples") / "train_tiny.py"
+    return RunSettings(
+        nproc=8,
+        command=(sys.executable, str(script), "--steps", str(steps), "--emulate", "--straggler", "5:2"),
+        layout=ParallelLayout(dp=2, tp=2, pp=2),
+        out_dir=out_dir,
+        job="demo",
+        gpus_per_node=4,
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m meshscope.running ...``: the ``run`` subcommand on its own (same options)."""
+    parser = argparse.ArgumentParser(prog="meshscope-run")
+    sub = parser.add_subparsers(dest="command_name", required=True)
+    add_run_parser(sub)
+    args = parser.parse_args(["run", *(argv if argv is not None else sys.argv[1:])])
+    try:
+        return int(args.handler(args))
+    except MeshscopeError as exc:
+        sys.stderr.write(f"meshscope: error: {exc}\n")
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,484 @@
+"""The patches that let the tracker see every collective, point-to-point op and attention call without code changes.
+
+Why it exists: collectives reach the backend along four roads, and each needs its own tap (reference:
+``cpu-testbed.md`` §6):
+
+1. **Python callers** (``torch.distributed.*``, FSDP2, ``torch.distributed.pipelining``, Megatron-style manual code)
+   all end in a method of ``ProcessGroup`` (``allreduce``, ``all_gather_single``, ``send`` ...). Those pybind methods
+   are wrapped on the class, so every caller is seen however it imported ``torch.distributed``. ``Work.wait`` is
+   wrapped to time waits; collectives also get a completion callback (``Work.get_future().then``), which gloo does not
+   offer for send/recv, whose end is the return of their wait.
+2. **Functional collectives** (DTensor, ``torch.distributed._functional_collectives``) call the
+   ``torch.ops._c10d_functional`` operators directly; those op packets are replaced by thin wrappers on the namespace,
+   and ``wait_tensor`` marks their end.
+3. **DDP**'s C++ reducer talks to the backend directly. A comm hook equal to the default (``allreduce_hook``) is
+   registered at construction, so its bucket all-reduces take road 1; a user's later ``register_comm_hook`` replaces
+   the inner hook instead of failing. The last bucket also marks DDP's tail wait (backward blocked on the reduction).
+4. ``torch.nn.functional.scaled_dot_product_attention`` is wrapped to time attention (forward by the call, backward
+   between gradient hooks on its output and on its first input).
+
+Pipelining stages also get their forward and backward chunks labelled as phases.
+
+Every wrapper calls the original unconditionally and touches the tracker inside ``try`` blocks: a failure in meshscope
+is counted by the tracker and never reaches the training loop; the user's own errors propagate untouched. Patches are
+installed only when a real tracker starts (``MESHSCOPE_DISABLE=1`` installs nothing) and are removed by
+:func:`uninstall`. Imports torch: load this module only from a real tracker.
+"""
+
+# ruff: noqa: ANN401 - every wrapper here forwards arbitrary arguments and results of torch callables unchanged
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import time
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.distributed as dist
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from meshscope.sdk.tracker import Tracker
+
+_perf_ns = time.perf_counter_ns
+
+ACTIVE: Tracker | None = None
+"""The tracker the wrappers report to; ``None``: wrappers pass straight through."""
+
+_in_ddp_hook = 0
+"""Depth of meshscope's DDP comm hook: its collectives are never waited on from Python, so they get a completion
+callback at once (every other asynchronous operation gets one only if it is still unwaited when its step ends)."""
+_saved: list[tuple[Any, str, Any]] = []
+"""(owner, attribute, original) of every patch in place, for :func:`uninstall`."""
+_pipelining_patched = False
+
+
+_Tensor = torch.Tensor
+
+
+def _nbytes(x: Any) -> int:
+    if type(x) is _Tensor:  # the common case first: one plain tensor
+        return int(x.nbytes)
+    if isinstance(x, list | tuple):
+        total = 0
+        for y in x:
+            total += _nbytes(y)
+        return total
+    if isinstance(x, _Tensor):
+        return int(x.nbytes)
+    return 0
+
+
+# op name, bytes from (positional args, group size); the conventions of meshscope.plan.comms: the whole buffer of an
+# all-reduce, the gathered (unsharded) buffer of all-gather and reduce-scatter, the send buffer of an all-to-all.
+def _arg0(a: tuple[Any, ...], _n: int) -> int:
+    return _nbytes(a[0]) if a else 0
+
+
+def _arg1(a: tuple[Any, ...], _n: int) -> int:
+    return _nbytes(a[1]) if len(a) > 1 else 0
+
+
+def _arg0_times_n(a: tuple[Any, ...], n: int) -> int:
+    return _nbytes(a[0]) * n if a else 0
+
+
+def _arg1_times_n(a: tuple[Any, ...], n: int) -> int:
+    return _nbytes(a[1]) * n if len(a) > 1 else 0
+
+
+def _zero(_a: tuple[Any, ...], _n: int) -> int:
+    return 0
+
+
+COLLECTIVE_METHODS: dict[str, tuple[str, Callable[[tuple[Any, ...], int], int]]] = {
+    "allreduce": ("all_reduce", _arg0),
+    "allreduce_coalesced": ("all_reduce", _arg0),
+    "allgather": ("all_gather", _arg1_times_n),
+    "allgather_coalesced": ("all_gather", _arg1_times_n),
+    "all_gather_single": ("all_gather", _arg0),
+    "_allgather_base": ("all_gather", _arg0),
+    "allgather_into_tensor_coalesced": ("all_gather", _arg0),
+    "all_gather_single_coalesced": ("all_gather", _arg0),
+    "reduce_scatter": ("reduce_scatter", _arg0_times_n),
+    "reduce_scatter_single": ("reduce_scatter", _arg1),
+    "_reduce_scatter_base": ("reduce_scatter", _arg1),
+    "reduce_scatter_tensor_coalesced": ("reduce_scatter", _arg1),
+    "reduce_scatter_single_coalesced": ("reduce_scatter", _arg1),
+    "alltoall": ("all_to_all", _arg1),
+    "alltoall_base": ("all_to_all", _arg1),
+    "all_to_all_single": ("all_to_all", _arg1),
+    "broadcast": ("broadcast", _arg0),
+    "reduce": ("reduce", _arg0),
+    "gather": ("gather", _arg1_times_n),
+    "scatter": ("scatter", _arg0_times_n),
+    "barrier": ("barrier", _zero),
+    "monitored_barrier": ("barrier", _zero),
+}
+"""``ProcessGroup`` methods that run a collective: the recorded op and how its bytes are computed."""
+
+P2P_METHODS: dict[str, str] = {"send": "send", "recv": "recv", "recv_anysource": "recv"}
+"""``ProcessGroup`` methods that run a point-to-point op."""
+
+
+def _functional_bytes_in(a: tuple[Any, ...]) -> int:
+    return _nbytes(a[0]) if a else 0
+
+
+# name -> (op, bytes from (args, output)); the group name is the last positional argument (or kwarg group_name)
+FUNCTIONAL_OPS: dict[str, str] = {
+    "all_reduce": "all_reduce",
+    "all_reduce_": "all_reduce",
+    "all_reduce_coalesced": "all_reduce",
+    "all_reduce_coalesced_": "all_reduce",
+    "all_gather_into_tensor": "all_gather",
+    "all_gather_into_tensor_out": "all_gather",
+    "all_gather_into_tensor_coalesced": "all_gather",
+    "reduce_scatter_tensor": "reduce_scatter",
+    "reduce_scatter_tensor_coalesced": "reduce_scatter",
+    "all_to_all_single": "all_to_all",
+    "broadcast": "broadcast",
+    "broadcast_": "broadcast",
+}
+"""``torch.ops._c10d_functional`` operators (and their ``_c10d_functional_autograd`` twins) that run a collective."""
+_GATHERS = frozenset({"all_gather_into_tensor", "all_gather_into_tensor_out", "all_gather_into_tensor_coalesced"})
+
+
+# ====================================================================== ProcessGroup and Work
+
+
+def _collective_wrapper(orig: Any, op: str, size_of: Callable[[tuple[Any, ...], int], int]) -> Any:
+    def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
+        t = ACTIVE
+        if t is None:
+            return orig(self, *args, **kwargs)
+        rec = None
+        try:
+            rec = t.on_collective(self, op, size_of, args)
+        except Exception as exc:  # noqa: BLE001 - meshscope must never break the training loop
+            t.fault("collective capture", exc)
+        work = orig(self, *args, **kwargs)
+        if rec is not None:
+            try:
+                # A synchronous call (opts.asyncOp False) is waited on at once, and its wait marks the end. A completion
+                # callback costs ~9 us on gloo and runs Python on the backend's thread, so asynchronous operations get
+                # one at issue only inside DDP's hook (never waited on from Python); others when their step ends
+                # still unwaited.
+                opts = kwargs.get("opts", args[-1] if args else None)
+                t.on_enqueued(rec, work, asynchronous=getattr(opts, "asyncOp", True), completion=_in_ddp_hook > 0)
+            except Exception as exc:  # noqa: BLE001
+                t.fault("collective capture", exc)
+        return work
+
+    wrapper.__wrapped__ = orig  # type: ignore[attr-defined]
+    return wrapper
+
+
+def _p2p_wrapper(orig: Any, op: str) -> Any:
+    def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
+        t = ACTIVE
+        if t is None:
+            return orig(self, *args, **kwargs)
+        rec = None
+        try:
+            rec = t.on_p2p(self, op, args)
+        except Exception as exc:  # noqa: BLE001
+            t.fault("p2p capture", exc)
+        work = orig(self, *args, **kwargs)
+        if rec is not None:
+            try:
+                t.on_enqueued(rec, work, asynchronous=True, completion=False)
+            except Exception as exc:  # noqa: BLE001
+                t.fault("p2p capture", exc)
+        return work
+
+    wrapper.__wrapped__ = orig  # type: ignore[attr-defined]
+    return wrapper
+
+
+def _wait_wrapper(orig: Any) -> Any:
+    def wait(self: Any, *args: Any, **kwargs: Any) -> Any:
+        t = ACTIVE
+        if t is None:
+            return orig(self, *args, **kwargs)
+        t0 = _perf_ns()
+        m0 = t.device_mark(t0) if t.on_device else t0
+        try:
+            return orig(self, *args, **kwargs)
+        finally:
+            try:
+                t.on_wait(id(self), t0, m0)
+            except Exception as exc:  # noqa: BLE001
+                t.fault("wait capture", exc)
+
+    wait.__wrapped__ = orig  # type: ignore[attr-defined]
+    return wait
+
+
+# ====================================================================== functional collectives
+
+
+class _FunctionalOp:
+    """Stands in for an ``OpOverloadPacket`` on ``torch.ops._c10d_functional``; everything else is forwarded."""
+
+    def __init__(self, packet: Any, op: str, gather: bool) -> None:  # noqa: FBT001
+        self._packet = packet
+        self._op = op
+        self._gather = gather
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        t = ACTIVE
+        if t is None:
+            return self._packet(*args, **kwargs)
+        t0 = _perf_ns()
+        m0 = t.device_mark(t0)
+        out = self._packet(*args, **kwargs)
+        try:
+            t.on_functional(self._op, gather=self._gather, args=args, kwargs=kwargs, out=out, m0=m0)
+        except Exception as exc:  # noqa: BLE001
+            t.fault("functional collective capture", exc)
+        return out
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._packet, name)
+
+
+class _WaitTensor(_FunctionalOp):
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        t = ACTIVE
+        if t is None:
+            return self._packet(*args, **kwargs)
+        t0 = _perf_ns()
+        m0 = t.device_mark(t0)
+        try:
+            return self._packet(*args, **kwargs)
+        finally:
+            try:
+                t.on_tensor_wait(args[0] if args else kwargs.get("tensor"), t0, m0)
+            except Exception as exc:  # noqa: BLE001
+                t.fault("functional wait capture", exc)
+
+
+# ====================================================================== DDP
+
+
+class _HookHolder:
+    """State of meshscope's DDP comm hook: the inner hook it delegates to (the default, or the user's)."""
+
+    __slots__ = ("hook", "state")
+
+    def __init__(self, state: Any, hook: Callable[[Any, Any], Any]) -> None:
+        self.state = state
+        self.hook = hook
+
+
+def _ddp_hook(holder, bucket):  # type: ignore[no-untyped-def] # noqa: ANN001, ANN202 - DDP rejects annotated hooks
+    # DDP's _check_comm_hook refuses a ``bucket`` annotation other than GradBucket and a return annotation other
+    # than Future[Tensor]; under ``from __future__ import annotations`` every annotation is a string, so none here.
+    global _in_ddp_hook  # noqa: PLW0603 - DDP runs its hooks one at a time on the autograd thread
+    _in_ddp_hook += 1
+    try:
+        fut = holder.hook(holder.state, bucket)
+    finally:
+        _in_ddp_hook -= 1
+    t = ACTIVE
+    if t is not None:
+        try:
+            if bucket.is_last():
+                t.on_ddp_last_bucket(fut)
+        except Exception as exc:  # noqa: BLE001
+            t.fault("ddp capture", exc)
+    return fut
+
+
+def _patch_ddp() -> None:
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks  # noqa: PLC0415
+    from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: N817, PLC0415
+
+    orig_init = DDP.__init__
+    orig_register = DDP.register_comm_hook
+    orig_builtin = DDP._register_builtin_comm_hook  # noqa: SLF001
+
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:  # noqa: N807
+        orig_init(self, *args, **kwargs)
+        if ACTIVE is None:
+            return
+        try:
+            holder = _HookHolder(self.process_group, default_hooks.allreduce_hook)
+            orig_register(self, holder, _ddp_hook)
+            self._meshscope_hook_holder = holder
+        except Exception as exc:  # noqa: BLE001
+            ACTIVE.fault("ddp comm hook", exc)
+
+    def register_comm_hook(self: Any, state: Any, hook: Callable[[Any, Any], Any]) -> None:
+        holder = getattr(self, "_meshscope_hook_holder", None)
+        if holder is None:
+            return orig_register(self, state, hook)  # type: ignore[no-any-return,unused-ignore]
+        holder.state, holder.hook = state, hook
+        return None
+
+    def register_builtin(self: Any, comm_hook_type: Any) -> None:
+        holder = getattr(self, "_meshscope_hook_holder", None)
+        if holder is None:
+            return orig_builtin(self, comm_hook_type)  # type: ignore[no-any-return,no-untyped-call,unused-ignore]
+        builtin = getattr(dist, "BuiltinCommHookType")  # noqa: B009 - not re-exported in torch's stubs
+        if comm_hook_type == builtin.FP16_COMPRESS:
+            holder.state, holder.hook = self.process_group, default_hooks.fp16_compress_hook
+        else:
+            holder.state, holder.hook = self.process_group, default_hooks.allreduce_hook
+        return None
+
+    __init__.__wrapped__ = orig_init  # type: ignore[attr-defined]
+    _set(DDP, "__init__", __init__)
+    _set(DDP, "register_comm_hook", register_comm_hook)
+    _set(DDP, "_register_builtin_comm_hook", register_builtin)
+
+
+# ====================================================================== attention
+
+
+class _AttentionSpan:
+    """One attention call's backward span: opened by a hook on its output's gradient, closed by a hook on an input's.
+
+    Tensor hooks cost less than identity autograd nodes. Only non-leaf inputs get a hook (a parameter or another
+    persistent tensor would collect one hook per call), and each hook removes itself when it fires.
+    """
+
+    __slots__ = ("handles", "start_mark", "tracker")
+
+    def __init__(self, tracker: Tracker) -> None:
+        self.tracker = tracker
+        self.start_mark: Any = None
+        self.handles: list[Any] = []
+
+    def opened(self, _grad: Any) -> None:
+        with contextlib.suppress(Exception):
+            self.start_mark = self.tracker.device_mark(_perf_ns())
+
+    def closed(self, _grad: Any) -> None:
+        with contextlib.suppress(Exception):
+            self.tracker.on_attention_backward(self.start_mark)
+            for handle in self.handles:
+                handle.remove()
+            self.handles.clear()
+
+
+def _sdpa_wrapper(orig: Any) -> Any:
+    def scaled_dot_product_attention(*args: Any, **kwargs: Any) -> Any:
+        t = ACTIVE
+        if t is None or not t.in_step:
+            return orig(*args, **kwargs)
+        t0 = _perf_ns()
+        m0 = t.device_mark(t0) if t.on_device else t0
+        out = orig(*args, **kwargs)
+        try:
+            t.on_attention_forward(m0)
+            if type(out) is _Tensor and out.requires_grad and torch.is_grad_enabled():
+                first = next((x for x in args[:3] if type(x) is _Tensor and x.grad_fn is not None), None)
+                if first is not None:
+                    span = _AttentionSpan(t)
+                    opened = out.register_hook(span.opened)  # type: ignore[no-untyped-call]
+                    closed = first.register_hook(span.closed)  # type: ignore[no-untyped-call]
+                    span.handles = [opened, closed]
+        except Exception as exc:  # noqa: BLE001
+            t.fault("attention capture", exc)
+        return out
+
+    scaled_dot_product_attention.__wrapped__ = orig  # type: ignore[attr-defined]
+    return scaled_dot_product_attention
+
+
+# ====================================================================== pipelining phases
+
+
+def _phase_wrapper(orig: Any, phase: str) -> Any:
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        t = ACTIVE
+        if t is None or not t.in_step:
+            return orig(*args, **kwargs)
+        with t.phase(phase):
+            return orig(*args, **kwargs)
+
+    wrapper.__wrapped__ = orig  # type: ignore[attr-defined]
+    return wrapper
+
+
+def patch_pipelining_if_loaded() -> None:
+    """Label pipeline stages' forward and backward chunks as phases, once ``torch.distributed.pipelining`` is loaded."""
+    global _pipelining_patched  # noqa: PLW0603 - one process-wide patch state
+    if _pipelining_patched:
+        return
+    module = sys.modules.get("torch.distributed.pipelining.stage")
+    if module is None:
+        return
+    base = getattr(module, "_PipelineStageBase", None)
+    if base is None:
+        return
+    _pipelining_patched = True
+    for name, phase in (
+        ("forward_maybe_with_nosync", "forward"),
+        ("backward_maybe_with_nosync", "backward"),
+        ("backward_weight_one_chunk", "backward"),
+    ):
+        if hasattr(base, name):
+            _set(base, name, _phase_wrapper(getattr(base, name), phase))
+
+
+# ====================================================================== install / uninstall
+
+
+def _set(owner: Any, name: str, value: Any) -> None:
+    _saved.append((owner, name, owner.__dict__.get(name, getattr(owner, name))))
+    setattr(owner, name, value)
+
+
+def install(tracker: Tracker) -> None:
+    """Put every patch in place and route them to ``tracker``. Idempotent for the same tracker."""
+    global ACTIVE  # noqa: PLW0603 - the wrappers read one process-wide pointer
+    if _saved:
+        ACTIVE = tracker
+        return
+    pg = dist.ProcessGroup
+    for name, (op, size_of) in COLLECTIVE_METHODS.items():
+        if hasattr(pg, name):
+            _set(pg, name, _collective_wrapper(getattr(pg, name), op, size_of))
+    for name, op in P2P_METHODS.items():
+        if hasattr(pg, name):
+            _set(pg, name, _p2p_wrapper(getattr(pg, name), op))
+    _set(dist.Work, "wait", _wait_wrapper(dist.Work.wait))
+    for ns_name in ("_c10d_functional", "_c10d_functional_autograd"):
+        ns = getattr(torch.ops, ns_name)
+        for name, op in FUNCTIONAL_OPS.items():
+            try:
+                packet = getattr(ns, name)
+            except (AttributeError, RuntimeError):
+                continue
+            _set(ns, name, _FunctionalOp(packet, op, name in _GATHERS))
+    functional = torch.ops._c10d_functional  # noqa: SLF001
+    _set(functional, "wait_tensor", _WaitTensor(functional.wait_tensor, "wait", gather=False))
+    _patch_ddp()
+    _set(
+        torch.nn.functional,
+        "scaled_dot_product_attention",
+        _sdpa_wrapper(torch.nn.functional.scaled_dot_product_attention),
+    )
+    patch_pipelining_if_loaded()
+    ACTIVE = tracker
+
+
+def uninstall() -> None:
+    """Restore every original, in reverse order, and detach the tracker."""
+    global ACTIVE, _pipelining_patched  # noqa: PLW0603
+    ACTIVE = None
+    while _saved:
+        owner, name, original = _saved.pop()
+        with contextlib.suppress(AttributeError, TypeError):
+            setattr(owner, name, original)
+    _pipelining_patched = False
+
+
+def installed() -> bool:
+    """Whether the patches are in place."""
+    return bool(_saved)

@@ -1,0 +1,155 @@
+"""Which mesh axis a process group belongs to, and the job-unique id every member gives it.
+
+A captured collective is only useful if it is attributed to an axis (dp, tp, pp, cp, ep) and joined with the same
+collective on the other members. This module owns both decisions:
+
+* **axis**: from an explicit registration (``tracker.register_groups({"tp": g})``), from a DeviceMesh group's
+  description (``mesh_tp``, ``mesh_dp_cp``), from a Megatron-core group name (``tensor_model_parallel``), or, for
+  groups nobody named, by comparing the group's ranks with the groups of the job's :class:`ParallelLayout`.
+  Combined gradient-reduction groups (``dp_cp``, ``edp``) are attributed to ``dp``; groups no rule explains (the world
+  group of a multi-axis job) are *unattributed*: their collectives are counted, not recorded.
+* **id**: ``"<name>:<first member rank>"`` (e.g. ``tp:4``, ``dp_cp:0``), computed by every member from the same
+  member list without talking. Groups of one name partition the ranks, so the first member is unique within a name.
+  Point-to-point messages get a per-direction id ``"<axis>:<src>-<dst>"``.
+
+Pure: no torch here (the tracker passes member ranks and descriptions in), and nothing raises on odd names.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from meshscope.errors import LayoutError
+from meshscope.layout import MeshAxis, ParallelLayout
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+_EXACT: dict[str, MeshAxis | None] = {
+    # Megatron-core parallel_state group names and torchtitan mesh names
+    "tensor_model_parallel": MeshAxis.TP,
+    "tensor_parallel": MeshAxis.TP,
+    "expert_tensor_parallel": MeshAxis.TP,
+    "etp": MeshAxis.TP,
+    "pipeline_model_parallel": MeshAxis.PP,
+    "pipeline_parallel": MeshAxis.PP,
+    "data_parallel": MeshAxis.DP,
+    "data_parallel_with_context_parallel": MeshAxis.DP,
+    "data_parallel_with_cp": MeshAxis.DP,
+    "expert_data_parallel": MeshAxis.DP,
+    "expert_dp": MeshAxis.DP,
+    "edp": MeshAxis.DP,
+    "context_parallel": MeshAxis.CP,
+    "expert_model_parallel": MeshAxis.EP,
+    "expert_parallel": MeshAxis.EP,
+    "world": None,
+    "default_pg": None,
+    "undefined": None,
+}
+_TOKENS: dict[str, MeshAxis] = {
+    "dp": MeshAxis.DP,
+    "data": MeshAxis.DP,
+    "fsdp": MeshAxis.DP,
+    "ddp": MeshAxis.DP,
+    "hsdp": MeshAxis.DP,
+    "tp": MeshAxis.TP,
+    "tensor": MeshAxis.TP,
+    "pp": MeshAxis.PP,
+    "pipeline": MeshAxis.PP,
+    "cp": MeshAxis.CP,
+    "context": MeshAxis.CP,
+    "ep": MeshAxis.EP,
+    "expert": MeshAxis.EP,
+    "moe": MeshAxis.EP,
+}
+_SPLIT = re.compile(r"[_\-\s.:/]+")
+
+
+def axis_of_name(name: str) -> MeshAxis | None:
+    """The axis a group name stands for, or ``None`` when the name says nothing about one.
+
+    Exact names first (Megatron-core's ``tensor_model_parallel``, ``expert_data_parallel`` -> dp, ``edp``), then the
+    first word that names an axis (``dp_cp`` -> dp, ``dp_shard`` -> dp, ``mesh_tp`` -> tp).
+    """
+    key = name.strip().lower().removeprefix("mesh_").removesuffix("_group")
+    if key in _EXACT:
+        return _EXACT[key]
+    for token in _SPLIT.split(key):
+        if token in _TOKENS:
+            return _TOKENS[token]
+    return None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GroupInfo:
+    """What the tracker knows about one process group."""
+
+    name: str
+    """Name the id is built from: the registered name, the mesh dim, or the axes the ranks vary along."""
+    axis: MeshAxis | None
+    """Axis its collectives are attributed to; ``None``: unattributed (counted, not recorded)."""
+    ranks: tuple[int, ...]
+    """Global ranks of the members, in group-rank order."""
+    group_id: str
+    """Job-unique id, ``"<name>:<first rank>"``."""
+
+    @property
+    def size(self) -> int:
+        """Members."""
+        return len(self.ranks)
+
+    def global_rank(self, group_rank: int) -> int:
+        """Global rank of member ``group_rank``."""
+        return self.ranks[group_rank]
+
+
+def make_group(name: str, axis: MeshAxis | None, ranks: Sequence[int]) -> GroupInfo:
+    """Build a :class:`GroupInfo` with its id ``"<name>:<min rank>"``."""
+    members = tuple(int(r) for r in ranks)
+    first = min(members) if members else 0
+    return GroupInfo(name=name, axis=axis, ranks=members, group_id=f"{name}:{first}")
+
+
+def infer_from_layout(layout: ParallelLayout, ranks: Sequence[int]) -> tuple[str, MeshAxis] | None:
+    """Name and axis of the layout group whose members are exactly ``ranks``, or ``None``.
+
+    Tries the single axes (dp, tp, pp, cp, ep), then the combined gradient-reduction groups ``dp_cp`` (dense) and
+    ``edp`` (expert data parallel), both attributed to dp.
+    """
+    members = sorted(int(r) for r in ranks)
+    if len(members) < 2 or members[-1] >= layout.world_size or members[0] < 0:
+        return None
+    candidates: list[tuple[str, MeshAxis, tuple[MeshAxis, ...], bool]] = [
+        (a.value, a, (a,), False) for a in (MeshAxis.TP, MeshAxis.CP, MeshAxis.DP, MeshAxis.PP, MeshAxis.EP)
+    ]
+    candidates += [
+        ("dp_cp", MeshAxis.DP, (MeshAxis.DP, MeshAxis.CP), False),
+        ("edp", MeshAxis.DP, (MeshAxis.DP,), True),
+    ]
+    for name, axis, axes, expert in candidates:
+        try:
+            group = layout.group_of(members[0], *axes, expert=expert)
+        except LayoutError:
+            continue
+        if len(group) == len(members) and sorted(group) == members:
+            return name, axis
+    return None
+
+
+def p2p_axis(layout: ParallelLayout | None, rank: int, peer: int) -> MeshAxis | None:
+    """The one axis along which ``rank`` and ``peer`` differ, or ``None`` (no layout, or several axes differ)."""
+    if layout is None:
+        return None
+    try:
+        a, b = layout.coord(rank), layout.coord(peer)
+    except LayoutError:
+        return None
+    differ = [ax for ax in (MeshAxis.PP, MeshAxis.DP, MeshAxis.TP, MeshAxis.CP) if a[ax] != b[ax]]
+    return differ[0] if len(differ) == 1 else None
+
+
+def p2p_group_id(axis: MeshAxis, src: int, dst: int) -> str:
+    """Id of the message stream from ``src`` to ``dst``: ``"pp:0-4"``; both sides compute the same one."""
+    return f"{axis.value}:{src}-{dst}"

@@ -1,0 +1,881 @@
+"""The tracker: turns one rank's training steps into ``meshscope.step/1`` records and hands them to the transport.
+
+Why it exists: the step breakdown needs, per rank and step, *when* the rank computed, loaded data, stepped the
+optimizer and sat in which collective of which axis. A researcher adds a few lines (``tracker.step``,
+``tracker.phase``, ``tracker.data_stats``); everything else -- every collective, point-to-point op, attention call,
+DDP's tail wait, pipeline stage phases -- is captured by :mod:`meshscope.sdk.capture` and reported here.
+
+How time is split, on CPU: phases give the compute, optimizer, data and checkpoint intervals; every moment the host
+thread is **blocked** in communication (a ``Work.wait``, a functional ``wait_tensor``, a synchronous collective from
+issue to return, DDP's wait for its last bucket) is cut out of the compute and optimizer intervals, because a blocked
+host computes nothing. A collective's own interval runs from the rank's arrival (issue) to its completion (the
+completion callback, or the return of its wait when the backend offers no callback). On a GPU the same marks are CUDA
+events on the current stream (:mod:`meshscope.sdk.clocks`), so "blocked" means the compute stream waited on the
+collective.
+
+A step's record is sent when all its marks can be read: at once on CPU, one step late on GPU; an operation that has
+not completed :data:`MAX_DEFERRED_STEPS` steps later is left out and counted.
+
+Rules this module keeps: it never raises into the training loop (hooks are wrapped; failures are counted in
+:class:`TrackerCounters` and logged once), never blocks it (the transport drops instead of waiting), never
+synchronises a device on the hot path, and imports torch only when a real tracker starts.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import itertools
+import logging
+import os
+import re
+import time
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any, Final
+
+from meshscope.layout import AXES, MeshAxis
+from meshscope.sdk.clocks import HostClock
+from meshscope.sdk.groups import GroupInfo, axis_of_name, infer_from_layout, make_group, p2p_axis, p2p_group_id
+from meshscope.sdk.steps import DEVICE_KINDS, Op, RssPeak, StepState, build_record
+from meshscope.sdk.transport import CONTROL_SCHEMA, RECORD_SCHEMA, RecordSender
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterable, Iterator, Mapping
+    from types import TracebackType
+
+    from torch import Tensor
+    from torch.distributed import ProcessGroup, Work
+    from torch.futures import Future
+
+    from meshscope.sdk.clocks import Mark
+    from meshscope.sdk.settings import TrackerSettings
+
+log = logging.getLogger("meshscope.sdk")
+
+MAX_DEFERRED_STEPS: Final = 4
+"""Steps a record may wait for its operations to complete before they are left out (and counted)."""
+SYNC_GAP_NS: Final = 100_000
+"""A wait that starts within this many ns of its operation's issue makes the whole issue..return span blocked."""
+
+PHASES: Final[dict[str, tuple[str, str | None]]] = {
+    "data": ("data", None),
+    "forward": ("compute", "forward"),
+    "backward": ("compute", "backward"),
+    "recompute": ("compute", "recompute"),
+    "compute": ("compute", None),
+    "optimizer": ("optimizer", None),
+    "checkpoint": ("checkpoint", None),
+}
+"""Phase names :meth:`Tracker.phase` accepts -> (interval kind, compute phase). ``compute`` is compute of unknown
+phase; the innermost phase wins where phases nest."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TrackerCounters:
+    """What the tracker had to drop, skip or survive. Cumulative since the tracker started."""
+
+    records_sent: int = 0
+    """Records the transport accepted."""
+    records_dropped: int = 0
+    """Records dropped: no collector, a full queue, a record too large."""
+    hook_errors: int = 0
+    """Exceptions inside meshscope's hooks (each kind logged once); the training loop never saw them."""
+    unattributed_ops: int = 0
+    """Collectives on groups that map to no axis (e.g. the world group of a multi-axis job): counted, not recorded."""
+    incomplete_ops: int = 0
+    """Operations left out of a record because they had not completed :data:`MAX_DEFERRED_STEPS` steps later."""
+    phases_outside_step: int = 0
+    """Phases entered while no step was open (not recorded)."""
+
+    def as_dict(self) -> dict[str, int]:
+        """The counters as a plain mapping (the ``sdk`` object of a record)."""
+        return {
+            "records_sent": self.records_sent,
+            "records_dropped": self.records_dropped,
+            "hook_errors": self.hook_errors,
+            "unattributed_ops": self.unattributed_ops,
+            "incomplete_ops": self.incomplete_ops,
+            "phases_outside_step": self.phases_outside_step,
+        }
+
+
+class _Frame:
+    """An open phase on the phase stack."""
+
+    __slots__ = ("kind", "phase", "seg_start", "step")
+
+    def __init__(self, kind: str, phase: str | None, seg_start: Mark, step: StepState | None) -> None:
+        self.kind = kind
+        self.phase = phase
+        self.seg_start = seg_start
+        self.step = step
+
+
+class _PhaseContext:
+    """Reusable context manager of one phase name (stateless: the stack lives on the tracker)."""
+
+    __slots__ = ("kind", "phase", "tracker")
+
+    def __init__(self, tracker: Tracker, kind: str, phase: str | None) -> None:
+        self.tracker = tracker
+        self.kind = kind
+        self.phase = phase
+
+    def __enter__(self) -> None:
+        try:
+            self.tracker._push(self.kind, self.phase)  # noqa: SLF001 - the context is the tracker's own helper
+        except Exception as exc:  # noqa: BLE001
+            self.tracker.fault("phase", exc)
+
+    def __exit__(self, *exc_info: object) -> None:
+        try:
+            self.tracker._pop()  # noqa: SLF001
+        except Exception as exc:  # noqa: BLE001
+            self.tracker.fault("phase", exc)
+
+
+class _StepContext:
+    __slots__ = ("step", "tracker")
+
+    def __init__(self, tracker: Tracker, step: int) -> None:
+        self.tracker = tracker
+        self.step = step
+
+    def __enter__(self) -> None:
+        try:
+            self.tracker._start_step(self.step)  # noqa: SLF001
+        except Exception as exc:  # noqa: BLE001
+            self.tracker.fault("step start", exc)
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        try:
+            self.tracker._end_step()  # noqa: SLF001
+        except Exception as err:  # noqa: BLE001
+            self.tracker.fault("step end", err)
+
+
+class _NullContext:
+    __slots__ = ()
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+_NULL_CONTEXT = _NullContext()
+
+
+class NullTracker:
+    """The tracker of ``MESHSCOPE_DISABLE=1``: same API, does nothing, patches nothing, never imports torch."""
+
+    enabled = False
+    """Always ``False``."""
+
+    def register_groups(self, groups: Mapping[str, Any]) -> None:
+        """Do nothing."""
+
+    def register_group(self, group: object, axis: MeshAxis | str, *, name: str | None = None) -> None:
+        """Do nothing."""
+
+    def register_mesh(self, mesh: object) -> None:
+        """Do nothing."""
+
+    def step(self, step: int) -> _NullContext:  # noqa: ARG002 - same signature as the real tracker
+        """A context that does nothing."""
+        return _NULL_CONTEXT
+
+    def phase(self, name: str) -> _NullContext:  # noqa: ARG002
+        """A context that does nothing."""
+        return _NULL_CONTEXT
+
+    def data_stats(
+        self,
+        sequence_lengths: Iterable[int] | None = None,
+        *,
+        tokens: int | None = None,
+        sequences: int | None = None,
+    ) -> None:
+        """Do nothing."""
+
+    def counters(self) -> TrackerCounters:
+        """All zero."""
+        return TrackerCounters()
+
+    def close(self) -> None:
+        """Do nothing."""
+
+
+class Tracker:
+    """Records one rank's steps. Build it with :func:`meshscope.sdk.tracker_from_env`; one per process.
+
+    Thread-safety: steps and phases belong to the training thread; operations may be captured and completed on
+    other threads (autograd, backend workers), which only append to lists and set attributes.
+    """
+
+    enabled = True
+    """Always ``True`` (``False`` on :class:`NullTracker`)."""
+
+    def __init__(self, settings: TrackerSettings) -> None:
+        """Start tracking: open the transport, install the capture patches, say hello to the collector.
+
+        Args:
+            settings: who this rank is and where records go (:meth:`TrackerSettings.from_env`).
+        """
+        import torch  # noqa: PLC0415 - the SDK imports torch only when a real tracker starts
+        import torch.distributed as dist  # noqa: PLC0415
+
+        from meshscope.sdk import capture  # noqa: PLC0415
+
+        self._torch = torch
+        self._dist = dist
+        self._capture = capture
+        self.settings = settings
+        self._clock: HostClock = HostClock()
+        self._clock_chosen = False
+        self._cuda = False
+        self._sender = RecordSender(settings.collector)
+        self._faults: dict[str, int] = {}
+        self._sent = 0
+        self._dropped = 0
+        self._unattributed = 0
+        self._incomplete = 0
+        self._outside = 0
+        self._step: StepState | None = None
+        self._steps_finished = 0
+        self._stack: list[_Frame] = []
+        self._pending: list[StepState] = []
+        self._groups: dict[int, tuple[Any, GroupInfo]] = {}
+        self._by_name: dict[str, GroupInfo] = {}
+        self._registered: dict[str, tuple[str, MeshAxis | None]] = {}
+        self._ids: dict[str, str] = {}
+        self._seq: dict[str, Iterator[int]] = {}
+        self._by_work: dict[int, Op] = {}
+        self._by_storage: dict[int, Op] = {}
+        self._phase_contexts = {name: _PhaseContext(self, kind, ph) for name, (kind, ph) in PHASES.items()}
+        self._mesh_coord: dict[str, int] = {}
+        self._coord_cache: dict[str, int] | None = None
+        self._rss = RssPeak()
+        self._closed = False
+        for problem in settings.problems:
+            log.warning("meshscope: %s", problem)
+        Op.mark = time.perf_counter_ns
+        capture.install(self)
+        self._send_control("hello")
+
+    # ------------------------------------------------------------------ public API
+
+    def register_groups(self, groups: Mapping[str, Any]) -> None:
+        """Map process groups to axes by name.
+
+        Args:
+            groups: name -> ``ProcessGroup`` (or a 1-D ``DeviceMesh``, or ``None`` to skip). The name gives the
+                axis: an axis (``tp``), a DeviceMesh dim (``dp_cp`` -> dp), a Megatron-core group name
+                (``tensor_model_parallel``, ``expert_data_parallel`` -> dp). A name that says no axis is logged and
+                its collectives are counted as unattributed. The name also prefixes the group's id (``tp:4``).
+        """
+        for name, group in groups.items():
+            if group is None:
+                continue
+            axis = axis_of_name(name)
+            if axis is None:
+                log.warning("meshscope: group name %r names no axis (dp, tp, pp, cp, ep); not attributed", name)
+            self._register(group, name, axis)
+
+    def register_group(self, group: object, axis: MeshAxis | str, *, name: str | None = None) -> None:
+        """Map one process group to ``axis`` explicitly (``name`` defaults to the axis; it prefixes the id)."""
+        ax = MeshAxis(axis)
+        self._register(group, name or ax.value, ax)
+
+    def register_mesh(self, mesh: Any) -> None:  # noqa: ANN401 - a DeviceMesh, typed loosely to keep torch lazy
+        """Register every dim of a ``DeviceMesh`` under its dim name, and take this rank's coords from it.
+
+        Dims named after an axis (or a combination such as ``dp_cp``) map to it; coords are taken from dims named
+        exactly dp, tp, pp, cp, ep when no ``MESHSCOPE_LAYOUT`` was given.
+        """
+        try:
+            names = tuple(mesh.mesh_dim_names or ())
+            coordinate = mesh.get_coordinate()
+            for i, name in enumerate(names):
+                self.register_groups({name: mesh.get_group(name)})
+                if coordinate is not None and name in {a.value for a in AXES}:
+                    self._mesh_coord[name] = int(coordinate[i])
+            self._coord_cache = None
+        except Exception as exc:  # noqa: BLE001
+            self.fault("register_mesh", exc)
+
+    def step(self, step: int) -> _StepContext:
+        """Context manager around one training step; its record is sent when it ends (one step late on GPU).
+
+        Args:
+            step: the step number (>= 0, unique per rank: ``(rank, step)`` names a record).
+        """
+        return _StepContext(self, step)
+
+    def phase(self, name: str) -> _PhaseContext | _NullContext:
+        """Context manager around a part of the step, named as in :data:`PHASES`.
+
+        ``data``, ``forward``, ``backward``, ``recompute``, ``compute`` (compute of unknown phase), ``optimizer``,
+        ``checkpoint``. The innermost phase wins where phases nest. An unknown name is logged once and ignored (the
+        training loop never sees an exception).
+        """
+        ctx = self._phase_contexts.get(name)
+        if ctx is None:
+            self.fault("phase name", ValueError(f"unknown phase {name!r}; use one of {', '.join(PHASES)}"))
+            return _NULL_CONTEXT
+        return ctx
+
+    def data_stats(
+        self,
+        sequence_lengths: Iterable[int] | None = None,
+        *,
+        tokens: int | None = None,
+        sequences: int | None = None,
+    ) -> None:
+        """Add what the data loader handed this rank in the current step (call once per micro-batch or once).
+
+        Args:
+            sequence_lengths: token count of every sequence (a list or a 1-D integer tensor). Gives tokens
+                (the sum), sequences, the longest sequence and the attention work Σ s² (tokens²).
+            tokens: tokens, when lengths are not at hand (adds to the step's count).
+            sequences: sequences, when lengths are not at hand.
+        """
+        st = self._step
+        if st is None:
+            return
+        try:
+            if sequence_lengths is not None:
+                lengths = sequence_lengths.tolist() if hasattr(sequence_lengths, "tolist") else list(sequence_lengths)
+                lengths = [int(x) for x in lengths]
+                st.tokens = (st.tokens or 0) + sum(lengths)
+                st.sequences = (st.sequences or 0) + len(lengths)
+                if lengths:
+                    st.longest = max(st.longest or 0, *lengths)
+                st.work = (st.work or 0.0) + float(sum(x * x for x in lengths))
+            if tokens is not None:
+                st.tokens = (st.tokens or 0) + int(tokens)
+            if sequences is not None:
+                st.sequences = (st.sequences or 0) + int(sequences)
+        except Exception as exc:  # noqa: BLE001
+            self.fault("data_stats", exc)
+
+    def counters(self) -> TrackerCounters:
+        """A snapshot of the drop and failure counters."""
+        return TrackerCounters(
+            records_sent=self._sent,
+            records_dropped=self._dropped,
+            hook_errors=sum(self._faults.values()),
+            unattributed_ops=self._unattributed,
+            incomplete_ops=self._incomplete,
+            phases_outside_step=self._outside,
+        )
+
+    def close(self) -> None:
+        """Finish an open step, send what is pending, say goodbye, remove the patches. Idempotent; never raises."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            if self._step is not None:
+                self._end_step()
+            self._flush(final=True)
+        except Exception as exc:  # noqa: BLE001
+            self.fault("close", exc)
+        with contextlib.suppress(Exception):
+            self._send_control("close")
+        with contextlib.suppress(Exception):
+            self._capture.uninstall()
+        self._sender.close()
+
+    @property
+    def on_device(self) -> bool:
+        """Whether marks are CUDA events (``False``: host clock)."""
+        return self._cuda
+
+    @property
+    def in_step(self) -> bool:
+        """Whether a step is open."""
+        return self._step is not None
+
+    @property
+    def last_drop_reason(self) -> str | None:
+        """Why the transport last dropped something, for people (``None``: nothing dropped)."""
+        return self._sender.last_error
+
+    # ------------------------------------------------------------------ failures
+
+    def fault(self, where: str, exc: BaseException) -> None:
+        """Count a failure inside meshscope and log its first occurrence per ``where``."""
+        n = self._faults.get(where, 0)
+        self._faults[where] = n + 1
+        if n == 0:
+            log.warning("meshscope: %s failed (counted, training unaffected): %r", where, exc, exc_info=exc)
+
+    # ------------------------------------------------------------------ marks
+
+    def device_mark(self, host_ns: int) -> Mark:
+        """A mark for device work: ``host_ns`` itself on CPU, a CUDA event on GPU."""
+        if self._cuda:
+            return self._clock.device_mark()
+        return host_ns
+
+    def _choose_clock(self) -> None:
+        self._clock_chosen = True
+        torch = self._torch
+        try:
+            if torch.cuda.is_available() and torch.cuda.is_initialized():
+                from meshscope.sdk.clocks import CudaClock  # noqa: PLC0415
+
+                clock = CudaClock(torch)
+                self._clock = clock
+                self._cuda = True
+                Op.mark = clock.device_mark
+        except Exception as exc:  # noqa: BLE001
+            self.fault("cuda clock", exc)
+
+    # ------------------------------------------------------------------ groups
+
+    def _register(self, group: object, name: str, axis: MeshAxis | None) -> None:
+        try:
+            pg: Any = group
+            if hasattr(group, "get_group") and not hasattr(group, "group_name"):  # a 1-D DeviceMesh
+                pg = pg.get_group()
+            self._registered[pg.group_name] = (name, axis)
+            self._groups.pop(id(pg), None)
+            self._by_name.pop(pg.group_name, None)
+            self._group_of_pg(pg)
+        except Exception as exc:  # noqa: BLE001
+            self.fault("register_groups", exc)
+
+    def _group_of_pg(self, pg: ProcessGroup) -> GroupInfo:
+        hit = self._groups.get(id(pg))
+        if hit is not None and hit[0] is pg:
+            return hit[1]
+        info = self._resolve(pg)
+        self._groups[id(pg)] = (pg, info)
+        self._by_name[pg.group_name] = info
+        return info
+
+    def _group_of_name(self, group_name: str) -> GroupInfo:
+        info = self._by_name.get(group_name)
+        if info is None:
+            resolve = getattr(self._dist.distributed_c10d, "_resolve_process_group")  # noqa: B009 - private API
+            pg = resolve(group_name)
+            info = self._group_of_pg(pg)
+        return info
+
+    def _resolve(self, pg: ProcessGroup) -> GroupInfo:
+        ranks = tuple(int(r) for r in self._dist.get_process_group_ranks(pg))
+        pg_name = str(pg.group_name)
+        registered = self._registered.get(pg_name)
+        if registered is not None:
+            name, axis = registered
+        else:
+            desc = str(getattr(pg, "group_desc", "") or "")
+            axis = axis_of_name(desc) if desc else None
+            name = re.sub(r"^mesh_", "", desc) if axis is not None else (desc or "group")
+            layout = self.settings.layout
+            if axis is None and layout is not None:
+                inferred = infer_from_layout(layout, ranks)
+                if inferred is not None:
+                    name, axis = inferred
+            if len(ranks) < 2:
+                axis = None
+        info = make_group(name, axis, ranks)
+        owner = self._ids.setdefault(info.group_id, pg_name)
+        if owner != pg_name:  # two distinct groups of one name and first rank on this rank: keep ids apart
+            info = replace(info, group_id=f"{info.group_id}~{pg_name}")
+        return info
+
+    def _next_seq(self, group_id: str) -> int:
+        counter = self._seq.get(group_id)
+        if counter is None:
+            counter = self._seq.setdefault(group_id, itertools.count())
+        return next(counter)
+
+    # ------------------------------------------------------------------ capture callbacks (hot path)
+
+    def on_collective(
+        self, pg: ProcessGroup, op: str, size_of: Callable[[tuple[Any, ...], int], int], args: tuple[Any, ...]
+    ) -> Op | None:
+        """A ``ProcessGroup`` collective is being issued; returns its record when it belongs in the current step."""
+        t0 = time.perf_counter_ns()
+        info = self._group_of_pg(pg)
+        if info.axis is None:
+            if info.size > 1:
+                self._unattributed += 1
+            return None
+        seq = self._next_seq(info.group_id)
+        st = self._step
+        if st is None:
+            return None
+        rec = Op(
+            kind="comm",
+            axis=info.axis.value,
+            op=op,
+            group=info.group_id,
+            seq=seq,
+            nbytes=size_of(args, info.size),
+            group_size=info.size,
+            peer=None,
+            start=t0,
+        )
+        if self._cuda:
+            rec.start = self._clock.device_mark()
+        st.ops.append(rec)
+        return rec
+
+    def on_p2p(self, pg: ProcessGroup, op: str, args: tuple[Any, ...]) -> Op | None:
+        """A ``send``/``recv`` is being issued; returns its record when it belongs in the current step."""
+        t0 = time.perf_counter_ns()
+        info = self._group_of_pg(pg)
+        rank = self.settings.rank
+        if len(args) < 2 or not isinstance(args[1], int):  # recv_anysource: no peer to join with
+            self._unattributed += 1
+            return None
+        peer = info.global_rank(args[1])
+        axis = info.axis if info.axis is not None else p2p_axis(self.settings.layout, rank, peer)
+        if axis is None:
+            self._unattributed += 1
+            return None
+        src, dst = (rank, peer) if op == "send" else (peer, rank)
+        gid = p2p_group_id(axis, src, dst)
+        seq = self._next_seq(gid)
+        st = self._step
+        if st is None:
+            return None
+        tensors = args[0]
+        nbytes = sum(int(t.nbytes) for t in tensors) if isinstance(tensors, list | tuple) else int(tensors.nbytes)
+        rec = Op(
+            kind="p2p", axis=axis.value, op=op, group=gid, seq=seq, nbytes=nbytes, group_size=None, peer=peer, start=t0
+        )
+        if self._cuda:
+            rec.start = self._clock.device_mark()
+        st.ops.append(rec)
+        return rec
+
+    def on_enqueued(self, rec: Op, work: Work | None, *, asynchronous: bool, completion: bool) -> None:
+        """The backend accepted ``rec``'s operation and returned ``work`` (a ``Work`` or ``None``).
+
+        Args:
+            rec: the operation's record.
+            work: what the backend returned.
+            asynchronous: the caller may wait later (or never): keep ``work`` so that an operation still unwaited
+                when its step ends gets a completion callback then.
+            completion: mark the end at completion now (``Future.then``), for operations never waited on from
+                Python (DDP's buckets). Otherwise the end is the return of the wait.
+        """
+        if work is None:
+            rec.done()
+            return
+        self._by_work[id(work)] = rec
+        if completion:
+            _on_completion(work, rec)
+        elif asynchronous:
+            rec.work = work
+        rec.issued_ns = time.perf_counter_ns()
+
+    def on_wait(self, work_id: int, t0: int, m0: Mark) -> None:
+        """A ``Work.wait`` that started at ``t0`` (host ns) / ``m0`` (mark) returned now."""
+        t1 = time.perf_counter_ns()
+        m1 = self._clock.device_mark() if self._cuda else t1
+        rec = self._by_work.pop(work_id, None)
+        self._blocked(rec, t0, m0, m1)
+
+    def on_tensor_wait(self, tensor: Tensor | None, t0: int, m0: Mark) -> None:
+        """A functional ``wait_tensor`` that started at ``t0`` / ``m0`` returned now."""
+        t1 = time.perf_counter_ns()
+        m1 = self._clock.device_mark() if self._cuda else t1
+        rec = None
+        if self._by_storage and tensor is not None:
+            rec = self._by_storage.pop(tensor.untyped_storage().data_ptr(), None)
+        self._blocked(rec, t0, m0, m1)
+
+    def _blocked(self, rec: Op | None, t0: int, m0: Mark, m1: Mark) -> None:
+        start = m0
+        if rec is not None:
+            rec.work = None
+            if rec.end is None:
+                rec.end = m1
+            if t0 - rec.issued_ns < SYNC_GAP_NS:
+                start = rec.start
+        st = self._step
+        if st is not None:
+            st.windows.append([start, m1])
+
+    def on_functional(
+        self,
+        op: str,
+        *,
+        gather: bool,
+        args: tuple[Any, ...],
+        kwargs: Mapping[str, Any],
+        out: Tensor | list[Tensor],
+        m0: Mark,
+    ) -> None:
+        """A functional collective (``torch.ops._c10d_functional``) issued at mark ``m0`` returned ``out``."""
+        group_name = kwargs.get("group_name", args[-1] if args else None)
+        info = self._group_of_name(str(group_name))
+        if info.axis is None:
+            if info.size > 1:
+                self._unattributed += 1
+            return
+        seq = self._next_seq(info.group_id)
+        st = self._step
+        if st is None:
+            return
+        nbytes = _tensor_bytes(out) if gather else _tensor_bytes(args[0] if args else kwargs.get("input"))
+        rec = Op(
+            kind="comm",
+            axis=info.axis.value,
+            op=op,
+            group=info.group_id,
+            seq=seq,
+            nbytes=nbytes,
+            group_size=info.size,
+            peer=None,
+            start=m0,
+        )
+        rec.issued_ns = time.perf_counter_ns()
+        st.ops.append(rec)
+        outs = out if isinstance(out, list | tuple) else (out,)
+        for tensor in outs:
+            self._by_storage[tensor.untyped_storage().data_ptr()] = rec
+
+    def on_ddp_last_bucket(self, future: Future[object]) -> None:
+        """DDP issued its last bucket: backward now waits until that bucket's reduction completes."""
+        st = self._step
+        if st is None:
+            return
+        window: list[Mark] = [self.device_mark(time.perf_counter_ns()), None]
+        st.windows.append(window)
+        mark = Op.mark
+
+        def closed(_fut: Future[object]) -> None:
+            window[1] = mark()
+
+        future.then(closed)
+
+    def on_attention_forward(self, m0: Mark) -> None:
+        """An attention call that started at ``m0`` returned now."""
+        st = self._step
+        if st is not None:
+            st.attention.append((m0, self.device_mark(time.perf_counter_ns())))
+
+    def on_attention_backward(self, start: Mark) -> None:
+        """An attention backward that started at ``start`` finished now."""
+        st = self._step
+        if st is not None and start is not None:
+            st.attention.append((start, self.device_mark(time.perf_counter_ns())))
+
+    # ------------------------------------------------------------------ steps and phases
+
+    def _start_step(self, step: int) -> None:
+        if self._closed:
+            return
+        if self._step is not None:
+            self.fault("step", RuntimeError(f"step {step} opened inside step {self._step.step}; ignored"))
+            return
+        if not self._clock_chosen:
+            self._choose_clock()
+        self._capture.patch_pipelining_if_loaded()
+        self._clock.on_step_start(self._steps_finished)
+        if self._cuda:
+            self._torch.cuda.reset_peak_memory_stats()
+        else:
+            self._rss.reset()
+        now = time.perf_counter_ns()
+        st = StepState(int(step), now, self.device_mark(now))
+        self._step = st
+        for frame in self._stack:  # phases opened before the step count from its start
+            if frame.step is None:
+                frame.step, frame.seg_start = st, self._mark_for(frame.kind, now)
+
+    def _end_step(self) -> None:
+        st = self._step
+        if st is None:
+            return
+        now = time.perf_counter_ns()
+        if self._stack and self._stack[-1].step is st:  # only the innermost open phase owns the time now
+            top = self._stack[-1]
+            st.segments.append((top.kind, top.phase, top.seg_start, self._mark_for(top.kind, now)))
+        for frame in self._stack:
+            if frame.step is st:
+                frame.step = None
+        self._step = None
+        st.end_ns = now
+        st.end_mark = self.device_mark(now)
+        st.peak_memory_bytes = self._peak_memory()
+        for rec in st.ops:  # asynchronous operations nobody waited on: their completion ends them
+            if rec.work is not None:
+                if rec.end is None:
+                    _on_completion(rec.work, rec)
+                rec.work = None
+        self._steps_finished += 1
+        st.finished_at = self._steps_finished
+        self._pending.append(st)
+        self._flush(final=False)
+
+    def _push(self, kind: str, phase: str | None) -> None:
+        now = time.perf_counter_ns()
+        st = self._step
+        if st is None:
+            self._outside += 1
+            self._stack.append(_Frame(kind, phase, None, None))
+            return
+        if self._stack:
+            top = self._stack[-1]
+            if top.step is st:
+                st.segments.append((top.kind, top.phase, top.seg_start, self._mark_for(top.kind, now)))
+        self._stack.append(_Frame(kind, phase, self._mark_for(kind, now), st))
+
+    def _pop(self) -> None:
+        if not self._stack:
+            return
+        now = time.perf_counter_ns()
+        frame = self._stack.pop()
+        st = self._step
+        if st is None or frame.step is not st:
+            return
+        st.segments.append((frame.kind, frame.phase, frame.seg_start, self._mark_for(frame.kind, now)))
+        if self._stack and self._stack[-1].step is st:
+            top = self._stack[-1]
+            top.seg_start = self._mark_for(top.kind, now)
+
+    def _mark_for(self, kind: str, now: int) -> Mark:
+        return self.device_mark(now) if kind in DEVICE_KINDS else now
+
+    def _peak_memory(self) -> int | None:
+        try:
+            if self._cuda:
+                return int(self._torch.cuda.max_memory_allocated())
+            return self._rss.read()
+        except Exception as exc:  # noqa: BLE001
+            self.fault("peak memory", exc)
+            return None
+
+    # ------------------------------------------------------------------ records
+
+    def _flush(self, *, final: bool) -> None:
+        while self._pending:
+            st = self._pending[0]
+            age = self._steps_finished - st.finished_at
+            if not final and age < MAX_DEFERRED_STEPS and not self._ready(st):
+                return
+            self._pending.pop(0)
+            try:
+                record, incomplete = build_record(st, clock=self._clock, header=self._header(), device=self._cuda)
+                self._incomplete += incomplete
+            except Exception as exc:  # noqa: BLE001
+                self.fault("record", exc)
+                continue
+            finally:
+                self._release(st)
+            record["sdk"] = self.counters().as_dict()
+            if self._sender.send(record):
+                self._sent += 1
+            else:
+                self._dropped += 1
+
+    def _ready(self, st: StepState) -> bool:
+        if any(rec.end is None for rec in st.ops) or any(w[1] is None for w in st.windows):
+            return False
+        if not self._cuda:
+            return True
+        ready = self._clock.ready
+        return ready(st.end_mark) and all(ready(rec.end) for rec in st.ops) and all(ready(w[1]) for w in st.windows)
+
+    def _release(self, st: StepState) -> None:
+        if not st.ops:
+            return
+        ids = {id(rec) for rec in st.ops}
+        for table in (self._by_work, self._by_storage):
+            if table:
+                for key in [k for k, rec in table.items() if id(rec) in ids]:
+                    table.pop(key, None)
+
+    def _coord(self) -> dict[str, int]:
+        if self._coord_cache is None:
+            s = self.settings
+            if s.layout is not None:
+                coord = s.layout.coord(s.rank).as_dict()
+            elif self._mesh_coord:
+                coord = {a.value: self._mesh_coord.get(a.value, 0) for a in AXES}
+            else:
+                coord = {a.value: 0 for a in AXES}
+                coord["dp"] = s.rank
+            self._coord_cache = coord
+        return self._coord_cache
+
+    def _header(self) -> dict[str, Any]:
+        """The identity fields of every record, in schema order (``step`` is filled in per record)."""
+        s = self.settings
+        header: dict[str, Any] = {"schema": RECORD_SCHEMA, "job": s.job, "step": 0, "rank": s.rank}
+        header["coord"] = self._coord()
+        header["node"] = s.node
+        if s.nvlink_domain is not None:
+            header["nvlink_domain"] = s.nvlink_domain
+        if s.network_tier is not None:
+            header["network_tier"] = s.network_tier
+        gpu = s.gpu if s.gpu is not None else (s.local_rank if self._cuda else None)
+        if gpu is not None:
+            header["gpu"] = gpu
+        return header
+
+    def _send_control(self, event: str) -> None:
+        s = self.settings
+        self._sender.send(
+            {
+                "schema": CONTROL_SCHEMA,
+                "event": event,
+                "job": s.job,
+                "rank": s.rank,
+                "world_size": s.world_size,
+                "pid": os.getpid(),
+                "counters": self.counters().as_dict(),
+            }
+        )
+
+
+def _on_completion(work: Work, rec: Op) -> None:
+    """End ``rec`` when ``work`` completes (at once if it has); backends without futures (gloo p2p) end at wait."""
+    with contextlib.suppress(RuntimeError):
+        work.get_future().then(rec.done)
+
+
+def _tensor_bytes(x: Tensor | list[Tensor] | None) -> int | None:
+    if x is None:
+        return None
+    if isinstance(x, list | tuple):
+        return sum(int(t.nbytes) for t in x)
+    return int(x.nbytes)
+
+
+_ACTIVE_TRACKER: list[Tracker] = []
+
+
+def tracker_from_env(environ: Mapping[str, str] | None = None) -> Tracker | NullTracker:
+    """The tracker for this process, configured from the environment (see :mod:`meshscope.sdk.settings`).
+
+    ``MESHSCOPE_DISABLE=1`` gives a :class:`NullTracker` (nothing patched, torch not even imported). Otherwise the
+    first call starts a :class:`Tracker` (closed at interpreter exit) and later calls return the same one. Never
+    raises: if the tracker cannot start, the failure is logged and a :class:`NullTracker` is returned.
+    """
+    from meshscope.sdk.settings import TrackerSettings  # noqa: PLC0415
+
+    settings = TrackerSettings.from_env(environ)
+    if settings.disabled:
+        return NullTracker()
+    if _ACTIVE_TRACKER and not _ACTIVE_TRACKER[0]._closed:  # noqa: SLF001
+        return _ACTIVE_TRACKER[0]
+    try:
+        tracker = Tracker(settings)
+    except Exception as exc:  # meshscope must never stop a training job from starting
+        log.warning("meshscope: tracking disabled, the tracker could not start: %r", exc, exc_info=exc)
+        return NullTracker()
+    _ACTIVE_TRACKER[:] = [tracker]
+    atexit.register(tracker.close)
+    return tracker

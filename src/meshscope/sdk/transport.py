@@ -1,0 +1,382 @@
+"""The local record transport: one datagram per record, from each training rank to a collector on the same host.
+
+Why it exists: the SDK must hand every rank's step record to someone (``meshscope run``'s in-process collector
+today, the per-pod sidecar later) without ever slowing the training loop. A Unix datagram socket in non-blocking mode
+gives exactly that contract: a send either completes at once or fails at once, so when nobody listens, or the
+listener is behind and its queue is full, the record is **dropped and counted**, never queued in the training process
+and never waited for. Datagrams keep record boundaries, so a reader never sees half a record.
+
+Protocol (``docs/sdk.md``, "Transport"):
+
+* address: ``unix:/absolute/path`` (a filesystem socket) or ``unix:@name`` (Linux abstract namespace); a bare
+  absolute path is accepted too. ``meshscope run`` gives every rank its own socket, so one rank's burst cannot fill
+  another's queue.
+* one datagram = one JSON object, UTF-8. A payload over :data:`COMPRESS_ABOVE_BYTES` is sent zlib-compressed; a reader
+  tells the two apart by the first byte (``{`` for JSON, ``0x78`` for zlib).
+* a record has ``"schema": "meshscope.step/1"`` (``docs/records.md``) plus an ``"sdk"`` object of cumulative counters
+  (``dropped_records``, ...): whatever was dropped before is reported by the next record that gets through. Control
+  messages have ``"schema": "meshscope.sdk/1"`` and an ``"event"`` (``hello`` at start, ``close`` at exit, with the
+  final counters).
+
+This module is pure standard library: it must not import torch and must not raise into its caller on the sending
+side (every failure becomes a counter).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import logging
+import os
+import re
+import selectors
+import socket
+import threading
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+log = logging.getLogger("meshscope.sdk")
+
+RECORD_SCHEMA = "meshscope.step/1"
+"""Schema tag of a step record."""
+CONTROL_SCHEMA = "meshscope.sdk/1"
+"""Schema tag of a control message (hello, close)."""
+COMPRESS_ABOVE_BYTES = 48 * 1024
+"""Payloads larger than this many bytes are zlib-compressed before sending."""
+SEND_BUFFER_BYTES = 4 * 1024 * 1024
+"""Requested ``SO_SNDBUF``, bytes (the kernel caps it at ``net.core.wmem_max``); bounds the largest datagram."""
+RECEIVE_BUFFER_BYTES = 4 * 1024 * 1024
+"""Requested ``SO_RCVBUF`` of a collector socket, bytes."""
+MAX_DATAGRAM_BYTES = 4 * 1024 * 1024
+"""Largest datagram a collector reads, bytes."""
+
+_ZLIB_FIRST_BYTE = 0x78
+_FAST_PREFIX = b'{"schema":"meshscope.step/1","job":'
+_FAST_HEAD = re.compile(rb'\{"schema":"meshscope\.step/1","job":"(?:[^"\\]|\\.)*","step":\d+,"rank":(\d+),')
+_FAST_SPAN = re.compile(rb'"start_us":(-?\d+),"end_us":(-?\d+),"intervals":')
+
+
+class AddressError(ValueError):
+    """A collector address that is not ``unix:/path``, ``unix:@name`` or an absolute path."""
+
+
+def parse_address(address: str) -> str | bytes:
+    """The ``AF_UNIX`` address of ``unix:/path``, ``unix:@name`` or ``/path``.
+
+    Returns:
+        A filesystem path (``str``) or an abstract-namespace name (``bytes`` starting with NUL).
+
+    Raises:
+        AddressError: for anything else.
+    """
+    text = address.strip()
+    if text.startswith("unix:"):
+        text = text[len("unix:") :]
+        text = text.removeprefix("//")
+    if text.startswith("@") and len(text) > 1:
+        return b"\0" + text[1:].encode()
+    if text.startswith("/"):
+        return text
+    raise AddressError(f"collector address {address!r} is not 'unix:/absolute/path', 'unix:@name' or an absolute path")
+
+
+def encode(message: dict[str, Any]) -> bytes:
+    """One datagram for ``message``: compact JSON, zlib-compressed above :data:`COMPRESS_ABOVE_BYTES`."""
+    data = json.dumps(message, separators=(",", ":"), ensure_ascii=False).encode()
+    if len(data) > COMPRESS_ABOVE_BYTES:
+        return zlib.compress(data, 1)
+    return data
+
+
+def decode(datagram: bytes) -> dict[str, Any]:
+    """The JSON object of one datagram (decompressing it when it starts with the zlib header byte).
+
+    Raises:
+        ValueError: if the datagram is not one JSON object (``zlib.error`` and ``json.JSONDecodeError`` are both
+            ``ValueError``-compatible here).
+    """
+    if datagram[:1] == bytes([_ZLIB_FIRST_BYTE]):
+        try:
+            datagram = zlib.decompress(datagram)
+        except zlib.error as exc:
+            raise ValueError(f"corrupt compressed datagram: {exc}") from None
+    obj = json.loads(datagram)
+    if not isinstance(obj, dict):
+        raise ValueError(f"datagram holds a JSON {type(obj).__name__}, not an object")  # noqa: TRY004 - bad input
+    return obj
+
+
+class RecordSender:
+    """The training side: sends datagrams without ever blocking, counting what it had to drop.
+
+    Not thread-safe by design: one tracker sends from one place (step end) at a time.
+    """
+
+    def __init__(self, address: str | None) -> None:
+        """Open a non-blocking datagram socket towards ``address`` (``None``: drop everything, counted).
+
+        Never raises: a bad address or a socket failure is logged once and every later record counts as dropped.
+        """
+        self.sent = 0
+        """Datagrams the kernel accepted."""
+        self.dropped = 0
+        """Datagrams dropped: no listener, queue full, too large, or no address."""
+        self.oversize = 0
+        """Of :attr:`dropped`, those the kernel refused as too large."""
+        self.last_error: str | None = None
+        """The reason of the most recent drop, for people."""
+        self._target: str | bytes | None = None
+        self._sock: socket.socket | None = None
+        if address is None:
+            self.last_error = "no collector address (MESHSCOPE_COLLECTOR unset)"
+            return
+        try:
+            self._target = parse_address(address)
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+            sock.setblocking(False)  # noqa: FBT003 - the socket API
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SEND_BUFFER_BYTES)
+            self._sock = sock
+        except (OSError, AddressError) as exc:
+            self.last_error = str(exc)
+            log.warning("meshscope: records will be dropped: %s", exc)
+
+    def send(self, message: dict[str, Any]) -> bool:
+        """Encode and send ``message``; ``False`` (and counted) when it was dropped. Never raises, never blocks."""
+        try:
+            data = encode(message)
+        except (TypeError, ValueError) as exc:
+            self.dropped += 1
+            self.last_error = f"record not encodable: {exc}"
+            return False
+        return self.send_bytes(data)
+
+    def send_bytes(self, data: bytes) -> bool:
+        """Send one datagram; ``False`` (and counted) when it was dropped. Never raises, never blocks."""
+        if self._sock is None or self._target is None:
+            self.dropped += 1
+            return False
+        try:
+            self._sock.sendto(data, self._target)
+        except OSError as exc:
+            self.dropped += 1
+            if exc.errno == errno.EMSGSIZE:
+                self.oversize += 1
+            self.last_error = f"{type(exc).__name__}: {exc.strerror or exc}"
+            return False
+        self.sent += 1
+        return True
+
+    def close(self) -> None:
+        """Close the socket; later sends count as dropped."""
+        if self._sock is not None:
+            with contextlib.suppress(OSError):
+                self._sock.close()
+            self._sock = None
+
+
+# ====================================================================== receiving side
+
+
+@dataclass(slots=True)
+class RankTally:
+    """What a collector saw from one rank (mutable, updated by the receiving thread)."""
+
+    records: int = 0
+    """Step records received."""
+    counters: dict[str, int] = field(default_factory=dict)
+    """The rank's latest cumulative SDK counters (from its last record or its close message)."""
+    hello: bool = False
+    """Whether the rank announced itself."""
+    closed: bool = False
+    """Whether the rank said goodbye (its tracker closed cleanly)."""
+    step_times_us: list[int] = field(default_factory=list)
+    """``end_us - start_us`` of every record received, in arrival order."""
+
+
+class RecordCollector:
+    """The receiving side: binds one or more datagram sockets and appends every record to a JSON-lines file.
+
+    ``meshscope run`` binds the sockets before it starts the ranks (so that nothing sent early is lost) and starts the
+    reading thread afterwards. Records are written without their ``sdk`` counters (the record schema is fixed); the
+    counters are kept per rank in :attr:`ranks`. Garbage datagrams are counted in :attr:`garbage` and skipped.
+    """
+
+    def __init__(self, paths: Sequence[str | Path], records_path: str | Path) -> None:
+        """Bind a ``SOCK_DGRAM`` socket at every path and open ``records_path`` for writing.
+
+        Raises:
+            OSError: if a socket cannot be bound or the file cannot be created.
+        """
+        self.records_path = Path(records_path)
+        self.ranks: dict[int, RankTally] = {}
+        """Per-rank tallies, keyed by rank."""
+        self.garbage = 0
+        """Datagrams that were not a JSON object with a known schema."""
+        self.lines = 0
+        """Record lines written."""
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._selector = selectors.DefaultSelector()
+        self._socks: list[socket.socket] = []
+        self._paths = [Path(p) for p in paths]
+        self._out: IO[bytes] = self.records_path.open("wb")
+        try:
+            for p in self._paths:
+                sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+                with contextlib.suppress(OSError):
+                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, RECEIVE_BUFFER_BYTES)
+                with contextlib.suppress(FileNotFoundError):
+                    p.unlink()
+                sock.bind(str(p))
+                sock.setblocking(False)  # noqa: FBT003 - the socket API
+                self._socks.append(sock)
+                self._selector.register(sock, selectors.EVENT_READ)
+        except OSError:
+            self.close()
+            raise
+
+    def start(self) -> None:
+        """Start the reading thread."""
+        self._thread = threading.Thread(target=self._run, name="meshscope-collector", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            for key, _ in self._selector.select(timeout=0.05):
+                self._drain(key.fileobj)  # type: ignore[arg-type]
+
+    def _drain(self, sock: socket.socket) -> int:
+        n = 0
+        while True:
+            try:
+                data = sock.recv(MAX_DATAGRAM_BYTES)
+            except (BlockingIOError, InterruptedError):
+                return n
+            except OSError:
+                return n
+            n += 1
+            self.handle(data)
+
+    def handle(self, datagram: bytes) -> None:
+        """Process one datagram (public for tests and for a sidecar that reads its own sockets)."""
+        if self._handle_fast(datagram):
+            return
+        try:
+            msg = decode(datagram)
+        except (ValueError, TypeError, UnicodeDecodeError):
+            msg = {}
+        schema = msg.get("schema")
+        rank = msg.get("rank")
+        if (
+            schema not in {RECORD_SCHEMA, CONTROL_SCHEMA}
+            or not isinstance(rank, int)
+            or isinstance(rank, bool)
+            or rank < 0
+        ):
+            with self._lock:
+                self.garbage += 1
+            return
+        if schema == RECORD_SCHEMA:
+            counters = msg.pop("sdk", None)
+            start, end = msg.get("start_us"), msg.get("end_us")
+            line = json.dumps(msg, separators=(",", ":"), ensure_ascii=False).encode() + b"\n"
+        else:
+            counters = msg.get("counters")
+            line = b""
+        with self._lock:
+            tally = self.ranks.setdefault(rank, RankTally())
+            if isinstance(counters, dict):
+                tally.counters = {k: v for k, v in counters.items() if isinstance(v, int)}
+            if line:
+                self._out.write(line)
+                self.lines += 1
+                tally.records += 1
+                if isinstance(start, int) and isinstance(end, int):
+                    tally.step_times_us.append(end - start)
+            else:
+                event = msg.get("event")
+                tally.hello = tally.hello or event == "hello"
+                tally.closed = tally.closed or event == "close"
+
+    def close_inherited(self) -> None:
+        """In a forked child: release the inherited descriptors without touching the parent's sockets or file."""
+        for sock in self._socks:
+            with contextlib.suppress(OSError):
+                os.close(sock.detach())
+        self._socks = []
+        self._paths = []
+        with contextlib.suppress(OSError):
+            self._selector.close()
+        with contextlib.suppress(OSError):
+            os.close(self._out.fileno())
+
+    def _handle_fast(self, datagram: bytes) -> bool:
+        """A record exactly as the SDK writes it, stored without decoding it whole; ``False``: take the slow path.
+
+        The SDK writes ``schema``, ``job``, ``step``, ``rank`` first and ``sdk`` last, so the rank, the step span
+        and the counters sit at the ends of the datagram. Anything else (another writer, compression) goes through
+        :func:`decode`.
+        """
+        if not datagram.startswith(_FAST_PREFIX) or not datagram.endswith(b"}}"):
+            return False
+        cut = datagram.rfind(b',"sdk":{')
+        head = _FAST_HEAD.match(datagram, 0, 4096)
+        if cut < 0 or head is None:
+            return False
+        try:
+            counters = json.loads(datagram[cut + 7 : -1])
+        except ValueError:
+            return False
+        if not isinstance(counters, dict):
+            return False
+        span = _FAST_SPAN.search(datagram, 0, 4096)
+        with self._lock:
+            tally = self.ranks.setdefault(int(head.group(1)), RankTally())
+            tally.counters = {k: v for k, v in counters.items() if isinstance(v, int)}
+            self._out.write(datagram[:cut] + b"}\n")
+            self.lines += 1
+            tally.records += 1
+            if span is not None:
+                tally.step_times_us.append(int(span.group(2)) - int(span.group(1)))
+        return True
+
+    def drain_now(self) -> int:
+        """Read whatever is queued on every socket, in the calling thread; returns datagrams read."""
+        return sum(self._drain(s) for s in self._socks)
+
+    def stop(self) -> None:
+        """Stop the thread, read what is still queued, flush and close the file and the sockets."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5.0)
+            self._thread = None
+        with contextlib.suppress(OSError):
+            self.drain_now()
+        self.close()
+
+    def close(self) -> None:
+        """Close sockets (removing their files) and the records file; idempotent."""
+        for sock in self._socks:
+            with contextlib.suppress(KeyError, ValueError):
+                self._selector.unregister(sock)
+            with contextlib.suppress(OSError):
+                sock.close()
+        self._socks.clear()
+        for p in self._paths:
+            with contextlib.suppress(OSError):
+                p.unlink()
+        with contextlib.suppress(OSError):
+            self._selector.close()
+        if not self._out.closed:
+            with contextlib.suppress(OSError):
+                self._out.flush()
+                os.fsync(self._out.fileno())
+            self._out.close()

@@ -1,0 +1,69 @@
+"""Axis attribution of process groups and their ids (pure: no torch, no processes)."""
+
+from __future__ import annotations
+
+import pytest
+
+from meshscope.layout import MeshAxis, ParallelLayout
+from meshscope.sdk.groups import axis_of_name, infer_from_layout, make_group, p2p_axis, p2p_group_id
+
+
+@pytest.mark.parametrize(
+    ("name", "axis"),
+    [
+        ("tp", MeshAxis.TP),
+        ("mesh_tp", MeshAxis.TP),
+        ("dp_cp", MeshAxis.DP),
+        ("mesh_dp_shard_cp", MeshAxis.DP),
+        ("dp_replicate", MeshAxis.DP),
+        ("edp", MeshAxis.DP),
+        ("expert_data_parallel", MeshAxis.DP),
+        ("tensor_model_parallel", MeshAxis.TP),
+        ("pipeline_model_parallel_group", MeshAxis.PP),
+        ("context_parallel", MeshAxis.CP),
+        ("expert_model_parallel", MeshAxis.EP),
+        ("ep", MeshAxis.EP),
+        ("default_pg", None),
+        ("undefined", None),
+        ("my_group", None),
+    ],
+    ids=str,
+)
+def test_group_names_map_to_axes(name: str, axis: MeshAxis | None) -> None:
+    assert axis_of_name(name) is axis
+
+
+LAYOUT = ParallelLayout(pp=2, dp=2, cp=1, tp=2, ep=2)  # 8 ranks, tp fastest: rank = tp + 2*dp + 4*pp
+
+
+@pytest.mark.parametrize(
+    ("ranks", "expected"),
+    [
+        ((0, 1), ("tp", MeshAxis.TP)),
+        ((4, 5), ("tp", MeshAxis.TP)),
+        ((1, 3), ("dp", MeshAxis.DP)),  # dp and ep groups coincide here: dp wins, register ep explicitly
+        ((2, 6), ("pp", MeshAxis.PP)),
+        ((0, 1, 2, 3), None),  # tp x dp: no single axis
+        ((0,), None),
+    ],
+    ids=["tp", "tp-stage1", "dp", "pp", "tp-dp", "single"],
+)
+def test_groups_without_names_are_recognised_from_the_layout(ranks, expected) -> None:
+    assert infer_from_layout(LAYOUT, ranks) == expected
+
+
+def test_combined_gradient_groups_are_attributed_to_dp() -> None:
+    layout = ParallelLayout(dp=2, cp=2, tp=2)  # rank = tp + 2*cp + 4*dp
+    assert infer_from_layout(layout, (0, 2, 4, 6)) == ("dp_cp", MeshAxis.DP)
+    moe = ParallelLayout(dp=4, ep=2)  # expert dp over {0, 2} and {1, 3}; ep over {0, 1} and {2, 3}
+    assert infer_from_layout(moe, (0, 2)) == ("edp", MeshAxis.DP)
+    assert infer_from_layout(moe, (2, 3)) == ("ep", MeshAxis.EP)
+
+
+def test_group_ids_come_from_the_first_member_and_p2p_ids_from_the_direction() -> None:
+    assert make_group("tp", MeshAxis.TP, [5, 4]).group_id == "tp:4"
+    assert make_group("dp_cp", MeshAxis.DP, [2, 6, 10]).group_id == "dp_cp:2"
+    assert p2p_group_id(MeshAxis.PP, 3, 7) == "pp:3-7" != p2p_group_id(MeshAxis.PP, 7, 3)
+    assert p2p_axis(LAYOUT, 1, 5) is MeshAxis.PP
+    assert p2p_axis(LAYOUT, 0, 3) is None  # differs along tp and dp
+    assert p2p_axis(None, 0, 4) is None

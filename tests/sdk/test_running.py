@@ -1,0 +1,174 @@
+"""``meshscope run``: launching ranks, stopping them when one fails, and collecting the records of a real job."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from collections import Counter, defaultdict
+from pathlib import Path
+
+import pytest
+
+from meshscope.errors import LayoutError
+from meshscope.layout import ParallelLayout, parse_layout
+from meshscope.placement import Placement
+from meshscope.records import IntervalKind, read_records
+from meshscope.running import RunError, RunSettings, layout_text, rank_env, settings_from_args
+
+REPO = Path(__file__).resolve().parents[2]
+TRAIN_TINY = REPO / "examples" / "train_tiny.py"
+
+
+def _meshscope(*args: str, timeout_s: float = 120.0) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    return subprocess.run(
+        [sys.executable, "-m", "meshscope", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        env=env,
+        check=False,
+    )
+
+
+def _args(**overrides: object) -> argparse.Namespace:
+    base = {
+        "nproc": 4,
+        "layout": None,
+        "spec": None,
+        "out": "/tmp/x",
+        "job": None,
+        "launcher": "auto",
+        "grace": 5.0,
+        "gpus_per_node": None,
+        "command": ["--", "python", "train.py"],
+    }
+    base.update(overrides)
+    return argparse.Namespace(**base)
+
+
+def test_run_settings_from_the_command_line() -> None:
+    s = settings_from_args(_args(layout="tp=2"))
+    assert s.command == ("python", "train.py")
+    assert s.layout == ParallelLayout(dp=2, tp=2)
+    assert s.job == "local"
+    assert settings_from_args(_args()).layout == ParallelLayout(dp=4)
+    with pytest.raises(RunError, match="needs a command"):
+        settings_from_args(_args(command=["--"]))
+    with pytest.raises(LayoutError, match="does not divide the world size 4"):
+        settings_from_args(_args(layout="tp=3"))
+    with pytest.raises(RunError, match="does not divide"):
+        settings_from_args(_args(gpus_per_node=3))
+
+
+def test_every_rank_gets_torchrun_and_meshscope_environment(tmp_path: Path) -> None:
+    layout = ParallelLayout(dp=2, tp=2, pp=2)
+    settings = RunSettings(
+        nproc=8, command=("python", "x.py"), layout=layout, out_dir=tmp_path, job="j", gpus_per_node=4
+    )
+    placement = Placement.default(8, gpus_per_node=4, nvlink_domain_gpus=4, nodes_per_network_block=1 << 20)
+    env = rank_env(settings, 6, port=1234, collector="/tmp/c6.sock", placement=placement)
+    assert {
+        k: env[k] for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+    } == {
+        "RANK": "6",
+        "WORLD_SIZE": "8",
+        "LOCAL_RANK": "2",
+        "LOCAL_WORLD_SIZE": "4",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": "1234",
+    }
+    assert env["MESHSCOPE_JOB"] == "j"
+    assert env["MESHSCOPE_COLLECTOR"] == "unix:/tmp/c6.sock"
+    assert (env["MESHSCOPE_NODE"], env["MESHSCOPE_NVLINK_DOMAIN"]) == ("node-1", "nvl-1")
+    assert parse_layout(env["MESHSCOPE_LAYOUT"], world_size=8) == layout
+    assert layout_text(ParallelLayout(dp=4, ep=2, vpp=1)) == "dp=4,tp=1,pp=1,cp=1,ep=2"
+
+
+CRASH = "import os, sys, time\nif os.environ['RANK'] == '1':\n    time.sleep(0.3); sys.exit(3)\ntime.sleep(60)\n"
+
+
+@pytest.mark.slow
+def test_a_crashing_rank_stops_the_run_with_its_rank_and_exit_code(tmp_path: Path) -> None:
+    result = _meshscope(
+        "run", "--nproc", "3", "--grace", "1", "--out", str(tmp_path), "--", sys.executable, "-c", CRASH
+    )
+    assert result.returncode == 3
+    assert "meshscope run: rank 1 exited with code 3; stopped the other 2 ranks" in result.stderr
+    report = json.loads((tmp_path / "collector.json").read_text())
+    assert report["exit_codes"]["1"] == 3
+    assert report["exit_codes"]["0"] < 0  # terminated by a signal, not left running
+    assert report["exit_codes"]["2"] < 0
+
+
+@pytest.mark.slow
+def test_the_exec_launcher_runs_any_command_and_reports_a_killed_rank(tmp_path: Path) -> None:
+    script = 'if [ "$RANK" = 0 ]; then kill -9 $$; fi; sleep 60'
+    result = _meshscope("run", "--nproc", "2", "--grace", "1", "--out", str(tmp_path), "--", "sh", "-c", script)
+    assert result.returncode == 128 + 9
+    assert "rank 0 was killed by signal 9 (SIGKILL)" in result.stderr
+
+
+def _check_job_records(out: Path, layout: ParallelLayout, steps: int) -> dict[str, Counter[str]]:
+    records = read_records(out / "records.jsonl")  # every line valid under the shared schema
+    assert records.job == "tiny"
+    got = sorted((r.rank, r.step) for r in records)
+    assert got == [(rank, step) for rank in range(layout.world_size) for step in range(steps)]
+    seen: dict[str, Counter[str]] = defaultdict(Counter)
+    members: dict[tuple[str, int], int] = Counter()
+    sizes: dict[tuple[str, int], int] = {}
+    for rec in records:
+        assert rec.coord == layout.coord(rec.rank)
+        for iv in rec.intervals:
+            key = str(iv.axis) if iv.axis is not None else iv.kind.value
+            seen[key][str(iv.op) if iv.op is not None else (iv.phase or iv.kind).value] += 1
+            if iv.kind is IntervalKind.COMM:
+                members[(iv.group, iv.seq)] += 1
+                sizes[(iv.group, iv.seq)] = iv.group_size
+    incomplete = {k: (n, sizes[k]) for k, n in members.items() if n != sizes[k]}
+    assert not incomplete, f"collectives missing members: {dict(list(incomplete.items())[:5])}"
+    counters = json.loads((out / "collector.json").read_text())["ranks"]
+    assert all(c["counters"]["records_dropped"] == 0 and c["counters"]["hook_errors"] == 0 for c in counters.values())
+    return seen
+
+
+@pytest.mark.slow
+def test_train_tiny_with_pipeline_data_and_tensor_parallelism_writes_one_record_per_rank_per_step(
+    tmp_path: Path,
+) -> None:
+    steps = 3
+    result = _meshscope(
+        "run", "--nproc", "8", "--layout", "pp=2,dp=2,tp=2", "--job", "tiny", "--out", str(tmp_path),
+        "--", sys.executable, str(TRAIN_TINY), "--steps", str(steps), "--emulate", "2",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert f"{8 * steps} records from 8 of 8 ranks" in result.stderr
+    seen = _check_job_records(tmp_path, ParallelLayout(pp=2, dp=2, tp=2), steps)
+    assert seen["tp"]["all_reduce"] > 0  # DTensor tensor parallelism (functional collectives)
+    assert seen["dp"]["all_gather"] > 0  # FSDP2 parameter gathers ...
+    assert seen["dp"]["reduce_scatter"] > 0  # ... and gradient reductions
+    assert seen["pp"]["send"] == seen["pp"]["recv"] > 0  # pipelining 1F1B
+    assert seen["compute"]["forward"] > 0  # pipeline stage chunks labelled by the SDK
+    assert seen["compute"]["backward"] > 0
+    assert seen["optimizer"]["optimizer"] == 8 * steps
+
+
+@pytest.mark.slow
+def test_train_tiny_with_context_expert_parallelism_and_checkpoints(tmp_path: Path) -> None:
+    steps = 2
+    result = _meshscope(
+        "run", "--nproc", "8", "--layout", "dp=2,cp=2,tp=2,ep=2", "--job", "tiny", "--out", str(tmp_path),
+        "--", sys.executable, str(TRAIN_TINY), "--steps", str(steps), "--moe", "--checkpoint-every", "2",
+        "--slow-loader", "5",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    seen = _check_job_records(tmp_path, ParallelLayout(dp=2, cp=2, tp=2, ep=2), steps)
+    assert seen["cp"]["all_gather"] == seen["cp"]["reduce_scatter"] > 0  # K/V gathered forward, scattered backward
+    assert seen["ep"]["all_to_all"] > 0  # expert dispatch and combine
+    assert seen["tp"]["all_reduce"] > 0
+    assert seen["dp"]["all_gather"] > 0
+    assert seen["checkpoint"]["checkpoint"] == 8  # every rank, at step 1
+    assert seen["data"]["data"] == 8 * steps
