@@ -15,6 +15,7 @@ import traceback
 from typing import TYPE_CHECKING, Any
 
 from meshscope import __version__
+from meshscope.analysis import add_analyze_parser
 from meshscope.bundled import bundled_example
 from meshscope.errors import MeshscopeError
 from meshscope.formatting import human_bytes, human_count, human_seconds, human_si, percent, render_table
@@ -22,7 +23,10 @@ from meshscope.hardware import default_hardware
 from meshscope.loading import load_spec
 from meshscope.models import PRESETS, lookup_model
 from meshscope.plan import plan_job
+from meshscope.reporting import add_report_parser
+from meshscope.running import add_run_parser
 from meshscope.search import SearchRequest, search_layouts
+from meshscope.simulate import add_simulate_parser
 from meshscope.spec import Precision, Recompute
 
 if TYPE_CHECKING:
@@ -67,6 +71,10 @@ def build_parser() -> argparse.ArgumentParser:
     demo = sub.add_parser("demo", help="see meshscope on the bundled example job")
     demo.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
     demo.set_defaults(handler=_cmd_demo)
+    add_run_parser(sub)
+    add_analyze_parser(sub)
+    add_report_parser(sub)
+    add_simulate_parser(sub)
     return parser
 
 

@@ -1,0 +1,371 @@
+"""``analyze()``: records in; cost table, summary, expected vs measured and findings out. And ``meshscope analyze``.
+
+Exists as the one entry point that the CLI (``meshscope analyze``, the end of ``meshscope run``), reports and the
+operator call to go from a :class:`~meshscope.records.RecordTable` (and optionally the job's spec) to everything
+DESIGN.md's "The cost table" promises. It puts :mod:`meshscope.breakdown`, :mod:`meshscope.costs` and
+:mod:`meshscope.diagnosis` together, plans the spec when one is given (:func:`meshscope.plan.plan_job`), and renders
+the result for people (:func:`render_analysis`: a unit on every number) or machines (:meth:`Analysis.to_dict`: base
+units, the JSON shape documented in ``docs/cost-table.md``).
+
+It must not compute categories itself (the breakdown does), must not hide partial data (every note reaches
+``partial_data`` and the rows it touches say so), and on bad input the command exits 2 with one line, no traceback.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import sys
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from meshscope.breakdown import break_down
+from meshscope.costs import (
+    CollectiveComparison,
+    CostRow,
+    MemoryComparison,
+    RankSteps,
+    Summary,
+    compare_collectives,
+    compare_memory,
+    cost_rows,
+    index_rank_steps,
+    partial_categories,
+    partial_notes,
+    summarise,
+)
+from meshscope.diagnosis import Finding, diagnose
+from meshscope.errors import MeshscopeError, ParseError
+from meshscope.formatting import human_bytes, human_seconds, percent, render_table
+from meshscope.loading import load_spec
+from meshscope.placement import Link
+from meshscope.plan import PlanAssumptions, plan_job
+from meshscope.records import Note, read_table
+
+if TYPE_CHECKING:
+    import argparse
+    from collections.abc import Sequence
+
+    from meshscope.breakdown import Breakdown, P2PBandwidth
+    from meshscope.plan import Plan
+    from meshscope.records import RecordTable
+    from meshscope.spec import JobSpec
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Analysis:
+    """Everything ``meshscope analyze`` reports about one job's records."""
+
+    job: str
+    """Job name from the records."""
+    world_size: int
+    """GPUs in the job: the spec's (or plan's) world size, else the ranks seen."""
+    ranks_seen: int
+    """Distinct ranks in the records."""
+    first_step: int
+    """Lowest step number seen."""
+    last_step: int
+    """Highest step number seen."""
+    step_count: int
+    """Distinct steps seen."""
+    partial_data: tuple[Note, ...]
+    """What the numbers had to do without (docs/cost-table.md, "Partial data")."""
+    summary: Summary
+    """Step time, straggler gap, efficiency, useful compute vs reported utilisation."""
+    rows: tuple[CostRow, ...]
+    """The cost table."""
+    collectives: tuple[CollectiveComparison, ...]
+    """Bytes and count per collective per axis, plan vs records (empty without a plan)."""
+    memory: tuple[MemoryComparison, ...]
+    """Memory per pipeline stage, plan vs records (empty without a plan)."""
+    findings: tuple[Finding, ...]
+    """Diagnosis, most costly first."""
+    rank_steps: RankSteps = field(repr=False, compare=False)
+    """The indexed breakdown behind every number (for reports and traces)."""
+    plan: Plan | None = field(default=None, repr=False, compare=False)
+    """The plan the expected numbers come from."""
+
+    @property
+    def breakdown(self) -> Breakdown:
+        """The step breakdown."""
+        return self.rank_steps.breakdown
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON shape of docs/cost-table.md (base units: seconds, bytes, ratios)."""
+        return {
+            "job": self.job,
+            "world_size": self.world_size,
+            "ranks_seen": self.ranks_seen,
+            "steps": {"first": self.first_step, "last": self.last_step, "count": self.step_count},
+            "partial_data": [{"code": n.code, "message": n.message, "count": n.count} for n in self.partial_data],
+            "summary": self.summary.to_dict(),
+            "rows": [r.to_dict() for r in self.rows],
+            "expected_vs_measured": {
+                "collectives": [c.to_dict() for c in self.collectives],
+                "memory": [m.to_dict() for m in self.memory],
+            },
+            "findings": [f.to_dict() for f in self.findings],
+        }
+
+
+def p2p_bandwidth(spec: JobSpec | None, plan: Plan | None) -> P2PBandwidth:
+    """Effective pipeline bandwidth per link for the breakdown, bytes/s; ``None`` without a spec.
+
+    The spec's per-direction link bandwidth times the plan's link efficiency (``nvlink_efficiency``,
+    ``network_efficiency``), the rate the planner expects a message to move at.
+    """
+    if spec is None:
+        return None
+    hw = spec.hardware
+    assumptions = plan.assumptions if plan is not None else PlanAssumptions()
+    return {
+        link.value: hw.link_bandwidth_bytes_per_s(link.value) * assumptions.link_efficiency(link.value)
+        for link in (Link.NVLINK, Link.NETWORK)
+    }
+
+
+def analyze(
+    table: RecordTable,
+    *,
+    spec: JobSpec | None = None,
+    plan: Plan | None = None,
+    notes: Sequence[Note] = (),
+) -> Analysis:
+    """Break ``table`` down and build the cost table, summary, expected vs measured and findings.
+
+    Args:
+        table: the step records of one job.
+        spec: the job's spec; enables the expected column, the memory and collective comparison, the bubble and
+            placement findings and the p2p bandwidth that splits pipeline transfer from bubble.
+        plan: a plan to compare with; default ``plan_job(spec)`` when a spec is given.
+        notes: notes from reading (e.g. files of another job left out); listed first under partial data.
+
+    Returns:
+        The analysis.
+
+    Raises:
+        ParseError: if the table has no records.
+        PlanError: if the spec cannot be planned.
+    """
+    if table.n_rows == 0:
+        raise ParseError("no step records to analyse (the input is empty)")
+    if plan is None and spec is not None:
+        plan = plan_job(spec)
+    bd = break_down(table, p2p_bandwidth_bytes_per_s=p2p_bandwidth(spec, plan))
+    rs = index_rank_steps(bd)
+    planned_world = spec.world_size if spec is not None else (plan.world_size if plan is not None else None)
+    world = planned_world if planned_world is not None else rs.n_ranks
+    partial = partial_notes(rs, world_size=planned_world, extra=notes)
+    return Analysis(
+        job=table.job,
+        world_size=world,
+        ranks_seen=rs.n_ranks,
+        first_step=int(rs.steps[0]),
+        last_step=int(rs.steps[-1]),
+        step_count=rs.n_steps,
+        partial_data=partial,
+        summary=summarise(rs, plan=plan),
+        rows=cost_rows(rs, plan=plan, world_size=world, partial=partial_categories(rs, partial)),
+        collectives=compare_collectives(rs, plan) if plan is not None else (),
+        memory=compare_memory(rs, plan) if plan is not None else (),
+        findings=diagnose(rs, plan=plan, spec=spec),
+        rank_steps=rs,
+        plan=plan,
+    )
+
+
+# ====================================================================== rendering
+
+
+def _seconds(value: float | None) -> str:
+    return "-" if value is None else human_seconds(value)
+
+
+def _signed_seconds(value: float | None) -> str:
+    if value is None:
+        return "-"
+    return ("+" if value > 0 else "") + human_seconds(value)
+
+
+def render_analysis(analysis: Analysis) -> str:
+    """The analysis for people: findings, the cost table, the summary, expected vs measured, partial data.
+
+    Every number carries its unit.
+    """
+    a = analysis
+    s = a.summary
+    steps = f"steps {a.first_step}..{a.last_step} ({a.step_count})"
+    out = [f"meshscope analyze: job {a.job!r}: {a.ranks_seen} of {a.world_size} ranks seen, {steps}"]
+    if a.partial_data:
+        out.append(f"PARTIAL DATA ({len(a.partial_data)} notes, listed at the end): rows marked '(partial data)'")
+    if a.findings:
+        lines = [f"\nFindings ({len(a.findings)}, most costly first)"]
+        for i, f in enumerate(a.findings, 1):
+            lines.append(f"{i}. [{f.severity.value.upper()}] {f.code}: {f.message}")
+        out.append("\n".join(lines))
+    else:
+        out.append("\nFindings: none")
+    out.append(_render_rows(a))
+    gpu_util = "not reported" if s.reported_gpu_util is None else percent(s.reported_gpu_util)
+    out.append(
+        "\n".join(
+            [
+                "\nSummary",
+                f"  step time: median {human_seconds(s.median_step_seconds)}, max {human_seconds(s.max_step_seconds)}",
+                (
+                    f"  straggler gap: {human_seconds(s.straggler_gap_seconds)} (slowest rank {s.slowest_rank}, "
+                    "own time without waiting, vs the median rank)"
+                ),
+                (
+                    f"  efficiency: {percent(s.efficiency)} (ideal step {human_seconds(s.ideal_step_seconds)} = "
+                    f"compute + optimizer{' as planned' if a.plan is not None else ' of the median rank'})"
+                ),
+                (
+                    f"  useful compute: {percent(s.useful_compute_share)} of the step; reported GPU utilisation: "
+                    f"{gpu_util} (a GPU waiting in a collective reads as busy)"
+                ),
+            ]
+        )
+    )
+    if a.collectives:
+        rows = [
+            [
+                c.axis,
+                c.op,
+                "-" if c.expected_message_bytes is None else human_bytes(c.expected_message_bytes),
+                "-" if c.measured_message_bytes is None else human_bytes(c.measured_message_bytes),
+                "-" if c.expected_count_per_step is None else f"{c.expected_count_per_step:,}",
+                "-" if c.measured_count_per_step is None else f"{c.measured_count_per_step:,.1f}",
+            ]
+            for c in a.collectives
+        ]
+        headers = ["axis", "op", "expected msg", "measured msg", "expected count/step", "measured count/step"]
+        out.append(render_table(headers, rows, title="\nCollectives per step: plan vs records"))
+    if a.memory:
+        rows = [
+            [
+                str(m.pp_rank),
+                "-" if m.expected_bytes is None else human_bytes(m.expected_bytes),
+                "not measured" if m.measured_peak_bytes is None else human_bytes(m.measured_peak_bytes),
+            ]
+            for m in a.memory
+        ]
+        out.append(render_table(["stage", "planned", "measured peak"], rows, title="\nMemory per GPU per stage"))
+    if a.partial_data:
+        out.append("\nPartial data")
+        out.extend(f"  {n.code} ({n.count:,}): {n.message}" for n in a.partial_data)
+    return "\n".join(out)
+
+
+def _render_rows(a: Analysis) -> str:
+    headers = ["category", "expected", "median", "p95", "worst rank", "worst", "share", "delta", "GPU-h/day"]
+    rows = [
+        [
+            r.label,
+            _seconds(r.expected_seconds),
+            human_seconds(r.measured_median_seconds),
+            human_seconds(r.measured_p95_seconds),
+            "-" if r.worst_rank is None else str(r.worst_rank),
+            human_seconds(r.worst_seconds),
+            percent(r.share_of_step),
+            _signed_seconds(r.delta_seconds),
+            f"{r.gpu_hours_per_day:,.1f} GPU-h",
+        ]
+        for r in a.rows
+    ]
+    title = f"\nCost table (per step; median over rank-steps; GPU-hours per day at {a.world_size} GPUs)"
+    table = render_table(headers, rows, title=title).split("\n")
+    # Top suspects go after the numbers, left-aligned: title, header and rule lines come first.
+    width = max(len(line) for line in table[2:])
+    body = [*table[:2], table[2].ljust(width) + "  top suspect", table[3]]
+    for line, r in zip(table[4:], a.rows, strict=True):
+        body.append(line.ljust(width) + "  " + ("" if r.suspect is None else r.suspect.message))
+    return "\n".join(body)
+
+
+# ====================================================================== the command
+
+
+class AnalyzeInputError(MeshscopeError):
+    """Records or spec the command cannot use."""
+
+
+def add_analyze_parser(subparsers: argparse._SubParsersAction[Any]) -> None:
+    """Add ``meshscope analyze RECORDS... [--spec FILE] [--json] [--allow-partial]``."""
+    p = subparsers.add_parser(
+        "analyze",
+        help="cost table, findings and partial-data notes from step records",
+        description=(
+            "Break step records down per rank and step and print the cost table (which axis, rank and node cost "
+            "time), a summary and findings. See docs/cost-table.md."
+        ),
+    )
+    p.add_argument("records", nargs="+", help="step-record files (JSON lines, .gz ok), e.g. one per rank")
+    p.add_argument("--spec", help="TrainingJob manifest (YAML): adds the plan's expected numbers")
+    p.add_argument("--json", action="store_true", help="print one JSON object (base units) instead of tables")
+    p.add_argument(
+        "--allow-partial",
+        action="store_true",
+        help="skip a truncated last line and files of another job (noted under partial data) instead of failing",
+    )
+    p.set_defaults(handler=_cmd_analyze)
+
+
+def _cmd_analyze(args: argparse.Namespace) -> int:
+    paths = [Path(p) for p in args.records]
+    missing = [str(p) for p in paths if not p.is_file()]
+    if missing:
+        raise AnalyzeInputError(f"no such records file: {', '.join(missing)}")
+    spec = load_spec(args.spec) if args.spec else None
+    notes: list[Note] = []
+    if args.allow_partial:
+        paths, notes = _one_job(paths)
+    try:
+        table = read_table(paths, allow_partial=args.allow_partial)
+    except OSError as exc:
+        raise AnalyzeInputError(f"cannot read records: {exc}") from exc
+    except ParseError as exc:
+        # The reader speaks to library callers; on the command line the switch is a flag.
+        raise AnalyzeInputError(str(exc).replace("allow_partial=True", "--allow-partial")) from exc
+    analysis = analyze(table, spec=spec, notes=notes)
+    if args.json:
+        json.dump(analysis.to_dict(), sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        sys.stdout.write(render_analysis(analysis) + "\n")
+    return 0
+
+
+def _first_job(path: Path) -> str | None:
+    """The ``job`` of the first record of ``path``, ``None`` if it has none readable."""
+    opener = gzip.open if path.name.endswith(".gz") else open
+    try:
+        with opener(path, "rt", encoding="utf-8") as f:
+            for line in f:
+                if line.strip():
+                    job = json.loads(line).get("job")
+                    return job if isinstance(job, str) else None
+    except (OSError, ValueError, EOFError, AttributeError):
+        return None
+    return None
+
+
+def _one_job(paths: list[Path]) -> tuple[list[Path], list[Note]]:
+    """Keep the files of the job most files belong to (by their first record); note the others."""
+    jobs = {p: _first_job(p) for p in paths}
+    counts = Counter(j for j in jobs.values() if j is not None)
+    if len(counts) <= 1:
+        return paths, []
+    keep_job = counts.most_common(1)[0][0]
+    rejected = [p for p, j in jobs.items() if j is not None and j != keep_job]
+    note = Note(
+        code="rejected_job_files",
+        count=len(rejected),
+        message=(
+            f"{len(rejected)} files hold records of another job than {keep_job!r} and were left out (e.g. "
+            f"{rejected[0]}: job {jobs[rejected[0]]!r})"
+        ),
+    )
+    return [p for p in paths if p not in rejected], [note]

@@ -1,0 +1,990 @@
+"""The cost table: what each breakdown category costs the job, expected vs measured, and who to suspect.
+
+Exists to turn a :class:`~meshscope.breakdown.Breakdown` (one row of category times per rank-step) into the numbers
+people act on (DESIGN.md, "The cost table"): per category the plan's expectation, the measured median, p95 and worst
+rank, the share of the step, the delta, what it costs at job scale in GPU-hours per day and the top suspect (rank,
+node, group); beside it a summary (step time, straggler gap, efficiency, useful compute vs reported GPU utilisation),
+bytes per collective and memory per stage against the plan, and every partial-data note. Definitions are in
+``docs/cost-table.md``.
+
+It works on numpy columns, vectorised over rank-steps and intervals (per-rank aggregates by ``bincount`` and one sort
+per grouped median); loops run over categories, axes and plan entries, never over ranks. It must not read files,
+must not diagnose (that is :mod:`meshscope.diagnosis`) and must never print a number computed on partial data without
+saying so: such rows carry ``partial=True`` and the reason is in the notes.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from meshscope.breakdown import (
+    BUBBLE,
+    CATEGORIES,
+    CATEGORY_INDEX,
+    CHECKPOINT,
+    COMPUTE,
+    DATA,
+    OPTIMIZER,
+    OTHER,
+    SYNC_WAIT,
+    TICKS_PER_US,
+    TRANSFER,
+    comm_category,
+)
+from meshscope.formatting import human_seconds
+from meshscope.layout import AXES
+from meshscope.placement import Link
+from meshscope.plan import PlanAssumptions
+from meshscope.records import COMM_CODE, OPS, P2P_CODE, CommOp, Note
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable, Sequence
+
+    from numpy.typing import NDArray
+
+    from meshscope.breakdown import Breakdown
+    from meshscope.plan import Plan
+    from meshscope.records import RecordTable
+    from meshscope.spec import JobSpec
+
+HOURS_PER_DAY = 24.0
+EVEN_SPREAD = 1.05
+"""A worst rank within this factor of the median rank is reported as "spread evenly", not as a suspect to chase."""
+SEND_RECV = "send_recv"
+"""Op name of point-to-point traffic in the expected-vs-measured table (plan ``send-recv``, records send/recv)."""
+
+WHOLE_TABLE_NOTES = frozenset(
+    {"missing_ranks", "missing_rank_steps", "truncated_line", "truncated_file", "rejected_job_files"}
+)
+"""Notes that make every row partial: rank-steps the medians and percentiles could not see."""
+_P2P_NOTES = frozenset({"p2p_without_bandwidth", "p2p_without_bytes"})
+
+
+# ====================================================================== grouped statistics
+
+
+def grouped_quantile(
+    key: NDArray[np.integer[Any]], values: NDArray[np.floating[Any]], n_groups: int, q: float
+) -> NDArray[np.float64]:
+    """The ``q`` quantile of ``values`` per group ``key`` (0 .. n_groups-1), NaN for empty groups; one sort in all.
+
+    Linear interpolation between the two nearest values (numpy's default), so ``q = 0.5`` is the median.
+    """
+    out = np.full(n_groups, np.nan)
+    if key.size == 0:
+        return out
+    order = np.lexsort((values, key))
+    v = values[order].astype(np.float64, copy=False)
+    counts = np.bincount(key, minlength=n_groups)
+    starts = np.concatenate(([0], np.cumsum(counts)[:-1]))
+    has = counts > 0
+    position = q * (counts[has] - 1)
+    lo = np.floor(position).astype(np.int64)
+    hi = np.ceil(position).astype(np.int64)
+    frac = position - lo
+    out[has] = v[starts[has] + lo] * (1.0 - frac) + v[starts[has] + hi] * frac
+    return out
+
+
+def grouped_median(
+    key: NDArray[np.integer[Any]], values: NDArray[np.floating[Any]], n_groups: int
+) -> NDArray[np.float64]:
+    """Median of ``values`` per group ``key`` (0 .. n_groups-1), NaN for empty groups; one sort for all groups."""
+    return grouped_quantile(key, values, n_groups, 0.5)
+
+
+def grouped_mean(
+    key: NDArray[np.integer[Any]], values: NDArray[np.floating[Any]], n_groups: int
+) -> NDArray[np.float64]:
+    """Mean of ``values`` per group, NaN for empty groups."""
+    counts = np.bincount(key, minlength=n_groups).astype(np.float64)
+    sums = np.bincount(key, weights=values, minlength=n_groups)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(counts > 0, sums / np.maximum(counts, 1), np.nan)
+
+
+def _dense_codes(values: NDArray[np.int64]) -> tuple[NDArray[np.int64], NDArray[np.intp]]:
+    """Distinct values (sorted) and each value's index into them."""
+    uniq, inverse = np.unique(values, return_inverse=True)
+    return uniq, inverse.reshape(-1)
+
+
+# ====================================================================== rank-steps, indexed
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RankSteps:
+    """A breakdown indexed by rank and step, with the per-rank aggregates the cost table and diagnosis share.
+
+    Rows are aligned with ``breakdown.table.steps``; "rank index" means the position in :attr:`ranks`.
+    """
+
+    breakdown: Breakdown
+    """The breakdown."""
+    ranks: NDArray[np.int64]
+    """Distinct ranks seen, sorted."""
+    rank_index: NDArray[np.intp]
+    """Rank index of each rank-step."""
+    steps: NDArray[np.int64]
+    """Distinct steps seen, sorted."""
+    step_index: NDArray[np.intp]
+    """Step index of each rank-step."""
+    steps_per_rank: NDArray[np.int64]
+    """Rank-steps of each rank."""
+    node_of_rank: NDArray[np.int64]
+    """Node code of each rank (its first record's)."""
+    coord_of_rank: NDArray[np.int64]
+    """Shape ``(ranks, 5)``, axes in :data:`meshscope.layout.AXES` order."""
+    category_us: NDArray[np.float64]
+    """Shape ``(rows, len(CATEGORIES))``, µs."""
+    step_us: NDArray[np.float64]
+    """Step time of each rank-step, µs."""
+    rank_mean_us: NDArray[np.float64]
+    """Shape ``(ranks, len(CATEGORIES))``: each rank's mean over its steps, µs."""
+    caused_per_step_us: NDArray[np.float64]
+    """Shape ``(ranks, 5)``: sync wait each rank caused others per axis, summed over members, per step of that rank."""
+    group_of_rank: NDArray[np.int64]
+    """Shape ``(ranks, 5)``: a collective group code of each rank on each axis, -1 if none."""
+    median_step_us: float
+    """Median step time over rank-steps, µs."""
+
+    @property
+    def n_ranks(self) -> int:
+        """Distinct ranks seen."""
+        return int(self.ranks.shape[0])
+
+    @property
+    def n_steps(self) -> int:
+        """Distinct steps seen."""
+        return int(self.steps.shape[0])
+
+    def node_name(self, rank_index: int) -> str:
+        """Node name of the rank at ``rank_index``."""
+        return self.breakdown.table.node_name(int(self.node_of_rank[rank_index]))
+
+    def group_name(self, rank_index: int, axis: int) -> str | None:
+        """Name of a group of the rank at ``rank_index`` on ``axis``, or ``None``."""
+        code = int(self.group_of_rank[rank_index, axis])
+        return self.breakdown.table.group_name(code) if code >= 0 else None
+
+    def us(self, category: str) -> NDArray[np.float64]:
+        """One category for every rank-step, µs."""
+        return self.category_us[:, CATEGORY_INDEX[category]]
+
+
+def index_rank_steps(breakdown: Breakdown) -> RankSteps:
+    """Index ``breakdown`` by rank and step and aggregate per rank (vectorised).
+
+    Raises:
+        ValueError: for an empty table (nothing to index).
+    """
+    table = breakdown.table
+    s = table.steps
+    if table.n_rows == 0:
+        raise ValueError("the table has no rank-steps")
+    ranks, rank_index = _dense_codes(s.rank)
+    steps, step_index = _dense_codes(s.step)
+    n_ranks = int(ranks.shape[0])
+    steps_per_rank = np.bincount(rank_index, minlength=n_ranks).astype(np.int64)
+    first_row = np.full(n_ranks, -1, dtype=np.int64)
+    first_row[rank_index[::-1]] = np.arange(table.n_rows - 1, -1, -1)
+    category_us = breakdown.ticks / float(TICKS_PER_US)
+    rank_sum = np.stack(
+        [np.bincount(rank_index, weights=category_us[:, k], minlength=n_ranks) for k in range(len(CATEGORIES))],
+        axis=1,
+    )
+    per_rank = steps_per_rank[:, None].astype(np.float64)
+    caused = np.stack(
+        [np.bincount(rank_index, weights=breakdown.wait_caused_us[:, a], minlength=n_ranks) for a in range(len(AXES))],
+        axis=1,
+    )
+    step_us = (s.end_us - s.start_us).astype(np.float64)
+    return RankSteps(
+        breakdown=breakdown,
+        ranks=ranks,
+        rank_index=rank_index,
+        steps=steps,
+        step_index=step_index,
+        steps_per_rank=steps_per_rank,
+        node_of_rank=s.node[first_row].astype(np.int64),
+        coord_of_rank=s.coord[first_row],
+        category_us=category_us,
+        step_us=step_us,
+        rank_mean_us=rank_sum / per_rank,
+        caused_per_step_us=caused / per_rank,
+        group_of_rank=_group_of_rank(breakdown, rank_index, n_ranks),
+        median_step_us=float(np.median(step_us)),
+    )
+
+
+def _group_of_rank(breakdown: Breakdown, rank_index: NDArray[np.intp], n_ranks: int) -> NDArray[np.int64]:
+    iv = breakdown.table.intervals
+    out = np.full(n_ranks * len(AXES), -1, dtype=np.int64)
+    comm = np.flatnonzero((iv.kind == COMM_CODE) & (iv.group >= 0))
+    if comm.size:
+        out[rank_index[iv.row[comm]] * len(AXES) + iv.axis[comm]] = iv.group[comm]
+    return out.reshape(n_ranks, len(AXES))
+
+
+# ====================================================================== partial data
+
+
+def partial_notes(rs: RankSteps, *, world_size: int | None, extra: Sequence[Note] = ()) -> tuple[Note, ...]:
+    """Everything the numbers had to do without: missing ranks and rank-steps, then the breakdown's notes.
+
+    Args:
+        rs: the indexed breakdown.
+        world_size: ranks the job has (from the spec or plan); ``None``: assume ranks ``0 .. max rank seen``.
+        extra: notes from reading (e.g. files of another job left out), listed first.
+    """
+    notes = list(extra)
+    expected = world_size if world_size is not None else int(rs.ranks.max()) + 1
+    missing = expected - int(np.count_nonzero(rs.ranks < expected))
+    if missing > 0:
+        absent = np.setdiff1d(np.arange(expected), rs.ranks)
+        example = ", ".join(str(int(r)) for r in absent[:5]) + (", ..." if absent.size > 5 else "")
+        source = "the spec's world size" if world_size is not None else "ranks 0 .. the highest rank seen"
+        notes.append(
+            Note(
+                code="missing_ranks",
+                count=missing,
+                message=(
+                    f"{missing} of {expected} ranks ({source}) have no records (e.g. rank {example}); medians, "
+                    f"percentiles and suspects cover the {rs.n_ranks - int(np.count_nonzero(rs.ranks >= expected))} "
+                    f"ranks seen"
+                ),
+            )
+        )
+    beyond = int(np.count_nonzero(rs.ranks >= expected))
+    if beyond:
+        notes.append(
+            Note(
+                code="ranks_beyond_world_size",
+                count=beyond,
+                message=f"{beyond} ranks seen are >= the world size {expected} (e.g. rank {int(rs.ranks.max())})",
+            )
+        )
+    grid = rs.n_ranks * rs.n_steps
+    holes = grid - rs.breakdown.table.n_rows
+    if holes:
+        short = int(np.count_nonzero(rs.steps_per_rank < rs.n_steps))
+        notes.append(
+            Note(
+                code="missing_rank_steps",
+                count=holes,
+                message=(
+                    f"{holes} of {grid} rank-steps ({rs.n_ranks} ranks x {rs.n_steps} steps) have no record; "
+                    f"{short} ranks miss at least one step"
+                ),
+            )
+        )
+    seen = {n.code for n in notes}
+    notes.extend(n for n in rs.breakdown.notes if n.code not in seen)
+    return tuple(notes)
+
+
+def partial_categories(rs: RankSteps, notes: Iterable[Note]) -> frozenset[str]:
+    """The categories whose numbers rest on partial data, given the notes."""
+    codes = {n.code for n in notes}
+    if codes & WHOLE_TABLE_NOTES:
+        return frozenset(CATEGORIES)
+    out: set[str] = set()
+    join = rs.breakdown.collectives
+    if "incomplete_collectives" in codes and len(join):
+        for a in np.unique(join.axis[~join.complete]).tolist():
+            out.update(comm_category(AXES[a], p) for p in (TRANSFER, SYNC_WAIT))
+    if codes & _P2P_NOTES:
+        out.update({BUBBLE, comm_category("pp", TRANSFER)})
+    return frozenset(out)
+
+
+# ====================================================================== the table
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Suspect:
+    """Who to look at first: a rank, its node and a group (any may be unknown)."""
+
+    rank: int | None
+    """Global rank."""
+    node: str | None
+    """Node name."""
+    group: str | None
+    """Process group, e.g. ``dp:2``."""
+    message: str = ""
+    """One sentence with the numbers (cost-table rows only)."""
+
+    def to_dict(self, *, message: bool = True) -> dict[str, Any]:
+        """``{rank, node, group[, message]}``."""
+        out: dict[str, Any] = {"rank": self.rank, "node": self.node, "group": self.group}
+        if message:
+            out["message"] = self.message
+        return out
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CostRow:
+    """One breakdown category: expected vs measured and what it costs at job scale."""
+
+    category: str
+    """Breakdown category, e.g. ``comm.dp.sync_wait``."""
+    label: str
+    """For people, e.g. ``dp sync wait``; ends in ``(partial data)`` when :attr:`partial`."""
+    expected_seconds: float | None
+    """From the plan; ``None`` without one, or for a category the plan does not model."""
+    measured_median_seconds: float
+    """Median over rank-steps (checkpoint: the mean, i.e. amortised per step)."""
+    measured_p95_seconds: float
+    """95th percentile over rank-steps."""
+    worst_rank: int | None
+    """Rank with the largest mean over its steps; ``None`` when the category is zero everywhere."""
+    worst_seconds: float
+    """That rank's mean per step."""
+    share_of_step: float
+    """``measured_median_seconds`` ÷ the median step time."""
+    delta_seconds: float | None
+    """``measured − expected``; ``None`` when nothing is expected."""
+    gpu_hours_per_day: float
+    """``share_of_step × world_size × 24``."""
+    suspect: Suspect | None
+    """Top suspect; ``None`` when the category is zero everywhere."""
+    partial: bool = False
+    """Computed on partial data (see the analysis' notes)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """The row's JSON form (docs/cost-table.md)."""
+        return {
+            "category": self.category,
+            "label": self.label,
+            "expected_seconds": self.expected_seconds,
+            "measured_median_seconds": self.measured_median_seconds,
+            "measured_p95_seconds": self.measured_p95_seconds,
+            "worst_rank": self.worst_rank,
+            "worst_seconds": self.worst_seconds,
+            "share_of_step": self.share_of_step,
+            "delta_seconds": self.delta_seconds,
+            "gpu_hours_per_day": self.gpu_hours_per_day,
+            "suspect": None if self.suspect is None else self.suspect.to_dict(),
+        }
+
+
+def category_label(category: str) -> str:
+    """``comm.dp.sync_wait`` -> ``dp sync wait``; ``bubble`` -> ``pipeline bubble``; ``data`` -> ``data wait``."""
+    if category.startswith("comm."):
+        _, axis, part = category.split(".")
+        return f"{axis} {part.replace('_', ' ')}"
+    return {BUBBLE: "pipeline bubble", DATA: "data wait", CHECKPOINT: "checkpoint (amortised)"}.get(category, category)
+
+
+def stage_expected(plan: Plan, pp_rank: int) -> dict[str, float | None]:
+    """The plan's expected seconds per category for one GPU of stage ``pp_rank``.
+
+    Compute, exposed comm per axis and optimizer are the stage's own; sync wait and data expect 0; checkpoint and
+    other are not planned (``None``). The bubble is the plan's bubble plus the time the stage waits for the slowest
+    stage every step (the critical stage's expected step minus this stage's): a synchronous step lasts as long as
+    its slowest stage, and a faster stage spends the difference waiting on its pipeline neighbours.
+    """
+    critical = plan.expected_step_time
+    t = plan.stages[pp_rank].step_time if 0 <= pp_rank < len(plan.stages) else critical
+    out: dict[str, float | None] = {
+        COMPUTE: t.compute_seconds,
+        BUBBLE: t.bubble_seconds + max(0.0, critical.total_seconds - t.total_seconds),
+        DATA: 0.0,
+        OPTIMIZER: t.optimizer_seconds,
+        CHECKPOINT: None,
+        OTHER: None,
+    }
+    for axis in AXES:
+        out[comm_category(axis, TRANSFER)] = float(t.exposed_comm_seconds.get(axis.value, 0.0))
+        out[comm_category(axis, SYNC_WAIT)] = 0.0
+    return out
+
+
+def expected_by_category(plan: Plan | None, pp_of_row: NDArray[np.int64] | None = None) -> dict[str, float | None]:
+    """The expected column (docs/cost-table.md): the median over rank-steps of their stage's expectation.
+
+    Per category, each rank-step expects its own stage's :func:`stage_expected`; the median of that compares with the
+    measured median like for like.
+
+    Args:
+        plan: the plan; all ``None`` without one.
+        pp_of_row: the pipeline stage of every rank-step; ``None`` (or no row inside the plan's stages): the
+            plan's critical stage.
+    """
+    if plan is None:
+        return dict.fromkeys(CATEGORIES)
+    if pp_of_row is None:
+        return stage_expected(plan, plan.expected_step_time.pp_rank)
+    weights = np.bincount(pp_of_row[(pp_of_row >= 0) & (pp_of_row < len(plan.stages))], minlength=len(plan.stages))
+    if weights.sum() == 0:
+        return stage_expected(plan, plan.expected_step_time.pp_rank)
+    per_stage = [stage_expected(plan, r) for r in range(len(plan.stages))]
+    out: dict[str, float | None] = {}
+    for category in CATEGORIES:
+        values = [st[category] for st in per_stage]
+        if any(v is None for v in values):
+            out[category] = None
+            continue
+        out[category] = _weighted_median(np.array(values, dtype=np.float64), weights)
+    return out
+
+
+def _weighted_median(values: NDArray[np.float64], weights: NDArray[np.int64]) -> float:
+    """Median of ``values`` repeated ``weights`` times (the midpoint of the two middle ones for an even count)."""
+    order = np.argsort(values, kind="stable")
+    v, cum = values[order], np.cumsum(weights[order])
+    total = int(cum[-1])
+    lo = v[int(np.searchsorted(cum, (total - 1) // 2, side="right"))]
+    hi = v[int(np.searchsorted(cum, total // 2, side="right"))]
+    return float(0.5 * (lo + hi))
+
+
+def axes_in_use(rs: RankSteps, plan: Plan | None) -> frozenset[str]:
+    """Axes the layout enables (with a plan) or the records communicate on."""
+    iv = rs.breakdown.table.intervals
+    net = iv.kind >= COMM_CODE
+    used = {AXES[a].value for a in np.unique(iv.axis[net]).tolist() if a >= 0}
+    if plan is not None:
+        used.update(a.value for a in AXES if plan.layout.enabled(a))
+    return frozenset(used)
+
+
+def cost_rows(
+    rs: RankSteps,
+    *,
+    plan: Plan | None,
+    world_size: int,
+    partial: frozenset[str] = frozenset(),
+) -> tuple[CostRow, ...]:
+    """The cost table: one row per category, comm rows of unused axes left out when zero everywhere.
+
+    Args:
+        rs: the indexed breakdown.
+        plan: the plan for the expected column, or ``None``.
+        world_size: GPUs the GPU-hours are scaled to.
+        partial: categories computed on partial data (:func:`partial_categories`).
+    """
+    expected = expected_by_category(plan, rs.breakdown.table.steps.coord[:, AXES.index("pp")])
+    in_use = axes_in_use(rs, plan)
+    median_step = rs.median_step_us
+    stats = np.percentile(rs.category_us, [50.0, 95.0], axis=0)
+    means = rs.category_us.mean(axis=0)
+    rows = []
+    for k, category in enumerate(CATEGORIES):
+        worst_index = int(np.argmax(rs.rank_mean_us[:, k]))
+        worst_us = float(rs.rank_mean_us[worst_index, k])
+        if category.startswith("comm."):
+            axis = category.split(".")[1]
+            if axis not in in_use and worst_us == 0.0:
+                continue
+        median_us = float(means[k]) if category == CHECKPOINT else float(stats[0, k])
+        share = median_us / median_step if median_step > 0 else 0.0
+        exp = expected[category]
+        label = category_label(category) + (" (partial data)" if category in partial else "")
+        rows.append(
+            CostRow(
+                category=category,
+                label=label,
+                expected_seconds=exp,
+                measured_median_seconds=median_us / 1e6,
+                measured_p95_seconds=float(stats[1, k]) / 1e6,
+                worst_rank=int(rs.ranks[worst_index]) if worst_us > 0 else None,
+                worst_seconds=worst_us / 1e6,
+                share_of_step=share,
+                delta_seconds=None if exp is None else median_us / 1e6 - exp,
+                gpu_hours_per_day=share * world_size * HOURS_PER_DAY,
+                suspect=_suspect(rs, k, worst_index, worst_us) if worst_us > 0 else None,
+                partial=category in partial,
+            )
+        )
+    return tuple(rows)
+
+
+def _suspect(rs: RankSteps, k: int, worst_index: int, worst_us: float) -> Suspect:
+    category = CATEGORIES[k]
+    if category.endswith(SYNC_WAIT):
+        axis = category.split(".")[1]
+        caused = _wait_suspect(rs, AXES.index(axis))
+        if caused is not None:
+            return caused
+    median_us = float(np.median(rs.rank_mean_us[:, k]))
+    axis_code = AXES.index(category.split(".")[1]) if category.startswith("comm.") else -1
+    rank = int(rs.ranks[worst_index])
+    node = rs.node_name(worst_index)
+    label = category_label(category)
+    if worst_us <= EVEN_SPREAD * median_us:
+        message = (
+            f"spread evenly over ranks: median rank {human_seconds(median_us / 1e6)}, worst rank {rank} on {node} "
+            f"{human_seconds(worst_us / 1e6)} per step"
+        )
+    else:
+        message = (
+            f"rank {rank} on {node} spends {human_seconds(worst_us / 1e6)} per step in {label} (median rank "
+            f"{human_seconds(median_us / 1e6)})"
+        )
+    return Suspect(
+        rank=rank,
+        node=node,
+        group=rs.group_name(worst_index, axis_code) if axis_code >= 0 else None,
+        message=message,
+    )
+
+
+def _wait_suspect(rs: RankSteps, axis: int) -> Suspect | None:
+    """The rank that caused most of ``axis``' sync wait, the group it made wait most, and how long per step."""
+    caused = rs.caused_per_step_us[:, axis]
+    top = int(np.argmax(caused))
+    if caused[top] <= 0:
+        return None
+    rank = int(rs.ranks[top])
+    node = rs.node_name(top)
+    join = rs.breakdown.collectives
+    mine = np.flatnonzero((join.axis == axis) & (join.last_rank == rank) & (join.wait_caused_us > 0))
+    table = rs.breakdown.table
+    axis_name = AXES[axis].value
+    if mine.size == 0:  # pragma: no cover - caused > 0 implies charged instances
+        return None
+    groups, inverse = np.unique(join.group[mine], return_inverse=True)
+    per_group = np.bincount(inverse.reshape(-1), weights=join.wait_caused_us[mine])
+    group = table.group_name(int(groups[int(np.argmax(per_group))]))
+    waiting = join.members[mine] - join.n_last[mine]
+    per_member = float(caused[top]) / max(float(np.median(waiting)), 1.0)
+    whom = f"its {axis_name} group {group}" if groups.size == 1 else f"{groups.size} {axis_name} groups"
+    return Suspect(
+        rank=rank,
+        node=node,
+        group=group,
+        message=(
+            f"rank {rank} on {node} makes {whom} wait {human_seconds(per_member / 1e6)} per step "
+            f"({human_seconds(float(caused[top]) / 1e6)} of GPU time over {int(np.median(waiting))} waiting ranks)"
+        ),
+    )
+
+
+# ====================================================================== summary
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Summary:
+    """The step in a few numbers (definitions in docs/cost-table.md, "Summary definitions")."""
+
+    median_step_seconds: float
+    """Median step time over rank-steps."""
+    max_step_seconds: float
+    """Longest rank-step."""
+    straggler_gap_seconds: float
+    """Slowest rank's median own time (step − sync wait − bubble) minus the median rank's."""
+    slowest_rank: int
+    """The rank with the largest median own time."""
+    efficiency: float
+    """``ideal_step_seconds ÷ median_step_seconds``."""
+    ideal_step_seconds: float
+    """Compute + optimizer: the plan's, else the median measured."""
+    useful_compute_share: float
+    """Median over rank-steps of compute ÷ step time."""
+    reported_gpu_util: float | None
+    """Median reported GPU utilisation, 0–1; ``None`` if no record has it."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON form (docs/cost-table.md)."""
+        return {
+            "median_step_seconds": self.median_step_seconds,
+            "max_step_seconds": self.max_step_seconds,
+            "straggler_gap_seconds": self.straggler_gap_seconds,
+            "slowest_rank": self.slowest_rank,
+            "efficiency": self.efficiency,
+            "ideal_step_seconds": self.ideal_step_seconds,
+            "useful_compute_share": self.useful_compute_share,
+            "reported_gpu_util": self.reported_gpu_util,
+        }
+
+
+def own_time_us(rs: RankSteps) -> NDArray[np.float64]:
+    """Each rank-step's own time: step time minus all sync wait and pipeline bubble (waiting for others), µs."""
+    waiting = rs.us(BUBBLE).copy()
+    for axis in AXES:
+        waiting += rs.us(comm_category(axis, SYNC_WAIT))
+    return rs.step_us - waiting
+
+
+def summarise(rs: RankSteps, *, plan: Plan | None) -> Summary:
+    """The summary numbers of ``rs`` (ideal step from ``plan`` when given)."""
+    own = grouped_median(rs.rank_index, own_time_us(rs), rs.n_ranks)
+    slowest = int(np.argmax(own))
+    median_step = rs.median_step_us / 1e6
+    if plan is not None:
+        ideal = plan.expected_step_time.compute_seconds + plan.expected_step_time.optimizer_seconds
+    else:
+        ideal = float(np.median(rs.us(COMPUTE) + rs.us(OPTIMIZER))) / 1e6
+    with np.errstate(invalid="ignore", divide="ignore"):
+        share = np.where(rs.step_us > 0, rs.us(COMPUTE) / rs.step_us, np.nan)
+    util = rs.breakdown.gpu_util
+    util = util[~np.isnan(util)]
+    share = share[~np.isnan(share)]
+    return Summary(
+        median_step_seconds=median_step,
+        max_step_seconds=float(rs.step_us.max()) / 1e6,
+        straggler_gap_seconds=float(own[slowest] - np.median(own)) / 1e6,
+        slowest_rank=int(rs.ranks[slowest]),
+        efficiency=ideal / median_step if median_step > 0 else math.nan,
+        ideal_step_seconds=ideal,
+        useful_compute_share=float(np.median(share)) if share.size else math.nan,
+        reported_gpu_util=float(np.median(util)) if util.size else None,
+    )
+
+
+# ====================================================================== expected vs measured
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CollectiveComparison:
+    """One (axis, op): the plan's message and count per step vs the records'."""
+
+    axis: str
+    """Mesh axis."""
+    op: str
+    """Operation in the records' spelling (``all_reduce``, ...; ``send_recv`` for point-to-point)."""
+    expected_message_bytes: float | None
+    """Plan: mean message (NCCL array size ``S``) over its entries of this (axis, op), weighted by count."""
+    measured_message_bytes: float | None
+    """Records: mean ``bytes`` of the intervals that carry one."""
+    expected_count_per_step: int | None
+    """Plan: instances per step on the busiest stage."""
+    measured_count_per_step: float | None
+    """Records: median over the rank-steps that run it of its instances per rank-step (p2p: max of sends, recvs)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON form."""
+        return {
+            "axis": self.axis,
+            "op": self.op,
+            "expected_message_bytes": self.expected_message_bytes,
+            "measured_message_bytes": self.measured_message_bytes,
+            "expected_count_per_step": self.expected_count_per_step,
+            "measured_count_per_step": self.measured_count_per_step,
+        }
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MemoryComparison:
+    """One pipeline stage: the plan's peak memory per GPU vs the largest measured peak."""
+
+    pp_rank: int
+    """Pipeline stage."""
+    expected_bytes: int | None
+    """Plan: the stage's total memory per GPU."""
+    measured_peak_bytes: int | None
+    """Records: the largest ``peak_memory_bytes`` of any rank-step of the stage; ``None`` if none is measured."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON form."""
+        return {
+            "pp_rank": self.pp_rank,
+            "expected_bytes": self.expected_bytes,
+            "measured_peak_bytes": self.measured_peak_bytes,
+        }
+
+
+_PLAN_OP = {"all-reduce": "all_reduce", "reduce-scatter": "reduce_scatter", "all-gather": "all_gather"}
+_PLAN_OP |= {"all-to-all": "all_to_all", "send-recv": SEND_RECV}
+
+
+def compare_collectives(rs: RankSteps, plan: Plan) -> tuple[CollectiveComparison, ...]:
+    """Bytes and count per step of every (axis, op) in the plan or the records."""
+    expected: dict[tuple[str, str], tuple[float, int]] = {}
+    for c in plan.collectives:
+        key = (c.axis, _PLAN_OP.get(c.op.value, c.op.value))
+        total, count = expected.get(key, (0.0, 0))
+        expected[key] = (total + float(c.message_bytes) * c.count_per_step, count + c.count_per_step)
+    measured = _measured_collectives(rs)
+    keys = sorted(set(expected) | set(measured), key=lambda k: (AXES.index(k[0]) if k[0] in AXES else 9, k[1]))
+    out = []
+    for key in keys:
+        e_total, e_count = expected.get(key, (0.0, 0))
+        m_bytes, m_count = measured.get(key, (None, None))
+        out.append(
+            CollectiveComparison(
+                axis=key[0],
+                op=key[1],
+                expected_message_bytes=e_total / e_count if e_count else None,
+                measured_message_bytes=m_bytes,
+                expected_count_per_step=e_count if key in expected else None,
+                measured_count_per_step=m_count,
+            )
+        )
+    return tuple(out)
+
+
+def _measured_collectives(rs: RankSteps) -> dict[tuple[str, str], tuple[float | None, float]]:
+    iv = rs.breakdown.table.intervals
+    n = rs.breakdown.table.n_rows
+    net = np.flatnonzero(iv.kind >= COMM_CODE)
+    if net.size == 0:
+        return {}
+    is_p2p = iv.kind[net] == P2P_CODE
+    op = np.where(is_p2p, len(OPS), iv.op[net].astype(np.int64))  # every send/recv under one code
+    key = iv.axis[net].astype(np.int64) * (len(OPS) + 1) + op
+    send = OPS.index(next(o for o in OPS if o.value == "send"))
+    out: dict[tuple[str, str], tuple[float | None, float]] = {}
+    for k in np.unique(key).tolist():
+        sel = net[key == k]
+        axis, code = divmod(int(k), len(OPS) + 1)
+        name = SEND_RECV if code == len(OPS) else OPS[code].value
+        if code == len(OPS):
+            sends = iv.op[sel] == send
+            per_row = np.maximum(
+                np.bincount(iv.row[sel[sends]], minlength=n), np.bincount(iv.row[sel[~sends]], minlength=n)
+            )
+        else:
+            per_row = np.bincount(iv.row[sel], minlength=n)
+        size = iv.size_bytes[sel]
+        size = size[size >= 0]
+        out[(AXES[axis].value, name)] = (
+            float(size.mean()) if size.size else None,
+            float(np.median(per_row[per_row > 0])),
+        )
+    return out
+
+
+def compare_memory(rs: RankSteps, plan: Plan) -> tuple[MemoryComparison, ...]:
+    """Per pipeline stage: the plan's memory per GPU vs the largest measured peak."""
+    s = rs.breakdown.table.steps
+    pp = s.coord[:, AXES.index("pp")]
+    peak = s.peak_memory_bytes
+    known = peak >= 0
+    stages = plan.layout.pp
+    top = np.full(stages, -1, dtype=np.int64)
+    inside = known & (pp < stages)
+    np.maximum.at(top, pp[inside], peak[inside])
+    return tuple(
+        MemoryComparison(
+            pp_rank=st.pp_rank,
+            expected_bytes=st.memory.total_bytes,
+            measured_peak_bytes=int(top[st.pp_rank]) if top[st.pp_rank] >= 0 else None,
+        )
+        for st in plan.stages
+    )
+
+
+# ====================================================================== transfers: measured vs the link model
+
+MIN_TRANSFER_BYTES = 1 << 20
+"""Transfers below this size are latency-bound and left out of per-byte comparisons."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Transfers:
+    """Every measurable transfer of at least :data:`MIN_TRANSFER_BYTES`, with the nodes and domains it runs through.
+
+    Complete collective instances count from the last member's arrival to the end (so never sync wait); pipeline and
+    ring sends count whole (a send blocks its rank for the transfer). "Place" means the NVLink domain, or the node
+    where the records carry no domain.
+    """
+
+    axis: NDArray[np.int64]
+    op: NDArray[np.int64]
+    """Op code (:data:`meshscope.records.OPS`)."""
+    group: NDArray[np.int64]
+    """Group or stream code, -1 if unknown."""
+    members: NDArray[np.int64]
+    """Ranks that wait for it (a send: its two ends)."""
+    transfer_us: NDArray[np.float64]
+    size_bytes: NDArray[np.float64]
+    bus_bytes: NDArray[np.float64]
+    """Bytes each member moves: ``size_bytes`` x the op's bus factor."""
+    crosses: NDArray[np.bool_]
+    """Whether it crosses an NVLink domain (its traffic goes over the network)."""
+    exposed: NDArray[np.float64]
+    """Fraction of it that is exposed: 1 for sends; for collectives the axis' exposed transfer (breakdown) ÷ the
+    members' transfer time."""
+    planned_us: NDArray[np.float64] | None
+    """The plan's link model: bytes x bus factor ÷ (link bandwidth x link efficiency); ``None`` without a spec."""
+    cls: NDArray[np.intp]
+    """Its class: (axis, op, members, whether it crosses an NVLink domain)."""
+    log_ratio: NDArray[np.float64]
+    """log(time per bus byte ÷ its class' median)."""
+    pair_transfer: NDArray[np.intp]
+    """(transfer, node) pairs: the nodes each transfer runs through ..."""
+    pair_node: NDArray[np.int64]
+    """... and the node."""
+    place_transfer: NDArray[np.intp]
+    """(transfer, place) pairs: the places each transfer runs through ..."""
+    place: NDArray[np.int64]
+    """... and the place."""
+    row_transfer: NDArray[np.intp]
+    """(transfer, rank-step) pairs: the rank-steps each transfer delays (every member; both ends of a send) ..."""
+    row: NDArray[np.int64]
+    """... and the rank-step."""
+
+    @property
+    def n_nodes(self) -> int:
+        """Node codes span ``0 .. n_nodes - 1``."""
+        return int(self.pair_node.max()) + 1
+
+    def count_by_node(self, mask: NDArray[np.bool_]) -> NDArray[np.int64]:
+        """How many of the transfers in ``mask`` run through each node."""
+        return np.bincount(self.pair_node[mask[self.pair_transfer]], minlength=self.n_nodes)
+
+
+def place_of_rows(table: RecordTable) -> NDArray[np.int64]:
+    """Per rank-step: its NVLink domain code, or (domain unknown) ``domains + node``, a place of its own per node."""
+    s = table.steps
+    domain = s.nvlink_domain.astype(np.int64)
+    return np.where(domain >= 0, domain, int(domain.max(initial=-1)) + 1 + s.node.astype(np.int64))
+
+
+_Part = dict[str, Any]
+
+
+def _collective_part(rs: RankSteps, place_of_row: NDArray[np.int64]) -> _Part | None:
+    bd = rs.breakdown
+    table, join = bd.table, bd.collectives
+    iv = table.intervals
+    idx = table.collective_order
+    if idx.size == 0:
+        return None
+    g, q = iv.group[idx], iv.seq[idx]
+    new = np.ones(idx.size, dtype=bool)
+    new[1:] = (g[1:] != g[:-1]) | (q[1:] != q[:-1])
+    starts = np.flatnonzero(new)
+    inst_of = np.cumsum(new) - 1
+    rows = iv.row[idx].astype(np.int64)
+    node = table.steps.node[rows].astype(np.int64)
+    place = place_of_row[rows]
+    inst_end = np.maximum.reduceat(iv.end_us[idx] - bd.clock.offset_us[node], starts)
+    crosses = np.maximum.reduceat(place, starts) != np.minimum.reduceat(place, starts)
+    size = iv.size_bytes[idx[starts]]
+    transfer = (inst_end - join.last_arrival_us).astype(np.float64)
+    keep = np.flatnonzero(join.complete & (size >= MIN_TRANSFER_BYTES) & (transfer > 0) & (join.members > 1))
+    axis = join.axis[keep].astype(np.int64)
+    members = join.members[keep].astype(np.int64)
+    exposed = np.zeros(len(AXES))
+    busy = np.bincount(axis, weights=transfer[keep] * members, minlength=len(AXES))
+    for a, name in enumerate(AXES):
+        if busy[a] > 0:
+            exposed[a] = min(1.0, float(rs.us(comm_category(name, TRANSFER)).sum()) / busy[a])
+    position = np.full(len(join), -1, dtype=np.int64)
+    position[keep] = np.arange(keep.size)
+    elem = position[inst_of]
+    use = elem >= 0
+    return {
+        "axis": axis,
+        "op": join.op[keep].astype(np.int64),
+        "group": join.group[keep].astype(np.int64),
+        "members": members,
+        "transfer": transfer[keep],
+        "size": size[keep].astype(np.int64),
+        "crosses": crosses[keep],
+        "exposed": exposed[axis],
+        "at": elem[use],
+        "node": node[use],
+        "place": place[use],
+        "row": rows[use],
+    }
+
+
+def _send_part(rs: RankSteps, place_of_row: NDArray[np.int64]) -> _Part | None:
+    table = rs.breakdown.table
+    iv, s = table.intervals, table.steps
+    sends = np.flatnonzero(
+        (iv.kind == P2P_CODE) & (iv.op == OPS.index(CommOp.SEND)) & (iv.size_bytes >= MIN_TRANSFER_BYTES)
+    )
+    if sends.size == 0:
+        return None
+    # The peer's rank-step: the row of the same step with the peer's rank.
+    width = int(s.step.max()) + 1
+    key = s.rank * width + s.step
+    order = np.argsort(key)
+    want = iv.peer[sends] * width + s.step[iv.row[sends]]
+    peer_row = order[np.clip(np.searchsorted(key[order], want), 0, order.size - 1)]
+    ok = (key[peer_row] == want) & (iv.end_us[sends] > iv.start_us[sends])
+    sends, peer_row = sends[ok], peer_row[ok].astype(np.int64)
+    rows = iv.row[sends].astype(np.int64)
+    node = s.node.astype(np.int64)
+    both = np.concatenate([rows, peer_row])
+    return {
+        "axis": iv.axis[sends].astype(np.int64),
+        "op": np.full(sends.size, OPS.index(CommOp.SEND), dtype=np.int64),
+        "group": iv.group[sends].astype(np.int64),
+        "members": np.full(sends.size, 2, dtype=np.int64),
+        "transfer": (iv.end_us[sends] - iv.start_us[sends]).astype(np.float64),
+        "size": iv.size_bytes[sends].astype(np.int64),
+        "crosses": place_of_row[rows] != place_of_row[peer_row],
+        "exposed": np.ones(sends.size),
+        "at": np.tile(np.arange(sends.size, dtype=np.int64), 2),
+        "node": node[both],
+        "place": place_of_row[both],
+        "row": both,
+    }
+
+
+def bus_factor(op: NDArray[np.int64], members: NDArray[np.int64]) -> NDArray[np.float64]:
+    """Bytes each member moves per message byte (nccl-tests): 2(n-1)/n all-reduce, 1 send, (n-1)/n otherwise."""
+    n = members.astype(np.float64)
+    factor = np.where(op == OPS.index(CommOp.ALL_REDUCE), 2 * (n - 1) / n, (n - 1) / n)
+    return np.where(op == OPS.index(CommOp.SEND), 1.0, factor)
+
+
+def _pairs(at: NDArray[np.int64], code: NDArray[np.int64]) -> tuple[NDArray[np.intp], NDArray[np.int64]]:
+    """Distinct (transfer, code) pairs."""
+    width = int(code.max()) + 1
+    unique = np.unique(at * width + code)
+    return unique // width, unique % width
+
+
+def measure_transfers(rs: RankSteps, *, spec: JobSpec | None = None, plan: Plan | None = None) -> Transfers | None:
+    """Every transfer of the records, its time per byte against its class and (with a spec) against the plan.
+
+    Returns:
+        The transfers; ``None`` when the records have none of at least :data:`MIN_TRANSFER_BYTES`.
+    """
+    place_of_row = place_of_rows(rs.breakdown.table)
+    parts = [p for p in (_collective_part(rs, place_of_row), _send_part(rs, place_of_row)) if p is not None]
+    parts = [p for p in parts if p["axis"].size]
+    if not parts:
+        return None
+    offsets = np.cumsum([0] + [p["axis"].size for p in parts])
+    col = {k: np.concatenate([p[k] for p in parts]) for k in parts[0] if k != "at"}
+    at = np.concatenate([p["at"] + o for p, o in zip(parts, offsets, strict=False)])
+    bus_bytes = col["size"] * bus_factor(col["op"], col["members"])
+    per_byte = col["transfer"] / bus_bytes
+    key = (col["axis"] * len(OPS) + col["op"]) * (int(col["members"].max()) + 1) + col["members"]
+    _, cls = np.unique(key * 2 + col["crosses"], return_inverse=True)
+    cls = cls.reshape(-1)
+    median = grouped_median(cls, per_byte, int(cls.max()) + 1)[cls]
+    planned = None
+    if spec is not None:
+        efficiency = (plan.assumptions if plan is not None else PlanAssumptions()).link_efficiency
+        hw = spec.hardware
+        rate = np.where(
+            col["crosses"],
+            hw.nic_bandwidth_bytes_per_s * efficiency(Link.NETWORK.value),
+            hw.scaleup_bandwidth_bytes_per_s * efficiency(Link.NVLINK.value),
+        )
+        planned = bus_bytes / rate * 1e6
+    pair_transfer, pair_node = _pairs(at, col["node"])
+    place_transfer, place = _pairs(at, col["place"])
+    return Transfers(
+        axis=col["axis"],
+        op=col["op"],
+        group=col["group"],
+        members=col["members"],
+        transfer_us=col["transfer"],
+        size_bytes=col["size"].astype(np.float64),
+        bus_bytes=bus_bytes,
+        crosses=col["crosses"].astype(bool),
+        exposed=col["exposed"],
+        planned_us=planned,
+        cls=cls,
+        log_ratio=np.log(per_byte / median),
+        pair_transfer=pair_transfer,
+        pair_node=pair_node,
+        place_transfer=place_transfer,
+        place=place,
+        row_transfer=at,
+        row=col["row"],
+    )

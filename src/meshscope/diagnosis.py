@@ -1,0 +1,864 @@
+"""Diagnosis: from a breakdown to findings that name the cause, the rank or node, and what it costs per step.
+
+Exists because a cost table says *where* the time goes (e.g. dp sync wait) but not *why*: the same wait comes from a
+slow GPU, from a batch with four times the attention work, or from a link that is slower through one node. Each
+detector here reads the indexed breakdown (:class:`~meshscope.costs.RankSteps`), compares like with like (a rank with
+the peers of its own pipeline stage in the same step, a transfer's time per byte with the transfers of the same axis,
+op, group size and link) and fires only when the effect is both clearly above the run's own noise and worth at least
+1 % of the step. Every
+finding carries its numbers (``evidence``) and its suspects (rank, node, group). Thresholds are the constants below,
+documented in ``docs/cost-table.md``; a clean run (noise only) gives no finding.
+
+How causes are told apart:
+
+* **straggler**: a rank's compute (or data wait, or optimizer) is long against its stage peers *with the same work*;
+* **data-imbalance**: rank-steps whose compute is long *because* their batch carries more tokens / attention work;
+* **slow-link**: **transfer** time per byte (after the last member arrived, so never sync wait) is higher on the
+  transfers through one node's network (or inside one NVLink domain) than on the same transfers elsewhere;
+* **placement**: an axis whose groups cross NVLink domains spends a real share of the step in exposed transfer;
+* **bubble-above-plan**, **data-loader-starved**, **checkpoint-stall**: job-wide categories above the plan or a share.
+
+It is vectorised over rank-steps and collective instances (grouped medians by one sort, per-node sums by
+``bincount``); loops run over phases, axes and the handful of candidates. It must not read files, print, or decide on
+anything but the numbers it is given.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from meshscope.breakdown import (
+    BUBBLE,
+    CATEGORY_INDEX,
+    CHECKPOINT,
+    COMPUTE,
+    DATA,
+    OPTIMIZER,
+    TRANSFER,
+    comm_category,
+)
+from meshscope.costs import (
+    Suspect,
+    Transfers,
+    grouped_median,
+    grouped_quantile,
+    measure_transfers,
+    place_of_rows,
+    stage_expected,
+)
+from meshscope.formatting import human_bytes, human_seconds, percent
+from meshscope.layout import AXES
+from meshscope.plan import Severity
+from meshscope.records import COMM_CODE, OPS, CommOp
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+    from numpy.typing import NDArray
+
+    from meshscope.costs import RankSteps
+    from meshscope.plan import Plan
+    from meshscope.spec import JobSpec
+
+# ---------------------------------------------------------------------------------------------- thresholds
+
+MIN_COST_SHARE = 0.01
+"""Every finding must cost at least this share of the median step time."""
+NOISE_SIGMAS = 6.0
+"""An outlier must stand this many robust standard deviations (1.4826 x MAD) above its peers."""
+STRAGGLER_MIN_EXCESS = 0.05
+"""A straggler's phase is at least this much longer than its stage peers' (relative)."""
+WORK_RATIO = 1.10
+"""Work (attention work, tokens, longest sequence) at or above this x the peers' median counts as "more work"."""
+IMBALANCE_MIN_EXCESS = 0.05
+"""A rank-step of an imbalance computes at least this much longer than its stage peers in that step."""
+PLACEMENT_MIN_SHARE = 0.03
+"""Exposed transfer of an axis whose groups cross NVLink domains, as a share of the step."""
+BUBBLE_MIN_RATIO = 1.5
+"""Measured bubble at least this x the plan's ..."""
+BUBBLE_MIN_SHARE = 0.03
+"""... and above it by at least this share of the step."""
+DATA_MIN_SHARE = 0.03
+"""The median rank's data wait, as a share of the step."""
+CHECKPOINT_MIN_SHARE = 0.03
+"""Amortised checkpoint time, as a share of the step."""
+SLOW_LINK_RATIO = 1.3
+"""A transfer is slow at this x the time per byte of the fast end of its class."""
+SLOW_LINK_TIE = 0.1
+"""Nodes within this fraction of the suspect's count of slow transfers are named with it (they cannot be told
+apart)."""
+SLOW_LINK_BASE_QUANTILE = 0.2
+"""The fast end of a class of transfers, the reference a slow transfer is compared with."""
+SLOW_LINK_CONCENTRATION = 0.5
+"""The suspect node (or domain) must take part in at least this share of the slow transfers ..."""
+SLOW_LINK_CONSISTENCY = 0.5
+"""... and at least this share of its own transfers (of the link kind: network or NVLink) must be slow."""
+SLOW_LINK_PLAN_RATIO = 2.0
+"""With a spec, transfers at least this x the plan's link model (bytes x bus factor ÷ bandwidth x efficiency)."""
+SEVERITY_ERROR_SHARE = 0.20
+"""A finding costing at least this share of the step is an error ..."""
+SEVERITY_WARNING_SHARE = 0.05
+"""... at least this share a warning, below it info."""
+MAX_STRAGGLER_FINDINGS = 5
+"""At most this many straggler findings (one per node, the costliest first)."""
+
+_MAD_TO_SIGMA = 1.4826
+_NON_PLACEMENT_AXES = frozenset({"dp", "pp"})
+"""Axes whose traffic is expected to cross the network (gradient reduction, stage-to-stage)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Finding:
+    """One diagnosed cause, with numbers."""
+
+    code: str
+    """``straggler``, ``data-imbalance``, ``placement``, ``bubble-above-plan``, ``data-loader-starved``,
+    ``checkpoint-stall`` or ``slow-link``."""
+    severity: Severity
+    """From the cost share: error ≥ 20 %, warning ≥ 5 %, else info."""
+    message: str
+    """One or two sentences with the numbers and units."""
+    evidence: Mapping[str, float | int | None]
+    """The numbers behind the message, base units (seconds, bytes, ratios)."""
+    suspects: tuple[Suspect, ...]
+    """Who to look at, most suspect first."""
+    cost_seconds_per_step: float = field(default=0.0)
+    """What it costs every GPU per step (the sort key)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """``{code, severity, message, evidence, suspects: [{rank, node, group}]}``."""
+        return {
+            "code": self.code,
+            "severity": self.severity.value,
+            "message": self.message,
+            "evidence": dict(self.evidence),
+            "suspects": [s.to_dict(message=False) for s in self.suspects],
+        }
+
+
+def severity_for(share: float) -> Severity:
+    """Severity of a finding costing ``share`` of the step."""
+    if share >= SEVERITY_ERROR_SHARE:
+        return Severity.ERROR
+    if share >= SEVERITY_WARNING_SHARE:
+        return Severity.WARNING
+    return Severity.INFO
+
+
+def diagnose(rs: RankSteps, *, plan: Plan | None = None, spec: JobSpec | None = None) -> tuple[Finding, ...]:
+    """Every finding for the indexed breakdown ``rs``, most costly first.
+
+    Args:
+        rs: the indexed breakdown.
+        plan: the plan (enables ``bubble-above-plan``, placement from the spec's placement, link efficiencies).
+        spec: the job spec (link bandwidths: the plan's link model for slow links, the placement evidence).
+
+    Returns:
+        Findings sorted by cost per step, largest first; empty for a clean run.
+    """
+    ctx = _Context.build(rs)
+    transfers = measure_transfers(rs, spec=spec, plan=plan)
+    findings: list[Finding] = []
+    findings += _stragglers(ctx)
+    findings += _imbalance(ctx)
+    findings += _slow_link(ctx, transfers)
+    findings += _placement(ctx, plan=plan, spec=spec, transfers=transfers)
+    root_cost = sum(f.cost_seconds_per_step for f in findings)
+    findings += _bubble(ctx, plan=plan, explained_seconds=root_cost)
+    findings += _data_starved(ctx)
+    findings += _checkpoint(ctx)
+    return tuple(sorted(findings, key=lambda f: -f.cost_seconds_per_step))
+
+
+# ---------------------------------------------------------------------------------------------- shared context
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Context:
+    rs: RankSteps
+    step_us: float
+    """Median step, µs."""
+    peer_key: NDArray[np.int64]
+    """(step, pipeline stage) group of each rank-step."""
+    n_peer_groups: int
+    work_ratio: NDArray[np.float64] | None
+    """Per rank-step: its work ÷ its (step, stage) peers' median work; ``None`` when no work is measured."""
+    work_name: str
+
+    @classmethod
+    def build(cls, rs: RankSteps) -> _Context:
+        s = rs.breakdown.table.steps
+        pp = s.coord[:, AXES.index("pp")]
+        stages = int(pp.max()) + 1
+        key = rs.step_index.astype(np.int64) * stages + pp
+        n_groups = rs.n_steps * stages
+        work_ratio, work_name = None, ""
+        for name, column in (
+            ("attention work", s.attention_work),
+            ("tokens", s.tokens.astype(np.float64)),
+            ("longest sequence", s.longest_sequence.astype(np.float64)),
+        ):
+            known = np.isfinite(column) & (column >= 0)
+            if known.all() and column.size:
+                peers = grouped_median(key, column, n_groups)[key]
+                with np.errstate(invalid="ignore", divide="ignore"):
+                    ratio = np.where(peers > 0, column / peers, 1.0)
+                work_ratio = ratio if work_ratio is None else np.maximum(work_ratio, ratio)
+                work_name = work_name or name
+        return cls(
+            rs=rs,
+            step_us=rs.median_step_us,
+            peer_key=key,
+            n_peer_groups=n_groups,
+            work_ratio=work_ratio,
+            work_name=work_name,
+        )
+
+    def peer_median(self, values: NDArray[np.float64]) -> NDArray[np.float64]:
+        """Each rank-step's (step, stage) peers' median of ``values``."""
+        return grouped_median(self.peer_key, values, self.n_peer_groups)[self.peer_key]
+
+    def share(self, seconds: float) -> float:
+        return seconds * 1e6 / self.step_us if self.step_us > 0 else 0.0
+
+    def suspect(self, rank_index: int, *, group: str | None = None) -> Suspect:
+        return Suspect(rank=int(self.rs.ranks[rank_index]), node=self.rs.node_name(rank_index), group=group)
+
+    def where(self, rank_index: int) -> str:
+        return f"rank {int(self.rs.ranks[rank_index])} on {self.rs.node_name(rank_index)}"
+
+
+def _robust_sigma(values: NDArray[np.float64]) -> float:
+    if values.size == 0:
+        return 0.0
+    return _MAD_TO_SIGMA * float(np.median(np.abs(values - np.median(values))))
+
+
+def _stat(rs: RankSteps, column: NDArray[np.float64], rank_index: int) -> float | None:
+    """Median of a stats column over one rank's steps, ``None`` if unmeasured."""
+    mine = column[rs.rank_index == rank_index]
+    mine = mine[np.isfinite(mine) & (mine >= 0)]
+    return float(np.median(mine)) if mine.size else None
+
+
+# ---------------------------------------------------------------------------------------------- straggler
+
+
+@dataclass(frozen=True, slots=True)
+class _Slow:
+    rank_index: int
+    phase: str
+    excess_us: float
+    """What the job waits for it per step: its median excess, or (transient) its excess summed and amortised."""
+    phase_us: float
+    peer_us: float
+    steps: int
+    """Steps it was slow in."""
+
+
+def _stragglers(ctx: _Context) -> list[Finding]:
+    """Persistent stragglers (median excess over their steps), then transient ones (a few slow steps that add up)."""
+    rs = ctx.rs
+    best: dict[int, _Slow] = {}
+    for phase in (COMPUTE, DATA, OPTIMIZER):
+        values = rs.us(phase)
+        peers = ctx.peer_median(values)
+        excess = grouped_median(rs.rank_index, values - peers, rs.n_ranks)
+        peer_rank = grouped_median(rs.rank_index, peers, rs.n_ranks)
+        floor = max(MIN_COST_SHARE * ctx.step_us, NOISE_SIGMAS * _robust_sigma(excess))
+        hit = (excess >= floor) & (excess >= STRAGGLER_MIN_EXCESS * peer_rank)
+        if phase == COMPUTE and ctx.work_ratio is not None:
+            # More work than the peers is an imbalance, not a straggler.
+            hit &= grouped_median(rs.rank_index, ctx.work_ratio, rs.n_ranks) < WORK_RATIO
+        for i in np.flatnonzero(hit).tolist():
+            steps = int(rs.steps_per_rank[i])
+            slow = _Slow(i, phase, float(excess[i]), float(peer_rank[i] + excess[i]), float(peer_rank[i]), steps)
+            if i not in best or slow.excess_us > best[i].excess_us:
+                best[i] = slow
+    for phase in (COMPUTE, DATA, OPTIMIZER):
+        for i, slow in _transient(ctx, phase, exclude=best).items():
+            if i not in best or slow.excess_us > best[i].excess_us:
+                best[i] = slow
+    if not best:
+        return []
+    by_node: dict[int, list[_Slow]] = {}
+    for slow in best.values():
+        by_node.setdefault(int(rs.node_of_rank[slow.rank_index]), []).append(slow)
+    findings = [_straggler_finding(ctx, sorted(group, key=lambda s: -s.excess_us)) for group in by_node.values()]
+    findings.sort(key=lambda f: -f.cost_seconds_per_step)
+    return findings[:MAX_STRAGGLER_FINDINGS]
+
+
+def _transient(ctx: _Context, phase: str, *, exclude: dict[int, _Slow]) -> dict[int, _Slow]:
+    """Ranks slow in some steps only: rank-steps above the same thresholds, their excess amortised over the steps."""
+    rs = ctx.rs
+    values = rs.us(phase)
+    peers = ctx.peer_median(values)
+    excess = values - peers
+    floor = np.maximum(
+        max(MIN_COST_SHARE * ctx.step_us, NOISE_SIGMAS * _robust_sigma(excess)), STRAGGLER_MIN_EXCESS * peers
+    )
+    flag = excess >= floor
+    if phase == COMPUTE and ctx.work_ratio is not None:
+        flag &= ctx.work_ratio < WORK_RATIO
+    if exclude:
+        flag &= ~np.isin(rs.rank_index, list(exclude))
+    rows = np.flatnonzero(flag)
+    if rows.size == 0:
+        return {}
+    who = rs.rank_index[rows]
+    amortised = np.bincount(who, weights=excess[rows], minlength=rs.n_ranks) / rs.steps_per_rank
+    out = {}
+    for i in np.flatnonzero(amortised >= MIN_COST_SHARE * ctx.step_us).tolist():
+        mine = rows[who == i]
+        out[i] = _Slow(
+            i,
+            phase,
+            float(amortised[i]),
+            float(np.median(values[mine])),
+            float(np.median(peers[mine])),
+            int(mine.size),
+        )
+    return out
+
+
+def _straggler_finding(ctx: _Context, slow: list[_Slow]) -> Finding:
+    rs = ctx.rs
+    top = slow[0]
+    i = top.rank_index
+    caused_us = float(rs.caused_per_step_us[[s.rank_index for s in slow]].sum())
+    cost_s = top.excess_us / 1e6
+    share = ctx.share(cost_s)
+    node = rs.node_name(i)
+    s = rs.breakdown.table.steps
+    tokens = _stat(rs, s.tokens.astype(np.float64), i)
+    peer_tokens = float(np.median(s.tokens[s.tokens >= 0])) if (s.tokens >= 0).any() else None
+    gap_us = top.phase_us - top.peer_us
+    relative = f" (+{percent(gap_us / top.peer_us)})" if top.peer_us >= gap_us / 100 else ""
+    phase_word = {COMPUTE: "compute", DATA: "data loading", OPTIMIZER: "the optimizer step"}[top.phase]
+    who = ctx.where(i) if len(slow) == 1 else f"{len(slow)} ranks on {node} (worst: rank {int(rs.ranks[i])})"
+    work = "" if top.phase != COMPUTE or tokens is None else f" with the same work ({tokens:,.0f} tokens)"
+    total_steps = int(rs.steps_per_rank[i])
+    when = "" if top.steps >= total_steps else f" in {top.steps} of its {total_steps} steps"
+    message = (
+        f"{who} is slow in {phase_word}{when}: {human_seconds(top.phase_us / 1e6)} per {'slow ' * bool(when)}step vs "
+        f"{human_seconds(top.peer_us / 1e6)} on its stage's peers{relative}"
+        f"{work}; every rank waits about {human_seconds(cost_s)} per step for it ({percent(share)} of the step"
+        f"{', amortised' if when else ''})"
+    )
+    if caused_us > 0:
+        message += f", {human_seconds(caused_us / 1e6)} of GPU time in sync wait it caused"
+    evidence: dict[str, float | int | None] = {
+        "rank": int(rs.ranks[i]),
+        "phase_seconds": top.phase_us / 1e6,
+        "peer_median_seconds": top.peer_us / 1e6,
+        "excess_seconds": top.excess_us / 1e6,
+        "excess_ratio": gap_us / top.peer_us if top.peer_us > 0 else None,
+        "phase_is_compute": int(top.phase == COMPUTE),
+        "phase_is_data": int(top.phase == DATA),
+        "phase_is_optimizer": int(top.phase == OPTIMIZER),
+        "wait_caused_seconds_per_step": caused_us / 1e6,
+        "tokens": tokens,
+        "median_tokens": peer_tokens,
+        "slow_ranks_on_node": len(slow),
+        "steps_slow": top.steps,
+        "share_of_step": share,
+    }
+    return Finding(
+        code="straggler",
+        severity=severity_for(share),
+        message=message,
+        evidence=evidence,
+        suspects=tuple(ctx.suspect(x.rank_index) for x in slow),
+        cost_seconds_per_step=cost_s,
+    )
+
+
+# ---------------------------------------------------------------------------------------------- data imbalance
+
+
+def _imbalance(ctx: _Context) -> list[Finding]:
+    rs = ctx.rs
+    if ctx.work_ratio is None:
+        return []
+    compute = rs.us(COMPUTE)
+    peers = ctx.peer_median(compute)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        rel = np.where(peers > 0, compute / peers - 1.0, 0.0)
+    floor = max(IMBALANCE_MIN_EXCESS, NOISE_SIGMAS * _robust_sigma(rel))
+    flagged = np.flatnonzero((rel >= floor) & (ctx.work_ratio >= WORK_RATIO))
+    if flagged.size == 0:
+        return []
+    excess = compute[flagged] - peers[flagged]
+    per_step = np.zeros(rs.n_steps)
+    np.maximum.at(per_step, rs.step_index[flagged], excess)
+    cost_s = float(per_step.sum()) / rs.n_steps / 1e6
+    share = ctx.share(cost_s)
+    if share < MIN_COST_SHARE:
+        return []
+    by_rank = np.bincount(rs.rank_index[flagged], weights=excess, minlength=rs.n_ranks)
+    i = int(np.argmax(by_rank))
+    mine = flagged[rs.rank_index[flagged] == i]
+    s = rs.breakdown.table.steps
+
+    def ratio_of(column: NDArray[np.float64]) -> tuple[float | None, float | None]:
+        if not (np.isfinite(column) & (column >= 0)).all():
+            return None, None
+        return float(np.median(column[mine])), float(np.median(ctx.peer_median(column)[mine]))
+
+    tokens, peer_tokens = ratio_of(s.tokens.astype(np.float64))
+    longest, peer_longest = ratio_of(s.longest_sequence.astype(np.float64))
+    work, peer_work = ratio_of(s.attention_work)
+    parts = []
+    if tokens is not None and peer_tokens:
+        parts.append(f"{tokens:,.0f} tokens vs a median {peer_tokens:,.0f}")
+    if longest is not None and peer_longest:
+        parts.append(f"longest sequence {longest:,.0f} vs {peer_longest:,.0f}")
+    if work is not None and peer_work:
+        parts.append(f"attention work {work / peer_work:.2f}x the median")
+    steps_hit = int(np.unique(rs.step_index[flagged]).size)
+    message = (
+        f"step time follows the busiest rank's work: in {steps_hit} of {rs.n_steps} steps a rank with more work "
+        f"computes {percent(float(np.median(rel[flagged])))} longer than its stage peers; worst is {ctx.where(i)} "
+        f"({', '.join(parts) or ctx.work_name}, {mine.size} steps); it costs every rank about "
+        f"{human_seconds(cost_s)} per step ({percent(share)} of the step)"
+    )
+    evidence: dict[str, float | int | None] = {
+        "rank": int(rs.ranks[i]),
+        "tokens": tokens,
+        "median_tokens": peer_tokens,
+        "longest_sequence": longest,
+        "median_longest_sequence": peer_longest,
+        "attention_work": work,
+        "median_attention_work": peer_work,
+        "compute_excess_ratio": float(np.median(rel[mine])),
+        "steps_affected": steps_hit,
+        "rank_steps_affected": int(flagged.size),
+        "cost_seconds_per_step": cost_s,
+        "share_of_step": share,
+    }
+    return [
+        Finding(
+            code="data-imbalance",
+            severity=severity_for(share),
+            message=message,
+            evidence=evidence,
+            suspects=(ctx.suspect(i),),
+            cost_seconds_per_step=cost_s,
+        )
+    ]
+
+
+# ---------------------------------------------------------------------------------------------- slow link
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _LinkVerdict:
+    nodes: NDArray[np.int64]
+    """The suspect nodes, most suspect first (several: they cannot be told apart, or they fill a domain)."""
+    domain: int | None
+    """The NVLink domain (place code) when the verdict is a whole domain."""
+    slowed: NDArray[np.bool_]
+    """The transfers it slowed."""
+    normal_us: NDArray[np.float64]
+    """What each transfer should have taken."""
+    against: str
+    """What "normal" is."""
+
+
+def _nodes_of_place(rs: RankSteps, place: int) -> NDArray[np.int64]:
+    rows = place_of_rows(rs.breakdown.table) == place
+    return np.unique(rs.breakdown.table.steps.node[rows]).astype(np.int64)
+
+
+def _slow_link(ctx: _Context, tr: Transfers | None) -> list[Finding]:
+    """Transfers slower than they should be, all through one node's network or inside one NVLink domain."""
+    if tr is None:
+        return []
+    verdict = _link_verdict(ctx.rs, tr)
+    if verdict is None:
+        return []
+    return _slow_link_finding(ctx, tr, verdict)
+
+
+def _link_verdict(rs: RankSteps, tr: Transfers) -> _LinkVerdict | None:
+    """Which transfers are slow, and what they all run through.
+
+    A transfer is slow when its time per bus byte is at least :data:`SLOW_LINK_RATIO` x the fast end (the
+    :data:`SLOW_LINK_BASE_QUANTILE` quantile) of its class (axis, op, group size, link), or, with a spec, at least
+    :data:`SLOW_LINK_PLAN_RATIO` x the plan's link model (the only reference when a slow node sits in every group of
+    a class). Slow transfers that cross the network point at a node's network: the suspects are the nodes every one
+    of them runs through (several when they always appear together); slow transfers inside an NVLink domain point at
+    that domain. Whichever of the two holds more of the excess wins; the suspect must take part in at least
+    :data:`SLOW_LINK_CONCENTRATION` of the slow transfers and at least :data:`SLOW_LINK_CONSISTENCY` of its own
+    transfers must be slow, or nothing is reported (scattered slowness is jitter or many causes, not one link).
+    """
+    n_cls = int(tr.cls.max()) + 1
+    per_byte = tr.transfer_us / tr.bus_bytes
+    normal = grouped_quantile(tr.cls, per_byte, n_cls, SLOW_LINK_BASE_QUANTILE)[tr.cls] * tr.bus_bytes
+    slowed = tr.transfer_us >= SLOW_LINK_RATIO * normal
+    if tr.planned_us is not None:
+        by_plan = ~slowed & (tr.transfer_us >= SLOW_LINK_PLAN_RATIO * tr.planned_us)
+        normal = np.where(by_plan, tr.planned_us, normal)
+        slowed |= by_plan
+    if not slowed.any():
+        return None
+    excess = np.where(slowed, tr.transfer_us - normal, 0.0)
+    network = slowed & tr.crosses
+    inside = slowed & ~tr.crosses
+    domain: int | None = None
+    if excess[network].sum() >= excess[inside].sum():
+        n = int(np.count_nonzero(network))
+        counts = tr.count_by_node(network)
+        nodes = np.flatnonzero(counts >= (1.0 - SLOW_LINK_TIE) * counts.max())
+        if counts.max() < SLOW_LINK_CONCENTRATION * n:
+            return None
+        healthy = tr.count_by_node(~slowed & tr.crosses)
+        nodes = nodes[np.lexsort((nodes, healthy[nodes], -counts[nodes]))]  # most slow, fewest healthy transfers first
+        through = _through(tr.pair_transfer[tr.pair_node == nodes[0]], tr.axis.size) & tr.crosses
+        chosen = network & through
+    else:
+        n = int(np.count_nonzero(inside))
+        places = np.bincount(tr.place[inside[tr.place_transfer]])
+        domain = int(np.argmax(places))
+        if places[domain] < SLOW_LINK_CONCENTRATION * n:
+            return None
+        nodes = _nodes_of_place(rs, domain)
+        through = _through(tr.place_transfer[tr.place == domain], tr.axis.size) & ~tr.crosses
+        chosen = inside & through
+    if np.count_nonzero(chosen) < SLOW_LINK_CONSISTENCY * np.count_nonzero(through):
+        return None  # a faulty link slows (nearly) all its transfers; a few slow ones among many are jitter
+    against = (
+        "the plan"
+        if tr.planned_us is not None and np.array_equal(normal[chosen], tr.planned_us[chosen])
+        else ("the same transfers elsewhere")
+    )
+    return _LinkVerdict(nodes=nodes, domain=domain, slowed=chosen, normal_us=normal, against=against)
+
+
+def _through(index: NDArray[np.intp], n: int) -> NDArray[np.bool_]:
+    mask = np.zeros(n, dtype=bool)
+    mask[index] = True
+    return mask
+
+
+def _slow_link_finding(ctx: _Context, tr: Transfers, verdict: _LinkVerdict) -> list[Finding]:
+    rs = ctx.rs
+    slowed = verdict.slowed
+    if not slowed.any():
+        return []
+    excess = tr.transfer_us - verdict.normal_us
+    # The job waits for its most delayed rank: per rank-step, the exposed excess of the slowed transfers it takes part
+    # in; per step, the largest of them; averaged over the steps.
+    delay = np.where(slowed, np.maximum(excess, 0.0) * tr.exposed, 0.0)
+    per_row = np.bincount(tr.row, weights=delay[tr.row_transfer], minlength=rs.breakdown.table.n_rows)
+    per_step = np.zeros(rs.n_steps)
+    np.maximum.at(per_step, rs.step_index, per_row)
+    cost_s = float(per_step.mean()) / 1e6
+    share = ctx.share(cost_s)
+    if share < MIN_COST_SHARE:
+        return []
+    table = rs.breakdown.table
+    axis = int(np.bincount(tr.axis[slowed], weights=excess[slowed], minlength=len(AXES)).argmax())
+    mine = slowed & (tr.axis == axis)
+    slow_t = float(np.median(tr.transfer_us[mine]))
+    normal_t = float(np.median(verdict.normal_us[mine]))
+    size = float(np.median(tr.size_bytes[mine]))
+    code = int(tr.group[mine][int(np.argmax(excess[mine]))])
+    group = table.group_name(code) if code >= 0 else None
+    names = [table.node_name(int(n)) for n in verdict.nodes]
+    where = _link_place(rs, verdict, names)
+    axis_name = AXES[axis].value
+    ratio = float(np.median(tr.transfer_us[slowed] / verdict.normal_us[slowed]))
+    send = OPS.index(CommOp.SEND)
+    what = "pipeline sends" if (axis_name == "pp" and tr.op[mine][0] == send) else f"{axis_name} transfers"
+    message = (
+        f"transfers through {where} (collectives of groups that include it, messages to or from it) take "
+        f"{ratio:.2f}x as long as {verdict.against} ({what}: {human_seconds(slow_t / 1e6)} vs "
+        f"{human_seconds(normal_t / 1e6)} for {human_bytes(size)}, counted from the last member's arrival, so not "
+        f"sync wait): a slow link; it costs every rank about {human_seconds(cost_s)} per step ({percent(share)} of "
+        f"the step)"
+    )
+    evidence: dict[str, float | int | None] = {
+        "slowdown_ratio": ratio,
+        "transfer_seconds": slow_t / 1e6,
+        "expected_transfer_seconds": normal_t / 1e6,
+        "message_bytes": size,
+        "achieved_bandwidth_bytes_per_s": size / (slow_t / 1e6),
+        "expected_bandwidth_bytes_per_s": size / (normal_t / 1e6) if normal_t > 0 else None,
+        "compared_with_plan": int(verdict.against == "the plan"),
+        "transfers_slowed": int(np.count_nonzero(slowed)),
+        "transfers": int(slowed.size),
+        "suspect_nodes": int(verdict.nodes.size),
+        "whole_nvlink_domain": int(verdict.domain is not None),
+        "cost_seconds_per_step": cost_s,
+        "share_of_step": share,
+    }
+    suspects = []
+    for n, name in zip(verdict.nodes.tolist(), names, strict=True):
+        on_node = np.flatnonzero(rs.node_of_rank == n)
+        suspects.append(Suspect(rank=int(rs.ranks[on_node[0]]) if on_node.size else None, node=name, group=group))
+    return [
+        Finding(
+            code="slow-link",
+            severity=severity_for(share),
+            message=message,
+            evidence=evidence,
+            suspects=tuple(suspects),
+            cost_seconds_per_step=cost_s,
+        )
+    ]
+
+
+def _link_place(rs: RankSteps, verdict: _LinkVerdict, names: list[str]) -> str:
+    """``node-3``; ``NVLink domain nvl-1 (nodes ...)``; ``one of node-0, node-1 (...)``; or no common place."""
+    shown = ", ".join(names[:4]) + (", ..." if len(names) > 4 else "")
+    table = rs.breakdown.table
+    if verdict.domain is not None:
+        n_domains = len(table.nvlink_domain_names) or int(table.steps.nvlink_domain.max(initial=-1)) + 1
+        if verdict.domain < n_domains:
+            code = verdict.domain
+            label = table.nvlink_domain_names[code] if table.nvlink_domain_names else f"nvl-{code}"
+            return f"NVLink domain {label} (nodes {shown})"
+    if not names:
+        return "many groups (no node or NVLink domain is common to all of them)"
+    if len(names) == 1:
+        return names[0]
+    return f"one of {shown} (always in the same transfers, so they cannot be told apart)"
+
+
+# ---------------------------------------------------------------------------------------------- placement
+
+
+def _crossing_groups(rs: RankSteps, axis: int) -> tuple[int, int, str | None] | None:
+    """(groups crossing NVLink domains, groups, one crossing group) from the records' domains; ``None`` if unknown."""
+    table = rs.breakdown.table
+    iv = table.intervals
+    sel = np.flatnonzero((iv.kind == COMM_CODE) & (iv.axis == axis) & (iv.group >= 0))  # comm
+    if sel.size == 0:
+        return None
+    domain = table.steps.nvlink_domain[iv.row[sel]].astype(np.int64)
+    if (domain < 0).any():
+        return None
+    group = iv.group[sel].astype(np.int64)
+    pairs = np.unique(group * (int(domain.max()) + 1) + domain)
+    pair_group = pairs // (int(domain.max()) + 1)
+    groups, per_group = np.unique(pair_group, return_counts=True)
+    crossing = groups[per_group > 1]
+    example = table.group_name(int(crossing[0])) if crossing.size else None
+    return int(crossing.size), int(groups.size), example
+
+
+def _placement(ctx: _Context, *, plan: Plan | None, spec: JobSpec | None, transfers: Transfers | None) -> list[Finding]:
+    """An axis other than dp/pp whose groups cross NVLink domains, with exposed transfer above a share of the step.
+
+    Crossing groups come from the records' NVLink domains, else from the spec's placement (the plan). The achieved
+    bandwidth is the median bus bytes per second of the axis' transfers that cross a domain.
+    """
+    rs = ctx.rs
+    findings = []
+    for axis_index, axis in enumerate(AXES):
+        if axis.value in _NON_PLACEMENT_AXES:
+            continue
+        transfer = rs.us(comm_category(axis, TRANSFER))
+        median_us = float(np.median(transfer))
+        share = ctx.share(median_us / 1e6)
+        if share < PLACEMENT_MIN_SHARE:
+            continue
+        crossing = _crossing_groups(rs, axis_index)
+        if crossing is None and plan is not None:
+            planned = [c for c in plan.collectives if c.axis == axis.value and c.group == axis.value]
+            if planned:
+                crossing = (planned[0].groups_crossing_domains, planned[0].groups, None)
+        if crossing is None or crossing[0] == 0:
+            continue
+        n_cross, n_groups, example = crossing
+        worst = int(np.argmax(rs.rank_mean_us[:, CATEGORY_INDEX[comm_category(axis, TRANSFER)]]))
+        bytes_per_step = _axis_bytes_per_step(rs, axis_index)
+        achieved: float | None = None
+        if transfers is not None:
+            mine = (transfers.axis == axis_index) & transfers.crosses
+            if mine.any():
+                achieved = float(np.median(transfers.bus_bytes[mine] / transfers.transfer_us[mine])) * 1e6
+        evidence: dict[str, float | int | None] = {
+            "groups_crossing_domains": n_cross,
+            "groups": n_groups,
+            "exposed_transfer_seconds": median_us / 1e6,
+            "bytes_per_step": bytes_per_step,
+            "achieved_bandwidth_bytes_per_s": achieved,
+            "nvlink_bandwidth_bytes_per_s": spec.hardware.scaleup_bandwidth_bytes_per_s if spec else None,
+            "network_bandwidth_bytes_per_s": spec.hardware.nic_bandwidth_bytes_per_s if spec else None,
+            "share_of_step": share,
+        }
+        link = (
+            f" (NVLink {human_bytes(spec.hardware.scaleup_bandwidth_bytes_per_s)}/s, network "
+            f"{human_bytes(spec.hardware.nic_bandwidth_bytes_per_s)}/s per GPU and direction)"
+            if spec
+            else ""
+        )
+        rate = f" at {human_bytes(achieved)}/s per GPU" if achieved else ""
+        message = (
+            f"{n_cross} of {n_groups} {axis.value} groups cross an NVLink domain: their {axis.value} traffic "
+            f"({human_bytes(bytes_per_step)} per GPU per step) goes over the slower link{rate}{link} and "
+            f"{human_seconds(median_us / 1e6)} per step of it is exposed ({percent(share)} of the step); keep "
+            f"{axis.value} groups inside a domain (rank order, placement) or shrink {axis.value}"
+        )
+        findings.append(
+            Finding(
+                code="placement",
+                severity=severity_for(share),
+                message=message,
+                evidence=evidence,
+                suspects=(ctx.suspect(worst, group=example or rs.group_name(worst, axis_index)),),
+                cost_seconds_per_step=median_us / 1e6,
+            )
+        )
+    return findings
+
+
+def _axis_bytes_per_step(rs: RankSteps, axis: int) -> float:
+    """Median over rank-steps that communicate on ``axis`` of the bytes of their collectives, bytes."""
+    iv = rs.breakdown.table.intervals
+    sel = np.flatnonzero((iv.axis == axis) & (iv.size_bytes >= 0) & (iv.kind >= COMM_CODE))
+    if sel.size == 0:
+        return 0.0
+    per_row = np.bincount(iv.row[sel], weights=iv.size_bytes[sel], minlength=rs.breakdown.table.n_rows)
+    return float(np.median(per_row[per_row > 0])) if (per_row > 0).any() else 0.0
+
+
+# ---------------------------------------------------------------------------------------------- job-wide categories
+
+
+def _bubble(ctx: _Context, *, plan: Plan | None, explained_seconds: float) -> list[Finding]:
+    """Measured pipeline waiting vs each rank-step's own stage's expectation (:func:`~meshscope.costs.stage_expected`).
+
+    Pipeline waiting is the bubble plus the exposed pp transfer: where the planner's overlap model and the
+    breakdown's bytes/bandwidth split draw the line between them differently, their sum still compares. A bubble
+    that root causes found here (stragglers, imbalance, slow links) can explain — at most twice their cost — is
+    their symptom and not reported again.
+    """
+    if plan is None or plan.layout.pp < 2:
+        return []
+    rs = ctx.rs
+    pp = rs.breakdown.table.steps.coord[:, AXES.index("pp")]
+    pp_transfer = comm_category("pp", TRANSFER)
+    per_stage = np.array(
+        [
+            (e[BUBBLE] or 0.0) + (e[pp_transfer] or 0.0)
+            for e in (stage_expected(plan, r) for r in range(len(plan.stages)))
+        ]
+    )
+    expected_us = per_stage[np.clip(pp, 0, len(plan.stages) - 1)] * 1e6
+    waiting = rs.us(BUBBLE) + rs.us(pp_transfer)
+    measured_s = float(np.median(waiting)) / 1e6
+    expected_s = float(np.median(expected_us)) / 1e6
+    excess_s = float(np.median(waiting - expected_us)) / 1e6
+    share = ctx.share(excess_s)
+    if measured_s < BUBBLE_MIN_RATIO * expected_s or share < BUBBLE_MIN_SHARE or excess_s <= 2 * explained_seconds:
+        return []
+    worst = int(np.argmax(rs.rank_mean_us[:, CATEGORY_INDEX[BUBBLE]]))
+    step_s = ctx.step_us / 1e6
+    message = (
+        f"pipeline waiting (bubble + exposed pp transfer) is {human_seconds(measured_s)} per step "
+        f"({percent(measured_s / step_s)} of the step) against {human_seconds(expected_s)} planned (a bubble of "
+        f"{percent(plan.bubble_fraction)} of compute for pp {plan.layout.pp}, {plan.micro_batches} micro-batches, "
+        f"{plan.schedule.value}, the stage's exposed pp transfer and its wait for the slowest stage); the excess "
+        f"costs {human_seconds(excess_s)} per step ({percent(share)}): more micro-batches, interleaving (vpp) or "
+        f"balancing the stages would cut it"
+    )
+    return [
+        Finding(
+            code="bubble-above-plan",
+            severity=severity_for(share),
+            message=message,
+            evidence={
+                "measured_seconds": measured_s,
+                "expected_seconds": expected_s,
+                "measured_bubble_seconds": float(np.median(rs.us(BUBBLE))) / 1e6,
+                "measured_share_of_step": measured_s / step_s,
+                "plan_bubble_fraction": plan.bubble_fraction,
+                "excess_seconds": excess_s,
+                "share_of_step": share,
+            },
+            suspects=(ctx.suspect(worst),),
+            cost_seconds_per_step=excess_s,
+        )
+    ]
+
+
+def _data_starved(ctx: _Context) -> list[Finding]:
+    rs = ctx.rs
+    data = rs.us(DATA)
+    median_s = float(np.median(data)) / 1e6
+    share = ctx.share(median_s)
+    if share < DATA_MIN_SHARE:
+        return []
+    k = CATEGORY_INDEX[DATA]
+    worst = int(np.argmax(rs.rank_mean_us[:, k]))
+    starved = float(np.mean(rs.rank_mean_us[:, k] >= DATA_MIN_SHARE * ctx.step_us))
+    message = (
+        f"the data loader starves the job: the median rank waits {human_seconds(median_s)} per step for data "
+        f"({percent(share)} of the step; {percent(starved)} of ranks wait over {percent(DATA_MIN_SHARE)}); worst "
+        f"{ctx.where(worst)} at {human_seconds(float(rs.rank_mean_us[worst, k]) / 1e6)}: more loader workers, "
+        f"prefetching or faster storage"
+    )
+    return [
+        Finding(
+            code="data-loader-starved",
+            severity=severity_for(share),
+            message=message,
+            evidence={
+                "median_data_wait_seconds": median_s,
+                "p95_data_wait_seconds": float(np.percentile(data, 95)) / 1e6,
+                "worst_rank": int(rs.ranks[worst]),
+                "worst_data_wait_seconds": float(rs.rank_mean_us[worst, k]) / 1e6,
+                "ranks_starved_fraction": starved,
+                "share_of_step": share,
+            },
+            suspects=(ctx.suspect(worst),),
+            cost_seconds_per_step=median_s,
+        )
+    ]
+
+
+def _checkpoint(ctx: _Context) -> list[Finding]:
+    rs = ctx.rs
+    ckpt = rs.us(CHECKPOINT)
+    k = CATEGORY_INDEX[CHECKPOINT]
+    # The slowest saver's amortised time: ranks that do not save wait for it in their next collective.
+    worst = int(np.argmax(rs.rank_mean_us[:, k]))
+    amortised_s = float(rs.rank_mean_us[worst, k]) / 1e6
+    share = ctx.share(amortised_s)
+    if share < CHECKPOINT_MIN_SHARE:
+        return []
+    saving = ckpt > 0
+    steps_with = int(np.unique(rs.step_index[saving]).size)
+    per_save_s = float(np.median(ckpt[saving])) / 1e6
+    savers = int(np.count_nonzero(rs.rank_mean_us[:, k] > 0))
+    message = (
+        f"checkpointing stalls training: {steps_with} of {rs.n_steps} steps save a checkpoint on {savers} of "
+        f"{rs.n_ranks} ranks, {human_seconds(per_save_s)} each (median saver), {human_seconds(amortised_s)} per step "
+        f"amortised on the slowest, {ctx.where(worst)} ({percent(share)} of the step; ranks that do not save wait "
+        f"for it): save asynchronously or less often"
+    )
+    return [
+        Finding(
+            code="checkpoint-stall",
+            severity=severity_for(share),
+            message=message,
+            evidence={
+                "amortised_seconds_per_step": amortised_s,
+                "seconds_per_checkpoint": per_save_s,
+                "steps_with_checkpoint": steps_with,
+                "steps": rs.n_steps,
+                "worst_rank": int(rs.ranks[worst]),
+                "ranks_saving": savers,
+                "share_of_step": share,
+            },
+            suspects=(ctx.suspect(worst),),
+            cost_seconds_per_step=amortised_s,
+        )
+    ]

@@ -1,0 +1,517 @@
+"""The cost table, summary, partial-data notes and expected vs measured: hand-computed numbers on tiny jobs."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from meshscope.analysis import analyze, render_analysis
+from meshscope.breakdown import CATEGORIES
+from meshscope.cli import build_parser, main
+from meshscope.costs import (
+    category_label,
+    expected_by_category,
+    grouped_median,
+    stage_expected,
+)
+from meshscope.errors import ParseError
+from meshscope.layout import RankCoord
+from meshscope.loading import load_spec_text
+from meshscope.plan import plan_job
+from meshscope.records import DataStats, Interval, RecordTable, StepRecord, write_records
+
+MS = 1000  # µs per ms
+DATA_DIR = Path(__file__).parent.parent / "data"
+
+
+# ---------------------------------------------------------------------------- a 4-rank dp job with one straggler
+#
+# Every step (18 ms): data 0.2 ms; compute 10 ms (rank 3: 13 ms); dp all-reduce entered at the end of compute, the
+# transfer starts when rank 3 arrives and takes 3 ms; optimizer 1.8 ms. So ranks 0-2 wait 3 ms in sync wait and
+# rank 3 none; every rank-step is exactly 18 ms.
+
+
+def straggler_records(*, steps: int = 2, drop: tuple[int, int] | None = None, lose_comm: tuple[int, int] | None = None):
+    records = []
+    for step in range(steps):
+        t0 = step * 18 * MS
+        for rank in range(4):
+            if drop == (rank, step):
+                continue
+            compute_end = t0 + 200 + (13 * MS if rank == 3 else 10 * MS)
+            ivs = [
+                Interval(kind="data", start_us=t0, end_us=t0 + 200),
+                Interval(kind="compute", start_us=t0 + 200, end_us=compute_end, phase="forward"),
+                Interval(kind="optimizer", start_us=t0 + 16_200, end_us=t0 + 18 * MS),
+            ]
+            if lose_comm != (rank, step):
+                ivs.append(
+                    Interval(
+                        kind="comm",
+                        start_us=compute_end,
+                        end_us=t0 + 16_200,
+                        axis="dp",
+                        op="all_reduce",
+                        group="dp:0",
+                        seq=step,
+                        size_bytes=64 << 20,
+                        group_size=4,
+                    )
+                )
+            records.append(
+                StepRecord(
+                    job="costs",
+                    step=step,
+                    rank=rank,
+                    coord=RankCoord(dp=rank, tp=0, pp=0, cp=0, ep=0),
+                    node=f"node-{rank}",
+                    start_us=t0,
+                    end_us=t0 + 18 * MS,
+                    intervals=tuple(ivs),
+                    stats=DataStats(tokens=4096, longest_sequence=2048, peak_memory_bytes=(30 + rank) << 30),
+                    gpu_util=0.95,
+                )
+            )
+    return records
+
+
+def straggler_table(**kw) -> RecordTable:
+    return RecordTable.from_records(straggler_records(**kw))
+
+
+def row(analysis, category):
+    return next(r for r in analysis.rows if r.category == category)
+
+
+def test_cost_rows_hand_computed() -> None:
+    a = analyze(straggler_table())
+    assert [r.category for r in a.rows] == [
+        "compute",
+        "comm.dp.transfer",
+        "comm.dp.sync_wait",
+        "bubble",
+        "data",
+        "optimizer",
+        "checkpoint",
+        "other",
+    ]
+    compute = row(a, "compute")
+    assert compute.measured_median_seconds == pytest.approx(0.010)
+    assert compute.measured_p95_seconds == pytest.approx(0.013)  # 6 x 10 ms, 2 x 13 ms: the 95th is 13 ms
+    assert compute.worst_rank == 3
+    assert compute.worst_seconds == pytest.approx(0.013)
+    assert compute.share_of_step == pytest.approx(10 / 18)
+    assert compute.gpu_hours_per_day == pytest.approx(10 / 18 * 4 * 24)
+    assert compute.expected_seconds is None
+    assert compute.delta_seconds is None
+
+    wait = row(a, "comm.dp.sync_wait")
+    assert wait.label == "dp sync wait"
+    assert wait.measured_median_seconds == pytest.approx(0.003)
+    assert wait.share_of_step == pytest.approx(3 / 18)
+    assert wait.gpu_hours_per_day == pytest.approx(16.0)
+    assert wait.worst_rank == 0  # ranks 0-2 tie at 3 ms; the lowest wins
+    assert wait.suspect is not None
+    assert (wait.suspect.rank, wait.suspect.node, wait.suspect.group) == (3, "node-3", "dp:0")
+    assert wait.suspect.message == (
+        "rank 3 on node-3 makes its dp group dp:0 wait 3.00 ms per step (9.00 ms of GPU time over 3 waiting ranks)"
+    )
+
+    transfer = row(a, "comm.dp.transfer")
+    assert transfer.measured_median_seconds == pytest.approx(0.003)
+    assert transfer.suspect is not None
+    assert transfer.suspect.message.startswith("spread evenly over ranks")
+    assert row(a, "optimizer").measured_median_seconds == pytest.approx(0.0018)
+    assert row(a, "data").measured_median_seconds == pytest.approx(0.0002)
+    assert row(a, "bubble").suspect is None
+    assert row(a, "bubble").worst_rank is None
+    assert sum(r.measured_median_seconds for r in a.rows) == pytest.approx(0.018)
+
+
+def test_summary_hand_computed() -> None:
+    s = analyze(straggler_table()).summary
+    assert s.median_step_seconds == pytest.approx(0.018)
+    assert s.max_step_seconds == pytest.approx(0.018)
+    # Own time (step - sync wait): 15 ms for ranks 0-2, 18 ms for rank 3.
+    assert s.slowest_rank == 3
+    assert s.straggler_gap_seconds == pytest.approx(0.003)
+    # No plan: ideal = median of compute + optimizer = 10 + 1.8 ms.
+    assert s.ideal_step_seconds == pytest.approx(0.0118)
+    assert s.efficiency == pytest.approx(11.8 / 18)
+    assert s.useful_compute_share == pytest.approx(10 / 18)
+    assert s.reported_gpu_util == pytest.approx(0.95)
+
+
+def test_unused_axes_are_left_out_but_used_ones_stay_at_zero() -> None:
+    a = analyze(straggler_table())
+    axes = {r.category.split(".")[1] for r in a.rows if r.category.startswith("comm.")}
+    assert axes == {"dp"}
+
+
+def test_checkpoint_row_is_amortised() -> None:
+    records = straggler_records(steps=4)
+    # Rank 1 checkpoints for 4 ms in step 3 only: the median is 0, the amortised mean is 4 ms / 16 rank-steps.
+    patched = []
+    for r in records:
+        if (r.rank, r.step) == (1, 3):
+            end = r.end_us + 4 * MS
+            ivs = (*r.intervals, Interval(kind="checkpoint", start_us=r.end_us, end_us=end))
+            patched.append(StepRecord(**{**{f: getattr(r, f) for f in r.__slots__}, "end_us": end, "intervals": ivs}))
+        else:
+            patched.append(r)
+    a = analyze(RecordTable.from_records(patched))
+    ckpt = row(a, "checkpoint")
+    assert ckpt.label == "checkpoint (amortised)"
+    assert ckpt.measured_median_seconds == pytest.approx(0.004 / 16)
+    assert ckpt.worst_rank == 1
+    assert ckpt.worst_seconds == pytest.approx(0.001)  # 4 ms over rank 1's 4 steps
+
+
+def test_to_dict_has_exactly_the_documented_keys() -> None:
+    d = analyze(straggler_table()).to_dict()
+    assert list(d) == [
+        "job",
+        "world_size",
+        "ranks_seen",
+        "steps",
+        "partial_data",
+        "summary",
+        "rows",
+        "expected_vs_measured",
+        "findings",
+    ]
+    assert d["steps"] == {"first": 0, "last": 1, "count": 2}
+    assert (d["job"], d["world_size"], d["ranks_seen"]) == ("costs", 4, 4)
+    assert set(d["summary"]) == {
+        "median_step_seconds",
+        "max_step_seconds",
+        "straggler_gap_seconds",
+        "slowest_rank",
+        "efficiency",
+        "ideal_step_seconds",
+        "useful_compute_share",
+        "reported_gpu_util",
+    }
+    assert set(d["rows"][0]) == {
+        "category",
+        "label",
+        "expected_seconds",
+        "measured_median_seconds",
+        "measured_p95_seconds",
+        "worst_rank",
+        "worst_seconds",
+        "share_of_step",
+        "delta_seconds",
+        "gpu_hours_per_day",
+        "suspect",
+    }
+    assert set(d["rows"][0]["suspect"]) == {"rank", "node", "group", "message"}
+    assert d["expected_vs_measured"] == {"collectives": [], "memory": []}
+    finding = d["findings"][0]
+    assert set(finding) == {"code", "severity", "message", "evidence", "suspects"}
+    assert set(finding["suspects"][0]) == {"rank", "node", "group"}
+    json.dumps(d)  # serialisable as is
+
+
+# ---------------------------------------------------------------------------- partial data
+
+
+def test_missing_rank_step_marks_every_row() -> None:
+    a = analyze(straggler_table(drop=(2, 1)))
+    codes = {n.code: n for n in a.partial_data}
+    assert codes["missing_rank_steps"].count == 1
+    assert "1 of 8 rank-steps (4 ranks x 2 steps) have no record" in codes["missing_rank_steps"].message
+    assert all(r.label.endswith("(partial data)") for r in a.rows)
+    assert all(r.partial for r in a.rows)
+
+
+def test_incomplete_collective_marks_the_axis_rows_only() -> None:
+    a = analyze(straggler_table(lose_comm=(1, 1)))
+    codes = {n.code: n for n in a.partial_data}
+    assert codes["incomplete_collectives"].count == 1
+    partial = {r.category for r in a.rows if r.partial}
+    assert partial == {"comm.dp.transfer", "comm.dp.sync_wait"}
+    assert row(a, "comm.dp.sync_wait").label == "dp sync wait (partial data)"
+
+
+def test_missing_ranks_against_the_world_size() -> None:
+    records = [r for r in straggler_records() if r.rank != 1]
+    a = analyze(RecordTable.from_records(records))
+    codes = {n.code: n for n in a.partial_data}
+    assert codes["missing_ranks"].count == 1
+    assert "(e.g. rank 1)" in codes["missing_ranks"].message
+    assert a.ranks_seen == 3
+    assert a.world_size == 3  # no spec: the ranks seen
+
+
+def test_complete_data_has_no_partial_notes() -> None:
+    a = analyze(straggler_table())
+    assert a.partial_data == ()
+    assert not any(r.partial for r in a.rows)
+
+
+def test_empty_table_is_an_input_error() -> None:
+    empty = RecordTable.from_records([])
+    with pytest.raises(ParseError, match="no step records"):
+        analyze(empty)
+
+
+# ---------------------------------------------------------------------------- with a spec
+
+SPEC = """
+apiVersion: meshscope.io/v1alpha1
+kind: TrainingJob
+metadata: {name: costs}
+spec:
+  model: {preset: llama3-8b}
+  parallelism: {dp: 2, tp: 2, pp: 2}
+  training: {microBatchSize: 1, globalBatchSize: 8}
+  hardware: {gpu: H100, nodes: 1}
+"""
+
+
+def spec_records() -> list[StepRecord]:
+    """Ranks 0-7 of dp2 tp2 pp2 (Megatron order: tp fastest, then dp, then pp); one step, 100 ms, one tp
+    all-reduce of 32 MiB and one dp reduce-scatter of 64 MiB per rank."""
+    records = []
+    for rank in range(8):
+        tp, dp, pp = rank % 2, (rank // 2) % 2, rank // 4
+        ivs = [
+            Interval(kind="compute", start_us=0, end_us=80 * MS, phase="forward"),
+            Interval(
+                kind="comm",
+                start_us=80 * MS,
+                end_us=85 * MS,
+                axis="tp",
+                op="all_reduce",
+                group=f"tp:{rank // 2}",
+                seq=0,
+                size_bytes=32 << 20,
+                group_size=2,
+            ),
+            Interval(
+                kind="comm",
+                start_us=85 * MS,
+                end_us=95 * MS,
+                axis="dp",
+                op="reduce_scatter",
+                group=f"dp:{pp}-{tp}",
+                seq=0,
+                size_bytes=64 << 20,
+                group_size=2,
+            ),
+            Interval(kind="optimizer", start_us=95 * MS, end_us=100 * MS),
+        ]
+        records.append(
+            StepRecord(
+                job="costs",
+                step=0,
+                rank=rank,
+                coord=RankCoord(dp=dp, tp=tp, pp=pp, cp=0, ep=0),
+                node="node-0",
+                nvlink_domain="nvl-0",
+                start_us=0,
+                end_us=100 * MS,
+                intervals=tuple(ivs),
+                stats=DataStats(peak_memory_bytes=(40 + pp) << 30),
+            )
+        )
+    return records
+
+
+def test_expected_column_maps_the_plan() -> None:
+    spec = load_spec_text(SPEC)
+    plan = plan_job(spec)
+    t = plan.expected_step_time
+    expected = expected_by_category(plan)
+    assert expected["compute"] == t.compute_seconds
+    assert expected["comm.tp.transfer"] == t.exposed_comm_seconds["tp"]
+    assert expected["comm.tp.sync_wait"] == 0.0
+    assert expected["comm.cp.transfer"] == 0.0
+    assert expected["bubble"] == t.bubble_seconds
+    assert expected["optimizer"] == t.optimizer_seconds
+    assert expected["data"] == 0.0
+    assert expected["checkpoint"] is None
+    assert expected["other"] is None
+    assert set(expected_by_category(None).values()) == {None}
+
+    # Per stage: the stage's own numbers; its bubble adds the wait for the slowest stage.
+    s0, s1 = (st.step_time for st in plan.stages)
+    assert t.pp_rank == 1
+    stage0 = stage_expected(plan, 0)
+    assert stage0["compute"] == s0.compute_seconds
+    assert stage0["bubble"] == pytest.approx(t.bubble_seconds + t.total_seconds - s0.total_seconds)
+    assert stage_expected(plan, 1)["bubble"] == t.bubble_seconds
+    # The column is the median over rank-steps of their stage's value: 3 of 4 rank-steps on stage 1 -> stage 1.
+    assert expected_by_category(plan, np.array([0, 1, 1, 1]))["compute"] == s1.compute_seconds
+    assert expected_by_category(plan, np.array([0, 0, 0, 1]))["compute"] == s0.compute_seconds
+
+    a = analyze(RecordTable.from_records(spec_records()), spec=spec)
+    compute = row(a, "compute")
+    # 4 rank-steps on each stage: the midpoint of the two stages.
+    assert compute.expected_seconds == pytest.approx((s0.compute_seconds + s1.compute_seconds) / 2)
+    assert compute.delta_seconds == pytest.approx(0.080 - compute.expected_seconds)
+    # pp is in use by the layout, so its rows stay although no record communicates on pp.
+    assert {r.category for r in a.rows if r.category.startswith("comm.")} == {
+        "comm.dp.transfer",
+        "comm.dp.sync_wait",
+        "comm.tp.transfer",
+        "comm.tp.sync_wait",
+        "comm.pp.transfer",
+        "comm.pp.sync_wait",
+    }
+    assert a.summary.ideal_step_seconds == pytest.approx(t.compute_seconds + t.optimizer_seconds)
+    assert a.world_size == 8
+
+
+def test_expected_vs_measured_collectives_and_memory() -> None:
+    spec = load_spec_text(SPEC)
+    plan = plan_job(spec)
+    a = analyze(RecordTable.from_records(spec_records()), spec=spec)
+    by_key = {(c.axis, c.op): c for c in a.collectives}
+    tp = by_key[("tp", "all_reduce")]
+    assert tp.measured_message_bytes == 32 << 20
+    assert tp.measured_count_per_step == 1
+    planned = [c for c in plan.collectives if c.axis == "tp" and c.op.value == "all-reduce"]
+    assert tp.expected_count_per_step == sum(c.count_per_step for c in planned)
+    dp = by_key[("dp", "reduce_scatter")]
+    assert (dp.measured_message_bytes, dp.measured_count_per_step) == (64 << 20, 1)
+    # The plan's pipeline sends have no records: measured stays None.
+    pp = by_key[("pp", "send_recv")]
+    assert pp.measured_message_bytes is None
+    assert pp.measured_count_per_step is None
+    assert pp.expected_count_per_step is not None
+    assert [(m.pp_rank, m.measured_peak_bytes) for m in a.memory] == [(0, 40 << 30), (1, 41 << 30)]
+    assert [m.expected_bytes for m in a.memory] == [s.memory.total_bytes for s in plan.stages]
+
+
+def test_world_size_from_the_spec_notes_missing_ranks() -> None:
+    spec = load_spec_text(SPEC)
+    records = [r for r in spec_records() if r.rank < 6]
+    a = analyze(RecordTable.from_records(records), spec=spec)
+    notes = {n.code: n for n in a.partial_data}
+    assert notes["missing_ranks"].count == 2
+    assert "the spec's world size" in notes["missing_ranks"].message
+    assert a.world_size == 8
+
+
+# ---------------------------------------------------------------------------- helpers and rendering
+
+
+def test_grouped_median() -> None:
+    key = np.array([0, 0, 0, 1, 1, 3])
+    values = np.array([5.0, 1.0, 3.0, 4.0, 2.0, 7.0])
+    out = grouped_median(key, values, 4)
+    assert out[:2].tolist() == [3.0, 3.0]
+    assert np.isnan(out[2])
+    assert out[3] == 7.0
+
+
+def test_labels() -> None:
+    assert [category_label(c) for c in CATEGORIES if not c.startswith("comm.")] == [
+        "compute",
+        "pipeline bubble",
+        "data wait",
+        "optimizer",
+        "checkpoint (amortised)",
+        "other",
+    ]
+    assert category_label("comm.ep.sync_wait") == "ep sync wait"
+
+
+def test_render_puts_units_on_every_number() -> None:
+    text = render_analysis(analyze(straggler_table()))
+    assert text.index("Findings") < text.index("Cost table") < text.index("Summary")
+    table = text[text.index("Cost table") : text.index("Summary")]
+    for line in table.splitlines()[3:]:
+        if not line.strip():
+            continue
+        cells = re.split(r"\s{2,}", line.split("  rank ")[0].split("  spread evenly")[0].strip())
+        for cell in cells[1:]:
+            # every cell is a dash, a rank number (the worst-rank column) or a number with a unit
+            assert cell == "-" or re.fullmatch(r"\d+", cell) or re.search(r"(s|%|GPU-h)$", cell), (cell, line)
+    assert "dp sync wait" in table
+    assert "makes its dp group dp:0 wait 3.00 ms per step" in table
+    assert "reported GPU utilisation: 95.0 %" in text
+
+
+# ---------------------------------------------------------------------------- the command
+
+
+def test_cli_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "r.jsonl"
+    write_records(path, straggler_records())
+    assert main(["analyze", str(path), "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["summary"]["slowest_rank"] == 3
+    assert d["findings"][0]["code"] == "straggler"
+
+
+def test_cli_text_on_the_recorded_scenario(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["analyze", str(DATA_DIR / "dp8_straggler" / "records.jsonl")]) == 0
+    out = capsys.readouterr().out
+    assert "straggler: rank 2 on node-0 is slow in compute" in out
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["analyze", "nope.jsonl"], "no such records file: nope.jsonl"),
+        (["analyze", "{good}", "--spec", "nope.yaml"], "nope.yaml"),
+        (["analyze", "{good}", "{other}"], "does not match job"),
+        (["analyze", "{bad}"], "line 1"),
+    ],
+    ids=["missing-file", "missing-spec", "mismatched-jobs", "bad-json"],
+)
+def test_cli_bad_input_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str], argv, message) -> None:
+    good, other, bad = tmp_path / "good.jsonl", tmp_path / "other.jsonl", tmp_path / "bad.jsonl"
+    write_records(good, straggler_records())
+    recs = straggler_records()
+    write_records(other, [StepRecord(**{**{f: getattr(r, f) for f in r.__slots__}, "job": "other"}) for r in recs])
+    bad.write_text('{"schema": "meshscope.step/1", "job": 3}\n')
+    argv = [a.format(good=good, other=other, bad=bad) for a in argv]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("meshscope: error:")
+    assert message in err
+    assert "Traceback" not in err
+
+
+def test_cli_allow_partial_leaves_out_files_of_another_job(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    recs = straggler_records()
+    a, b, c = tmp_path / "a.jsonl", tmp_path / "b.jsonl", tmp_path / "c.jsonl"
+    write_records(a, recs[:4])
+    write_records(b, recs[4:])
+    write_records(c, [StepRecord(**{**{f: getattr(r, f) for f in r.__slots__}, "job": "other"}) for r in recs])
+    assert main(["analyze", str(a), str(b), str(c), "--allow-partial", "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    notes = {n["code"]: n for n in d["partial_data"]}
+    assert notes["rejected_job_files"]["count"] == 1
+    assert "c.jsonl" in notes["rejected_job_files"]["message"]
+    assert d["job"] == "costs"
+    assert all(r["label"].endswith("(partial data)") for r in d["rows"])
+
+
+def test_cli_truncated_last_line_needs_allow_partial(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "r.jsonl"
+    write_records(path, straggler_records())
+    with path.open("a") as f:
+        f.write('{"schema": "meshscope.step/1", "job": "costs", "step": 2, "ra')
+    assert main(["analyze", str(path)]) == 2
+    assert "pass --allow-partial to skip it" in capsys.readouterr().err
+    assert main(["analyze", str(path), "--allow-partial", "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert [n["code"] for n in d["partial_data"]] == ["truncated_line"]
+    assert all(r["label"].endswith("(partial data)") for r in d["rows"])
+
+
+def test_analyze_cli_surface_is_frozen() -> None:
+    sub = next(a for a in build_parser()._actions if a.dest == "command")
+    parser = sub.choices["analyze"]  # type: ignore[attr-defined]
+    options = sorted(opt for action in parser._actions for opt in action.option_strings)
+    assert options == ["--allow-partial", "--help", "--json", "--spec", "-h"]
+    assert [a.dest for a in parser._actions if not a.option_strings] == ["records"]

@@ -1,0 +1,502 @@
+"""Diagnosis: each finding on a small synthetic job built from arrays, the causes told apart, clean runs silent."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import pytest
+
+from meshscope.analysis import analyze
+from meshscope.costs import stage_expected
+from meshscope.diagnosis import (
+    CHECKPOINT_MIN_SHARE,
+    MIN_COST_SHARE,
+    Finding,
+    severity_for,
+)
+from meshscope.layout import AXES, ParallelLayout
+from meshscope.loading import load_spec_text
+from meshscope.plan import Severity, plan_job
+from meshscope.records import (
+    AXIS_CODE,
+    KIND_CODE,
+    OP_CODE,
+    PHASE_CODE,
+    IntervalColumns,
+    RecordTable,
+    StepColumns,
+)
+
+# ---------------------------------------------------------------------------- a small job, built from arrays
+
+
+@dataclass(kw_only=True)
+class Job:
+    """A dp x tp x stages job on ``gpus_per_node``-GPU nodes. Every step: data, forward (1/3 of compute), tp
+    all-reduce, backward (2/3), dp all-reduce, optimizer, checkpoint. Stages are independent (no p2p): they only
+    give each node-set its own dp groups. Times in µs."""
+
+    tp: int = 2
+    dp: int = 4
+    stages: int = 1
+    gpus_per_node: int = 4
+    nodes_per_domain: int = 1
+    steps: int = 4
+    seed: int = 0
+    noise: float = 0.01
+    compute_us: float = 20_000
+    optimizer_us: float = 1_000
+    data_us: float = 200
+    tp_transfer_us: float = 500
+    dp_transfer_us: float = 3_000
+    slow: dict[int, float] = field(default_factory=dict)
+    """rank -> compute factor."""
+    slow_in_step: dict[tuple[int, int], float] = field(default_factory=dict)
+    """(rank, step) -> compute factor in that step only."""
+    work: dict[int, float] = field(default_factory=dict)
+    """dp index -> sequence-length factor k (linear compute x k, attention work x k²)."""
+    slow_data_us: dict[int, float] = field(default_factory=dict)
+    """rank -> data-loader time."""
+    slow_optimizer: dict[int, float] = field(default_factory=dict)
+    transfer_noise: float = 0.0
+    """σ of a log-normal jitter on every transfer time (real links are not deterministic)."""
+    slow_node: tuple[int, float] | None = None
+    """(node, factor): its network: transfers of groups that include the node and cross NVLink domains take factor x
+    as long."""
+    slow_domain: tuple[int, float] | None = None
+    """(domain, factor): its NVLink: transfers of groups inside the domain take factor x as long."""
+    ckpt_every: int = 0
+    ckpt_us: float = 0
+    ckpt_ranks: tuple[int, ...] | None = None
+    stats: bool = True
+
+    def table(self) -> RecordTable:
+        return build(self)
+
+
+def transfer_times(job: Job, nodes: np.ndarray, base: float) -> np.ndarray:
+    """Per group (rows of member nodes): its transfer time, slowed by a slow node's network or a slow domain."""
+    per_group = np.full(nodes.shape[0], float(base))
+    domains = nodes // job.nodes_per_domain
+    crosses = (domains != domains[:, :1]).any(axis=1)
+    if job.slow_node is not None:
+        hit = (nodes == job.slow_node[0]).any(axis=1) & crosses
+        per_group[hit] *= job.slow_node[1]
+    if job.slow_domain is not None:
+        hit = (domains == job.slow_domain[0]).all(axis=1)
+        per_group[hit] *= job.slow_domain[1]
+    return per_group
+
+
+def build(job: Job) -> RecordTable:
+    layout = ParallelLayout(tp=job.tp, dp=job.dp, pp=job.stages)
+    w = layout.world_size
+    rng = np.random.default_rng(job.seed)
+    coords = layout.coords_array()
+    rank = np.arange(w)
+    node = rank // job.gpus_per_node
+    tp_group = layout.groups("tp")
+    dp_group = layout.groups("dp")
+    tp_of = np.empty(w, dtype=np.int64)
+    dp_of = np.empty(w, dtype=np.int64)
+    tp_of[tp_group] = np.arange(tp_group.shape[0])[:, None]
+    dp_of[dp_group] = np.arange(dp_group.shape[0])[:, None]
+
+    tp_x = transfer_times(job, node[tp_group], job.tp_transfer_us)[tp_of]
+    dp_x = transfer_times(job, node[dp_group], job.dp_transfer_us)[dp_of]
+    k = np.array([job.work.get(int(d), 1.0) for d in coords["dp"]])
+    factor = np.array([job.slow.get(int(r), 1.0) for r in rank])
+    data = np.array([job.slow_data_us.get(int(r), job.data_us) for r in rank])
+    opt_f = np.array([job.slow_optimizer.get(int(r), 1.0) for r in rank])
+    ckpt_rank = np.ones(w, dtype=bool) if job.ckpt_ranks is None else np.isin(rank, job.ckpt_ranks)
+
+    cols: dict[str, list[np.ndarray]] = {c: [] for c in ("row", "kind", "start", "end", "phase", "axis", "op", "group")}
+    cols |= {"seq": [], "size": [], "gsize": []}
+    starts, ends = [], []
+    t0 = 1_000_000.0
+
+    def add(row, kind, s, e, *, phase=-1, axis=-1, op=-1, group=-1, seq=-1, size=-1, gsize=-1):
+        m = len(row)
+        for name, v in (
+            ("row", row),
+            ("kind", KIND_CODE[kind]),
+            ("start", s),
+            ("end", e),
+            ("phase", phase),
+            ("axis", axis),
+            ("op", op),
+            ("group", group),
+            ("seq", seq),
+            ("size", size),
+            ("gsize", gsize),
+        ):
+            cols[name].append(np.broadcast_to(np.asarray(v), (m,)).astype(np.int64))
+
+    n_tp = tp_group.shape[0]
+    for step in range(job.steps):
+        row = step * w + rank
+        jitter = rng.lognormal(0.0, job.noise, size=(3, w))
+        once = np.array([job.slow_in_step.get((int(r), step), 1.0) for r in rank])
+        compute = job.compute_us * k * factor * once * jitter[0]
+        t = np.full(w, t0)
+        add(row, "data", t, t + data)
+        t = t + data
+        fwd = compute / 3
+        add(row, "compute", t, t + fwd, phase=PHASE_CODE["forward"])
+        t = t + fwd
+        if job.tp > 1:
+            last = t[tp_group].max(axis=1)[tp_of]
+            end = last + tp_x * k * rng.lognormal(0.0, job.transfer_noise, size=w)[tp_of]
+            add(
+                row,
+                "comm",
+                t,
+                end,
+                axis=AXIS_CODE["tp"],
+                op=OP_CODE["all_reduce"],
+                group=tp_of,
+                seq=step,
+                size=(16 << 20) * k,
+                gsize=job.tp,
+            )
+            t = end
+        add(row, "compute", t, t + 2 * compute / 3, phase=PHASE_CODE["backward"])
+        t = t + 2 * compute / 3
+        if job.dp > 1:
+            last = t[dp_group].max(axis=1)[dp_of]
+            end = last + dp_x * rng.lognormal(0.0, job.transfer_noise, size=w)[dp_of]
+            add(
+                row,
+                "comm",
+                t,
+                end,
+                axis=AXIS_CODE["dp"],
+                op=OP_CODE["all_reduce"],
+                group=n_tp + dp_of,
+                seq=step,
+                size=256 << 20,
+                gsize=job.dp,
+            )
+            t = end
+        opt = job.optimizer_us * opt_f * jitter[1]
+        add(row, "optimizer", t, t + opt)
+        t = t + opt
+        if job.ckpt_every and (step + 1) % job.ckpt_every == 0:
+            sel = np.flatnonzero(ckpt_rank)
+            add(row[sel], "checkpoint", t[sel], t[sel] + job.ckpt_us)
+            t[sel] += job.ckpt_us
+        starts.append(np.full(w, t0))
+        ends.append(t.copy())
+        t0 = float(t.max()) + 10
+
+    c = {name: np.concatenate(v) for name, v in cols.items()}
+    n = job.steps * w
+    rank_col = np.tile(rank, job.steps)
+    k_col = np.tile(k, job.steps)
+    stats = {}
+    if job.stats:
+        stats = {
+            "tokens": (4096 * k_col).astype(np.int64),
+            "longest_sequence": (2048 * k_col).astype(np.int64),
+            "attention_work": 2 * 2048.0**2 * k_col**2,
+        }
+    return RecordTable(
+        job="synthetic",
+        steps=StepColumns.build(
+            rank=rank_col,
+            step=np.repeat(np.arange(job.steps), w),
+            start_us=np.rint(np.concatenate(starts)).astype(np.int64),
+            end_us=np.rint(np.concatenate(ends)).astype(np.int64),
+            coord=np.stack([coords[a] for a in AXES], axis=1)[rank_col],
+            node=np.tile(node, job.steps),
+            nvlink_domain=np.tile(node // job.nodes_per_domain, job.steps),
+            gpu_util=np.full(n, 0.98),
+            **stats,
+        ),
+        intervals=IntervalColumns.build(
+            row=c["row"],
+            kind=c["kind"],
+            start_us=np.rint(c["start"]).astype(np.int64),
+            end_us=np.rint(c["end"]).astype(np.int64),
+            phase=c["phase"],
+            axis=c["axis"],
+            op=c["op"],
+            group=c["group"],
+            seq=c["seq"],
+            size_bytes=c["size"],
+            group_size=c["gsize"],
+        ),
+        node_names=tuple(f"node-{i}" for i in range(int(node.max()) + 1)),
+        group_names=tuple(f"tp:{i}" for i in range(n_tp)) + tuple(f"dp:{i}" for i in range(dp_group.shape[0])),
+    )
+
+
+def findings(job: Job, **kw) -> tuple[Finding, ...]:
+    return analyze(job.table(), **kw).findings
+
+
+def only(found: tuple[Finding, ...], code: str) -> Finding:
+    assert [f.code for f in found] == [code], [f.message for f in found]
+    return found[0]
+
+
+# ---------------------------------------------------------------------------- clean runs
+
+
+@pytest.mark.parametrize(
+    "job",
+    [
+        Job(),
+        Job(tp=1, dp=8, gpus_per_node=8, noise=0.03, steps=3),
+        Job(tp=4, dp=8, stages=2, gpus_per_node=8, noise=0.02, seed=3),
+        Job(tp=2, dp=16, gpus_per_node=4, noise=0.05, steps=2, seed=7),
+        Job(stats=False, noise=0.02),
+        Job(tp=4, dp=8, stages=2, gpus_per_node=4, transfer_noise=0.15, tp_transfer_us=2_000, dp_transfer_us=5_000),
+    ],
+    ids=["default", "dp8-noisy", "tp4-dp8-2stages", "very-noisy-2-steps", "no-stats", "jittery-links"],
+)
+def test_clean_runs_give_no_finding(job: Job) -> None:
+    assert findings(job) == ()
+
+
+# ---------------------------------------------------------------------------- straggler
+
+
+def test_straggler_in_compute() -> None:
+    f = only(findings(Job(slow={5: 1.3})), "straggler")
+    assert (f.suspects[0].rank, f.suspects[0].node) == (5, "node-1")
+    assert f.evidence["phase_is_compute"] == 1
+    # Compute is 20 ms: 1.3x is 6 ms more than its stage peers' median (within the 1 % noise).
+    assert f.evidence["excess_seconds"] == pytest.approx(0.006, rel=0.1)
+    assert f.evidence["excess_ratio"] == pytest.approx(0.30, abs=0.03)
+    assert f.evidence["wait_caused_seconds_per_step"] > 0
+    assert f.message.startswith("rank 5 on node-1 is slow in compute")
+    assert "with the same work (4,096 tokens)" in f.message
+    assert f.severity is Severity.ERROR  # 6 ms of a ~26 ms step
+
+
+def test_straggler_in_data_loading() -> None:
+    f = only(findings(Job(slow_data_us={3: 2_500})), "straggler")
+    assert f.suspects[0].rank == 3
+    assert f.evidence["phase_is_data"] == 1
+    assert f.evidence["excess_seconds"] == pytest.approx(0.0023, rel=0.01)
+    assert "slow in data loading" in f.message
+
+
+def test_straggler_in_the_optimizer() -> None:
+    f = only(findings(Job(slow_optimizer={6: 3.0})), "straggler")
+    assert f.suspects[0].rank == 6
+    assert f.evidence["phase_is_optimizer"] == 1
+
+
+def test_stragglers_on_one_node_are_one_finding_naming_the_node() -> None:
+    f = only(findings(Job(dp=8, slow={4: 1.3, 5: 1.25, 6: 1.3, 7: 1.28})), "straggler")
+    assert {s.rank for s in f.suspects} == {4, 5, 6, 7}
+    assert {s.node for s in f.suspects} == {"node-1"}
+    assert f.message.startswith("4 ranks on node-1")
+
+
+def test_small_slowdown_within_the_noise_is_not_a_straggler() -> None:
+    assert findings(Job(slow={5: 1.02}, noise=0.01)) == ()
+
+
+# ---------------------------------------------------------------------------- data imbalance
+
+
+def test_imbalance_is_slow_with_more_work() -> None:
+    found = findings(Job(work={2: 1.4}))
+    f = only(found, "data-imbalance")
+    # dp index 2 is ranks 4 and 5 (tp fastest): both carry 1.4x the tokens.
+    assert f.suspects[0].rank in {4, 5}
+    assert f.evidence["tokens"] == pytest.approx(4096 * 1.4, rel=1e-3)
+    assert f.evidence["median_tokens"] == 4096
+    assert f.evidence["attention_work"] / f.evidence["median_attention_work"] == pytest.approx(1.96, rel=1e-3)
+    assert "5,734 tokens vs a median 4,096" in f.message
+
+
+def test_without_stats_a_busy_rank_reads_as_a_straggler() -> None:
+    f = only(findings(Job(work={2: 1.4}, stats=False)), "straggler")
+    assert f.suspects[0].rank in {4, 5}
+
+
+# ---------------------------------------------------------------------------- slow link
+
+
+def test_slow_link_names_the_node() -> None:
+    # tp groups cross nodes (2 GPUs per node, tp 2 over ranks 2i, 2i+1 -> same node; make tp 4 to cross).
+    job = Job(tp=4, dp=2, stages=2, gpus_per_node=2, slow_node=(3, 4.0), tp_transfer_us=400)
+    f = found_slow = only(findings(job), "slow-link")
+    assert found_slow.suspects[0].node == "node-3"
+    assert f.evidence["slowdown_ratio"] == pytest.approx(4.0, rel=0.05)
+    assert "node-3" in f.message
+    assert f.evidence["transfer_seconds"] == pytest.approx(4 * f.evidence["expected_transfer_seconds"])
+    assert f.evidence["compared_with_plan"] == 0
+
+
+def test_slow_link_is_transfer_not_wait() -> None:
+    # The same job with a straggler instead: wait, not transfer -> straggler only.
+    job = Job(tp=4, dp=2, stages=2, gpus_per_node=2, slow={6: 1.3}, tp_transfer_us=400)
+    assert [f.code for f in findings(job)] == ["straggler"]
+
+
+# ---------------------------------------------------------------------------- placement
+
+
+PLACEMENT_SPEC = """
+apiVersion: meshscope.io/v1alpha1
+kind: TrainingJob
+metadata: {{name: placement}}
+spec:
+  model: {{preset: llama3-8b}}
+  parallelism: {{dp: {dp}, tp: {tp}}}
+  training: {{microBatchSize: 1, globalBatchSize: {gbs}}}
+  hardware: {{gpu: H100, nodes: {nodes}}}
+"""
+
+
+def test_placement_tp_across_nvlink_domains() -> None:
+    # tp 4 on 2-GPU nodes, every node its own NVLink domain: every tp group crosses the network.
+    job = Job(tp=4, dp=2, gpus_per_node=2, tp_transfer_us=6_000)
+    found = findings(job)
+    f = only(found, "placement")
+    assert f.evidence["groups_crossing_domains"] == 2
+    assert f.evidence["groups"] == 2
+    assert f.evidence["exposed_transfer_seconds"] == pytest.approx(0.006, rel=0.01)
+    # 16 MiB all-reduced over 4 ranks moves 2·3/4 x 16 MiB per GPU in 6 ms.
+    assert f.evidence["achieved_bandwidth_bytes_per_s"] == pytest.approx(1.5 * (16 << 20) / 0.006, rel=0.01)
+    assert f.suspects[0].group is not None
+    assert f.suspects[0].group.startswith("tp:")
+    assert f.message.startswith("2 of 2 tp groups cross an NVLink domain")
+
+
+def test_placement_needs_crossing_groups() -> None:
+    # The same exposed tp transfer inside NVLink domains (4-GPU nodes): no placement finding.
+    assert findings(Job(tp=4, dp=2, gpus_per_node=4, tp_transfer_us=6_000)) == ()
+
+
+# ---------------------------------------------------------------------------- job-wide categories
+
+
+def test_data_loader_starved() -> None:
+    f = only(findings(Job(data_us=3_000)), "data-loader-starved")
+    assert f.evidence["median_data_wait_seconds"] == pytest.approx(0.003, abs=1e-6)
+    assert f.evidence["ranks_starved_fraction"] == 1.0
+
+
+def test_checkpoint_stall() -> None:
+    f = only(findings(Job(ckpt_every=2, ckpt_us=10_000)), "checkpoint-stall")
+    assert f.evidence["steps_with_checkpoint"] == 2
+    assert f.evidence["seconds_per_checkpoint"] == pytest.approx(0.010)
+    assert f.evidence["amortised_seconds_per_step"] == pytest.approx(0.005)
+
+
+def test_checkpoint_on_some_ranks_counts_the_worst_rank() -> None:
+    f = only(findings(Job(ckpt_every=2, ckpt_us=10_000, ckpt_ranks=(0,))), "checkpoint-stall")
+    assert f.suspects[0].rank == 0
+    assert f.evidence["amortised_seconds_per_step"] == pytest.approx(0.005)
+
+
+def test_bubble_above_plan() -> None:
+    spec = load_spec_text(
+        """
+apiVersion: meshscope.io/v1alpha1
+kind: TrainingJob
+metadata: {name: bubble}
+spec:
+  model: {preset: llama3-8b}
+  parallelism: {pp: 2}
+  training: {microBatchSize: 1, globalBatchSize: 8}
+  hardware: {gpu: H100, nodes: 1, gpusPerNode: 2}
+"""
+    )
+    plan = plan_job(spec)
+    expected_us = plan.expected_step_time.bubble_seconds * 1e6
+    step_us = int(plan.expected_step_time.total_seconds * 1e6 * 2)
+    bubble_us = int(4 * expected_us)
+    rows, kinds, starts, ends, peers, axes, ops = [], [], [], [], [], [], []
+    for step in range(2):
+        for rank in range(2):
+            r = step * 2 + rank
+            t0 = step * step_us
+            rows += [r, r]
+            kinds += [KIND_CODE["p2p"], KIND_CODE["compute"]]
+            starts += [t0, t0 + bubble_us]
+            ends += [t0 + bubble_us, t0 + step_us]
+            peers += [1 - rank, -1]
+            axes += [AXIS_CODE["pp"], -1]
+            ops += [OP_CODE["recv"], -1]
+    table = RecordTable(
+        job="bubble",
+        steps=StepColumns.build(
+            rank=[0, 1, 0, 1],
+            step=[0, 0, 1, 1],
+            start_us=[0, 0, step_us, step_us],
+            end_us=[step_us, step_us, 2 * step_us, 2 * step_us],
+            coord=[[0, 0, 0, 0, 0], [0, 0, 1, 0, 0]] * 2,
+            nvlink_domain=[0, 0, 0, 0],
+        ),
+        intervals=IntervalColumns.build(
+            row=rows, kind=kinds, start_us=starts, end_us=ends, peer=peers, axis=axes, op=ops
+        ),
+    )
+    found = analyze(table, spec=spec).findings
+    f = only(found, "bubble-above-plan")
+    # No p2p bandwidth splits a transfer off these recvs without bytes: all of it is bubble.
+    assert f.evidence["measured_bubble_seconds"] == pytest.approx(bubble_us / 1e6)
+    assert f.evidence["measured_seconds"] == pytest.approx(bubble_us / 1e6)
+    # Expected per rank-step: its stage's bubble (stage 0 also waits for the slower last stage) and exposed pp
+    # transfer; two stages, the midpoint of the two.
+    per_stage = [stage_expected(plan, r)["bubble"] + stage_expected(plan, r)["comm.pp.transfer"] for r in (0, 1)]
+    assert stage_expected(plan, 1)["bubble"] == pytest.approx(expected_us / 1e6)
+    assert f.evidence["expected_seconds"] == pytest.approx(sum(per_stage) / 2)
+    assert f.evidence["plan_bubble_fraction"] == plan.bubble_fraction
+    # Without a spec there is no plan to compare with.
+    assert all(f.code != "bubble-above-plan" for f in analyze(table).findings)
+
+
+# ---------------------------------------------------------------------------- ordering and severity
+
+
+def test_findings_are_ordered_by_cost() -> None:
+    found = findings(Job(slow={5: 1.5}, data_us=1_500))
+    assert [f.code for f in found] == ["straggler", "data-loader-starved"]
+    assert found[0].cost_seconds_per_step > found[1].cost_seconds_per_step
+
+
+def test_severity_thresholds() -> None:
+    assert severity_for(0.25) is Severity.ERROR
+    assert severity_for(0.05) is Severity.WARNING
+    assert severity_for(0.02) is Severity.INFO
+    assert MIN_COST_SHARE <= CHECKPOINT_MIN_SHARE
+
+
+def test_slow_link_names_every_node_it_cannot_tell_apart() -> None:
+    # tp inside 4-GPU nodes; each stage's dp groups span the same two nodes, so node-0 and node-1 always meet.
+    job = Job(tp=2, dp=4, stages=2, gpus_per_node=4, slow_node=(1, 3.0))
+    f = only(findings(job), "slow-link")
+    assert [s.node for s in f.suspects] == ["node-0", "node-1"]
+    assert f.evidence["suspect_nodes"] == 2
+    assert "one of node-0, node-1 (always in the same transfers" in f.message
+
+
+def test_slow_nvlink_domain_is_named_as_a_whole() -> None:
+    # Two 4-GPU nodes per NVLink domain: tp groups and each stage's dp groups stay inside one domain.
+    job = Job(tp=2, dp=4, stages=2, gpus_per_node=4, nodes_per_domain=2, slow_domain=(1, 3.0))
+    f = only(findings(job), "slow-link")
+    assert [s.node for s in f.suspects] == ["node-2", "node-3"]
+    assert f.evidence["whole_nvlink_domain"] == 1
+    assert "transfers through NVLink domain nvl-1 (nodes node-2, node-3)" in f.message
+    assert f.evidence["slowdown_ratio"] == pytest.approx(3.0, rel=0.01)
+
+
+def test_transient_straggler_is_amortised_over_its_steps() -> None:
+    # Rank 5 computes 1.6x as long in one step of four: 12 ms more in that step, 3 ms per step amortised.
+    assert findings(Job(noise=0.0)) == ()
+    slow = Job(noise=0.0, slow_in_step={(5, 2): 1.6})
+    f = only(findings(slow), "straggler")
+    assert f.suspects[0].rank == 5
+    assert f.evidence["steps_slow"] == 1
+    assert f.evidence["excess_ratio"] == pytest.approx(0.6, rel=1e-3)
+    assert f.evidence["excess_seconds"] == pytest.approx(0.012 / 4, rel=1e-3)
+    assert "slow in compute in 1 of its 4 steps: 32.00 ms per slow step vs 20.00 ms" in f.message
