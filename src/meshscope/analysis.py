@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from meshscope.breakdown import break_down
 from meshscope.costs import (
     CollectiveComparison,
@@ -39,6 +41,7 @@ from meshscope.costs import (
 from meshscope.diagnosis import Finding, diagnose
 from meshscope.errors import MeshscopeError, ParseError
 from meshscope.formatting import human_bytes, human_seconds, percent, render_table
+from meshscope.layout import AXES
 from meshscope.loading import load_spec
 from meshscope.placement import Link
 from meshscope.plan import PlanAssumptions, plan_job
@@ -49,6 +52,7 @@ if TYPE_CHECKING:
     from collections.abc import Sequence
 
     from meshscope.breakdown import Breakdown, P2PBandwidth
+    from meshscope.layout import ParallelLayout
     from meshscope.plan import Plan
     from meshscope.records import RecordTable
     from meshscope.spec import JobSpec
@@ -151,6 +155,8 @@ def analyze(
     """
     if table.n_rows == 0:
         raise ParseError("no step records to analyse (the input is empty)")
+    if spec is not None:
+        check_records_match_layout(table, spec.layout, origin=f"spec {spec.name!r}")
     if plan is None and spec is not None:
         plan = plan_job(spec)
     bd = break_down(table, p2p_bandwidth_bytes_per_s=p2p_bandwidth(spec, plan))
@@ -174,6 +180,41 @@ def analyze(
         rank_steps=rs,
         plan=plan,
     )
+
+
+def check_records_match_layout(table: RecordTable, layout: ParallelLayout, *, origin: str) -> None:
+    """Refuse to compare records with a spec of another layout: every number would be silently wrong.
+
+    A rank beyond the spec's world size, or a rank whose recorded coord differs from the one the spec's layout gives
+    it, means the records come from another job (missing ranks are fine: that is partial data, reported as such).
+
+    Raises:
+        ParseError: naming the first rank that does not fit, its recorded coord and the spec's.
+    """
+    ranks = table.steps.rank
+    beyond = ranks >= layout.world_size
+    if beyond.any():
+        first = int(ranks[beyond][0])
+        raise ParseError(
+            f"the records hold rank {first} but {origin} has {layout.world_size} ranks ({layout.describe()}): "
+            f"they come from another job or layout; drop --spec or give the job's own spec"
+        )
+    known = (table.steps.coord >= 0).all(axis=1)
+    if not known.any():
+        return
+    coords = layout.coords_array(ranks[known])
+    expected = np.stack([coords[a] for a in AXES], axis=1)
+    recorded = table.steps.coord[known]
+    bad = np.nonzero((expected != recorded).any(axis=1))[0]
+    if bad.size:
+        i = int(bad[0])
+        rank = int(ranks[known][i])
+        got = " ".join(f"{a.value}={int(v)}" for a, v in zip(AXES, recorded[i], strict=True))
+        want = " ".join(f"{a.value}={int(v)}" for a, v in zip(AXES, expected[i], strict=True))
+        raise ParseError(
+            f"rank {rank} was recorded at {got} but {origin} ({layout.describe()}) puts it at {want}: the records "
+            f"come from another layout; drop --spec or give the job's own spec"
+        )
 
 
 # ====================================================================== rendering
