@@ -10,9 +10,10 @@ from dataclasses import replace
 
 import pytest
 
+from builders import gpt_model
 from meshscope.hardware import default_hardware
 from meshscope.layout import ParallelLayout
-from meshscope.models import Activation, ModelConfig, MoEConfig, Norm, PositionEmbedding
+from meshscope.models import ModelConfig, MoEConfig
 from meshscope.placement import Link
 from meshscope.plan import CollectiveOp, CollectivePlan, Plan, PlanAssumptions, plan_job
 from meshscope.spec import JobSpec, ParallelismConfig, PipelineSchedule, TrainingConfig
@@ -21,21 +22,7 @@ NONCAUSAL = PlanAssumptions(causal_attention=False)
 
 
 def gpt(*, layers: int, h: int, a: int, s: int, v: int = 1000, tied: bool = True) -> ModelConfig:
-    return ModelConfig(
-        name="gpt",
-        layers=layers,
-        hidden_size=h,
-        attention_heads=a,
-        ffn_hidden_size=4 * h,
-        vocab_size=v,
-        seq_length=s,
-        activation=Activation.GELU,
-        norm=Norm.LAYERNORM,
-        position_embedding=PositionEmbedding.LEARNED,
-        dropout=0.1,
-        tied_embeddings=tied,
-        linear_bias=True,
-    )
+    return gpt_model(layers=layers, h=h, a=a, s=s, v=v, tied=tied)
 
 
 def llama(*, layers: int = 2, h: int = 1024, a: int = 16, g: int = 4, f: int = 2816, s: int = 4096) -> ModelConfig:

@@ -12,30 +12,15 @@ from dataclasses import replace
 
 import pytest
 
+from builders import gpt_model
 from meshscope.errors import PlanError
 from meshscope.hardware import default_hardware
 from meshscope.layout import ParallelLayout
-from meshscope.models import PRESETS, Activation, ModelConfig, MoEConfig, Norm, PositionEmbedding
+from meshscope.models import PRESETS, ModelConfig, MoEConfig
 from meshscope.plan import PlanAssumptions, bubble_fraction, plan_job, step_flops
 from meshscope.spec import JobSpec, ParallelismConfig, PipelineSchedule, Recompute, TrainingConfig
 
-
-def gpt(*, layers: int, h: int, a: int, s: int, v: int) -> ModelConfig:
-    return ModelConfig(
-        name="gpt",
-        layers=layers,
-        hidden_size=h,
-        attention_heads=a,
-        ffn_hidden_size=4 * h,
-        vocab_size=v,
-        seq_length=s,
-        activation=Activation.GELU,
-        norm=Norm.LAYERNORM,
-        position_embedding=PositionEmbedding.LEARNED,
-        dropout=0.1,
-        tied_embeddings=True,
-        linear_bias=True,
-    )
+gpt = gpt_model
 
 
 def job(model: ModelConfig, layout: ParallelLayout, *, sp: bool = False, **training: object) -> JobSpec:

@@ -10,10 +10,11 @@ from dataclasses import replace
 
 import pytest
 
+from builders import gpt_model
 from meshscope.errors import PlanError
 from meshscope.hardware import GiB, default_hardware
 from meshscope.layout import ParallelLayout
-from meshscope.models import PRESETS, Activation, ModelConfig, MoEConfig, Norm, PositionEmbedding
+from meshscope.models import PRESETS, Activation, ModelConfig, MoEConfig, Norm
 from meshscope.plan import plan_job
 from meshscope.plan.memory import layer_activation_bytes, stage_layer_ranges
 from meshscope.spec import (
@@ -31,21 +32,7 @@ from meshscope.spec import (
 
 def gpt(*, layers: int, h: int, a: int, s: int, v: int = 51200) -> ModelConfig:
     """GPT-3 style: MHA, 4h GELU MLP, LayerNorm, learned positions, dropout (Korthikanti's setting)."""
-    return ModelConfig(
-        name="gpt",
-        layers=layers,
-        hidden_size=h,
-        attention_heads=a,
-        ffn_hidden_size=4 * h,
-        vocab_size=v,
-        seq_length=s,
-        activation=Activation.GELU,
-        norm=Norm.LAYERNORM,
-        position_embedding=PositionEmbedding.LEARNED,
-        dropout=0.1,
-        tied_embeddings=True,
-        linear_bias=True,
-    )
+    return gpt_model(layers=layers, h=h, a=a, s=s, v=v)
 
 
 # A small Llama-style model whose parameters are easy to count by hand.
