@@ -25,9 +25,20 @@ ifeq ($(CHROMIUM),)
 	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium >/dev/null
 endif
 
-## make demo: plan the bundled example job (later: the full local run)
-demo: $(STAMP)
-	$(BIN)/meshscope demo
+## make demo: train the bundled tiny job on 8 local CPU ranks and show the cost table, findings and report.
+## Installs meshscope with its demo extra (torch==2.13.0, CPU) into .venv once; `make demo DEMO_ARGS="--straggler 5:2"`
+## injects a fault (see `meshscope demo --help`).
+DEMO_ARGS  ?=
+DEMO_STAMP := $(VENV)/.demo-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
+$(DEMO_STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[demo]'
+	rm -f $(VENV)/.demo-*
+	touch $@
+
+demo: $(DEMO_STAMP)
+	$(BIN)/meshscope demo $(DEMO_ARGS)
 
 ## make test: lint, type-check, architecture contracts, then the whole test suite
 test: lint typecheck contracts unit

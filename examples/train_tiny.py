@@ -4,22 +4,31 @@
     meshscope run --nproc 8 --layout pp=2,cp=2,tp=2 -- python examples/train_tiny.py --steps 10
     meshscope run --nproc 8 --layout pp=2,dp=2,tp=2,ep=2 -- python examples/train_tiny.py --steps 10 --moe
 
-Model: meshscope's ``tiny`` preset (4 layers, hidden 64, 4 heads, 2 KV heads, FFN 256, vocab 512, sequence 64) on a
-learnable synthetic task (arithmetic token sequences), so the loss falls. Every axis goes through PyTorch's own APIs
-where they work on gloo (reference: cpu-testbed.md §3):
+Model: meshscope's ``tiny`` preset (4 layers, hidden 64, 4 heads, 2 KV heads, FFN 256, vocab 512, sequence 64, learned
+positions) on a learnable synthetic task (arithmetic token sequences), so the loss falls. The layer is built the way
+Megatron-core builds it, so that the planner's formulas describe it exactly: fused QKV and gate/up projections,
+fused RMSNorm and SwiGLU (they keep only their inputs for backward), flash attention (PyTorch's CPU flash kernel).
+Every axis goes through PyTorch's own APIs where they work on gloo (reference: cpu-testbed.md §3):
 
-* tp: DTensor tensor parallelism (``parallelize_module``, column/row-parallel attention and MLP);
+* tp: DTensor tensor parallelism (``parallelize_module``): column/row-parallel attention and MLP, a vocabulary-
+  parallel embedding and output layer, and Megatron's vocabulary-parallel cross entropy;
 * pp: ``torch.distributed.pipelining`` (``PipelineStage`` + ``Schedule1F1B``, or ``ScheduleGPipe``);
-* dp: FSDP2 ``fully_shard`` over the flattened dp x cp mesh (or DDP with ``--dp ddp`` when tp = 1);
+* dp: FSDP2 ``fully_shard`` per block and on the stage over the flattened dp x cp mesh (ZeRO stage 3), or DDP with
+  ``--dp ddp`` when tp = 1;
 * cp: the sequence is sharded over cp; keys and values are all-gathered in forward, reduce-scattered in backward;
-* ep: top-1 mixture of experts (``--moe``), experts sharded over ep with uneven ``all_to_all_single`` dispatch and
-  combine; expert gradients reduced over the expert-data-parallel group.
+* ep: top-1 mixture of experts in every layer (``--moe``, on with ep > 1), experts sharded over ep with uneven
+  ``all_to_all_single`` dispatch and combine; expert gradients reduced over the expert-data-parallel group.
 
-Fault injection, made deterministic by ``--emulate`` (emulated accelerator time: every transformer block sleeps a
-fixed time proportional to its tokens, 2x in backward, so slowness shows on shared CPU cores):
-``--straggler RANK:FACTOR`` (that rank's blocks are FACTOR x slower), ``--imbalance RANK:FACTOR`` (the data-parallel
-replica holding RANK gets FACTOR x the sequences per micro-batch), ``--slow-loader MS`` (every rank's loader sleeps),
-``--checkpoint-every N`` (a distributed checkpoint every N steps).
+Fault injection, made deterministic by ``--emulate`` (emulated accelerator time: every transformer block and the
+output layer sleep their forward FLOPs divided by an emulated peak, twice that in backward, so slowness shows on
+shared CPU cores; ``meshscope.emulation``): ``--straggler RANK:FACTOR`` (that rank computes FACTOR x slower),
+``--imbalance RANK:FACTOR`` (the data-parallel replica holding RANK gets FACTOR x the sequences per micro-batch),
+``--slow-loader MS`` (every rank's loader sleeps), ``--checkpoint-every N`` (a distributed checkpoint every N steps),
+``--die RANK:STEP`` (that rank exits with code 3 when the step starts).
+
+The script tells meshscope what it is (``tracker.describe_job``), counts its model-state bytes once
+(``tracker.count_model_state``) and the activation bytes of every block, the embedding and the output layer per
+micro-batch (``tracker.saved_activations``), so that ``meshscope run`` can lay the planner's numbers beside them.
 """
 
 from __future__ import annotations
@@ -41,12 +50,19 @@ from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+from torch.distributed.tensor import Replicate, Shard
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: N817
 
 from meshscope import sdk
+from meshscope.emulation import (
+    TinyJob,
+    block_forward_flops_per_gpu,
+    emulated_peak_flops_per_s,
+    logits_forward_flops_per_gpu,
+    tiny_model,
+)
 from meshscope.layout import parse_layout
-from meshscope.models import lookup_model
 
 warnings.filterwarnings("ignore")
 
@@ -60,13 +76,14 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--micro-batches", type=int, default=4, help="micro-batches per step per replica")
     p.add_argument("--micro-batch-size", type=int, default=2, help="sequences per micro-batch")
-    p.add_argument("--moe", action="store_true", help="make every second layer a mixture of experts (on with ep>1)")
+    p.add_argument("--moe", action="store_true", help="make every layer's MLP a mixture of experts (on with ep>1)")
     p.add_argument("--experts", type=int, default=4)
     p.add_argument("--dp", choices=["fsdp", "ddp"], default="fsdp", help="data-parallel implementation")
     p.add_argument("--schedule", choices=["1f1b", "gpipe"], default="1f1b")
     p.add_argument("--straggler", default="", help="RANK:FACTOR, that rank computes FACTOR x slower")
     p.add_argument("--imbalance", default="", help="RANK:FACTOR, RANK's replica gets FACTOR x the tokens")
     p.add_argument("--slow-loader", type=float, default=0.0, metavar="MS", help="loader sleep per step, ms")
+    p.add_argument("--die", default="", metavar="RANK:STEP", help="RANK exits with code 3 when STEP starts")
     p.add_argument("--checkpoint-every", type=int, default=0, metavar="N", help="DCP checkpoint every N steps")
     p.add_argument("--checkpoint-dir", default="")
     p.add_argument(
@@ -76,7 +93,7 @@ def parse_args() -> argparse.Namespace:
         type=float,
         default=0.0,
         metavar="MS",
-        help="emulated accelerator time per block forward at nominal tokens, ms (default 20 when given)",
+        help="emulated accelerator: one block's forward of a nominal micro-batch takes MS ms (20 when given bare)",
     )
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--seed", type=int, default=0)
@@ -98,26 +115,99 @@ def rank_factor(text: str, option: str) -> tuple[int, float] | None:
 
 
 class Emulation:
-    """Fixed per-block time, proportional to tokens (cpu-testbed.md §5.2); ``factor`` slows one rank."""
+    """An accelerator of ``peak`` FLOP/s: an op of F forward FLOPs sleeps F/peak (x ``factor`` on a slow rank)."""
 
-    def __init__(self, block_ms: float, nominal_tokens: int, factor: float) -> None:
-        self.block_s = block_ms / 1000.0
-        self.nominal_tokens = nominal_tokens
+    def __init__(self, peak_flops_per_s: float, factor: float) -> None:
+        self.peak = peak_flops_per_s
         self.factor = factor
+
+    def seconds(self, flops: float) -> float:
+        return flops / self.peak * self.factor
 
 
 class SimKernel(torch.autograd.Function):
+    """Identity whose forward sleeps ``seconds`` and whose backward sleeps twice that (cpu-testbed.md §5.2)."""
+
     @staticmethod
-    def forward(ctx, x, emu):
-        ctx.r = x.shape[0] * x.shape[1] / emu.nominal_tokens
-        ctx.emu = emu
-        time.sleep(emu.block_s * ctx.r * emu.factor)
+    def forward(ctx, x, seconds):
+        ctx.seconds = seconds
+        time.sleep(seconds)
         return x.view_as(x)
 
     @staticmethod
     def backward(ctx, g):
-        time.sleep(2 * ctx.emu.block_s * ctx.r * ctx.emu.factor)
+        time.sleep(2 * ctx.seconds)
         return g, None
+
+
+# ====================================================================== fused kernels (Megatron-core's memory use)
+
+
+class FusedRMSNorm(torch.autograd.Function):
+    """RMSNorm that keeps only its input and the reciprocal RMS for backward (Apex / Transformer Engine fused norm)."""
+
+    @staticmethod
+    def forward(ctx, x, weight, eps):
+        rstd = torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+        ctx.save_for_backward(x, rstd, weight)
+        return x * rstd * weight
+
+    @staticmethod
+    def backward(ctx, g):
+        x, rstd, weight = ctx.saved_tensors
+        gw = g * weight
+        gx = rstd * (gw - x * rstd.pow(2) * (gw * x).mean(-1, keepdim=True))
+        gweight = (g * x * rstd).reshape(-1, x.shape[-1]).sum(0)
+        return gx, gweight, None
+
+
+class FusedSwiGLU(torch.autograd.Function):
+    """silu(gate) * up from one [gate | up] tensor, keeping only that tensor (Megatron's bias_swiglu_impl)."""
+
+    @staticmethod
+    def forward(ctx, gate_up):
+        ctx.save_for_backward(gate_up)
+        gate, up = gate_up.chunk(2, dim=-1)
+        return F.silu(gate) * up
+
+    @staticmethod
+    def backward(ctx, g):
+        (gate_up,) = ctx.saved_tensors
+        gate, up = gate_up.chunk(2, dim=-1)
+        sig = torch.sigmoid(gate)
+        silu = gate * sig
+        dgate = g * up * sig * (1 + gate * (1 - sig))
+        return torch.cat((dgate, g * silu), dim=-1)
+
+
+class VocabParallelCrossEntropy(torch.autograd.Function):
+    """Megatron's vocabulary-parallel cross entropy: three all-reduces of one fp32 value per token over tp."""
+
+    @staticmethod
+    def forward(ctx, logits, target, group, vocab_start):
+        logits = logits.float()
+        local_max = logits.max(dim=-1).values
+        dist.all_reduce(local_max, op=dist.ReduceOp.MAX, group=group)
+        shifted = logits - local_max.unsqueeze(-1)
+        local = target - vocab_start
+        inside = (local >= 0) & (local < logits.shape[-1])
+        index = local.clamp(0, logits.shape[-1] - 1)
+        predicted = shifted.gather(-1, index.unsqueeze(-1)).squeeze(-1) * inside
+        dist.all_reduce(predicted, group=group)
+        exp = shifted.exp()
+        sum_exp = exp.sum(-1)
+        dist.all_reduce(sum_exp, group=group)
+        softmax = exp.div_(sum_exp.unsqueeze(-1))
+        ctx.save_for_backward(softmax, index, inside)
+        return (sum_exp.log() - predicted).mean()
+
+    @staticmethod
+    def backward(ctx, g):
+        softmax, index, inside = ctx.saved_tensors
+        grad = softmax.clone()
+        grad.scatter_add_(-1, index.unsqueeze(-1), -inside.to(grad.dtype).unsqueeze(-1))
+        grad.mul_(g / index.numel())
+        return grad, None, None, None
 
 
 # ====================================================================== model
@@ -129,7 +219,7 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x):
-        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * self.weight
+        return FusedRMSNorm.apply(x, self.weight, 1e-6)
 
 
 class GatherSequence(torch.autograd.Function):
@@ -154,43 +244,50 @@ class GatherSequence(torch.autograd.Function):
 
 
 class Attention(nn.Module):
-    def __init__(self, hidden: int, heads: int, kv_heads: int, *, tp: int, cp_group, cp: int) -> None:
+    """Fused QKV projection (one column-parallel GEMM, Megatron's linear_qkv), flash attention, output projection."""
+
+    def __init__(
+        self, hidden: int, heads: int, kv_heads: int, *, tp: int, cp_group, cp: int, cp_rank: int, seq_local: int
+    ) -> None:
         super().__init__()
         self.head_dim = hidden // heads
         self.heads, self.kv_heads = heads // tp, kv_heads // tp  # local heads after tensor parallelism
-        self.wq = nn.Linear(hidden, heads * self.head_dim, bias=False)
-        self.wk = nn.Linear(hidden, kv_heads * self.head_dim, bias=False)
-        self.wv = nn.Linear(hidden, kv_heads * self.head_dim, bias=False)
+        self.wqkv = nn.Linear(hidden, (heads + 2 * kv_heads) * self.head_dim, bias=False)
         self.wo = nn.Linear(heads * self.head_dim, hidden, bias=False)
         self.cp_group, self.cp = cp_group, cp
+        if cp > 1:  # local queries attend to every gathered key up to their global position (a constant mask)
+            q_pos = torch.arange(seq_local) + cp_rank * seq_local
+            mask = torch.arange(seq_local * cp)[None, :] <= q_pos[:, None]
+            self.register_buffer("mask", mask, persistent=False)
 
     def forward(self, x):
         b, s, _ = x.shape
-        q = self.wq(x).view(b, s, self.heads, self.head_dim)
-        k = self.wk(x).view(b, s, self.kv_heads, self.head_dim)
-        v = self.wv(x).view(b, s, self.kv_heads, self.head_dim)
-        cp_rank = 0
+        d = self.head_dim
+        q, k, v = self.wqkv(x).split([self.heads * d, self.kv_heads * d, self.kv_heads * d], dim=-1)
+        q, k, v = q.view(b, s, self.heads, d), k.view(b, s, self.kv_heads, d), v.view(b, s, self.kv_heads, d)
         if self.cp > 1:
             k = GatherSequence.apply(k, self.cp_group)
             v = GatherSequence.apply(v, self.cp_group)
-            cp_rank = dist.get_rank(self.cp_group)
-        q_pos = torch.arange(s) + cp_rank * s
-        mask = torch.arange(k.shape[1])[None, :] <= q_pos[:, None]
-        out = F.scaled_dot_product_attention(
-            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask, enable_gqa=True
-        )
-        return self.wo(out.transpose(1, 2).reshape(b, s, self.heads * self.head_dim))
+            out = F.scaled_dot_product_attention(
+                q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=self.mask, enable_gqa=True
+            )
+        else:
+            out = F.scaled_dot_product_attention(
+                q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True, enable_gqa=True
+            )
+        return self.wo(out.transpose(1, 2).reshape(b, s, self.heads * d))
 
 
 class MLP(nn.Module):
+    """SwiGLU MLP with fused gate/up projection (Megatron's linear_fc1) and fused activation."""
+
     def __init__(self, hidden: int, ffn: int) -> None:
         super().__init__()
-        self.w1 = nn.Linear(hidden, ffn, bias=False)
-        self.w3 = nn.Linear(hidden, ffn, bias=False)
+        self.w13 = nn.Linear(hidden, 2 * ffn, bias=False)
         self.w2 = nn.Linear(ffn, hidden, bias=False)
 
     def forward(self, x):
-        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+        return self.w2(FusedSwiGLU.apply(self.w13(x)))
 
 
 class AllToAll(torch.autograd.Function):
@@ -253,31 +350,41 @@ class MoE(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, cfg, *, tp: int, cp_group, cp: int, moe: MoE | None, emu: Emulation | None, slow: float) -> None:
+    def __init__(self, cfg, layout, index: int, *, cp_group, cp_rank: int, moe, emu, slow, tracker) -> None:
         super().__init__()
+        seq_local = cfg.seq_length // layout.cp
         self.attn_norm = RMSNorm(cfg.hidden_size)
-        self.attn = Attention(cfg.hidden_size, cfg.attention_heads, cfg.kv_heads, tp=tp, cp_group=cp_group, cp=cp)
+        self.attn = Attention(
+            cfg.hidden_size, cfg.attention_heads, cfg.kv_heads, tp=layout.tp, cp_group=cp_group, cp=layout.cp,
+            cp_rank=cp_rank, seq_local=seq_local,
+        )  # fmt: skip
         self.mlp_norm = RMSNorm(cfg.hidden_size)
         self.mlp = moe if moe is not None else MLP(cfg.hidden_size, cfg.ffn_hidden_size)
-        self.emu, self.slow = emu, slow
+        self.emu, self.slow, self.tracker, self.cp = emu, slow, tracker, layout.cp
+        # forward FLOPs on this GPU per token of the whole (cp-gathered) micro-batch: linear in tokens
+        self.flops_per_token = block_forward_flops_per_gpu(cfg, layout, index, tokens=1.0)
 
     def forward(self, x):
-        if self.emu is not None:
-            x = SimKernel.apply(x, self.emu)
-        t0 = time.perf_counter()
-        x = x + self.attn(self.attn_norm(x))
-        x = x + self.mlp(self.mlp_norm(x))
-        if self.slow > 1.0 and self.emu is None:  # a straggler without emulation: stretch the real compute
-            time.sleep((self.slow - 1.0) * (time.perf_counter() - t0))
-        return x
+        with self.tracker.saved_activations("layers", self):
+            if self.emu is not None:
+                x = SimKernel.apply(x, self.emu.seconds(self.flops_per_token * x.shape[0] * x.shape[1] * self.cp))
+            t0 = time.perf_counter()
+            x = x + self.attn(self.attn_norm(x))
+            x = x + self.mlp(self.mlp_norm(x))
+            if self.slow > 1.0 and self.emu is None:  # a straggler without emulation: stretch the real compute
+                time.sleep((self.slow - 1.0) * (time.perf_counter() - t0))
+            return x
 
 
 class Stage(nn.Module):
     """One pipeline stage: embedding on the first, its share of the layers, norm and output head on the last."""
 
-    def __init__(self, cfg, layers: list[Block], *, first: bool, last: bool, seq_local: int, cp_rank: int) -> None:
+    def __init__(
+        self, cfg, layout, layers: list[Block], *, first: bool, last: bool, cp_rank: int, emu, tracker
+    ) -> None:
         super().__init__()
-        self.first, self.last = first, last
+        seq_local = cfg.seq_length // layout.cp
+        self.first, self.last, self.emu, self.tracker, self.cp = first, last, emu, tracker, layout.cp
         if first:
             self.embed = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
             self.pos = nn.Embedding(cfg.seq_length, cfg.hidden_size)
@@ -286,14 +393,21 @@ class Stage(nn.Module):
         if last:
             self.norm = RMSNorm(cfg.hidden_size)
             self.head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+            self.head_flops_per_token = logits_forward_flops_per_gpu(cfg, layout, tokens=1.0)
 
     def forward(self, x):
         if self.first:
-            x = self.embed(x) + self.pos(self.positions)
+            with self.tracker.saved_activations("embedding", self):
+                x = self.embed(x) + self.pos(self.positions)
         for layer in self.layers:
             x = layer(x)
         if self.last:
-            x = self.head(self.norm(x))
+            with self.tracker.saved_activations("output", self):
+                if self.emu is not None:
+                    x = SimKernel.apply(
+                        x, self.emu.seconds(self.head_flops_per_token * x.shape[0] * x.shape[1] * self.cp)
+                    )
+                x = self.head(self.norm(x))
         return x
 
 
@@ -320,10 +434,10 @@ def main() -> None:  # noqa: C901, PLR0912, PLR0915 - a training script reads to
     rank, world = dist.get_rank(), dist.get_world_size()
     layout = parse_layout(args.layout, world_size=world)
     dp, tp, pp, cp, ep = layout.dp, layout.tp, layout.pp, layout.cp, layout.ep
-    cfg = lookup_model("tiny")
     moe_on = args.moe or ep > 1
-    if cfg.kv_heads % tp or cfg.attention_heads % tp:
-        raise SystemExit(f"tp={tp} must divide the {cfg.kv_heads} KV heads and {cfg.attention_heads} heads")
+    cfg = tiny_model(moe=moe_on, experts=args.experts)
+    if cfg.kv_heads % tp or cfg.attention_heads % tp or cfg.vocab_size % tp:
+        raise SystemExit(f"tp={tp} must divide the {cfg.kv_heads} KV heads, {cfg.attention_heads} heads and vocabulary")
     if cfg.layers % pp:
         raise SystemExit(f"pp={pp} must divide the {cfg.layers} layers")
     if cfg.seq_length % cp:
@@ -339,7 +453,7 @@ def main() -> None:  # noqa: C901, PLR0912, PLR0915 - a training script reads to
     mesh = init_device_mesh("cpu", (pp, dp, cp, tp), mesh_dim_names=("pp", "dp", "cp", "tp"))
     dp_cp_mesh = mesh["dp", "cp"]._flatten("dp_cp")  # noqa: SLF001 - the documented way to flatten on 2.13
     coord = layout.coord(rank)
-    cp_group = mesh.get_group("cp")
+    cp_group, tp_group = mesh.get_group("cp"), mesh.get_group("tp")
     tracker.register_mesh(mesh)
     tracker.register_groups({"dp_cp": dp_cp_mesh.get_group()})
 
@@ -356,45 +470,65 @@ def main() -> None:  # noqa: C901, PLR0912, PLR0915 - a training script reads to
                     edp_group = g
         tracker.register_groups({"ep": ep_group, "edp": edp_group})
 
-    # -------------------------------------------------------------- fault injection
+    # -------------------------------------------------------------- batch, emulation, fault injection
+    # Without pipelining a step is one forward of all its sequences: one micro-batch of micro_batches x size.
+    micro_batches = args.micro_batches if pp > 1 else 1
+    nominal_mbs = args.micro_batch_size if pp > 1 else args.micro_batches * args.micro_batch_size
     straggler = rank_factor(args.straggler, "--straggler")
     imbalance = rank_factor(args.imbalance, "--imbalance")
     slow = straggler[1] if straggler and straggler[0] == rank else 1.0
+    die = rank_factor(args.die, "--die")
+    die_at = int(die[1]) if die and die[0] == rank else None
     heavy_replica = None if imbalance is None else layout.coord(imbalance[0]).dp
-    mbs = args.micro_batch_size
+    mbs = nominal_mbs
     if heavy_replica is not None and coord.dp == heavy_replica:
-        mbs = max(1, round(args.micro_batch_size * imbalance[1]))
+        mbs = max(1, round(nominal_mbs * imbalance[1]))
     seq_local = cfg.seq_length // cp
     emu = None
     if args.emulate > 0:
-        emu = Emulation(args.emulate, args.micro_batch_size * seq_local, slow)
+        peak = emulated_peak_flops_per_s(cfg, layout, micro_batch_size=nominal_mbs, block_ms=args.emulate)
+        emu = Emulation(peak, slow)
+    tracker.describe_job(
+        TinyJob(
+            micro_batch_size=nominal_mbs,
+            micro_batches=micro_batches,
+            block_ms=args.emulate or None,
+            moe=moe_on,
+            experts=args.experts,
+            data_parallel=args.dp if dp * cp > 1 else "fsdp",
+            schedule=args.schedule,
+        ).to_dict()
+    )
 
     # -------------------------------------------------------------- model
     per_stage = cfg.layers // pp
     blocks = []
     for i in range(coord.pp * per_stage, (coord.pp + 1) * per_stage):
         moe = None
-        if moe_on and i % 2 == 1:
+        if moe_on:
             moe = MoE(
-                cfg.hidden_size, cfg.ffn_hidden_size // 2, args.experts, ep_group=ep_group, ep=ep, ep_rank=coord.ep
-            )
-        blocks.append(Block(cfg, tp=tp, cp_group=cp_group, cp=cp, moe=moe, emu=emu, slow=slow))
-    stage = Stage(cfg, blocks, first=coord.pp == 0, last=coord.pp == pp - 1, seq_local=seq_local, cp_rank=coord.cp)
+                cfg.hidden_size, cfg.moe.expert_ffn_hidden_size, args.experts, ep_group=ep_group, ep=ep,
+                ep_rank=coord.ep,
+            )  # fmt: skip
+        blocks.append(
+            Block(cfg, layout, i, cp_group=cp_group, cp_rank=coord.cp, moe=moe, emu=emu, slow=slow, tracker=tracker)
+        )
+    first, last = coord.pp == 0, coord.pp == pp - 1
+    stage = Stage(cfg, layout, blocks, first=first, last=last, cp_rank=coord.cp, emu=emu, tracker=tracker)
     expert_params = [p for n, p in stage.named_parameters() if ".experts." in n]
     if tp > 1:
-        plan = {
-            "attn.wq": ColwiseParallel(),
-            "attn.wk": ColwiseParallel(),
-            "attn.wv": ColwiseParallel(),
-            "attn.wo": RowwiseParallel(),
-        }
         for block in stage.layers:
-            block_plan = dict(plan)
+            block_plan = {"attn.wqkv": ColwiseParallel(), "attn.wo": RowwiseParallel()}
             if isinstance(block.mlp, MLP):
-                block_plan.update(
-                    {"mlp.w1": ColwiseParallel(), "mlp.w3": ColwiseParallel(), "mlp.w2": RowwiseParallel()}
-                )
+                block_plan.update({"mlp.w13": ColwiseParallel(), "mlp.w2": RowwiseParallel()})
             parallelize_module(block, mesh["tp"], block_plan)
+        # vocabulary-parallel embedding (all-reduce of its output) and output layer (local logits, Shard(-1))
+        stage_plan = {}
+        if first:
+            stage_plan["embed"] = RowwiseParallel(input_layouts=Replicate())
+        if last:
+            stage_plan["head"] = ColwiseParallel(output_layouts=Shard(-1))
+        parallelize_module(stage, mesh["tp"], stage_plan)
     model = stage
     if dp * cp > 1:
         if args.dp == "fsdp":
@@ -406,18 +540,23 @@ def main() -> None:  # noqa: C901, PLR0912, PLR0915 - a training script reads to
             DDP._set_params_and_buffers_to_ignore_for_model(stage, names)  # noqa: SLF001
             model = DDP(stage, process_group=dp_cp_mesh.get_group())
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
+    vocab_local = cfg.vocab_size // tp
+    vocab_start = dist.get_rank(tp_group) * vocab_local if tp > 1 else 0
 
     def loss_fn(logits, target):
-        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), target.reshape(-1))
+        with tracker.saved_activations("output"):
+            if tp > 1:
+                return VocabParallelCrossEntropy.apply(logits, target, tp_group, vocab_start)
+            return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), target.reshape(-1))
 
     schedule = None
     if pp > 1:
-        h, v = cfg.hidden_size, cfg.vocab_size
-        if coord.pp == 0:
+        h = cfg.hidden_size
+        if first:
             example_in = torch.zeros(mbs, seq_local, dtype=torch.long)
         else:
             example_in = torch.zeros(mbs, seq_local, h, requires_grad=True)
-        example_out = torch.zeros(mbs, seq_local, v if coord.pp == pp - 1 else h, requires_grad=True)
+        example_out = torch.zeros(mbs, seq_local, vocab_local if last else h, requires_grad=True)
         pipe_stage = PipelineStage(
             model,
             coord.pp,
@@ -428,18 +567,21 @@ def main() -> None:  # noqa: C901, PLR0912, PLR0915 - a training script reads to
             group=mesh.get_group("pp"),
         )
         schedule_cls = Schedule1F1B if args.schedule == "1f1b" else ScheduleGPipe
-        schedule = schedule_cls(pipe_stage, n_microbatches=args.micro_batches, loss_fn=loss_fn)
+        schedule = schedule_cls(pipe_stage, n_microbatches=micro_batches, loss_fn=loss_fn)
 
     # -------------------------------------------------------------- train
     ckpt_dir = args.checkpoint_dir or os.path.join(  # noqa: PTH118
         tempfile.gettempdir(), f"train_tiny_ckpt_{os.environ.get('MASTER_PORT', '0')}"
     )
     loss_rank = layout.rank({"pp": pp - 1, "dp": 0, "tp": 0, "cp": 0})
-    times, losses = [], []
-    sequences = args.micro_batches * mbs
+    times, losses, cpu_times = [], [], []
+    sequences = micro_batches * mbs
     cpu0 = time.process_time()
     for step in range(args.steps):
-        t0 = time.perf_counter()
+        if step == die_at:  # a rank that dies mid-run: no goodbye, no flush, peers left waiting in a collective
+            print(f"rank {rank}: dying at step {step} (--die)", flush=True)
+            os._exit(3)
+        t0, c0 = time.perf_counter(), time.process_time()
         with tracker.step(step):
             with tracker.phase("data"):
                 if args.slow_loader:
@@ -453,9 +595,9 @@ def main() -> None:  # noqa: C901, PLR0912, PLR0915 - a training script reads to
             step_losses: list[torch.Tensor] = []
             if schedule is not None:
                 with tracker.phase("compute"):  # the stage's forward and backward chunks are labelled by the SDK
-                    if coord.pp == 0:
+                    if first:
                         schedule.step(inputs)
-                    elif coord.pp == pp - 1:
+                    elif last:
                         schedule.step(target=targets, losses=step_losses)
                     else:
                         schedule.step()
@@ -473,12 +615,15 @@ def main() -> None:  # noqa: C901, PLR0912, PLR0915 - a training script reads to
                             dist.all_reduce(p.grad, group=edp_group)
                             p.grad.div_(n)
                 optimizer.step()
+                if step == 0:  # gradients and optimizer state exist now: count them once
+                    tracker.count_model_state([stage], optimizer)
                 optimizer.zero_grad(set_to_none=True)
             if args.checkpoint_every and (step + 1) % args.checkpoint_every == 0:
                 with tracker.phase("checkpoint"):
                     state = {f"stage{coord.pp}.{k}": t for k, t in stage.state_dict().items()}
                     dcp.save(state, checkpoint_id=os.path.join(ckpt_dir, f"step{step + 1}"))  # noqa: PTH118
         times.append(time.perf_counter() - t0)
+        cpu_times.append(time.process_time() - c0)
         if rank == loss_rank and step_losses:
             losses.append(float(torch.stack([x.float() for x in step_losses]).mean()))
             print(f"step {step:3d}  loss {losses[-1]:.3f}  {times[-1] * 1000:7.1f} ms", flush=True)
@@ -490,7 +635,13 @@ def main() -> None:  # noqa: C901, PLR0912, PLR0915 - a training script reads to
         print(f"done: {args.steps} steps, median {median * 1000:.1f} ms/step; meshscope {counters}", flush=True)
         if args.report:
             with open(args.report, "w") as f:  # noqa: PTH123
-                report = {"step_times_s": times, "losses": losses, "cpu_s": cpu_s, "counters": counters.as_dict()}
+                report = {
+                    "step_times_s": times,
+                    "step_cpu_s": cpu_times,
+                    "losses": losses,
+                    "cpu_s": cpu_s,
+                    "counters": counters.as_dict(),
+                }
                 json.dump(report, f)
     dist.barrier()
     if args.checkpoint_every and rank == 0:

@@ -46,6 +46,7 @@ from meshscope.loading import load_spec
 from meshscope.placement import Link
 from meshscope.plan import PlanAssumptions, plan_job
 from meshscope.records import Note, read_table
+from meshscope.records.reading import default_workers
 
 if TYPE_CHECKING:
     import argparse
@@ -364,7 +365,7 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
     if args.allow_partial:
         paths, notes = _one_job(paths)
     try:
-        table = read_table(paths, allow_partial=args.allow_partial)
+        table = read_table(paths, allow_partial=args.allow_partial, workers=default_workers())
     except OSError as exc:
         raise AnalyzeInputError(f"cannot read records: {exc}") from exc
     except ParseError as exc:

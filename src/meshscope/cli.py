@@ -8,15 +8,17 @@ base units (bytes, seconds, FLOPs) for machines.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import sys
 import traceback
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from meshscope import __version__
 from meshscope.analysis import add_analyze_parser
-from meshscope.bundled import bundled_example
+from meshscope.emulation import DEMO_BLOCK_MS
 from meshscope.errors import MeshscopeError
 from meshscope.formatting import human_bytes, human_count, human_seconds, human_si, percent, render_table
 from meshscope.hardware import default_hardware
@@ -24,10 +26,11 @@ from meshscope.loading import load_spec
 from meshscope.models import PRESETS, lookup_model
 from meshscope.plan import plan_job
 from meshscope.reporting import add_report_parser
-from meshscope.running import add_run_parser
+from meshscope.running import add_run_parser, demo_settings, run_job
 from meshscope.search import SearchRequest, search_layouts
 from meshscope.simulate import add_simulate_parser
 from meshscope.spec import Precision, Recompute
+from meshscope.summarizing import report_run
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
@@ -68,10 +71,23 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--top", type=int, default=15, help="with --search: layouts to print (15)")
     plan.set_defaults(handler=_cmd_plan)
 
-    demo = sub.add_parser("demo", help="see meshscope on the bundled example job")
-    demo.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
+    demo = sub.add_parser(
+        "demo",
+        help="run the bundled tiny job on 8 local CPU ranks and show what meshscope measures",
+        description="Train examples/train_tiny.py on 8 local CPU ranks (pp=2, dp=2, tp=2 on two emulated nodes of 4, "
+        "emulated accelerator time), then print the cost table with the plan's expectations, the findings, the "
+        "per-stage expected-vs-measured comparison, and write OUT/report.html and OUT/trace.json.",
+    )
+    demo.add_argument("--cp", action="store_true", help="context-parallel variant: pp=2, cp=2, tp=2")
+    demo.add_argument("--ep", action="store_true", help="expert-parallel variant: MoE in every layer, ep=2")
+    demo.add_argument("--straggler", metavar="RANK:FACTOR", help="make RANK compute FACTOR x slower (e.g. 5:2)")
+    demo.add_argument(
+        "--imbalance", metavar="RANK:FACTOR", help="give RANK's data-parallel replica FACTOR x the tokens (e.g. 2:3)"
+    )
+    demo.add_argument("--steps", type=int, default=DEMO_STEPS, help=f"training steps ({DEMO_STEPS})")
+    demo.add_argument("--out", default="meshscope-demo", help="output directory (./meshscope-demo)")
     demo.set_defaults(handler=_cmd_demo)
-    add_run_parser(sub)
+    add_run_parser(sub, report=report_run)
     add_analyze_parser(sub)
     add_report_parser(sub)
     add_simulate_parser(sub)
@@ -288,10 +304,57 @@ def render_search(candidates: Sequence[Candidate]) -> str:
 # ---------------------------------------------------------------------------------------------------------- demo
 
 
+DEMO_STEPS = 8
+"""Training steps of ``meshscope demo`` (the first is left out of the analysis as warm-up)."""
+DEMO_RANKS = 8
+
+
+def _rank_factor(option: str, text: str | None) -> str | None:
+    """Check ``RANK:FACTOR`` (a rank of the demo, a factor > 0); returns it unchanged."""
+    if text is None:
+        return None
+    try:
+        rank_text, factor_text = text.split(":")
+        rank, factor = int(rank_text), float(factor_text)
+    except ValueError:
+        raise _UsageError(f"{option} {text!r}: expected RANK:FACTOR, e.g. 5:2") from None
+    if not 0 <= rank < DEMO_RANKS or not factor > 0:
+        raise _UsageError(f"{option} {text!r}: the rank must be 0..{DEMO_RANKS - 1} and the factor > 0")
+    return text
+
+
 def _cmd_demo(args: argparse.Namespace) -> int:
-    path = bundled_example()
-    print(f"meshscope demo: planning the bundled example {path.name}\n")
-    return _cmd_plan(argparse.Namespace(file=str(path), json=args.json, search=False))
+    straggler = _rank_factor("--straggler", args.straggler)
+    imbalance = _rank_factor("--imbalance", args.imbalance)
+    if args.steps < 1:
+        raise _UsageError(f"--steps must be >= 1, got {args.steps}")
+    if importlib.util.find_spec("torch") is None:
+        raise _UsageError(
+            "meshscope demo trains a real PyTorch job: install the demo extra (pip install 'meshscope[demo]', "
+            "torch==2.13.0), or run 'make demo'"
+        )
+    settings = demo_settings(
+        Path(args.out), steps=args.steps, cp=args.cp, ep=args.ep, straggler=straggler, imbalance=imbalance
+    )
+    injected = []
+    if straggler:
+        rank, factor = straggler.split(":")
+        injected.append(f"rank {rank} computes {float(factor):g}x slower")
+    if imbalance:
+        rank, factor = imbalance.split(":")
+        injected.append(f"the data-parallel replica of rank {rank} gets {float(factor):g}x the tokens")
+        if settings.layout.dp < 3:
+            print(
+                f"meshscope demo: with {settings.layout.dp} data-parallel replicas an imbalance cannot be told from "
+                "a slow replica (it needs a majority of normal ones, docs/cost-table.md); expect a wait, not a finding"
+            )
+    print(
+        f"meshscope demo: examples/train_tiny.py on {DEMO_RANKS} local CPU ranks, {settings.layout.describe()}, "
+        f"two emulated nodes of 4 ranks, emulated accelerator ({DEMO_BLOCK_MS:g} ms per transformer block forward), "
+        f"{args.steps} steps; injected: {', '.join(injected) if injected else 'nothing (a clean run)'}\n",
+        flush=True,
+    )
+    return run_job(settings, report=report_run)
 
 
 def _print_json(data: object) -> None:

@@ -4,8 +4,10 @@ Why it exists: local mode (DESIGN.md) must show the whole product on one machine
 ranks with the environment ``torchrun`` would give them (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``,
 ``LOCAL_WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``) plus meshscope's (``MESHSCOPE_JOB``, ``MESHSCOPE_LAYOUT``,
 ``MESHSCOPE_COLLECTOR``, ``MESHSCOPE_NODE`` ...), runs the record collector in process (one Unix datagram socket per
-rank, :mod:`meshscope.sdk.transport`), writes ``OUT/records.jsonl``, and when every rank has exited calls an
-``on_finished(records_path, spec_or_layout) -> exit code`` hook (today a per-rank summary; the cost table later).
+rank, :mod:`meshscope.sdk.transport`), writes ``OUT/records.jsonl`` and ``OUT/measurements.json``, and when every rank
+has exited hands a :class:`RunOutcome` to a report hook (the CLI's is :func:`meshscope.summarizing.report_run`: the cost
+table with the plan's expectations, the findings, the per-stage expected-vs-measured comparison, what was lost as
+partial data, ``OUT/report.html`` and ``OUT/trace.json``).
 
 Two launchers: ``exec`` starts any command as a subprocess; ``fork`` (chosen automatically for ``python script.py``,
 ``python -m module`` and ``python -c code`` run by this very interpreter) imports torch once and forks the ranks,
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import os
 import shutil
@@ -377,22 +380,28 @@ def _monitor(procs: list[_RankProcess], grace_s: float) -> RankExit | None:
 
 
 def run_job(
-    settings: RunSettings, *, on_finished: Callable[[Path, JobSpec | ParallelLayout], int] | None = None
+    settings: RunSettings,
+    *,
+    on_finished: Callable[[Path, JobSpec | ParallelLayout], int] | None = None,
+    report: Callable[[RunOutcome], int] | None = None,
 ) -> int:
     """Launch the ranks, collect their records into ``OUT/records.jsonl``, and report.
 
     Args:
         settings: the run.
         on_finished: called with the records file and the spec (or layout) once every rank exited with 0; its
-            return value is the exit code. Default: :func:`summarize_run`.
+            return value is the exit code.
+        report: called with the :class:`RunOutcome` when the ranks have exited, also after a failed rank (on what
+            was collected); the CLI passes :func:`meshscope.summarizing.report_run` (the cost table, findings,
+            expected vs measured, report and trace). Without either hook the run only collects.
 
     Returns:
-        The exit code: ``on_finished``'s, the failed rank's (128 + signal for a killed rank), or 130 on Ctrl-C.
+        The exit code: the failed rank's (128 + signal for a killed rank), 130 on Ctrl-C, else the hook's (0
+        without one).
 
     Raises:
         RunError: when the command cannot be launched.
     """
-    hook = on_finished or summarize_run
     settings.out_dir.mkdir(parents=True, exist_ok=True)
     records_path = settings.out_dir / "records.jsonl"
     sock_dir = Path(tempfile.mkdtemp(prefix="meshscope-"))
@@ -427,9 +436,40 @@ def run_job(
         return 130
     if failed is not None:
         _say(f"rank {failed.rank} {failed.describe()}; stopped the other {len(procs) - 1} ranks")
-        return failed.shell_code or 1
     _say(_received_line(collector, settings.nproc, wall_s))
-    return hook(records_path, settings.spec if settings.spec is not None else settings.layout)
+    if on_finished is not None and failed is None:
+        return on_finished(records_path, settings.spec if settings.spec is not None else settings.layout)
+    if report is None:
+        return failed.shell_code or 1 if failed is not None else 0
+    outcome = RunOutcome(
+        settings=settings,
+        records_path=records_path,
+        failed=failed,
+        ranks={
+            rank: RankReceipt(
+                records=t.records,
+                hello=t.hello,
+                closed=t.closed,
+                counters=dict(t.counters),
+                measurements=t.measurements,
+            )
+            for rank, t in collector.ranks.items()
+        },
+        unreadable_datagrams=collector.garbage,
+        wall_s=wall_s,
+    )
+    try:
+        code = report(outcome)
+    except Exception as exc:  # noqa: BLE001 - the job's own exit code must survive a failing report
+        if os.environ.get("MESHSCOPE_DEBUG"):
+            import traceback  # noqa: PLC0415
+
+            traceback.print_exc()
+        _say(f"the report failed: {type(exc).__name__}: {exc} (set MESHSCOPE_DEBUG=1 for the traceback)")
+        code = 1
+    if failed is not None:
+        return failed.shell_code or 1
+    return code
 
 
 def _wait_for_goodbyes(collector: RecordCollector, nproc: int) -> None:
@@ -477,58 +517,69 @@ def _write_collector_report(
     }
     with contextlib.suppress(OSError):
         (settings.out_dir / "collector.json").write_text(json.dumps(report, indent=2) + "\n")
+    measurements = {str(rank): t.measurements for rank, t in sorted(collector.ranks.items()) if t.measurements}
+    with contextlib.suppress(OSError, TypeError, ValueError):
+        (settings.out_dir / "measurements.json").write_text(json.dumps(measurements, indent=1) + "\n")
 
 
-# ====================================================================== the default report
+# ====================================================================== what a run leaves for its report
 
 
-def summarize_run(records_path: Path, spec_or_layout: JobSpec | ParallelLayout) -> int:
-    """Print one row per rank: steps, median and worst step time, received records. The cost table replaces it.
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RankReceipt:
+    """What the collector got from one rank."""
 
-    Returns:
-        0: the job itself succeeded (ranks without records are listed, e.g. when ``MESHSCOPE_DISABLE=1``).
-    """
-    from meshscope.formatting import human_seconds, render_table  # noqa: PLC0415
+    records: int
+    """Step records received."""
+    hello: bool
+    """The rank's tracker announced itself."""
+    closed: bool
+    """The rank's tracker said goodbye (it closed cleanly)."""
+    counters: dict[str, int]
+    """The rank's latest SDK counters (``records_dropped`` ...)."""
+    measurements: dict[str, Any]
+    """Its latest ``measurements`` message (job description, model state, activations)."""
 
-    layout = spec_or_layout if isinstance(spec_or_layout, ParallelLayout) else spec_or_layout.layout
-    per_rank: dict[int, list[int]] = {}
-    coords: dict[int, dict[str, int]] = {}
-    with records_path.open("rb") as f:
-        for raw in f:
-            with contextlib.suppress(ValueError):
-                rec = json.loads(raw)
-                rank = int(rec["rank"])
-                per_rank.setdefault(rank, []).append(int(rec["end_us"]) - int(rec["start_us"]))
-                coords[rank] = rec.get("coord", {})
-    rows = []
-    for rank in range(layout.world_size):
-        times = sorted(per_rank.get(rank, []))
-        coord = coords.get(rank, {})
-        where = " ".join(
-            f"{a}{coord[a]}" for a in ("pp", "dp", "cp", "tp", "ep") if layout.degree(a) > 1 and a in coord
-        )
-        if times:
-            median = times[len(times) // 2] / 1e6
-            rows.append([str(rank), where, str(len(times)), human_seconds(median), human_seconds(times[-1] / 1e6)])
-        else:
-            rows.append([str(rank), where, "0", "-", "-"])
-    print(render_table(["rank", "coord", "records", "median step", "slowest step"], rows, title="Steps per rank"))  # noqa: T201
-    missing = [r for r in range(layout.world_size) if r not in per_rank]
-    if missing:
-        print(f"no records from ranks {missing} (no tracker, MESHSCOPE_DISABLE=1, or every record dropped)")  # noqa: T201
-    return 0
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunOutcome:
+    """How a local run ended and what it left, for :func:`report_run`."""
+
+    settings: RunSettings
+    """The run."""
+    records_path: Path
+    """``OUT/records.jsonl``."""
+    failed: RankExit | None
+    """The first rank that failed (the others were stopped), or ``None``."""
+    ranks: dict[int, RankReceipt]
+    """Per rank that sent anything."""
+    unreadable_datagrams: int = 0
+    """Datagrams the collector could not read."""
+    wall_s: float = 0.0
+    """Seconds from launch to the last exit."""
 
 
 # ====================================================================== the command line
 
 
-def add_run_parser(subparsers: Any) -> argparse.ArgumentParser:  # noqa: ANN401 - argparse's private subparsers action
-    """Add ``meshscope run`` to the CLI's subparsers (``cli.build_parser`` calls this once)."""
+def add_run_parser(
+    subparsers: Any,  # noqa: ANN401 - argparse's private subparsers action
+    *,
+    report: Callable[[RunOutcome], int] | None = None,
+) -> argparse.ArgumentParser:
+    """Add ``meshscope run`` to the CLI's subparsers (``cli.build_parser`` calls this once).
+
+    Args:
+        subparsers: the CLI's subparsers action.
+        report: what reports a finished run (``cli`` passes :func:`meshscope.summarizing.report_run`).
+    """
     run = subparsers.add_parser(
         "run",
         help="launch a training command on local ranks and collect its step records",
         description="Launch N local ranks of a training command (torchrun-style environment), collect the records "
-        "of the meshscope SDK into OUT/records.jsonl, and report when every rank has exited.",
+        "of the meshscope SDK into OUT/records.jsonl, and when every rank has exited print the cost table with the "
+        "plan's expectations (--spec, or the spec of a script that describes itself), the findings and the per-stage "
+        "expected-vs-measured comparison, and write OUT/report.html and OUT/trace.json.",
     )
     run.add_argument("--nproc", type=int, required=True, help="ranks to launch (the world size)")
     run.add_argument("--layout", help="parallel layout, e.g. dp=2,tp=2,pp=2 (default: the spec's, else dp=NPROC)")
@@ -544,7 +595,7 @@ def add_run_parser(subparsers: Any) -> argparse.ArgumentParser:  # noqa: ANN401 
     run.add_argument("--grace", type=float, default=5.0, help="seconds between SIGTERM and SIGKILL (5)")
     run.add_argument("--gpus-per-node", type=int, help="ranks per emulated node (default: the spec's, else all)")
     run.add_argument("command", nargs=argparse.REMAINDER, help="-- then the training command")
-    run.set_defaults(handler=_cmd_run)
+    run.set_defaults(handler=functools.partial(_cmd_run, report=report))
     return run  # type: ignore[no-any-return]
 
 
@@ -598,34 +649,74 @@ def settings_from_args(args: argparse.Namespace) -> RunSettings:
     )
 
 
-def _cmd_run(args: argparse.Namespace) -> int:
-    return run_job(settings_from_args(args))
+def _cmd_run(args: argparse.Namespace, *, report: Callable[[RunOutcome], int] | None) -> int:
+    return run_job(settings_from_args(args), report=report)
 
 
 # ====================================================================== the demo job
 
 
-def demo_settings(out_dir: Path, *, steps: int = 8) -> RunSettings:
-    """The run ``meshscope demo`` can launch to show a straggler end to end.
+def demo_layout(*, cp: bool = False, ep: bool = False, imbalance: bool = False) -> ParallelLayout:
+    """The demo's 8-rank layout: pp=2, dp=2, tp=2; ``cp`` swaps dp for cp=2; ``ep`` adds ep=2 (MoE).
 
-    The bundled ``examples/train_tiny.py`` on 8 ranks (pp=2, dp=2, tp=2), with emulated accelerator time and rank 5
-    running 2x slow; ranks 0-3 and 4-7 on two emulated nodes.
+    With ``imbalance`` tp gives way to data parallelism (pp=2, dp=4; with ``cp``: pp=2, dp=2, cp=2): a replica with
+    more tokens can only be told from a majority of normal replicas (docs/cost-table.md, "What can be identified").
+    """
+    tp = 1 if imbalance else 2
+    cp_degree = 2 if cp else 1
+    dp = 8 // (2 * tp * cp_degree)
+    return ParallelLayout(dp=dp, cp=cp_degree, tp=tp, pp=2, ep=2 if ep else 1)
+
+
+def demo_settings(
+    out_dir: Path,
+    *,
+    steps: int = 10,
+    cp: bool = False,
+    ep: bool = False,
+    straggler: str | None = None,
+    imbalance: str | None = None,
+    block_ms: float | None = None,
+) -> RunSettings:
+    """The run ``meshscope demo`` launches: the bundled ``train_tiny`` on 8 local CPU ranks, emulated accelerator.
+
+    Layout :func:`demo_layout` (data-parallel heavy with ``imbalance``) on two emulated nodes of 4 ranks; every
+    transformer block sleeps its FLOPs on an emulated accelerator (:data:`meshscope.emulation.DEMO_BLOCK_MS` per
+    block forward), so timings are deterministic on shared cores.
+
+    Args:
+        out_dir: where records, report and trace go.
+        steps: training steps.
+        cp: the context-parallel variant (pp=2, cp=2, tp=2).
+        ep: the expert-parallel variant (MoE in every layer, ep=2).
+        straggler: ``RANK:FACTOR`` passed to ``--straggler``.
+        imbalance: ``RANK:FACTOR`` passed to ``--imbalance``.
+        block_ms: emulated forward ms of one block; default :data:`meshscope.emulation.DEMO_BLOCK_MS`.
     """
     from meshscope.bundled import data_root  # noqa: PLC0415
+    from meshscope.emulation import DEMO_BLOCK_MS  # noqa: PLC0415
 
     script = data_root("examples") / "train_tiny.py"
+    command = [sys.executable, str(script), "--steps", str(steps), "--emulate", f"{block_ms or DEMO_BLOCK_MS:g}"]
+    if ep:
+        command.append("--moe")
+    if straggler:
+        command += ["--straggler", straggler]
+    if imbalance:
+        command += ["--imbalance", imbalance]
     return RunSettings(
         nproc=8,
-        command=(sys.executable, str(script), "--steps", str(steps), "--emulate", "--straggler", "5:2"),
-        layout=ParallelLayout(dp=2, tp=2, pp=2),
+        command=tuple(command),
+        layout=demo_layout(cp=cp, ep=ep, imbalance=imbalance is not None),
         out_dir=out_dir,
         job="demo",
         gpus_per_node=4,
+        extra_env={"PYTHONWARNINGS": "ignore"},
     )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m meshscope.running ...``: the ``run`` subcommand on its own (same options)."""
+    """``python -m meshscope.running ...``: the ``run`` subcommand on its own (same options; collects only)."""
     parser = argparse.ArgumentParser(prog="meshscope-run")
     sub = parser.add_subparsers(dest="command_name", required=True)
     add_run_parser(sub)

@@ -159,17 +159,50 @@ def test_search_reports_closest_misfit_when_nothing_fits(capsys: pytest.CaptureF
     assert "closest" in out
 
 
-def test_demo_plans_the_bundled_example(capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, _ = run_cli(capsys, "demo")
-    assert code == 0
-    assert "Expected step time" in out
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--straggler", "5"], "--straggler '5': expected RANK:FACTOR, e.g. 5:2"),
+        (["--imbalance", "9:2"], "--imbalance '9:2': the rank must be 0..7 and the factor > 0"),
+        (["--straggler", "5:0"], "the factor > 0"),
+        (["--steps", "0"], "--steps must be >= 1, got 0"),
+    ],
+    ids=["no-factor", "rank-out-of-range", "zero-factor", "no-steps"],
+)
+def test_demo_rejects_bad_fault_options_before_starting_anything(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, argv: list[str], message: str
+) -> None:
+    code, _, err = run_cli(capsys, "demo", "--out", str(tmp_path / "demo"), *argv)
+    assert code == 2
+    assert message in err
+    assert not (tmp_path / "demo").exists()
+
+
+def test_demo_layouts() -> None:
+    from meshscope.running import demo_layout, demo_settings  # noqa: PLC0415
+
+    assert demo_layout() == ParallelLayout(pp=2, dp=2, tp=2)
+    assert demo_layout(cp=True) == ParallelLayout(pp=2, cp=2, tp=2)
+    assert demo_layout(ep=True) == ParallelLayout(pp=2, dp=2, tp=2, ep=2)
+    # an imbalance is identifiable only against a majority of normal replicas: dp gets the ranks
+    assert demo_layout(imbalance=True) == ParallelLayout(pp=2, dp=4)
+    settings = demo_settings(Path("out"), steps=3, ep=True, straggler="5:2")
+    assert settings.nproc == 8
+    assert settings.gpus_per_node == 4
+    assert settings.command[1].endswith("train_tiny.py")
+    assert settings.command[2:] == ("--steps", "3", "--emulate", "40", "--moe", "--straggler", "5:2")
 
 
 # The CLI surface, frozen (torchtitan's test_no_new_cli_options): a new or renamed option must change this list.
 CLI_SURFACE = {
     "plan": ["--global-batch", "--gpus", "--hardware", "--json", "--model", "--precision", "--recompute", "--search",
              "--seq-length", "--top", "-h", "--help"],
-    "demo": ["--json", "-h", "--help"],
+    "demo": ["--cp", "--ep", "--imbalance", "--out", "--steps", "--straggler", "-h", "--help"],
+    "run": ["--gpus-per-node", "--grace", "--job", "--launcher", "--layout", "--nproc", "--out", "--spec", "-h",
+            "--help"],
+    "analyze": ["--allow-partial", "--json", "--spec", "-h", "--help"],
+    "report": ["--out", "--spec", "-h", "--help"],
+    "simulate": ["--fault", "--out", "--prefetch", "--seed", "--spec", "--steps", "-h", "--help"],
 }  # fmt: skip
 
 
@@ -181,4 +214,4 @@ def test_cli_surface_is_frozen() -> None:
         for name, p in sub.choices.items()  # type: ignore[attr-defined]
     }
     expected = {name: sorted(opts) for name, opts in CLI_SURFACE.items()}
-    assert {k: v for k, v in surface.items() if k in expected} == expected
+    assert surface == expected

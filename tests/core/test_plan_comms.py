@@ -101,7 +101,7 @@ def test_tp_all_reduces_without_sequence_parallel():
     plan = plan_job(
         job(gpt(layers=big_l, h=h, a=16, s=s), ParallelLayout(tp=t), micro_batch_size=b, global_batch_size=b * m)
     )
-    ar = only(plan, axis="tp", op=CollectiveOp.ALL_REDUCE)
+    ar = only(plan, axis="tp", op=CollectiveOp.ALL_REDUCE, purpose="layer activations")
     assert ar.message_bytes == b * s * h * 2  # b·s·h bf16 elements
     assert ar.count_per_step == 4 * big_l * m  # 2 forward + 2 backward per layer per micro-batch
     assert ar.bytes_per_gpu_per_step == pytest.approx(4 * big_l * m * 2 * (t - 1) / t * b * s * h * 2)
@@ -119,12 +119,12 @@ def test_sequence_parallel_moves_the_same_bytes_as_all_reduce_plus_a_backward_re
     model = gpt(layers=big_l, h=h, a=16, s=s)
     plain = plan_job(job(model, ParallelLayout(tp=t)))
     sp = plan_job(job(model, ParallelLayout(tp=t), sp=True))
-    ag = only(sp, axis="tp", op=CollectiveOp.ALL_GATHER, purpose="sequence parallel")
-    rs = only(sp, axis="tp", op=CollectiveOp.REDUCE_SCATTER)
+    ag = only(sp, axis="tp", op=CollectiveOp.ALL_GATHER, purpose="layer activations, sequence parallel")
+    rs = only(sp, axis="tp", op=CollectiveOp.REDUCE_SCATTER, purpose="layer activations")
     regather = only(sp, axis="tp", op=CollectiveOp.ALL_GATHER, purpose="re-gather")
     assert ag.count_per_step == rs.count_per_step == 4 * big_l  # 2 forward + 2 backward per layer
     assert regather.count_per_step == 2 * big_l  # QKV and fc1 inputs, backward
-    ar = only(plain, axis="tp", op=CollectiveOp.ALL_REDUCE)
+    ar = only(plain, axis="tp", op=CollectiveOp.ALL_REDUCE, purpose="layer activations")
     assert ag.bytes_per_gpu_per_step + rs.bytes_per_gpu_per_step == pytest.approx(ar.bytes_per_gpu_per_step)
 
 
@@ -135,7 +135,7 @@ def test_sequence_parallel_moves_the_same_bytes_as_all_reduce_plus_a_backward_re
 )
 def test_tp_flops_per_byte_reproduces_reference_1_7(h, a, s, t, worked):
     plan = plan_job(job(gpt(layers=2, h=h, a=a, s=s), ParallelLayout(tp=t)), assumptions=NONCAUSAL)
-    ar = only(plan, axis="tp", op=CollectiveOp.ALL_REDUCE)
+    ar = only(plan, axis="tp", op=CollectiveOp.ALL_REDUCE, purpose="layer activations")
     # (72bsh² + 12bs²h)/t ÷ 2·8bsh(t-1)/t = (4.5h + 0.75s)/(t-1).
     assert ar.flops_per_byte == pytest.approx((4.5 * h + 0.75 * s) / (t - 1))
     assert ar.flops_per_byte == pytest.approx(worked, abs=0.5)
@@ -146,7 +146,7 @@ def test_tp_flops_per_byte_reproduces_reference_1_7(h, a, s, t, worked):
 def test_tp_comm_overlap_hides_up_to_the_assumed_fraction():
     model = gpt(layers=2, h=4096, a=32, s=2048)
     plan = plan_job(job(model, ParallelLayout(tp=8), tp_comm_overlap=True))
-    ar = only(plan, axis="tp", op=CollectiveOp.ALL_REDUCE)
+    ar = only(plan, axis="tp", op=CollectiveOp.ALL_REDUCE, purpose="layer activations")
     window = plan.stages[0].step_time.compute_seconds
     expected = ar.expected_seconds_per_step
     assert ar.exposed_seconds_per_step == pytest.approx(expected - min(0.8 * expected, window))
@@ -161,6 +161,39 @@ def test_expert_tensor_parallel_gathers_routed_tokens():
     assert ag.message_bytes == t * k * (s // t) * h * 2
     assert ag.count_per_step == 2 * 2  # forward + backward, 2 MoE layers, 1 micro-batch
     assert ag.axis == "tp"
+
+
+def test_vocabulary_parallel_embedding_output_layer_and_cross_entropy_over_tp():
+    b, s, h, t, m = 2, 512, 1024, 4, 3
+    model = gpt(layers=4, h=h, a=16, s=s, tied=False)
+    plan = plan_job(job(model, ParallelLayout(tp=t, pp=2), micro_batch_size=b, global_batch_size=b * m))
+    first, last = (tuple(c for c in st.collectives if c.axis == "tp") for st in plan.stages)
+    embedding = only(first, axis="tp", op=CollectiveOp.ALL_REDUCE, purpose="embedding output")
+    assert (embedding.message_bytes, embedding.count_per_step) == (b * s * h * 2, m)
+    assert not [c for c in first if "output-layer" in c.purpose or "cross entropy" in c.purpose]
+    output = only(last, axis="tp", op=CollectiveOp.ALL_REDUCE, purpose="output-layer input gradient")
+    assert (output.message_bytes, output.count_per_step) == (b * s * h * 2, m)
+    entropy = only(last, axis="tp", op=CollectiveOp.ALL_REDUCE, purpose="cross entropy")
+    assert (entropy.message_bytes, entropy.count_per_step) == (4 * b * s, 3 * m)  # max, target logit, sum of exp
+    # Outside every layer: no compute hides them and they stay out of the axis' FLOPs per byte (reference §1.7).
+    for c in (embedding, output, entropy):
+        assert c.exposed_seconds_per_step == pytest.approx(c.expected_seconds_per_step)
+        assert not c.in_axis_ratio
+        assert c.hiding_flops_per_step == 0
+
+
+def test_vocabulary_collectives_with_sequence_parallelism_scatter_and_gather():
+    model = gpt(layers=2, h=1024, a=16, s=512, tied=False)
+    plan = plan_job(job(model, ParallelLayout(tp=4), sp=True))
+    tp = tuple(c for c in plan.stages[0].collectives if c.axis == "tp")
+    assert only(tp, axis="tp", op=CollectiveOp.REDUCE_SCATTER, purpose="embedding output").count_per_step == 1
+    assert only(tp, axis="tp", op=CollectiveOp.ALL_GATHER, purpose="output-layer input").count_per_step == 1
+    assert only(tp, axis="tp", op=CollectiveOp.REDUCE_SCATTER, purpose="output-layer input").count_per_step == 1
+
+
+def test_no_vocabulary_collectives_without_tensor_parallelism():
+    plan = plan_job(job(gpt(layers=2, h=1024, a=16, s=512), ParallelLayout(dp=2), global_batch_size=2))
+    assert not [c for c in plan.collectives if c.axis == "tp"]
 
 
 # ---------------------------------------------------------------------------------------------------- PP
@@ -245,13 +278,67 @@ def test_distributed_optimizer_reduce_scatters_grads_and_gathers_bf16_weights():
     assert ag.bytes_per_gpu_per_step == pytest.approx((d - 1) / d * P_LLAMA * 2)
 
 
-def test_zero3_moves_one_and_a_half_times_the_all_reduce():
+LAYER_LLAMA = 2 * H * A * D + 2 * H * G * D + 3 * H * F + 2 * H  # one llama() layer, tp=1
+ROOT_LLAMA = V * H + H + V * H  # embedding, final norm, output layer
+
+
+def test_zero3_moves_one_and_a_half_times_the_all_reduce_less_the_roots_backward_gather():
     d = 16
     base = plan_job(job(llama(), ParallelLayout(dp=d), global_batch_size=d, grad_reduce_bytes=2))
     zero3 = plan_job(job(llama(), ParallelLayout(dp=d), global_batch_size=d, grad_reduce_bytes=2, zero_stage=3))
     ar = sum(c.bytes_per_gpu_per_step for c in base.collectives if c.axis == "dp")
     z3 = sum(c.bytes_per_gpu_per_step for c in zero3.collectives if c.axis == "dp")
-    assert z3 == pytest.approx(1.5 * ar)  # Rajbhandari et al. 2019 §7: 3Ψ vs 2Ψ
+    # Rajbhandari et al. 2019 §7: 3Ψ vs 2Ψ, except that FSDP2 keeps the root unit (embedding, output layer, final
+    # norm) gathered from forward to backward: its weights are gathered once, not twice.
+    assert z3 == pytest.approx(1.5 * ar - (d - 1) / d * ROOT_LLAMA * 2)
+
+
+def test_zero3_without_a_pipeline_gathers_every_layer_in_forward_and_backward_of_every_micro_batch():
+    d, m = 4, 3
+    plan = plan_job(job(llama(), ParallelLayout(dp=d), global_batch_size=d * m, zero_stage=3))
+    dp = {(c.op, c.purpose): c for c in plan.stages[0].collectives if c.axis == "dp"}
+    forward = dp[CollectiveOp.ALL_GATHER, "dense weights per layer (forward)"]
+    backward = dp[CollectiveOp.ALL_GATHER, "dense weights per layer (backward)"]
+    grads = dp[CollectiveOp.REDUCE_SCATTER, "dense gradients per layer"]
+    root = [c for c in dp.values() if "root unit" in c.purpose]
+    assert forward.message_bytes == backward.message_bytes == LAYER_LLAMA * 2  # bf16 weights, one layer per unit
+    assert forward.count_per_step == backward.count_per_step == grads.count_per_step == 2 * m  # 2 layers
+    assert grads.message_bytes == LAYER_LLAMA * 4  # fp32 main gradients
+    assert {(c.op, c.message_bytes, c.count_per_step) for c in root} == {
+        (CollectiveOp.ALL_GATHER, ROOT_LLAMA * 2, m),
+        (CollectiveOp.REDUCE_SCATTER, ROOT_LLAMA * 4, m),
+    }
+
+
+def test_zero3_under_a_pipeline_gathers_each_layer_once_more_than_its_micro_batches_and_reduces_once():
+    # torch.distributed.pipelining keeps FSDP2 units gathered after backward and defers the reduce-scatter to the
+    # last micro-batch: each layer is gathered before every forward (resharded after it) and before the first
+    # backward that follows a forward, whatever the schedule: m + 1.
+    d, m, p = 2, 4, 2
+    model = llama(layers=4)
+    for schedule in (PipelineSchedule.ONE_F_ONE_B, PipelineSchedule.GPIPE):
+        plan = plan_job(
+            job(model, ParallelLayout(dp=d, pp=p), global_batch_size=d * m, zero_stage=3, pipeline_schedule=schedule)
+        )
+        for stage in plan.stages:
+            dp = [c for c in stage.collectives if c.axis == "dp"]
+            layer_gather = only(tuple(dp), axis="dp", op=CollectiveOp.ALL_GATHER, purpose="per layer")
+            layer_reduce = only(tuple(dp), axis="dp", op=CollectiveOp.REDUCE_SCATTER, purpose="per layer")
+            assert layer_gather.message_bytes == LAYER_LLAMA * 2
+            assert layer_gather.count_per_step == (m + 1) * 2  # 2 layers per stage
+            assert layer_reduce.count_per_step == 2
+            root = [c for c in dp if "root unit" in c.purpose]
+            assert [c.count_per_step for c in root] == [1, 1]
+            expected_root = V * H if stage.pp_rank == 0 else H + V * H
+            assert root[0].message_bytes == expected_root * 2
+
+
+def test_zero3_units_follow_tensor_parallel_shards():
+    t, d = 2, 2
+    plan = plan_job(job(llama(), ParallelLayout(tp=t, dp=d), global_batch_size=d, zero_stage=3))
+    layer = only(plan, axis="dp", op=CollectiveOp.ALL_GATHER, purpose="per layer (forward)")
+    # attention and MLP split over tp, the two norms replicated
+    assert layer.message_bytes == ((2 * H * A * D + 2 * H * G * D + 3 * H * F) // t + 2 * H) * 2
 
 
 def test_dp_reduction_includes_context_parallel_ranks():
@@ -341,7 +428,7 @@ def test_cp_ring_exchange_of_kv_chunks():
 
 def test_b200_link_budgets():
     plan = plan_job(job(llama(), ParallelLayout(tp=8, dp=2), gpu="B200", global_batch_size=2))
-    tp = only(plan, axis="tp", op=CollectiveOp.ALL_REDUCE)
+    tp = only(plan, axis="tp", op=CollectiveOp.ALL_REDUCE, purpose="layer activations")
     dp = only(plan, axis="dp", op=CollectiveOp.ALL_REDUCE)
     assert tp.link is Link.NVLINK
     assert tp.link_budget_flops_per_byte == pytest.approx(2500)  # 2,250 TF ÷ 900 GB/s

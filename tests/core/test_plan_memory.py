@@ -197,6 +197,43 @@ def test_zero3_shards_everything_but_gathers_the_largest_layer():
     assert state == pytest.approx(18 * P_SMALL / 8 + (2 + 4) * largest, abs=3)
 
 
+def test_zero3_at_rest_is_sharding_only():
+    d = 8
+    stage = plan_job(job(small_llama(), ParallelLayout(dp=d), global_batch_size=d, zero_stage=3)).stages[0]
+    rest = stage.resting_state
+    # What a GPU keeps between steps: 2 + 4 + 12 bytes per parameter, all divided by d (no gathered layer).
+    assert rest.weights_bytes == pytest.approx(2 * P_SMALL / d)
+    assert rest.gradients_bytes == pytest.approx(4 * P_SMALL / d)
+    assert rest.optimizer_bytes == pytest.approx(12 * P_SMALL / d)
+    largest = ATTENTION + MLP + NORMS
+    assert stage.memory.weights_bytes == pytest.approx(rest.weights_bytes + 2 * largest, abs=1)
+
+
+def test_resting_state_equals_the_peak_without_zero3():
+    stage = plan_job(job(small_llama(), ParallelLayout(dp=8), global_batch_size=8, distributed_optimizer=True)).stages[
+        0
+    ]
+    rest, peak = stage.resting_state, stage.memory
+    assert (round(rest.weights_bytes), round(rest.gradients_bytes), round(rest.optimizer_bytes)) == (
+        peak.weights_bytes,
+        peak.gradients_bytes,
+        peak.optimizer_bytes,
+    )
+
+
+def test_zero3_under_a_pipeline_peaks_with_the_stages_whole_weights_and_gradients():
+    # torch.distributed.pipelining keeps every FSDP2 unit gathered after backward and accumulates unsharded
+    # gradients until the last micro-batch: only the optimizer state stays sharded at the peak.
+    d, p = 4, 2
+    plan = plan_job(job(small_llama(), ParallelLayout(dp=d, pp=p), global_batch_size=d * 2, zero_stage=3))
+    for stage in plan.stages:
+        n = stage.params.total
+        assert stage.memory.weights_bytes == 2 * n
+        assert stage.memory.gradients_bytes == 4 * n
+        assert stage.memory.optimizer_bytes == pytest.approx(12 * n / d, abs=1)
+        assert stage.resting_state.weights_bytes == pytest.approx(2 * n / d)
+
+
 def test_moe_dist_opt_uses_expert_data_parallel_for_experts():
     moe = MoEConfig(experts=8, top_k=2, expert_ffn_hidden_size=128)
     plan = plan_job(

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import meshscope.records as records_module
+import meshscope.records.reading as records_module
 from meshscope.errors import ParseError
 from meshscope.layout import RankCoord
 from meshscope.records import (

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from meshscope import reporting
+from meshscope import timelines
 from meshscope.breakdown import break_down
 from meshscope.cli import main
 from meshscope.records import AXIS_CODE, KIND_CODE, OP_CODE, IntervalColumns, RecordTable, StepColumns, read_table
@@ -284,7 +284,7 @@ def test_timeline_rows_and_hatched_sync_wait_geometry():
     assert "Median step: step 1" in median
     rows = rows_of(slowest)
     assert sorted(rows) == list(range(8))
-    px = reporting._PLOT_W / 49_000
+    px = timelines._PLOT_W / 49_000
     for rank, chunk in rows.items():
         assert "node-" in chunk
         assert f"dp={rank} tp=0 pp=0" in chunk
@@ -296,13 +296,13 @@ def test_timeline_rows_and_hatched_sync_wait_geometry():
         else:
             assert len(waits) == 1
             x, w = waits[0]
-            assert x == pytest.approx(reporting._LABEL_W + 32_000 * px, abs=0.06)
+            assert x == pytest.approx(timelines._LABEL_W + 32_000 * px, abs=0.06)
             assert w == pytest.approx(5_000 * px, abs=0.06)
         # the dp all-reduce itself is drawn (from the rank's arrival to 47 ms)
         ((x, w),) = rects(chunk, "k-dp")
         arrival = 37_000 if rank == 2 else 32_000
-        assert x == pytest.approx(reporting._LABEL_W + arrival * px, abs=0.06)
-        assert x + w == pytest.approx(reporting._LABEL_W + 47_000 * px, abs=0.11)
+        assert x == pytest.approx(timelines._LABEL_W + arrival * px, abs=0.06)
+        assert x + w == pytest.approx(timelines._LABEL_W + 47_000 * px, abs=0.11)
     assert all(rects(chunk, "k-wait") == [] for chunk in rows_of(median).values())
     assert 'pattern id="ms-hatch"' in doc
     assert "Showing all 8 ranks" in doc
@@ -314,7 +314,7 @@ def test_timeline_uses_aligned_clocks():
     doc = render_report(table, break_down(table), pp2_analysis())
     for panel in panels(doc):
         starts = {rects(chunk, "bg")[0][0] for chunk in rows_of(panel).values()}
-        assert starts == {float(reporting._LABEL_W)}
+        assert starts == {float(timelines._LABEL_W)}
 
 
 def test_legend_lists_what_the_job_used():

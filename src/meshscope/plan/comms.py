@@ -30,6 +30,7 @@ from enum import StrEnum
 from typing import TYPE_CHECKING
 
 from meshscope.layout import MeshAxis
+from meshscope.models import layer_params
 from meshscope.placement import Link, axis_spans, span_of_groups
 from meshscope.plan.memory import activation_element_bytes, sharding_stage, state_bytes_per_param
 
@@ -110,6 +111,9 @@ class CollectivePlan:
     """Compute seconds per step it can overlap (shared with collectives of the same window)."""
     exposed_seconds_per_step: float
     """Expected seconds per step not hidden behind compute."""
+    in_axis_ratio: bool = True
+    """Whether its bytes count in the axis' FLOPs per byte; ``False`` for traffic outside the layers (the vocabulary
+    collectives), which no compute hides and which reference/planner.md §1.7 leaves out."""
 
     @property
     def expected_seconds_per_step(self) -> float:
@@ -192,6 +196,8 @@ class _Draft:
     count_per_step: int
     overlap_fraction: float
     window: str
+    in_axis_ratio: bool = True
+    """Whether its bytes count in the axis' FLOPs per byte (reference §1.7 counts the layers' traffic only)."""
 
 
 def _windows(compute: StageCompute) -> dict[str, float]:
@@ -240,10 +246,19 @@ def stage_collectives(
     """
     drafts = [
         *_tp_drafts(model, parallelism, training, assumptions, layer_indices),
+        *_vocab_drafts(model, parallelism, training, pp_rank),
         *_cp_drafts(model, parallelism, training, assumptions, layer_indices),
         *_ep_drafts(model, parallelism, training, assumptions, layer_indices),
         *_pp_drafts(model, parallelism, training, assumptions, pp_rank),
-        *_dp_drafts(training, assumptions, params, compute.micro_batches),
+        *_dp_drafts(
+            model,
+            parallelism.layout,
+            training,
+            assumptions,
+            params=params,
+            micro_batches=compute.micro_batches,
+            layer_indices=layer_indices,
+        ),
     ]
     drafts = [d for d in drafts if d.count_per_step > 0 and d.message_bytes > 0 and d.group in spans]
     hiding = _hiding_flops(compute)
@@ -258,7 +273,8 @@ def stage_collectives(
         sized.append((d, span, bus, link, bandwidth, per_instance, d.message_bytes * bus * d.count_per_step))
     axis_bytes: dict[MeshAxis, float] = defaultdict(float)
     for d, *_, moved in sized:
-        axis_bytes[d.axis] += moved
+        if d.in_axis_ratio:
+            axis_bytes[d.axis] += moved
     windows = _windows(compute)
     full_windows = dict(windows)
     out = []
@@ -284,12 +300,13 @@ def stage_collectives(
                 bytes_per_gpu_per_step=moved,
                 bandwidth_bytes_per_s=bandwidth,
                 seconds_per_instance=per_instance,
-                hiding_flops_per_step=axis_flops * moved / axis_bytes[d.axis],
-                flops_per_byte=axis_flops / axis_bytes[d.axis],
+                hiding_flops_per_step=axis_flops * moved / axis_bytes[d.axis] if d.in_axis_ratio else 0.0,
+                flops_per_byte=axis_flops / axis_bytes[d.axis] if axis_bytes[d.axis] else 0.0,
                 link_budget_flops_per_byte=hardware.link_budget_flops_per_byte(link.value, precision),
                 overlap_fraction=d.overlap_fraction,
                 overlap_window_seconds=full_windows[d.window],
                 exposed_seconds_per_step=expected - hidden,
+                in_axis_ratio=d.in_axis_ratio,
             )
         )
     return tuple(out)
@@ -397,6 +414,66 @@ def _tp_drafts(
                 window=_STAGE,
             )
             for op in (CollectiveOp.ALL_GATHER, CollectiveOp.REDUCE_SCATTER)
+        )
+    return drafts
+
+
+def _vocab_drafts(
+    model: ModelConfig, parallelism: ParallelismConfig, training: TrainingConfig, pp_rank: int
+) -> list[_Draft]:
+    """TP around the vocabulary: the embedding's output, the output layer's input, the cross entropy.
+
+    Megatron-core with tp > 1 (``VocabParallelEmbedding``, ``ColumnParallelLinear`` output layer,
+    ``vocab_parallel_cross_entropy``), per micro-batch:
+
+    * first stage: the vocabulary-parallel embedding all-reduces its output forward (``b·s·h``; with sequence
+      parallelism a reduce-scatter);
+    * last stage: the output layer's input gradient is all-reduced backward (with sequence parallelism: its input is
+      all-gathered forward and the gradient reduce-scattered backward), ``b·s·h``;
+    * last stage: the cross entropy all-reduces three fp32 values per token forward (the maximum logit, the target's
+      logit, the sum of exponentials), ``4·b·s`` bytes each.
+
+    None of them overlaps compute, and none counts in the axis' FLOPs per byte, which is about the layers' traffic
+    (reference/planner.md §1.7).
+    """
+    layout = parallelism.layout
+    if layout.tp == 1:
+        return []
+    m, e = training.micro_batches(layout.dp), activation_element_bytes(training)
+    tokens = model.seq_length / layout.cp * training.micro_batch_size
+    message = math.ceil(tokens * model.hidden_size * e)
+    sp = parallelism.sequence_parallel
+    drafts: list[_Draft] = []
+
+    def add(op: CollectiveOp, purpose: str, size: int, count: int) -> None:
+        drafts.append(
+            _Draft(
+                axis=MeshAxis.TP,
+                group="tp",
+                op=op,
+                purpose=purpose,
+                message_bytes=size,
+                count_per_step=count,
+                overlap_fraction=0.0,
+                window=_NONE,
+                in_axis_ratio=False,
+            )
+        )
+
+    if pp_rank == 0:
+        op = CollectiveOp.REDUCE_SCATTER if sp else CollectiveOp.ALL_REDUCE
+        add(op, "vocabulary-parallel embedding output (forward)", message, m)
+    if pp_rank == layout.pp - 1:
+        if sp:
+            add(CollectiveOp.ALL_GATHER, "output-layer input, sequence parallel (forward)", message, m)
+            add(CollectiveOp.REDUCE_SCATTER, "output-layer input gradient, sequence parallel (backward)", message, m)
+        else:
+            add(CollectiveOp.ALL_REDUCE, "output-layer input gradient (backward)", message, m)
+        add(
+            CollectiveOp.ALL_REDUCE,
+            "vocabulary-parallel cross entropy: max logit, target logit, sum of exponentials (forward)",
+            math.ceil(4 * tokens),
+            3 * m,
         )
     return drafts
 
@@ -529,7 +606,14 @@ def _pp_drafts(
 
 
 def _dp_drafts(
-    training: TrainingConfig, assumptions: PlanAssumptions, params: StageParams, micro_batches: int
+    model: ModelConfig,
+    layout: ParallelLayout,
+    training: TrainingConfig,
+    assumptions: PlanAssumptions,
+    *,
+    params: StageParams,
+    micro_batches: int,
+    layer_indices: list[int],
 ) -> list[_Draft]:
     """DP: gradient reduction over ``dp·cp`` (dense) and ``expert_dp`` (routed experts).
 
@@ -537,9 +621,18 @@ def _dp_drafts(
     * distributed optimizer / ZeRO-1: reduce-scatter of gradients + all-gather of updated weights, once per step
       (Megatron dist_optimizer.md);
     * ZeRO-2: the reduce-scatter runs every micro-batch (gradients are sharded, so they cannot accumulate whole);
-    * ZeRO-3: all-gather of weights for every forward and every backward, reduce-scatter every micro-batch
-      (``3Ψ`` per micro-batch, 1.5x the all-reduce; Rajbhandari et al. 2019 §7).
+    * ZeRO-3: :func:`_zero3_drafts`, per sharded unit as FSDP2 runs them.
     """
+    if sharding_stage(training) == 3:
+        return _zero3_drafts(
+            model,
+            layout,
+            training,
+            assumptions,
+            params=params,
+            micro_batches=micro_batches,
+            layer_indices=layer_indices,
+        )
     per = state_bytes_per_param(training)
     stage = sharding_stage(training)
     m = micro_batches
@@ -556,11 +649,6 @@ def _dp_drafts(
             (CollectiveOp.REDUCE_SCATTER, "gradients", per.gradients, m, grad, _BACKWARD),
             (CollectiveOp.ALL_GATHER, "weights", per.weights, 1, gather, _FIRST_FORWARD),
         ],
-        3: [
-            (CollectiveOp.ALL_GATHER, "weights (forward)", per.weights, m, gather, _ALL_FORWARD),
-            (CollectiveOp.ALL_GATHER, "weights (backward)", per.weights, m, gather, _BACKWARD),
-            (CollectiveOp.REDUCE_SCATTER, "gradients", per.gradients, m, grad, _BACKWARD),
-        ],
     }
     return [
         _Draft(
@@ -576,3 +664,92 @@ def _dp_drafts(
         for group, kind, n_params in (("dp-cp", "dense", params.dense), ("edp", "routed-expert", params.experts))
         for op, what, bytes_per_param, count, overlap, window in plans[stage]
     ]
+
+
+def _zero3_drafts(
+    model: ModelConfig,
+    layout: ParallelLayout,
+    training: TrainingConfig,
+    assumptions: PlanAssumptions,
+    *,
+    params: StageParams,
+    micro_batches: int,
+    layer_indices: list[int],
+) -> list[_Draft]:
+    """ZeRO-3 as FSDP2 runs it: one sharded unit per transformer layer plus a root unit for the rest of the stage.
+
+    Units follow torchtitan's wrapping (``fully_shard`` on every block, then on the stage): each layer's weights are
+    one all-gather message, the stage's embedding, output layer and final norm another (the root). Layers reshard
+    after forward; the root does not (FSDP2 keeps the root's weights for backward). Per step, with ``m``
+    micro-batches:
+
+    * no pipeline: each layer is gathered in every forward and again in every backward (``2m``), the root in every
+      forward (``m``); every unit's gradients are reduce-scattered after every backward (``m``); the 3Ψ of Rajbhandari
+      et al. 2019 §7 less the root's backward gather;
+    * under a pipeline schedule (``torch.distributed.pipelining``, torchtitan with pp > 1), which keeps units
+      unsharded after backward and defers gradient reduction to the last micro-batch: each layer is gathered before
+      every forward and once more before the first backward that follows a forward (``m + 1``, whatever the
+      schedule), the root once, and every unit's gradients are reduce-scattered once.
+
+    Routed experts form the same per-layer units over the expert-data-parallel group. Messages are the units'
+    parameters on this GPU (after tp/ep sharding) at the weight's and the gradient's bytes; FSDP2 pads each
+    parameter's first dimension to a multiple of the shard count, which the planner does not (it does not know the
+    tensor shapes).
+    """
+    per = state_bytes_per_param(training)
+    m = micro_batches
+    pipelined = layout.pp > 1
+    grad = assumptions.dp_grad_reduce_overlap if training.overlap_grad_reduce else 0.0
+    gather = assumptions.dp_param_gather_overlap if training.overlap_param_gather else 0.0
+    expert_shards = layout.expert_tp * layout.ep
+    # (group, kind, layer kind) -> (unit parameters on this GPU, units on the stage); dense and MoE layers differ
+    units: dict[tuple[str, str, str], list[int]] = {}
+    in_layers = 0
+    for layer in layer_indices:
+        lp = layer_params(model, layer)
+        dense = math.ceil(lp.tp_sharded / layout.tp) + lp.replicated
+        in_layers += dense
+        layer_kind = "MoE layer" if model.is_moe_layer(layer) else "layer"
+        units.setdefault(("dp-cp", "dense", layer_kind), [dense, 0])[1] += 1
+        if lp.routed_experts:
+            experts = math.ceil(lp.routed_experts / expert_shards)
+            units.setdefault(("edp", "routed-expert", layer_kind), [experts, 0])[1] += 1
+    root = params.dense - in_layers
+    drafts: list[_Draft] = []
+
+    def add(group: str, op: CollectiveOp, purpose: str, *, size: float, count: int, window: str) -> None:
+        drafts.append(
+            _Draft(
+                axis=MeshAxis.DP,
+                group=group,
+                op=op,
+                purpose=purpose,
+                message_bytes=math.ceil(size),
+                count_per_step=count,
+                overlap_fraction=grad if op is CollectiveOp.REDUCE_SCATTER else gather,
+                window=window,
+            )
+        )
+
+    gather_op, reduce_op = CollectiveOp.ALL_GATHER, CollectiveOp.REDUCE_SCATTER
+    for (group, kind, layer_kind), (n_params, n) in units.items():
+        weights, grads = n_params * per.weights, n_params * per.gradients
+        if pipelined:
+            what = f"{kind} weights per {layer_kind} (before every forward, and before the first backward after one)"
+            add(group, gather_op, what, size=weights, count=(m + 1) * n, window=_STAGE)
+            what = f"{kind} gradients per {layer_kind} (last micro-batch)"
+            add(group, reduce_op, what, size=grads, count=n, window=_LAST_BACKWARD)
+        else:
+            what = f"{kind} weights per {layer_kind}"
+            add(group, gather_op, f"{what} (forward)", size=weights, count=m * n, window=_ALL_FORWARD)
+            add(group, gather_op, f"{what} (backward)", size=weights, count=m * n, window=_BACKWARD)
+            what = f"{kind} gradients per {layer_kind}"
+            add(group, reduce_op, what, size=grads, count=m * n, window=_BACKWARD)
+    if root > 0:
+        what = "of embedding, output layer and final norm (root unit)"
+        count = 1 if pipelined else m
+        size = root * per.weights
+        add("dp-cp", gather_op, f"dense weights {what}", size=size, count=count, window=_FIRST_FORWARD)
+        window = _LAST_BACKWARD if pipelined else _BACKWARD
+        add("dp-cp", reduce_op, f"dense gradients {what}", size=root * per.gradients, count=count, window=window)
+    return drafts

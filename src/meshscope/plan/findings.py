@@ -130,7 +130,7 @@ def _matching(
             c.axis == axis
             and c.group == group
             and (link is None or c.link is link)
-            and (not unhideable or not c.hideable)
+            and (not unhideable or (not c.hideable and c.in_axis_ratio))
         )
 
     return keep
@@ -312,7 +312,9 @@ def _bubble(
 
 
 def _below_budget(stages: Sequence[StageSummary]) -> list[Finding]:
-    keys = dict.fromkeys((c.axis, c.group, c.link) for s in stages for c in s.collectives if not c.hideable)
+    keys = dict.fromkeys(
+        (c.axis, c.group, c.link) for s in stages for c in s.collectives if not c.hideable and c.in_axis_ratio
+    )
     out = []
     for axis, group, link in keys:
         traffic = _worst(stages, _matching(axis, group, link=link, unhideable=True))

@@ -14,7 +14,9 @@ Conventions (docs/planner.md, "Memory"; reference/planner.md §1.2-§1.3):
 * **Sharding**: the distributed optimizer and ZeRO-1 divide the optimizer field by ``d``, ZeRO-2 also the gradient
   field, ZeRO-3 also the weights; ``d`` is ``dp·cp`` for dense parameters (Megatron's data-parallel-with-context
   group) and ``expert_dp`` for routed experts (Megatron PR #4687). ZeRO-3 adds the largest layer's unsharded weights
-  and gradients on the stage (DeepSpeed ``estimate_zero3_model_states_mem_needs``: ``4·largest_layer_params``).
+  and gradients on the stage (DeepSpeed ``estimate_zero3_model_states_mem_needs``: ``4·largest_layer_params``); under
+  a pipeline schedule its peak holds the stage's whole weights and gradients (:func:`model_state_bytes`). What stays
+  between steps (:func:`resting_state_bytes`) is sharded either way.
 * **Parameters per GPU** by bucket (:func:`meshscope.models.layer_params`): tp-sharded ÷ tp, replicated ÷ 1, routed
   experts ÷ (etp·ep); the word embedding is vocabulary-parallel (÷ tp) on stage 0, a learned position embedding is
   replicated; the output layer (÷ tp) and final norm sit on the last stage; tied embeddings with pp > 1 keep a
@@ -236,10 +238,14 @@ class ModelStateBytes:
     """Parameters whose optimizer step this GPU runs (its shard under dist-opt / ZeRO >= 1)."""
 
 
-def model_state_bytes(
+def resting_state_bytes(
     params: StageParams, training: TrainingConfig, *, dense_shards: int, expert_shards: int
 ) -> ModelStateBytes:
-    """Model-state bytes of one GPU.
+    """Model-state bytes one GPU keeps between steps (after the optimizer step): sharding only, no gathered buffers.
+
+    ZeRO-1 (and the distributed optimizer) shard the optimizer field over the data-parallel shards, ZeRO-2 also the
+    gradients, ZeRO-3 also the weights. This is what a training process holds when it counts its parameters, their
+    ``.grad`` and its optimizer state right after ``optimizer.step()`` (``meshscope.sdk``'s ``count_model_state``).
 
     Args:
         params: the GPU's parameters.
@@ -252,24 +258,60 @@ def model_state_bytes(
     """
     per = state_bytes_per_param(training)
     stage = sharding_stage(training)
+    shard = params.dense / dense_shards + params.experts / expert_shards
 
     def sharded(bytes_per_param: float, *, from_stage: int) -> float:
-        if stage < from_stage:
-            return bytes_per_param * params.total
-        return bytes_per_param * (params.dense / dense_shards + params.experts / expert_shards)
+        return bytes_per_param * (params.total if stage < from_stage else shard)
 
-    weights = sharded(per.weights, from_stage=3)
-    grads = sharded(per.gradients, from_stage=2)
-    if stage == 3:
-        # DeepSpeed estimate_zero3_model_states_mem_needs: 4·largest_layer_params (gathered fp16 weights and grads).
-        weights += per.weights * params.largest_layer
-        grads += per.gradients * params.largest_layer
-    updated = params.total if stage == 0 else params.dense / dense_shards + params.experts / expert_shards
+    return ModelStateBytes(
+        weights_bytes=sharded(per.weights, from_stage=3),
+        gradients_bytes=sharded(per.gradients, from_stage=2),
+        optimizer_bytes=sharded(per.optimizer, from_stage=1),
+        updated_params=params.total if stage == 0 else shard,
+    )
+
+
+def model_state_bytes(
+    params: StageParams,
+    training: TrainingConfig,
+    *,
+    dense_shards: int,
+    expert_shards: int,
+    pipelined: bool = False,
+) -> ModelStateBytes:
+    """Peak model-state bytes of one GPU: :func:`resting_state_bytes` plus what ZeRO-3 gathers during a step.
+
+    ZeRO-3 without a pipeline adds the largest layer's unsharded weights and gradients (DeepSpeed
+    ``estimate_zero3_model_states_mem_needs``: ``4·largest_layer_params``). Under a pipeline schedule
+    (``torch.distributed.pipelining``, as torchtitan runs FSDP2 with pp > 1) the schedule turns off gradient
+    reduction and resharding after backward until the last micro-batch: every unit of the stage is unsharded by the
+    end of a backward pass and gradients accumulate unsharded, so the peak holds the stage's whole weights and
+    gradients; only the optimizer state stays sharded.
+
+    Args:
+        params: the GPU's parameters.
+        training: precision and sharding settings.
+        dense_shards: data-parallel shards of dense parameters, ``dp·cp``.
+        expert_shards: data-parallel shards of routed experts, ``expert_dp``.
+        pipelined: the stage runs under a pipeline schedule (pp > 1).
+
+    Returns:
+        Bytes of each field.
+    """
+    per = state_bytes_per_param(training)
+    rest = resting_state_bytes(params, training, dense_shards=dense_shards, expert_shards=expert_shards)
+    if sharding_stage(training) != 3:
+        return rest
+    if pipelined:
+        weights, grads = per.weights * params.total, per.gradients * params.total
+    else:
+        weights = rest.weights_bytes + per.weights * params.largest_layer
+        grads = rest.gradients_bytes + per.gradients * params.largest_layer
     return ModelStateBytes(
         weights_bytes=weights,
         gradients_bytes=grads,
-        optimizer_bytes=sharded(per.optimizer, from_stage=1),
-        updated_params=updated,
+        optimizer_bytes=rest.optimizer_bytes,
+        updated_params=rest.updated_params,
     )
 
 

@@ -23,10 +23,12 @@ from meshscope.plan.flops import StepFlops, step_flops
 from meshscope.plan.memory import (
     ActivationBreakdown,
     MemoryBreakdown,
+    ModelStateBytes,
     StageParams,
     memory_breakdown,
     model_state_bytes,
     resolve_schedule,
+    resting_state_bytes,
     stage_activations,
     stage_layer_ranges,
     stage_params,
@@ -60,6 +62,8 @@ class StagePlan:
     """Parameters on this GPU, by bucket."""
     memory: MemoryBreakdown
     """Peak memory of this GPU."""
+    resting_state: ModelStateBytes
+    """Weights, gradients and optimizer state this GPU keeps between steps (sharding only, no gathered buffers)."""
     activations: ActivationBreakdown
     """Activation memory in detail."""
     hbm_bytes: int
@@ -102,6 +106,11 @@ class StagePlan:
                 "output": self.params.output,
             },
             "memory_bytes": self.memory.to_dict(),
+            "resting_state_bytes": {
+                "weights": self.resting_state.weights_bytes,
+                "gradients": self.resting_state.gradients_bytes,
+                "optimizer": self.resting_state.optimizer_bytes,
+            },
             "hbm_bytes": self.hbm_bytes,
             "headroom_bytes": self.headroom_bytes,
             "in_flight_microbatches": self.activations.in_flight_microbatches,
@@ -246,7 +255,9 @@ def plan_job(
     for r in range(layout.pp):
         indices = [i for start, stop in ranges[r] for i in range(start, stop)]
         params = stage_params(model, layout, r, indices)
-        state = model_state_bytes(params, training, dense_shards=layout.dp * layout.cp, expert_shards=layout.expert_dp)
+        shards = {"dense_shards": layout.dp * layout.cp, "expert_shards": layout.expert_dp}
+        state = model_state_bytes(params, training, pipelined=layout.pp > 1, **shards)
+        resting = resting_state_bytes(params, training, **shards)
         activations = stage_activations(
             model, parallelism, training, pp_rank=r, layer_indices=indices, micro_batches=m, schedule=schedule
         )
@@ -265,13 +276,15 @@ def plan_job(
             params=params,
             compute=compute,
         )
-        drafts.append((r, params, memory_breakdown(state, activations), activations, compute, collectives, state))
+        drafts.append(
+            (r, params, memory_breakdown(state, activations), activations, compute, collectives, state, resting)
+        )
 
     fraction = bubble_fraction(layout.pp, m, vpp=layout.vpp, schedule=schedule)
     slowest_compute = max(d[4].compute_seconds_per_step for d in drafts)
     bubble_seconds = fraction * slowest_compute
     stages = []
-    for r, params, memory, activations, compute, collectives, state in drafts:
+    for r, params, memory, activations, compute, collectives, state, resting in drafts:
         exposed = {a.value: 0.0 for a in layout.enabled_axes}
         for c in collectives:
             exposed[c.axis] = exposed.get(c.axis, 0.0) + c.exposed_seconds_per_step
@@ -288,6 +301,7 @@ def plan_job(
                 layer_ranges=ranges[r],
                 params=params,
                 memory=memory,
+                resting_state=resting,
                 activations=activations,
                 hbm_bytes=usable,
                 forward_seconds_per_microbatch=compute.forward_seconds_per_microbatch,

@@ -53,6 +53,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("meshscope.sdk")
 
 MAX_DEFERRED_STEPS: Final = 4
+ACTIVATION_STEPS: Final = 2
+"""Steps (the first ones) in which :meth:`Tracker.saved_activations` scopes count; later scopes cost nothing."""
 """Steps a record may wait for its operations to complete before they are left out (and counted)."""
 SYNC_GAP_NS: Final = 100_000
 """A wait that starts within this many ns of its operation's issue makes the whole issue..return span blocked."""
@@ -201,6 +203,16 @@ class NullTracker:
     ) -> None:
         """Do nothing."""
 
+    def describe_job(self, description: Mapping[str, Any]) -> None:
+        """Do nothing."""
+
+    def count_model_state(self, modules: Iterable[Any], optimizer: Any = None) -> None:  # noqa: ANN401
+        """Do nothing."""
+
+    def saved_activations(self, name: str, module: Any = None) -> _NullContext:  # noqa: ARG002, ANN401
+        """A context that does nothing."""
+        return _NULL_CONTEXT
+
     def counters(self) -> TrackerCounters:
         """All zero."""
         return TrackerCounters()
@@ -260,6 +272,8 @@ class Tracker:
         self._coord_cache: dict[str, int] | None = None
         self._rss = RssPeak()
         self._closed = False
+        self._measurements: dict[str, Any] = {}
+        self._activations: dict[str, dict[int, list[int]]] = {}
         for problem in settings.problems:
             log.warning("meshscope: %s", problem)
         Op.mark = time.perf_counter_ns
@@ -362,6 +376,77 @@ class Tracker:
         except Exception as exc:  # noqa: BLE001
             self.fault("data_stats", exc)
 
+    def describe_job(self, description: Mapping[str, Any]) -> None:
+        """Tell the collector what this job is (JSON-ready mapping), so that it can plan it without a spec.
+
+        ``examples/train_tiny.py`` sends :class:`meshscope.emulation.TinyJob`'s fields (model, micro-batch size and
+        count, emulated block time, data parallelism); ``meshscope run`` builds the job's spec from it. Sent at once
+        in a ``measurements`` control message (``docs/sdk.md``, "Measurements").
+        """
+        try:
+            self._measurements["job"] = dict(description)
+            self._send_measurements()
+        except Exception as exc:  # noqa: BLE001
+            self.fault("describe_job", exc)
+
+    def count_model_state(self, modules: Iterable[Any], optimizer: Any = None) -> None:  # noqa: ANN401 - nn.Modules and a torch optimizer, typed loosely to keep torch lazy
+        """Count parameter, gradient and optimizer-state bytes this rank holds now, and send them.
+
+        Call it once, where gradients and optimizer state exist (after ``optimizer.step()``, before ``zero_grad``).
+        DTensor parameters (FSDP2, tensor parallelism) count at their local shard's size; AdamW's step counters are
+        counted apart (:func:`meshscope.sdk.measuring.count_model_state`).
+
+        Args:
+            modules: this rank's model parts.
+            optimizer: its optimizer, or ``None``.
+        """
+        try:
+            from meshscope.sdk.measuring import count_model_state  # noqa: PLC0415
+
+            self._measurements["model_state"] = count_model_state(modules, optimizer)
+            self._send_measurements()
+        except Exception as exc:  # noqa: BLE001
+            self.fault("count_model_state", exc)
+
+    def saved_activations(self, name: str, module: Any = None) -> Any:  # noqa: ANN401 - a context manager; module is an nn.Module
+        """Context manager: count the bytes autograd saves for backward inside it, in the first steps only.
+
+        Each distinct storage counts once at its full size; ``module``'s parameters and buffers (and any parameter)
+        are left out. Per step, the totals of all scopes of one ``name`` add up, and their number is kept (e.g.
+        blocks x micro-batches). Counting runs in the first :data:`ACTIVATION_STEPS` steps; afterwards, and outside
+        a step, the scope does nothing. Sent with the measurements when those steps are over.
+
+        Args:
+            name: what the scope holds, e.g. ``layers``, ``embedding``, ``output``.
+            module: the module whose forward the scope wraps.
+        """
+        st = self._step
+        if st is None or self._steps_finished >= ACTIVATION_STEPS or self._closed:
+            return _NULL_CONTEXT
+        try:
+            from meshscope.sdk.measuring import ActivationScope  # noqa: PLC0415
+
+            step = st.step
+
+            def done(nbytes: int) -> None:
+                slot = self._activations.setdefault(name, {}).setdefault(step, [0, 0])
+                slot[0] += 1
+                slot[1] += nbytes
+
+            return ActivationScope(module, done)
+        except Exception as exc:  # noqa: BLE001
+            self.fault("saved_activations", exc)
+            return _NULL_CONTEXT
+
+    def _send_measurements(self) -> None:
+        measurements = dict(self._measurements)
+        if self._activations:
+            measurements["activations"] = {
+                name: [{"step": step, "scopes": n, "bytes": b} for step, (n, b) in sorted(per_step.items())]
+                for name, per_step in self._activations.items()
+            }
+        self._send_control("measurements", measurements=measurements)
+
     def counters(self) -> TrackerCounters:
         """A snapshot of the drop and failure counters."""
         return TrackerCounters(
@@ -382,6 +467,8 @@ class Tracker:
             if self._step is not None:
                 self._end_step()
             self._flush(final=True)
+            if self._measurements or self._activations:
+                self._send_measurements()
         except Exception as exc:  # noqa: BLE001
             self.fault("close", exc)
         with contextlib.suppress(Exception):
@@ -715,6 +802,8 @@ class Tracker:
                     _on_completion(rec.work, rec)
                 rec.work = None
         self._steps_finished += 1
+        if self._steps_finished == ACTIVATION_STEPS and self._activations:
+            self._send_measurements()
         st.finished_at = self._steps_finished
         self._pending.append(st)
         self._flush(final=False)
@@ -825,7 +914,7 @@ class Tracker:
             header["gpu"] = gpu
         return header
 
-    def _send_control(self, event: str) -> None:
+    def _send_control(self, event: str, **extra: Any) -> None:  # noqa: ANN401 - JSON-ready values
         s = self.settings
         self._sender.send(
             {
@@ -836,6 +925,7 @@ class Tracker:
                 "world_size": s.world_size,
                 "pid": os.getpid(),
                 "counters": self.counters().as_dict(),
+                **extra,
             }
         )
 

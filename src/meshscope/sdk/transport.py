@@ -16,7 +16,7 @@ Protocol (``docs/sdk.md``, "Transport"):
 * a record has ``"schema": "meshscope.step/1"`` (``docs/records.md``) plus an ``"sdk"`` object of cumulative counters
   (``dropped_records``, ...): whatever was dropped before is reported by the next record that gets through. Control
   messages have ``"schema": "meshscope.sdk/1"`` and an ``"event"`` (``hello`` at start, ``close`` at exit, with the
-  final counters).
+  final counters; ``measurements`` with the job's description, model-state and activation bytes).
 
 This module is pure standard library: it must not import torch and must not raise into its caller on the sending
 side (every failure becomes a counter).
@@ -198,6 +198,8 @@ class RankTally:
     """Whether the rank said goodbye (its tracker closed cleanly)."""
     step_times_us: list[int] = field(default_factory=list)
     """``end_us - start_us`` of every record received, in arrival order."""
+    measurements: dict[str, Any] = field(default_factory=dict)
+    """The rank's latest ``measurements`` message: ``job``, ``model_state``, ``activations`` (``docs/sdk.md``)."""
 
 
 class RecordCollector:
@@ -305,6 +307,9 @@ class RecordCollector:
                 event = msg.get("event")
                 tally.hello = tally.hello or event == "hello"
                 tally.closed = tally.closed or event == "close"
+                measured = msg.get("measurements")
+                if event == "measurements" and isinstance(measured, dict):
+                    tally.measurements = measured
 
     def close_inherited(self) -> None:
         """In a forked child: release the inherited descriptors without touching the parent's sockets or file."""

@@ -1,0 +1,88 @@
+"""Step records: the one schema every source (SDK, simulator, sidecar) produces, and its columnar in-memory form.
+
+A **step record** describes one rank's one training step: where the rank sits (coord, node, NVLink domain, network
+tier, GPU), when the step started and ended, and the intervals it spent computing, communicating, loading data,
+stepping the optimizer and checkpointing. On disk it is one JSON object per line (``meshscope.step/1``, see
+``docs/records.md``); in memory it is either a :class:`StepRecord` (small inputs, tests, writers) or a
+:class:`RecordTable` (numpy columns: one table of rank-steps, one of intervals) for analysis at scale.
+
+This package exists so that every producer and every consumer agrees on one schema and one set of checks. It reads,
+writes and validates; it must not analyse (no breakdown, no joins across ranks: that is :mod:`meshscope.breakdown`),
+must not guess at bad input (every problem is a :class:`~meshscope.errors.ParseError` naming the file, line, field,
+value and what would fit) and must not depend on anything beyond numpy and the standard library. Its modules, lowest
+first:
+
+- :mod:`~meshscope.records.schema`: enums, code tables, the record objects and their per-record checks;
+- :mod:`~meshscope.records.tables`: :class:`StepColumns`, :class:`IntervalColumns`, :class:`RecordTable` and the
+  vectorised checks;
+- :mod:`~meshscope.records.parsing`: one decoded JSON line <-> one :class:`StepRecord` (the object parser);
+- :mod:`~meshscope.records.writing`: :func:`write_records`;
+- :mod:`~meshscope.records.decoding`: lines of plain and gzip files, decoded a batch at a time, truncation rules;
+- :mod:`~meshscope.records.building`: the columnar fast path from decoded lines to a table;
+- :mod:`~meshscope.records.reading`: :func:`read_records`, :func:`read_table` and its worker processes.
+
+Import the public names from here (``from meshscope.records import read_table``).
+"""
+
+from meshscope.records.parsing import _parse_record, record_to_json
+from meshscope.records.reading import read_records, read_table
+from meshscope.records.schema import (
+    AXIS_CODE,
+    COMM_CODE,
+    COMPUTE_CODE,
+    KIND_CODE,
+    KINDS,
+    OP_CODE,
+    OPS,
+    P2P_CODE,
+    P2P_OPS,
+    PHASE_CODE,
+    PHASES,
+    SCHEMA,
+    SYMMETRIC_OPS,
+    UNKNOWN,
+    CommOp,
+    DataStats,
+    Interval,
+    IntervalKind,
+    Note,
+    Phase,
+    RecordSet,
+    StepRecord,
+)
+from meshscope.records.tables import IntervalColumns, RecordTable, StepColumns, lexsort_keys
+from meshscope.records.writing import write_records
+
+__all__ = [
+    "AXIS_CODE",
+    "COMM_CODE",
+    "COMPUTE_CODE",
+    "KINDS",
+    "KIND_CODE",
+    "OPS",
+    "OP_CODE",
+    "P2P_CODE",
+    "P2P_OPS",
+    "PHASES",
+    "PHASE_CODE",
+    "SCHEMA",
+    "SYMMETRIC_OPS",
+    "UNKNOWN",
+    "CommOp",
+    "DataStats",
+    "Interval",
+    "IntervalColumns",
+    "IntervalKind",
+    "Note",
+    "Phase",
+    "RecordSet",
+    "RecordTable",
+    "StepColumns",
+    "StepRecord",
+    "_parse_record",  # the object parser; the SDK's tests check its output against it
+    "lexsort_keys",
+    "read_records",
+    "read_table",
+    "record_to_json",
+    "write_records",
+]

@@ -1,0 +1,163 @@
+"""Decoded JSON lines from step-record files: plain or gzip, a batch at a time, with the partial-data rules.
+
+Both readers (:func:`~meshscope.records.reading.read_records` and the columnar fast path) take their lines from here,
+so that they agree on line numbers, blank lines and truncation: a bad **last** line of a file (a writer killed
+mid-line) or a cut-off gzip stream is skipped and noted under ``allow_partial``, and is an error otherwise; a bad
+line anywhere else is always an error naming it. This module must not interpret the decoded objects.
+"""
+
+from __future__ import annotations
+
+import json
+import zlib
+from typing import TYPE_CHECKING, Any
+
+from meshscope.errors import ParseError
+from meshscope.records.schema import Note
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+    from pathlib import Path
+
+
+class _TruncatedError(Exception):
+    """Internal: the last line of a file does not parse."""
+
+
+def _lines(path: Path, span: tuple[int, int] | None = None) -> Iterator[tuple[int, bytes]]:
+    """Yield (line number, raw line); a compressed stream that ends early ends the iteration with _TruncatedError.
+
+    ``span`` (plain files only) reads the lines starting in byte range [start, end), numbered from 1 (a worker's
+    chunk; ``start`` must be a line start). Gzip is decompressed block by block (not through ``gzip.open``, whose
+    buffered reads lose the lines decoded just before a truncation), so ``allow_partial`` keeps every complete line.
+    """
+    if not path.name.endswith(".gz"):
+        yield from _plain_lines(path, span)
+        return
+    lineno = 0
+    rest = b""
+    with path.open("rb") as f:
+        inflate = zlib.decompressobj(wbits=31)
+        try:
+            while chunk := f.read(1 << 20):
+                data = inflate.decompress(chunk)
+                while inflate.eof and inflate.unused_data:  # concatenated gzip members
+                    tail = inflate.unused_data
+                    inflate = zlib.decompressobj(wbits=31)
+                    data += inflate.decompress(tail)
+                lines = (rest + data).split(b"\n")
+                rest = lines.pop()
+                for raw in lines:
+                    lineno += 1
+                    yield lineno, raw
+        except zlib.error as exc:
+            raise _TruncatedError(f"{path} line {lineno + 1}: compressed stream is corrupt ({exc})") from None
+    if not inflate.eof:
+        raise _TruncatedError(f"{path} line {lineno + 1}: compressed stream ends early")
+    if rest:
+        yield lineno + 1, rest
+
+
+def _plain_lines(path: Path, span: tuple[int, int] | None) -> Iterator[tuple[int, bytes]]:
+    with path.open("rb") as f:
+        if span is None:
+            yield from enumerate(f, 1)
+            return
+        f.seek(span[0])
+        left = span[1] - span[0]
+        for lineno, raw in enumerate(f, 1):
+            yield lineno, raw
+            left -= len(raw)
+            if left <= 0:
+                return
+
+
+_BATCH_LINES = 64
+"""Lines handed on together (the columnar builder turns a batch into numpy columns at once): few enough that the
+batch's decoded objects are still in the CPU cache when they are read again, enough to spread numpy's per-call cost
+(measured: 64 and 128 lines are ~10% faster than 512)."""
+
+
+def _decoded(
+    path: Path,
+    allow_partial: bool,  # noqa: FBT001
+    notes: list[Note],
+) -> Iterator[tuple[int, Any]]:
+    """(line number, decoded JSON) of every non-blank line of ``path``, with :func:`_decoded_batches`' rules."""
+    for linenos, objs in _decoded_batches(path, allow_partial, notes):
+        yield from zip(linenos, objs, strict=True)
+
+
+def _decoded_batches(
+    path: Path,
+    allow_partial: bool,  # noqa: FBT001
+    notes: list[Note],
+    *,
+    span: tuple[int, int] | None = None,
+    last: bool = True,
+    counted: list[int] | None = None,
+) -> Iterator[tuple[list[int], list[Any]]]:
+    """Decoded JSON lines (blank lines skipped), a batch of line numbers and values at a time.
+
+    A bad final line of a file (``last``: this span ends the file) is "truncated": skipped and noted under
+    ``allow_partial``, else an error; a bad line anywhere else is an error naming it. ``counted`` receives the
+    number of physical lines read.
+    """
+    held: list[tuple[int, bytes]] = []  # a full batch waits until we know whether more lines follow
+    batch: list[tuple[int, bytes]] = []
+    lineno = 0
+    try:
+        for lineno, raw in _lines(path, span):
+            if not raw or raw.isspace():
+                continue
+            if held:
+                yield _decode_batch(path, held, final=False, allow_partial=allow_partial, notes=notes)
+                held = []
+            batch.append((lineno, raw))
+            if len(batch) == _BATCH_LINES:
+                held, batch = batch, []
+    except _TruncatedError as exc:
+        rest = _decode_batch(path, held + batch, final=False, allow_partial=allow_partial, notes=notes)
+        if rest[0]:
+            yield rest
+        if not allow_partial:
+            raise ParseError(f"{exc}; pass allow_partial=True to keep the lines before it") from None
+        notes.append(Note(code="truncated_file", count=1, message=f"{exc}; lines before it kept"))
+        return
+    if counted is not None:
+        counted.append(lineno)
+    rest = _decode_batch(path, held + batch, final=last, allow_partial=allow_partial, notes=notes)
+    if rest[0]:
+        yield rest
+
+
+def _decode_batch(
+    path: Path, batch: list[tuple[int, bytes]], *, final: bool, allow_partial: bool, notes: list[Note]
+) -> tuple[list[int], list[Any]]:
+    """Line numbers and values of a batch; one ``json.loads`` per line (measured faster than one per batch)."""
+    linenos = [n for n, _ in batch]
+    try:
+        return linenos, list(map(json.loads, [raw for _, raw in batch]))
+    except ValueError:
+        pass  # some line is bad: find it, line by line
+    objs: list[Any] = []
+    for i, (lineno, raw) in enumerate(batch):
+        try:
+            objs.append(json.loads(raw))
+        except ValueError as exc:
+            if not (final and i == len(batch) - 1):
+                raise ParseError(
+                    f"{path} line {lineno}: not valid JSON ({exc}): {raw[:80]!r}; every line must be one JSON object"
+                ) from None
+            if not allow_partial:
+                raise ParseError(
+                    f"{path} line {lineno}: the last line is truncated or corrupt ({exc}): {raw[:80]!r}; pass "
+                    f"allow_partial=True to skip it"
+                ) from None
+            notes.append(
+                Note(
+                    code="truncated_line", count=1, message=f"{path} line {lineno}: truncated last line skipped ({exc})"
+                )
+            )
+            return linenos[:i], objs
+    return linenos, objs

@@ -1,0 +1,266 @@
+"""The end of a local run: what ``meshscope run`` and ``meshscope demo`` print and write when the ranks have exited.
+
+Why it exists: a run's records alone say little until they are analysed against what the job should have cost.
+:func:`report_run` reads ``OUT/records.jsonl`` and the SDK's measurements, plans the job (``--spec``, else the spec of
+:mod:`meshscope.emulation` built from the training script's own description), runs
+:func:`~meshscope.analysis.analyze` with everything the run lost as partial-data notes (:func:`loss_notes`: dropped
+records, silent ranks, a rank that died, trackers that never closed), prints the cost table and findings, lays the
+plan beside the measurements stage by stage (:mod:`meshscope.comparisons`), and writes ``report.html``,
+``trace.json``, ``analysis.json`` and ``plan.json`` into ``OUT``.
+
+It sits above :mod:`meshscope.running` (which launches and collects, and must not import the report writers) and
+below the CLI, which hands :func:`report_run` to ``run_job``. It must never change the run's exit code: that is the
+job's.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
+
+from meshscope.analysis import analyze, render_analysis
+from meshscope.comparisons import compare_run
+from meshscope.emulation import TinyJob, emulated_assumptions, tiny_job_spec
+from meshscope.errors import MeshscopeError
+from meshscope.plan import plan_job
+from meshscope.records import Note, RecordTable, read_records
+from meshscope.reporting import TRACE_ALL_STEPS_MAX_INTERVALS, write_report
+from meshscope.traces import step_times, write_trace
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from meshscope.analysis import Analysis
+    from meshscope.comparisons import RunComparison
+    from meshscope.running import RunOutcome
+    from meshscope.spec import JobSpec
+
+MIN_STEPS_TO_SKIP_WARMUP = 3
+"""With at least this many steps recorded, the first one is left out of the end-of-run analysis as warm-up."""
+
+
+def loss_notes(outcome: RunOutcome) -> list[Note]:
+    """What the run lost, as partial-data notes for the analysis: never silent.
+
+    Dropped records (the SDK's own count), ranks that sent nothing, a rank that died (and the steps after it),
+    trackers that never closed, operations left out of records, unreadable datagrams.
+    """
+    notes: list[Note] = []
+    nproc = outcome.settings.nproc
+    dropped = {r: t.counters.get("records_dropped", 0) for r, t in outcome.ranks.items()}
+    lost = sum(dropped.values())
+    if lost:
+        worst = max(dropped, key=lambda r: dropped[r])
+        notes.append(
+            Note(
+                code="dropped_records",
+                count=lost,
+                message=(
+                    f"{lost} step records were dropped by the SDK before reaching the collector (its queue was full "
+                    f"or it was unreachable; rank {worst} lost {dropped[worst]}); those rank-steps are missing"
+                ),
+            )
+        )
+    silent = [r for r in range(nproc) if r not in outcome.ranks or not outcome.ranks[r].records]
+    if silent and len(silent) < nproc:
+        notes.append(
+            Note(
+                code="silent_ranks",
+                count=len(silent),
+                message=(
+                    f"{len(silent)} of {nproc} ranks sent no step record (ranks {_short_list(silent)}): no tracker, "
+                    "MESHSCOPE_DISABLE=1, they died first, or every record they sent was lost"
+                ),
+            )
+        )
+    if outcome.failed is not None:
+        f = outcome.failed
+        got = outcome.ranks[f.rank].records if f.rank in outcome.ranks else 0
+        notes.append(
+            Note(
+                code="rank_failed",
+                count=1,
+                message=(
+                    f"rank {f.rank} {f.describe()} after {got} recorded steps and the run was stopped: the steps "
+                    "after that, and the step every rank was in, are missing"
+                ),
+            )
+        )
+    unclosed = [r for r, t in outcome.ranks.items() if t.hello and not t.closed]
+    if unclosed and outcome.failed is None:
+        notes.append(
+            Note(
+                code="lost_goodbyes",
+                count=len(unclosed),
+                message=(
+                    f"{len(unclosed)} ranks exited without their goodbye reaching the collector (ranks "
+                    f"{_short_list(unclosed)}): their last messages, step records and the count of records they "
+                    "dropped among them, were lost (the collector's queue was full, or the tracker was never closed)"
+                ),
+            )
+        )
+    incomplete = sum(t.counters.get("incomplete_ops", 0) for t in outcome.ranks.values())
+    if incomplete:
+        notes.append(
+            Note(
+                code="sdk_incomplete_ops",
+                count=incomplete,
+                message=f"{incomplete} operations had not completed 4 steps after their step and were left out",
+            )
+        )
+    errors = sum(t.counters.get("hook_errors", 0) for t in outcome.ranks.values())
+    if errors:
+        notes.append(
+            Note(
+                code="sdk_hook_errors",
+                count=errors,
+                message=f"{errors} failures inside meshscope's hooks (training unaffected; see the ranks' logs)",
+            )
+        )
+    if outcome.unreadable_datagrams:
+        notes.append(
+            Note(
+                code="unreadable_datagrams",
+                count=outcome.unreadable_datagrams,
+                message=f"{outcome.unreadable_datagrams} datagrams at the collector were not records and were skipped",
+            )
+        )
+    return notes
+
+
+def _short_list(ranks: Sequence[int]) -> str:
+    shown = ", ".join(str(r) for r in sorted(ranks)[:8])
+    return shown + (", ..." if len(ranks) > 8 else "")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Planned:
+    """Where the run's expected numbers come from."""
+
+    spec: JobSpec | None
+    """The spec to plan, ``None`` when there is none (``why`` says so)."""
+    described: bool = False
+    """Built from the script's own description (emulated accelerator), not from ``--spec``."""
+    emulated: bool = False
+    """The script ran on the emulated accelerator (``--emulate``): expected compute is its sleep."""
+    why: str | None = None
+    """Why there is no spec."""
+
+
+def _run_spec(outcome: RunOutcome) -> _Planned:
+    """The spec to plan: ``--spec``, else one built from the script's description (:mod:`meshscope.emulation`)."""
+    settings = outcome.settings
+    if settings.spec is not None:
+        return _Planned(spec=settings.spec)
+    described = next(
+        (
+            t.measurements["job"]
+            for _, t in sorted(outcome.ranks.items())
+            if isinstance(t.measurements.get("job"), dict)
+        ),
+        None,
+    )
+    if described is None:
+        return _Planned(spec=None, why="no --spec, and the training script did not describe itself (describe_job)")
+    try:
+        job = TinyJob.from_dict(described)
+        spec = tiny_job_spec(job, settings.layout, gpus_per_node=settings.gpus_per_node, name=settings.job)
+    except MeshscopeError as exc:
+        return _Planned(spec=None, why=f"cannot build a spec from the script's description: {exc}")
+    return _Planned(spec=spec, described=True, emulated=job.block_ms is not None)
+
+
+def report_run(outcome: RunOutcome) -> int:
+    """The end of a local run: the cost table, findings, expected vs measured; ``OUT/report.html`` and ``trace.json``.
+
+    Reads ``OUT/records.jsonl`` and the SDK's measurements, plans the job (``--spec``, else the spec of
+    :mod:`meshscope.emulation` built from the training script's description), runs :func:`~meshscope.analysis.analyze`
+    with everything the run lost as partial-data notes, prints :func:`~meshscope.analysis.render_analysis` and the
+    per-stage comparison (:mod:`meshscope.comparisons`), writes ``report.html``, ``trace.json``, ``analysis.json``
+    and ``plan.json`` into ``OUT`` and prints their paths.
+
+    Returns:
+        0 (a run without records, or whose records cannot be analysed, says why and still returns 0: the job's own
+        outcome decides the exit code).
+    """
+    notes = loss_notes(outcome)
+    if not any(t.records for t in outcome.ranks.values()):
+        print("no step records to analyse (no meshscope tracker in the script, MESHSCOPE_DISABLE=1, or all lost)")  # noqa: T201
+        for n in notes:
+            print(f"  {n.code} ({n.count:,}): {n.message}")  # noqa: T201
+        return 0
+    table = _read(outcome)
+    if table is None:
+        return 0
+    planned = _run_spec(outcome)
+    spec, why, plan = planned.spec, planned.why, None
+    if spec is not None:
+        try:
+            plan = plan_job(spec, assumptions=emulated_assumptions() if planned.described else None)
+        except MeshscopeError as exc:
+            why, spec = f"the job's spec cannot be planned: {exc}", None
+    try:
+        analysis = analyze(table, spec=spec, plan=plan, notes=notes)
+    except MeshscopeError as exc:
+        print(f"cannot analyse the collected records: {exc}")  # noqa: T201
+        return 0
+    measurements = {r: t.measurements for r, t in outcome.ranks.items() if t.measurements}
+    comparison = compare_run(analysis, measurements, emulated=planned.emulated) if plan is not None else None
+    # The per-stage comparison replaces the job-wide collective and memory tables (it is exact per stage).
+    shown = analysis if comparison is None else replace(analysis, collectives=(), memory=())
+    print(render_analysis(shown))  # noqa: T201
+    if comparison is not None:
+        source = "the emulated-accelerator spec of the script's description" if planned.described else "--spec"
+        print(f"\nExpected vs measured, per pipeline stage (plan from {source}; docs/expected-vs-measured.md)")  # noqa: T201
+        if planned.described and not planned.emulated:
+            print(  # noqa: T201
+                "(the script ran real compute, without --emulate: expected seconds are a nominal emulated "
+                "accelerator's, not this CPU's; bytes and counts compare as they are)"
+            )
+        print(comparison.render())  # noqa: T201
+    else:
+        print(f"\nNo expected numbers: {why}")  # noqa: T201
+    _write(outcome, table, analysis, comparison)
+    return 0
+
+
+def _read(outcome: RunOutcome) -> RecordTable | None:
+    """The collected records without the warm-up step (said so), or ``None`` (said why)."""
+    try:
+        records = read_records(outcome.records_path, allow_partial=True)
+        seen_steps = sorted({r.step for r in records})
+        warmup = seen_steps[0] if len(seen_steps) >= MIN_STEPS_TO_SKIP_WARMUP else None
+        table = RecordTable.from_records([r for r in records if r.step != warmup], notes=records.notes)
+    except (OSError, MeshscopeError) as exc:
+        print(f"cannot read the collected records {outcome.records_path}: {exc}")  # noqa: T201
+        return None
+    if warmup is not None:
+        print(  # noqa: T201
+            f"step {warmup} is left out as warm-up (lazy initialisation, first gathers, optimizer state allocation, "
+            "one-off setup messages); OUT/records.jsonl keeps it"
+        )
+    return table
+
+
+def _write(outcome: RunOutcome, table: RecordTable, analysis: Analysis, comparison: RunComparison | None) -> None:
+    """``analysis.json``, ``plan.json``, ``report.html`` and ``trace.json`` into ``OUT``; print the paths."""
+    out_dir = outcome.settings.out_dir
+    data = analysis.to_dict()
+    html = analysis.to_dict()
+    if comparison is not None:
+        data["expected_vs_measured"].update(comparison.to_dict())
+        html["expected_vs_measured"] = {**html["expected_vs_measured"], **comparison.report_rows()}
+    try:
+        (out_dir / "analysis.json").write_text(json.dumps(data, indent=1) + "\n")
+        if analysis.plan is not None:
+            (out_dir / "plan.json").write_text(json.dumps(analysis.plan.to_dict(), indent=1) + "\n")
+        report = write_report(out_dir / "report.html", table, analysis.breakdown, html)
+        shown_steps = None
+        if table.n_intervals > TRACE_ALL_STEPS_MAX_INTERVALS:
+            shown_steps = step_times(table).representative()
+        trace = write_trace(out_dir / "trace.json", table, analysis.breakdown, steps=shown_steps)
+    except (OSError, ValueError) as exc:
+        print(f"\ncannot write the report into {out_dir}: {exc}")  # noqa: T201
+        return
+    print(f"\nreport: {report}\ntrace:  {trace} (open in ui.perfetto.dev or chrome://tracing)")  # noqa: T201

@@ -1,0 +1,89 @@
+"""Real 8-rank CPU jobs of ``examples/train_tiny.py`` under ``meshscope run``.
+
+Every job is the demo's (``running.demo_settings``: pp=2, dp=2, tp=2 on two emulated nodes of 4, emulated
+accelerator, so timings and findings are deterministic on shared cores), launched by the real command line in a
+subprocess (which imports torch once and forks the ranks). The clean run is shared by every test that only reads it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from pathlib import Path
+
+try:
+    import torch  # noqa: F401 - the demo extra; without it only the pure tests run
+except ImportError:
+    collect_ignore = ["test_faults.py", "test_clean_run.py"]
+
+STEPS = 5
+"""Steps of every job: the first is warm-up, four are analysed."""
+TIMEOUT_S = 120.0
+
+
+@dataclass
+class Run:
+    """What one job left: exit code, what meshscope printed, the output directory."""
+
+    code: int
+    out: str
+    out_dir: Path
+
+    @property
+    def analysis(self) -> dict[str, Any]:
+        return json.loads((self.out_dir / "analysis.json").read_text())
+
+    @property
+    def findings(self) -> list[dict[str, Any]]:
+        return self.analysis["findings"]
+
+    def losses(self) -> list[float]:
+        return json.loads((self.out_dir / "losses.json").read_text())["losses"]
+
+
+def run_demo_job(
+    out_dir: Path,
+    *,
+    steps: int = STEPS,
+    straggler: str | None = None,
+    imbalance: str | None = None,
+    extra: tuple[str, ...] = (),
+) -> Run:
+    """``meshscope run`` of the demo job (``--report`` keeps the loss rank's losses) in a subprocess."""
+    from meshscope.running import demo_settings, layout_text  # noqa: PLC0415
+
+    settings = demo_settings(out_dir, steps=steps, straggler=straggler, imbalance=imbalance)
+    command = [
+        sys.executable, "-m", "meshscope", "run", "--nproc", str(settings.nproc), "--layout",
+        layout_text(settings.layout), "--gpus-per-node", "4", "--job", "demo", "--out", str(out_dir), "--",
+        *settings.command, "--report", str(out_dir / "losses.json"), *extra,
+    ]  # fmt: skip
+    out_dir.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    done = subprocess.run(command, capture_output=True, text=True, timeout=TIMEOUT_S, env=env, check=False)
+    return Run(code=done.returncode, out=done.stdout + done.stderr, out_dir=out_dir)
+
+
+@pytest.fixture
+def tiny_run(tmp_path: Path) -> Callable[..., Run]:
+    """Run the demo job with options (:func:`run_demo_job`); returns its :class:`Run`."""
+
+    def run(**kwargs: Any) -> Run:
+        return run_demo_job(tmp_path / "out", **kwargs)
+
+    return run
+
+
+@pytest.fixture(scope="session")
+def clean_run(tmp_path_factory: pytest.TempPathFactory) -> Run:
+    """The clean demo job (pp=2, dp=2, tp=2, nothing injected), run once per session."""
+    return run_demo_job(tmp_path_factory.mktemp("clean") / "out")
