@@ -14,7 +14,6 @@ No Python object is created per interval.
 from __future__ import annotations
 
 import argparse
-import resource
 import time
 from pathlib import Path
 
@@ -33,6 +32,7 @@ from meshscope.records import (
     read_table,
     write_records,
 )
+from timing import Clock, peak_rss_mib
 
 TP, PP = 8, 4
 GPUS_PER_NODE, DOMAIN_GPUS = 8, 72
@@ -155,23 +155,6 @@ def build_table(ranks: int, steps: int, seed: int = 0) -> RecordTable:
         node_names=tuple(f"node-{i}" for i in range(n_nodes)),
         group_names=tuple(f"tp:{i}" for i in range(ranks // TP)) + tuple(f"dp:{i}" for i in range(TP * PP)),
     )
-
-
-def peak_rss_mib() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-
-
-class Clock:
-    """Wall and CPU seconds since the last lap (CPU time is steadier on a shared machine)."""
-
-    def __init__(self) -> None:
-        self.wall, self.cpu = time.perf_counter(), time.process_time()
-
-    def lap(self) -> str:
-        wall, cpu = time.perf_counter(), time.process_time()
-        out = f"{wall - self.wall:6.2f} s wall {cpu - self.cpu:6.2f} s CPU"
-        self.wall, self.cpu = wall, cpu
-        return out
 
 
 def main() -> None:

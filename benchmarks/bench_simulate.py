@@ -13,8 +13,6 @@ the optimizer. Faults: a straggler, a slow NIC, noise. Prints the build time, th
 from __future__ import annotations
 
 import argparse
-import resource
-import time
 from pathlib import Path
 
 import numpy as np
@@ -23,6 +21,7 @@ from meshscope.breakdown import CATEGORIES, TICKS_PER_US
 from meshscope.loading import spec_from_manifest
 from meshscope.records import write_records
 from meshscope.simulate import Noise, SlowLink, Straggler, simulate
+from timing import Clock, peak_rss_mib
 
 
 def manifest(nodes: int) -> dict[str, object]:
@@ -39,23 +38,6 @@ def manifest(nodes: int) -> dict[str, object]:
             "hardware": {"gpu": "H100", "nodes": nodes},
         },
     }
-
-
-def peak_rss_mib() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-
-
-class Clock:
-    """Wall and CPU seconds since the last lap."""
-
-    def __init__(self) -> None:
-        self.wall, self.cpu = time.perf_counter(), time.process_time()
-
-    def lap(self) -> str:
-        wall, cpu = time.perf_counter(), time.process_time()
-        out = f"{wall - self.wall:6.2f} s wall {cpu - self.cpu:6.2f} s CPU"
-        self.wall, self.cpu = wall, cpu
-        return out
 
 
 def main() -> None:
