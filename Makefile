@@ -22,7 +22,7 @@ system-deps:
 ifeq ($(CHROMIUM),)
 	@echo "installing Debian's chromium for the report browser tests"
 	apt-get update -qq
-	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium >/dev/null
+	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium fonts-liberation >/dev/null
 endif
 
 ## make demo: train the bundled tiny job on 8 local CPU ranks and show the cost table, findings and report.
