@@ -1,34 +1,35 @@
-"""End-to-end scale check of ``meshscope analyze`` on JSON lines: write, read (1 and 2 workers), analyze, total, RSS.
+"""Issue 3's scale bar, end to end: ``meshscope simulate`` writes the records, ``meshscope analyze --json`` reads them.
 
-Issue 3 asks ``meshscope analyze`` of 16,384 ranks x 20 steps of simulated records (every collective its own
-interval) in under 30 s and 4 GiB on the 2-core development machine. Two jobs of that size:
+The bar: ``analyze`` of 16,384 ranks x 20 steps of simulated records (every collective its own interval) in under
+30 s and under 4 GiB of memory on the 2-core development machine, and ``simulate`` producing them in under 30 s.
+The job is ``bench_simulate.py``'s: Llama 3 70B, tp 8 (inside a node), pp 4, dp = ranks / 32, 4 micro-batches per
+step, with a straggler, a slow NIC and noise (~39 intervals per rank-step: 12.8 M intervals, 1.7 GiB at 16,384
+ranks). For every size it runs, as separate processes timed from outside:
 
-- ``--job synthetic`` (default): ``bench_breakdown.build_table``, the job ``bench_analyze.py`` times in memory
-  (tp=8, pp=4, dp=512, ~29 intervals per rank-step, ~9.5 M intervals, ~1 GiB of JSON lines);
-- ``--job simulate``: what ``meshscope simulate`` writes for ``bench_simulate.py``'s Llama 3 70B job on 2,048
-  nodes (~39 intervals per rank-step, ~12.8 M intervals, ~1.7 GiB).
+1. ``meshscope simulate --spec SPEC --steps 20 --seed 1 --fault ... --out FILE.jsonl``;
+2. ``meshscope analyze --json FILE.jsonl --spec SPEC > /dev/null``.
 
-Every phase runs in a fresh process, so that each peak RSS is that phase's own:
+Each gets its wall time, the CPU seconds of its process tree (worker processes included) and the peak RSS of the
+tree (the sum of every process' RSS, sampled every 50 ms from ``/proc``; shared pages count once per process, so it
+is an upper bound). Then, for the largest size, the phase split of ``analyze``: the same steps as the command in one
+process under ``cProfile`` (the parent only; the decoding runs in worker processes), wall seconds per phase. Last,
+how time and memory grow with the ranks. Linux only. The machine is shared: compare figures of one run, side by side.
 
-1. write: build the job and ``write_records`` it (skipped with ``--reuse`` when the file exists);
-2. read: ``read_table`` with 1 worker, then with 2;
-3. analyze: ``read_table`` as the command line calls it (``default_workers()``), ``analyze``, the JSON of the result;
-4. total: the command itself, ``python -m meshscope analyze FILE --json > /dev/null``, timed from outside.
-
-Peak RSS is the process's own (``ru_maxrss``) and, where worker processes run, the peak of the whole process tree
-(the sum of every process' RSS, sampled every 50 ms from ``/proc``; shared pages count once per process, so it is an
-upper bound). Linux only.
-
-    .venv/bin/python benchmarks/bench_analyze_jsonl.py
-    .venv/bin/python benchmarks/bench_analyze_jsonl.py --job simulate --jsonl /tmp/sim.jsonl --reuse
-    .venv/bin/python benchmarks/bench_analyze_jsonl.py --ranks 1024     # a quick run
+    .venv/bin/python benchmarks/bench_analyze_jsonl.py                          # 4,096 / 8,192 / 16,384 ranks
+    .venv/bin/python benchmarks/bench_analyze_jsonl.py --ranks 16384            # the bar only
+    .venv/bin/python benchmarks/bench_analyze_jsonl.py --ranks 1024 --steps 5   # a quick run
+    .venv/bin/python benchmarks/bench_analyze_jsonl.py --keep /tmp/scale        # keep (and reuse) the files
 """
 
 from __future__ import annotations
 
 import argparse
+import cProfile
+import io
+import itertools
 import json
 import os
+import pstats
 import resource
 import subprocess
 import sys
@@ -38,85 +39,30 @@ import time
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 HERE = Path(__file__).resolve().parent
 GIB = 2**30
 MIB = 2**20
+BAR_SECONDS = 30.0
+BAR_RSS_BYTES = 4 * GIB
+FAULTS = ("straggler:rank=3,factor=1.3", "slow-link:node=5,factor=0.25", "noise:sigma=0.02")
+"""The faults ``bench_simulate.py`` injects."""
+PHASES = (
+    # (label, functions whose cumulative time it is, functions called inside those, subtracted)
+    ("read: decode (workers, or in process)", ("_read_parallel", "read_file"), ("_merge", "_validate_table")),
+    ("read: merge the workers' columns", ("_merge",), ()),
+    ("read: validate the table", ("_validate_table",), ()),
+    ("breakdown (sweep, join, clocks)", ("break_down",), ()),
+    ("index rank-steps", ("index_rank_steps",), ()),
+    ("transfers + diagnosis", ("diagnose",), ()),
+    ("cost rows + summary", ("cost_rows", "summarise"), ()),
+    ("collectives + memory comparison", ("compare_collectives", "compare_memory"), ()),
+    ("JSON out", ("to_dict", "dump"), ()),
+)
 
 
-# ---------------------------------------------------------------------------------------------- the phases (children)
-
-
-def build(job: str, ranks: int, steps: int) -> Any:
-    """The job's RecordTable."""
-    sys.path.insert(0, str(HERE))
-    if job == "synthetic":
-        from bench_breakdown import build_table  # noqa: PLC0415 - sibling script, imported on demand
-
-        return build_table(ranks, steps)
-    from bench_simulate import manifest  # noqa: PLC0415
-    from meshscope.loading import spec_from_manifest  # noqa: PLC0415
-    from meshscope.simulate import simulate  # noqa: PLC0415
-
-    return simulate(spec_from_manifest(manifest(ranks // 8)), steps=steps, seed=1).table
-
-
-def phase_write(args: argparse.Namespace) -> dict[str, Any]:
-    from meshscope.records import write_records  # noqa: PLC0415
-
-    t = time.perf_counter()
-    table = build(args.job, args.ranks, args.steps)
-    build_s = time.perf_counter() - t
-    t = time.perf_counter()
-    lines = write_records(args.jsonl, table)
-    return {
-        "build_s": build_s,
-        "write_s": time.perf_counter() - t,
-        "lines": lines,
-        "intervals": table.n_intervals,
-        "bytes": args.jsonl.stat().st_size,
-    }
-
-
-def phase_read(args: argparse.Namespace) -> dict[str, Any]:
-    from meshscope.records import read_table  # noqa: PLC0415
-
-    t = time.perf_counter()
-    table = read_table(args.jsonl, workers=args.workers)
-    return {"read_s": time.perf_counter() - t, "intervals": table.n_intervals, **own_rss()}
-
-
-def phase_analyze(args: argparse.Namespace) -> dict[str, Any]:
-    from meshscope.analysis import analyze  # noqa: PLC0415
-    from meshscope.records import read_table  # noqa: PLC0415
-    from meshscope.records.reading import default_workers  # noqa: PLC0415
-
-    t0 = time.perf_counter()
-    table = read_table(args.jsonl, workers=default_workers())
-    t1 = time.perf_counter()
-    result = analyze(table)
-    t2 = time.perf_counter()
-    text = json.dumps(result.to_dict(), indent=2)
-    t3 = time.perf_counter()
-    return {
-        "workers": default_workers(),
-        "read_s": t1 - t0,
-        "analyze_s": t2 - t1,
-        "json_s": t3 - t2,
-        "total_s": t3 - t0,
-        "findings": [f.code for f in result.findings],
-        "json_chars": len(text),
-        **own_rss(),
-    }
-
-
-def own_rss() -> dict[str, float]:
-    return {
-        "rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-        "rss_children_mib": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024,
-    }
-
-
-# ---------------------------------------------------------------------------------------------- the driver
+# ---------------------------------------------------------------------------------------------- measuring processes
 
 
 def tree_usage(root: int) -> tuple[int, dict[int, float]]:
@@ -146,13 +92,13 @@ def tree_usage(root: int) -> tuple[int, dict[int, float]]:
     return total * os.sysconf("SC_PAGE_SIZE"), seen
 
 
-def run(cmd: list[str], *, capture: bool = True) -> tuple[str, float, float, float]:
-    """Run ``cmd``; return its stdout, wall seconds, CPU seconds of its process tree and the tree's peak RSS (MiB)."""
+def run(cmd: list[str], *, stdout: Any = subprocess.DEVNULL) -> tuple[str, float, float, int]:
+    """Run ``cmd``; return its stdout, wall seconds, CPU seconds of its process tree and the tree's peak RSS (bytes)."""
     peak = 0
     cpu: dict[int, float] = {}
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE if capture else subprocess.DEVNULL, text=True)
+    proc = subprocess.Popen(cmd, stdout=stdout, text=True)
     done = threading.Event()
 
     def sample() -> None:
@@ -173,63 +119,154 @@ def run(cmd: list[str], *, capture: bool = True) -> tuple[str, float, float, flo
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     # The command itself exactly (it was waited for); its descendants as last sampled.
     cpu[proc.pid] = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
-    return out or "", wall, sum(cpu.values()), peak / MIB
+    return out or "", wall, sum(cpu.values()), peak
 
 
-def child(args: argparse.Namespace, phase: str, *extra: str) -> tuple[dict[str, Any], float, float]:
-    """Run one phase in a fresh process: its JSON, the CPU seconds of its process tree and the tree's peak RSS."""
-    cmd = [sys.executable, __file__, "--phase", phase, "--job", args.job, "--ranks", str(args.ranks)]
-    cmd += ["--steps", str(args.steps), "--jsonl", str(args.jsonl), *extra]
-    out, _, cpu, tree = run(cmd)
-    return json.loads(out.strip().splitlines()[-1]), cpu, tree
+# ---------------------------------------------------------------------------------------------- the phase split
+
+
+def phase_split(records: Path, spec: Path) -> dict[str, Any]:
+    """Child: ``meshscope analyze --json RECORDS --spec SPEC`` in this process under cProfile; seconds per phase."""
+    from meshscope.cli import main  # noqa: PLC0415 - imported in the child only
+
+    profile = cProfile.Profile()
+    out, sys.stdout = sys.stdout, io.StringIO()
+    t = time.perf_counter()
+    profile.enable()
+    try:
+        code = main(["analyze", "--json", str(records), "--spec", str(spec)])
+    finally:
+        profile.disable()
+        sys.stdout = out
+    total = time.perf_counter() - t
+    if code:
+        raise SystemExit(f"meshscope analyze exited with {code}")
+    cumulative: dict[str, float] = {}
+    for (_, _, name), (_, _, _, cum, _) in pstats.Stats(profile).stats.items():  # type: ignore[attr-defined]
+        cumulative[name] = max(cumulative.get(name, 0.0), cum)
+    phases = {
+        label: sum(cumulative.get(name, 0.0) for name in names) - sum(cumulative.get(name, 0.0) for name in inner)
+        for label, names, inner in PHASES
+    }
+    return {"total_s": total, "phases": phases}
+
+
+# ---------------------------------------------------------------------------------------------- the driver
+
+
+def manifest_file(folder: Path, ranks: int) -> Path:
+    sys.path.insert(0, str(HERE))
+    from bench_simulate import manifest  # noqa: PLC0415 - sibling script
+
+    path = folder / f"spec-{ranks}.yaml"
+    path.write_text(yaml.safe_dump(manifest(ranks // 8)))
+    return path
+
+
+def one_size(folder: Path, ranks: int, steps: int) -> dict[str, Any]:
+    spec = manifest_file(folder, ranks)
+    records = folder / f"records-{ranks}x{steps}.jsonl"
+    meshscope = [sys.executable, "-m", "meshscope"]
+    said = records.with_suffix(".said.txt")  # what simulate printed, for a reused file
+    sim: dict[str, Any] = {}
+    if not records.exists():
+        cmd = [*meshscope, "simulate", "--spec", str(spec), "--steps", str(steps), "--seed", "1", "--out", str(records)]
+        for fault in FAULTS:
+            cmd += ["--fault", fault]
+        out, wall, cpu, peak = run(cmd, stdout=subprocess.PIPE)
+        said.write_text(out)
+        sim = {"wall_s": wall, "cpu_s": cpu, "peak_rss": peak}
+    sim_said = said.read_text().strip().splitlines() if said.exists() else []
+    _, wall, cpu, peak = run([*meshscope, "analyze", "--json", str(records), "--spec", str(spec)])
+    return {
+        "ranks": ranks,
+        "bytes": records.stat().st_size,
+        "simulate": sim,
+        "said": sim_said,
+        "analyze": {"wall_s": wall, "cpu_s": cpu, "peak_rss": peak},
+        "spec": spec,
+        "records": records,
+    }
+
+
+def intervals_of(said: list[str]) -> str:
+    """The interval count ``meshscope simulate`` printed."""
+    for line in said:
+        if "intervals (" in line:
+            return line.split(" rank-steps, ")[1].split(" intervals")[0]
+    return "?"
+
+
+def verdict(ok: bool) -> str:  # noqa: FBT001
+    return "meets the bar" if ok else "MISSES THE BAR"
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--job", choices=["synthetic", "simulate"], default="synthetic")
-    parser.add_argument("--ranks", type=int, default=16_384, help="a multiple of 32 (default 16,384)")
+    parser.add_argument("--ranks", type=int, nargs="+", default=[4096, 8192, 16_384], help="multiples of 32")
     parser.add_argument("--steps", type=int, default=20)
-    parser.add_argument("--jsonl", type=Path, help="records file (default: a temporary file, removed at the end)")
-    parser.add_argument("--reuse", action="store_true", help="keep an existing --jsonl file instead of writing it")
-    parser.add_argument("--phase", choices=["write", "read", "analyze"], help=argparse.SUPPRESS)
-    parser.add_argument("--workers", type=int, default=1, help=argparse.SUPPRESS)
+    parser.add_argument("--keep", type=Path, help="folder to write (and reuse) the files in; default a temporary one")
+    parser.add_argument("--no-split", action="store_true", help="skip the phase split (one more analyze run)")
+    parser.add_argument("--phase-split", nargs=2, type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.phase:
-        phases = {"write": phase_write, "read": phase_read, "analyze": phase_analyze}
-        print(json.dumps(phases[args.phase](args)))
+    if args.phase_split:
+        print(json.dumps(phase_split(*args.phase_split)))
         return
-
-    with tempfile.TemporaryDirectory() as tmp:
-        if args.jsonl is None:
-            args.jsonl = Path(tmp) / "records.jsonl"
-        print(f"{args.job} job, {args.ranks:,} ranks x {args.steps} steps -> {args.jsonl}")
-        if args.reuse and args.jsonl.exists():
-            print(f"write     reused {args.jsonl.stat().st_size / GIB:.2f} GiB")
-        else:
-            w, cpu, tree = child(args, "write")
-            print(
-                f"write     {w['write_s']:6.1f} s  ({w['lines']:,} lines, {w['intervals']:,} intervals, "
-                f"{w['bytes'] / GIB:.2f} GiB; job built in {w['build_s']:.1f} s; peak RSS {tree:,.0f} MiB)"
-            )
-        for workers in (1, 2):
-            r, cpu, tree = child(args, "read", "--workers", str(workers))
-            print(
-                f"read      {r['read_s']:6.1f} s  ({workers} worker{'s' if workers > 1 else ''}; {cpu:.1f} CPU-s "
-                f"in all; peak RSS {r['rss_mib']:,.0f} MiB, process tree {tree:,.0f} MiB)"
-            )
-        a, cpu, tree = child(args, "analyze")
+    with tempfile.TemporaryDirectory(prefix="meshscope-bench-") as tmp:
+        folder = args.keep or Path(tmp)
+        folder.mkdir(parents=True, exist_ok=True)
         print(
-            f"analyze   {a['analyze_s']:6.1f} s  (after read_table {a['read_s']:.1f} s with {a['workers']} workers, "
-            f"then JSON {a['json_s']:.1f} s: {a['total_s']:.1f} s, {cpu:.1f} CPU-s in all; peak RSS "
-            f"{a['rss_mib']:,.0f} MiB, process tree {tree:,.0f} MiB; findings {sorted(set(a['findings']))})"
-        )
-        _, wall, cpu, tree = run(
-            [sys.executable, "-m", "meshscope", "analyze", str(args.jsonl), "--json"], capture=False
+            f"meshscope simulate + analyze --json, Llama 3 70B (tp 8, pp 4, dp ranks/32) x {args.steps} steps, "
+            f"faults {', '.join(f.split(':')[0] for f in FAULTS)}; machine: {os.cpu_count()} CPUs"
         )
         print(
-            f"total     {wall:6.1f} s  (meshscope analyze FILE --json > /dev/null; {cpu:.1f} CPU-s; peak RSS, tree "
-            f"{tree:,.0f} MiB)"
+            f"{'ranks':>7} {'intervals':>11} {'file':>9} | {'simulate':>8} {'CPU':>7} {'RSS':>9} | "
+            f"{'analyze':>8} {'CPU':>7} {'RSS (tree)':>10}"
         )
+        results = []
+        for ranks in sorted(args.ranks):
+            r = one_size(folder, ranks, args.steps)
+            results.append(r)
+            sim, an = r["simulate"], r["analyze"]
+            sim_text = (
+                f"{sim['wall_s']:7.1f}s {sim['cpu_s']:6.1f}s {sim['peak_rss'] / MIB:6,.0f} MiB"
+                if sim
+                else f"{'(reused)':>8} {'':>7} {'':>9}"
+            )
+            print(
+                f"{ranks:>7,} {intervals_of(r['said']):>11} {r['bytes'] / GIB:5.2f} GiB | {sim_text} | "
+                f"{an['wall_s']:7.1f}s {an['cpu_s']:6.1f}s {an['peak_rss'] / MIB:6,.0f} MiB"
+            )
+        big = results[-1]
+        an, sim = big["analyze"], big["simulate"]
+        ok = an["wall_s"] < BAR_SECONDS and an["peak_rss"] < BAR_RSS_BYTES
+        print(
+            f"bar at {big['ranks']:,} ranks: analyze {an['wall_s']:.1f} s (< {BAR_SECONDS:.0f} s), peak RSS "
+            f"{an['peak_rss'] / GIB:.2f} GiB (< 4 GiB): {verdict(ok)}"
+        )
+        if sim:
+            print(
+                f"                     simulate {sim['wall_s']:.1f} s (< {BAR_SECONDS:.0f} s): "
+                f"{verdict(sim['wall_s'] < BAR_SECONDS)}"
+            )
+        if not args.no_split:
+            cmd = [sys.executable, __file__, "--phase-split", str(big["records"]), str(big["spec"])]
+            out, _, _, _ = run(cmd, stdout=subprocess.PIPE)
+            split = json.loads(out.strip().splitlines()[-1])
+            phases = split["phases"]
+            print(f"phase split at {big['ranks']:,} ranks (one more run, under cProfile: {split['total_s']:.1f} s):")
+            for label, seconds in phases.items():
+                print(f"  {label:<34} {seconds:6.2f} s")
+            print(f"  {'other (start-up, spec, plan, ...)':<34} {split['total_s'] - sum(phases.values()):6.2f} s")
+        if len(results) > 1:
+            print("growth with ranks (ratio to the previous size; linear = the ranks' ratio):")
+            for a, b in itertools.pairwise(results):
+                print(
+                    f"  {a['ranks']:>6,} -> {b['ranks']:>6,} ranks (x{b['ranks'] / a['ranks']:.1f}): analyze time "
+                    f"x{b['analyze']['wall_s'] / a['analyze']['wall_s']:.2f}, CPU "
+                    f"x{b['analyze']['cpu_s'] / a['analyze']['cpu_s']:.2f}, peak RSS "
+                    f"x{b['analyze']['peak_rss'] / a['analyze']['peak_rss']:.2f}"
+                )
 
 
 if __name__ == "__main__":

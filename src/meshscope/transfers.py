@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 
 from meshscope.breakdown import TRANSFER, comm_category
-from meshscope.grouping import grouped_median
+from meshscope.grouping import distinct, grouped_median
 from meshscope.layout import AXES
 from meshscope.placement import Link
 from meshscope.plan import PlanAssumptions
@@ -207,7 +207,7 @@ def bus_factor(op: NDArray[np.int64], members: NDArray[np.int64]) -> NDArray[np.
 def _pairs(at: NDArray[np.int64], code: NDArray[np.int64]) -> tuple[NDArray[np.intp], NDArray[np.int64]]:
     """Distinct (transfer, code) pairs."""
     width = int(code.max()) + 1
-    unique = np.unique(at * width + code)
+    unique = distinct(at * width + code)
     return unique // width, unique % width
 
 

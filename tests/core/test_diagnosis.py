@@ -15,6 +15,7 @@ from meshscope.diagnosis import (
     Finding,
     severity_for,
 )
+from meshscope.grouping import distinct, grouped_quantile
 from meshscope.layout import AXES, ParallelLayout
 from meshscope.loading import load_spec_text
 from meshscope.plan import Severity, plan_job
@@ -500,3 +501,33 @@ def test_transient_straggler_is_amortised_over_its_steps() -> None:
     assert f.evidence["excess_ratio"] == pytest.approx(0.6, rel=1e-3)
     assert f.evidence["excess_seconds"] == pytest.approx(0.012 / 4, rel=1e-3)
     assert "slow in compute in 1 of its 4 steps: 32.00 ms per slow step vs 20.00 ms" in f.message
+
+
+# ---------------------------------------------------------------------------- the reductions the measurement uses
+
+
+@pytest.mark.parametrize("size", [0, 1, 7, 5000], ids=["empty", "one", "few", "many"])
+def test_distinct_is_numpys_unique(size: int) -> None:
+    # np.unique is the oracle; distinct only computes it another way (one sort, one comparison).
+    rng = np.random.default_rng(size)
+    for values in (rng.integers(-50, 50, size), rng.integers(-(2**62), 2**62, size), np.zeros(size, dtype=np.int64)):
+        got = distinct(values)
+        np.testing.assert_array_equal(got, np.unique(values))
+        assert got.dtype == values.dtype
+
+
+@pytest.mark.parametrize("n_groups", [3, 40_000], ids=["few-groups", "wide-codes"])
+def test_grouped_quantile_is_numpys_quantile_per_group(n_groups: int) -> None:
+    # np.quantile of each group's values is the oracle (numpy's default linear interpolation); group 1 is empty.
+    rng = np.random.default_rng(n_groups)
+    key = rng.integers(0, n_groups, 3000)
+    key[key == 1] = 0
+    values = np.round(rng.normal(size=3000), 2)  # ties on purpose
+    for q in (0.0, 0.25, 0.5, 0.95, 1.0):
+        got = grouped_quantile(key, values, n_groups, q)
+        for g in (0, 1, 2, int(key.max())):
+            mine = values[key == g]
+            if mine.size:
+                assert got[g] == pytest.approx(np.quantile(mine, q), abs=1e-12), (g, q)
+            else:
+                assert np.isnan(got[g])

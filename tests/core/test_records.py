@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import gzip
 import json
+import platform
 import re
+import subprocess
+import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -31,6 +34,7 @@ from meshscope.records import (
     record_to_json,
     write_records,
 )
+from meshscope.records.memory import mapped_empty
 
 DATA_DIR = Path(__file__).parent.parent / "data"
 
@@ -134,6 +138,25 @@ def test_table_round_trips_through_a_file(tmp_path):
     assert again.to_records() == table.to_records()
     np.testing.assert_array_equal(again.intervals.kind, table.intervals.kind)
     np.testing.assert_array_equal(again.steps.coord, table.steps.coord)
+
+
+def test_a_table_is_written_as_its_records_json(tmp_path):
+    # The columnar writer against the object path (record_to_json): same objects, same key order, line by line,
+    # including left-out optional fields and a row without stats, gpu or domains.
+    records = [
+        *sample_records(),
+        make_record(9, nvlink_domain=None, network_tier=None, gpu=None, stats=DataStats(), gpu_util=None),
+        make_record(10, stats=DataStats(tokens=5), intervals=()),
+    ]
+    path = tmp_path / "t.jsonl"
+    assert write_records(path, RecordTable.from_records(records)) == len(records)
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    expected = [record_to_json(r) for r in records]
+    assert lines == expected
+    assert [list(obj) for obj in lines] == [list(obj) for obj in expected]
+    assert [list(iv) for obj in lines for iv in obj["intervals"]] == [
+        list(iv) for obj in expected for iv in obj["intervals"]
+    ]
 
 
 def test_table_columns_hold_codes_and_the_rows_they_belong_to():
@@ -547,3 +570,183 @@ def test_worker_path_keeps_the_partial_data_rules(tmp_path, small_chunks):
     table = read_table(path, workers=2, allow_partial=True)
     assert table.n_rows == 40
     assert [n.code for n in table.notes] == ["truncated_line"]
+
+
+def test_worker_scratch_files_are_removed(tmp_path, small_chunks, monkeypatch):
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    records = [make_record(rank, step) for step in range(6) for rank in range(8)]
+    path = tmp_path / "r.jsonl"
+    write_records(path, records)
+    monkeypatch.setattr(records_module, "_scratch_dir", lambda _need: str(scratch))
+    assert read_table(path, workers=2).to_records() == tuple(records)
+    assert list(scratch.iterdir()) == []
+
+
+# ---------------------------------------------------------------------------- the typed fast path vs the object parser
+
+
+def test_unusual_but_valid_spellings_read_the_same_in_both_readers(tmp_path):
+    # Nulls for optional fields, unknown fields of any type, and fields that do not apply to an interval's kind
+    # (the object parser ignores them): the fast path takes the line, or hands it to the object parser, and the
+    # table holds what the object parser reads.
+    objs = [good_json(rank, step) for step in range(3) for rank in range(8)]  # 24 lines, over batch boundaries
+    objs[1].update(nvlink_domain=None, network_tier=None, gpu=None, gpu_util=None, stats=None)
+    objs[2]["stats"] = {"tokens": None, "attention_work": 7, "sdk_extra": [1, 2]}
+    objs[3]["sdk"] = {"dropped": 0, "nested": [{"a": None}]}
+    objs[4]["intervals"][0].update(axis=5, op=None, peer="x", phase=None)  # a data interval: not its fields
+    objs[5]["intervals"][1]["phase"] = None
+    objs[6]["intervals"][3].update(seq=None, bytes=None, group=None)  # optional on a p2p interval
+    objs[7]["intervals"][2].update(bytes=None, group_size=None)
+    objs[8]["intervals"][2]["peer"] = "not a p2p field"
+    path = write_lines(tmp_path / "r.jsonl", objs)
+    expected = read_records(path).records
+    assert expected[2].stats == DataStats(attention_work=7.0)
+    assert expected[6].intervals[3].seq is None
+    assert read_table(path).to_records() == expected
+
+
+@pytest.mark.parametrize(
+    ("where", "value", "fragment"),
+    [
+        ("gpu", True, "gpu = True (bool); expected a whole number"),
+        ("step", False, "step = False (bool); expected a whole number"),
+        ("gpu_util", True, "gpu_util = True (bool); expected a finite number"),
+        ("intervals.0.start_us", True, "intervals[0]: start_us = True (bool); expected a whole number"),
+        ("intervals.2.seq", True, "intervals[2]: seq = True (bool); expected a whole number"),
+    ],
+    ids=["gpu-index", "step", "util", "start", "seq"],
+)
+def test_booleans_are_not_numbers_in_either_reader(tmp_path, where, value, fragment):
+    obj = good_json()
+    target, *path_keys, key = [obj, *where.split(".")]
+    for k in path_keys:
+        target = target[int(k) if k.isdigit() else k]
+    target[key] = value
+    path = write_lines(tmp_path / "r.jsonl", [good_json(1), obj])
+    _both_readers_raise(path, f"{path} line 2", fragment)
+
+
+_EDGE_VALUES = [None, True, "", "x", 0, -1, -(2**62), 2**31, 2**63, 1.0, 1.5, {}]
+"""Values at the edges of what a field takes: null, a boolean, an empty and an odd string, zero, negative, far
+negative, past int32 and past int64, a whole and a fractional float, an object."""
+_INTERVAL_FIELDS = ["kind", "start_us", "end_us", "phase", "axis", "op", "group", "seq", "bytes", "group_size", "peer"]
+
+
+def _mutations():
+    """(place, interval index, field) of every field of a record, and of every interval field on one interval of
+    each kind (data, compute, comm, p2p), present or not."""
+    obj = good_json(1)
+    yield from (("line", None, key) for key in [*obj, "extra"])
+    yield from (("coord", None, key) for key in [*obj["coord"], "extra"])
+    yield from (("stats", None, key) for key in obj["stats"])
+    for index in range(4):
+        assert obj["intervals"][index]["kind"] == ["data", "compute", "comm", "p2p"][index]
+        yield from (("interval", index, key) for key in _INTERVAL_FIELDS)
+
+
+def _records_or_none(path):
+    try:
+        return read_records(path).records
+    except ParseError:
+        return None
+
+
+def _mutated(place, index, key, value):
+    obj = good_json(1)
+    target = {"line": obj, "coord": obj["coord"], "stats": obj["stats"]}.get(place)
+    if target is None:
+        target = obj["intervals"][index]
+    if value is _DELETE:
+        target.pop(key, None)
+    else:
+        target[key] = value
+    return obj
+
+
+_DELETE = object()
+
+
+def test_every_edge_value_of_every_field_reads_as_the_object_parser_reads_it(tmp_path):
+    # Each field of a valid record (of the line, its coord, stats and every interval) set to each edge value, or
+    # deleted. Whatever the object parser reads, the table reads too; whatever it refuses, the table refuses, naming
+    # the same line; the table refuses more only by its rules across intervals (which the object parser does not
+    # check).
+    checked = refused = 0
+    for place, index, key in _mutations():
+        for value in [*_EDGE_VALUES, _DELETE]:
+            path = write_lines(tmp_path / "m.jsonl", [good_json(0), _mutated(place, index, key, value)])
+            case = (place, index, key, value)
+            expected = _records_or_none(path)
+            if expected is None:
+                with pytest.raises(ParseError) as info:
+                    read_table(path)
+                assert f"{path} line 2" in str(info.value), (case, str(info.value))
+                refused += 1
+                continue
+            try:
+                got = read_table(path).to_records()
+            except ParseError as exc:
+                got = str(exc)
+            across = isinstance(got, str) and any(w in got for w in ("collective", "group", "op ="))
+            assert got == expected or across, (case, got)
+            checked += 1
+    assert checked > 100
+    assert refused > 300
+
+
+def test_a_worker_item_of_blank_lines_only(tmp_path, small_chunks, monkeypatch):
+    # One byte range holds nothing but blank lines: its empty columns merge with the others'.
+    records = [make_record(rank, step) for step in range(3) for rank in range(8)]
+    text = "".join(json.dumps(record_to_json(r)) + "\n" for r in records[:12])
+    text += "\n" * 20_000 + "".join(json.dumps(record_to_json(r)) + "\n" for r in records[12:])
+    path = tmp_path / "r.jsonl"
+    path.write_text(text)
+    used = []
+    parallel = records_module._read_parallel
+    monkeypatch.setattr(records_module, "_read_parallel", lambda *a, **k: used.append(parallel(*a, **k)) or used[-1])
+    table = read_table(path, workers=2)
+    assert used[0] is not None  # the workers' result, not the in-process fallback
+    assert len(records_module._chunk_plan([path], 2)) >= 3
+    assert table.to_records() == tuple(records)
+    assert table.where_row(12) == f"{path} line {12 + 20_000 + 1}"
+
+
+# ---------------------------------------------------------------------------- memory for big columns
+
+
+def test_mapped_empty_is_a_writable_array_of_the_shape_asked_for():
+    big = mapped_empty((3_000_000, 5), np.dtype(np.int64))  # 120 MB: mapped up front where Linux allows
+    small = mapped_empty((7,), np.dtype(np.int32))
+    for array, shape, dtype in ((big, (3_000_000, 5), np.int64), (small, (7,), np.int32)):
+        assert array.shape == shape
+        assert array.dtype == dtype
+        array[...] = 3
+        assert int(array.sum()) == 3 * array.size
+    view = big[10:12]
+    del big
+    assert view.tolist() == [[3] * 5] * 2  # the mapping lives as long as a view of it
+
+
+def test_tune_memory_for_columns_turns_off_numpys_huge_page_advice():
+    code = (
+        "import numpy._core.multiarray as m\n"
+        "from meshscope.records.memory import tune_memory_for_columns\n"
+        "took = tune_memory_for_columns()\n"
+        "print(took, m._set_madvise_hugepage(False))\n"  # returns the setting it replaces
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert out[1] == "False"
+    if sys.platform.startswith("linux") and platform.libc_ver()[0] == "glibc":
+        assert out[0] == "True"
+
+
+@pytest.mark.parametrize("spelling", ["NaN", "Infinity", "-Infinity"])
+@pytest.mark.parametrize("field", ["gpu_util", "attention_work"])
+def test_non_finite_numbers_are_refused_by_both_readers(tmp_path, field, spelling):
+    # Python's json reads these non-JSON spellings; the schema wants finite numbers.
+    obj = good_json(1)
+    (obj["stats"] if field == "attention_work" else obj)[field] = "__X__"
+    path = tmp_path / "r.jsonl"
+    path.write_text(json.dumps(good_json(0)) + "\n" + json.dumps(obj).replace('"__X__"', spelling) + "\n")
+    _both_readers_raise(path, f"{path} line 2", f"{field} = ", "expected a finite number")

@@ -9,16 +9,17 @@ stepping the optimizer and checkpointing. On disk it is one JSON object per line
 This package exists so that every producer and every consumer agrees on one schema and one set of checks. It reads,
 writes and validates; it must not analyse (no breakdown, no joins across ranks: that is :mod:`meshscope.breakdown`),
 must not guess at bad input (every problem is a :class:`~meshscope.errors.ParseError` naming the file, line, field,
-value and what would fit) and must not depend on anything beyond numpy and the standard library. Its modules, lowest
-first:
+value and what would fit) and must not depend on anything beyond numpy, msgspec (typed JSON in C) and the standard
+library. Its modules, lowest first:
 
 - :mod:`~meshscope.records.schema`: enums, code tables, the record objects and their per-record checks;
 - :mod:`~meshscope.records.tables`: :class:`StepColumns`, :class:`IntervalColumns`, :class:`RecordTable` and the
   vectorised checks;
 - :mod:`~meshscope.records.parsing`: one decoded JSON line <-> one :class:`StepRecord` (the object parser);
+- :mod:`~meshscope.records.memory`: allocator settings and pre-mapped arrays for columns of millions of rows;
 - :mod:`~meshscope.records.writing`: :func:`write_records`;
-- :mod:`~meshscope.records.decoding`: lines of plain and gzip files, decoded a batch at a time, truncation rules;
-- :mod:`~meshscope.records.building`: the columnar fast path from decoded lines to a table;
+- :mod:`~meshscope.records.decoding`: lines of plain and gzip files, a batch at a time, truncation rules;
+- :mod:`~meshscope.records.building`: the columnar fast path from JSON lines (typed decoding) to a table;
 - :mod:`~meshscope.records.reading`: :func:`read_records`, :func:`read_table` and its worker processes.
 
 Import the public names from here (``from meshscope.records import read_table``).

@@ -12,7 +12,10 @@ from __future__ import annotations
 import gc
 import multiprocessing
 import os
+import shutil
+import tempfile
 from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
 from os import PathLike
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -22,11 +25,13 @@ import numpy as np
 from meshscope.errors import ParseError
 from meshscope.records.building import _Raw, _table_of, _TableBuilder
 from meshscope.records.decoding import _decoded
+from meshscope.records.memory import mapped_empty
 from meshscope.records.parsing import _parse_record
 from meshscope.records.schema import UNKNOWN, Note, RecordSet, StepRecord, _job_mismatch
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
+    from io import FileIO
 
     from numpy.typing import NDArray
 
@@ -84,11 +89,11 @@ def read_records(paths: StrPath | Sequence[StrPath], *, allow_partial: bool = Fa
 def read_table(paths: StrPath | Sequence[StrPath], *, allow_partial: bool = False, workers: int = 1) -> RecordTable:
     """Read JSON-lines step records straight into a :class:`RecordTable` (the fast path for big inputs).
 
-    Lines are decoded with the standard ``json`` module (one ``json.loads`` per line) and turned into numpy columns a
-    batch of lines at a time, field by field (:mod:`meshscope.records.building`); range and consistency checks run
-    vectorised over the finished columns, and any line the fast path cannot take goes to the object parser, which
-    raises the precise error. Same rules and errors as :func:`read_records`, plus the cross-record checks of
-    :class:`RecordTable`. (One leniency of the fast path: JSON ``true``/``false`` in an integer field reads as 1/0.)
+    Lines are decoded by ``msgspec`` straight into typed objects (JSON types checked in C, no dict per interval) and
+    turned into numpy columns a batch of lines at a time, field by field (:mod:`meshscope.records.building`); range
+    and consistency checks run vectorised over the finished columns, and any line the fast path cannot take goes to
+    the object parser, which raises the precise error. The same lines are accepted as by :func:`read_records`, with
+    the same per-line errors, plus the cross-record checks of :class:`RecordTable`.
 
     Args:
         paths: one file or several; all must belong to the same job.
@@ -96,9 +101,10 @@ def read_table(paths: StrPath | Sequence[StrPath], *, allow_partial: bool = Fals
         workers: processes to decode with. Above 1, inputs of 64 MiB or more are split into byte ranges (plain
             files) or whole files (gzip) and decoded by worker processes (``forkserver``/``spawn``: the calling
             script must guard its top level with ``if __name__ == "__main__":``; the ``meshscope`` command is
-            guarded). :func:`default_workers` is what the command line passes. If a worker meets bad input, or a
-            truncated last line under ``allow_partial``, the input is read again in this process so that the error or
-            note names the right line.
+            guarded). :func:`default_workers` is what the command line passes. Workers hand their columns back
+            through files in ``/dev/shm`` (else the temporary directory), removed before this returns. If a worker
+            meets bad input, or a truncated last line under ``allow_partial``, the input is read again in this process
+            so that the error or note names the right line.
 
     Returns:
         The validated table.
@@ -166,26 +172,76 @@ def _chunk_plan(files: list[Path], workers: int) -> list[tuple[str, int, tuple[i
     return plan
 
 
-def _read_chunk(
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Chunk:
+    """What a worker hands back: where it wrote one work item's columns, and what the parent needs to merge them."""
+
+    path: str
+    """File holding the columns, back to back, in ``columns`` order."""
+    columns: tuple[tuple[str, str, str, tuple[int, ...]], ...]
+    """(table part ``rows`` or ``intervals``, column, dtype, shape) of each column in the file."""
+    job: str | None
+    job_where: str
+    names: dict[str, tuple[str, ...]]
+    lines: int
+    """Physical lines read, to number the next item's lines."""
+    notes: tuple[Note, ...]
+
+
+def _read_chunk(  # noqa: PLR0917 - the pool maps it over positional work items
     path: str,
     file_index: int,
     span: tuple[int, int] | None,
     last: bool,  # noqa: FBT001
     allow_partial: bool,  # noqa: FBT001
-) -> tuple[_Raw, list[Note]]:
-    """Worker: decode one work item into raw columns (line numbers relative to the item).
+    out: str,
+) -> _Chunk:
+    """Worker: decode one work item (line numbers relative to the item) and write its columns to the file ``out``.
 
-    The cyclic garbage collector is off while it decodes: decoded JSON holds no cycles, and the collector's passes
-    over millions of fresh objects cost ~5% of the time. (The worker process is this module's own.)
+    The columns go through a file, not back through the pool's pipe: the parent reads each straight into its slice of
+    the merged column, where pickling would copy it three times (pickle, receive, concatenate). The cyclic garbage
+    collector is off while it decodes: decoded lines hold no cycles, and the collector's passes over millions of fresh
+    objects cost ~5% of the time. (The worker process is this module's own.)
     """
     gc.disable()
     try:
         builder = _TableBuilder()
         notes: list[Note] = []
         lines = builder.read_file(Path(path), file_index, allow_partial, notes, span=span, last=last)
-        return builder.raw(lines=lines), notes
+        raw = builder.raw(lines=lines)
     finally:
         gc.enable()
+    columns = []
+    with Path(out).open("wb") as f:
+        for part, cols in (("rows", raw.rows), ("intervals", raw.intervals)):
+            for name, col in cols.items():
+                data = np.ascontiguousarray(col)
+                if data.size:  # (a memoryview of an empty array cannot be cast to bytes)
+                    f.write(data.data.cast("B"))
+                columns.append((part, name, data.dtype.str, data.shape))
+    return _Chunk(
+        path=out,
+        columns=tuple(columns),
+        job=raw.job,
+        job_where=raw.job_where,
+        names=raw.names,
+        lines=lines,
+        notes=tuple(notes),
+    )
+
+
+def _scratch_dir(need_bytes: int) -> str | None:
+    """Where workers write their columns: ``/dev/shm`` (memory, never the disk) if it has room, else the temp directory.
+
+    (A container's ``/dev/shm`` is often 64 MiB. Should it fill up all the same, a worker fails and the input is read
+    again in this process.)
+    """
+    shm = Path("/dev/shm")  # noqa: S108 - a private directory is made inside it
+    try:
+        roomy = shm.is_dir() and os.access(shm, os.W_OK) and shutil.disk_usage(shm).free >= need_bytes
+    except OSError:
+        roomy = False
+    return str(shm) if roomy else None
 
 
 def _read_parallel(files: list[Path], *, allow_partial: bool, workers: int) -> RecordTable | None:
@@ -195,43 +251,77 @@ def _read_parallel(files: list[Path], *, allow_partial: bool, workers: int) -> R
         return None
     methods = multiprocessing.get_all_start_methods()
     context = multiprocessing.get_context("forkserver" if "forkserver" in methods else "spawn")
-    try:
-        with ProcessPoolExecutor(max_workers=min(workers, len(plan)), mp_context=context) as pool:
-            results = list(pool.map(_read_chunk, *zip(*[(*item, allow_partial) for item in plan], strict=True)))
-    except Exception:  # noqa: BLE001 - any failure: the caller reads in-process, which raises the precise error
-        return None
-    if any(notes for _, notes in results):
-        return None  # notes would name item-relative lines
-    raws = [raw for raw, _ in results]
-    del results
-    if len({raw.job for raw in raws if raw.job is not None}) > 1:
-        return None  # so would a job mismatch
-    merged = _merge(raws, [item[1] for item in plan])
+    # The columns take about half the size of the JSON lines, which gzip shrinks ~10x.
+    need = sum(p.stat().st_size * (5 if p.name.endswith(".gz") else 1) for p in files)
+    with tempfile.TemporaryDirectory(prefix="meshscope-read-", dir=_scratch_dir(need)) as scratch:
+        outs = [str(Path(scratch) / f"item-{i}.bin") for i in range(len(plan))]
+        try:
+            with ProcessPoolExecutor(max_workers=min(workers, len(plan)), mp_context=context) as pool:
+                items = [(*item, allow_partial, out) for item, out in zip(plan, outs, strict=True)]
+                chunks = list(pool.map(_read_chunk, *zip(*items, strict=True)))
+        except Exception:  # noqa: BLE001 - any failure: the caller reads in-process, which raises the precise error
+            return None
+        if any(chunk.notes for chunk in chunks):
+            return None  # notes would name item-relative lines
+        if len({chunk.job for chunk in chunks if chunk.job is not None}) > 1:
+            return None  # so would a job mismatch
+        merged = _merge(chunks, [item[1] for item in plan])
     return _table_of(merged, notes=(), source_files=tuple(str(p) for p in files))
 
 
-def _merge(raws: list[_Raw], file_of: list[int]) -> _Raw:
-    """Concatenate work items: renumber name codes and (per file) line numbers; frees the items' columns as it goes."""
-    names: dict[str, dict[str, int]] = {k: {} for k in raws[0].names}
+def _merge(chunks: list[_Chunk], file_of: list[int]) -> _Raw:
+    """Read every work item's columns straight into its slice of the merged columns; renumber name codes and lines."""
+    widest = next((chunk for chunk in chunks if _n_rows(chunk)), chunks[0])  # dtypes from an item with rows
+    layout = {(part, name): (np.dtype(dtype), shape[1:]) for part, name, dtype, shape in widest.columns}
+    totals = dict.fromkeys(layout, 0)
+    for chunk in chunks:
+        for part, name, _, shape in chunk.columns:
+            totals[part, name] += shape[0]
+    merged = {key: mapped_empty((totals[key], *tail), dtype) for key, (dtype, tail) in layout.items()}
+    names: dict[str, dict[str, int]] = {kind: {} for kind in widest.names}
     line_offset: dict[int, int] = {}
-    for raw, file_index in zip(raws, file_of, strict=True):
+    at = dict.fromkeys(layout, 0)
+    for chunk, file_index in zip(chunks, file_of, strict=True):
+        piece: dict[tuple[str, str], NDArray[Any]] = {}
+        with Path(chunk.path).open("rb", buffering=0) as f:
+            for part, name, _, shape in chunk.columns:
+                key = (part, name)
+                piece[key] = merged[key][at[key] : at[key] + shape[0]]
+                at[key] += shape[0]
+                _read_into(f, piece[key])
+        Path(chunk.path).unlink()
         for kind in ("node", "nvlink_domain", "network_tier"):
-            raw.rows[kind] = _recode(names[kind], raw.names[kind], raw.rows[kind])
-        raw.intervals["group"] = _recode(names["group"], raw.names["group"], raw.intervals["group"])
-        raw.rows["source_line"] = raw.rows["source_line"] + line_offset.get(file_index, 0)
-        line_offset[file_index] = line_offset.get(file_index, 0) + raw.lines
-    job = next((raw for raw in raws if raw.job is not None), raws[0])
-
-    def joined(columns: list[dict[str, NDArray[Any]]]) -> dict[str, NDArray[Any]]:
-        return {key: np.concatenate([c.pop(key) for c in columns]) for key in list(columns[0])}
-
+            col = piece["rows", kind]
+            col[...] = _recode(names[kind], chunk.names[kind], col)
+        group = piece["intervals", "group"]
+        group[...] = _recode(names["group"], chunk.names["group"], group)
+        piece["rows", "source_line"] += line_offset.get(file_index, 0)
+        line_offset[file_index] = line_offset.get(file_index, 0) + chunk.lines
+    job = next((chunk for chunk in chunks if chunk.job is not None), widest)
     return _Raw(
         job=job.job,
         job_where=job.job_where,
-        rows=joined([raw.rows for raw in raws]),
-        intervals=joined([raw.intervals for raw in raws]),
+        rows={name: col for (part, name), col in merged.items() if part == "rows"},
+        intervals={name: col for (part, name), col in merged.items() if part == "intervals"},
         names={kind: tuple(known) for kind, known in names.items()},
     )
+
+
+def _n_rows(chunk: _Chunk) -> int:
+    return next(shape[0] for part, name, _, shape in chunk.columns if (part, name) == ("rows", "rank"))
+
+
+def _read_into(f: FileIO, target: NDArray[Any]) -> None:
+    """Fill ``target`` from the file's next ``target.nbytes`` bytes."""
+    if not target.size:
+        return
+    view = target.data.cast("B")
+    done = 0
+    while done < len(view):
+        got = f.readinto(view[done:])
+        if not got:
+            raise OSError(f"a reader worker's columns in {f.name} end early ({done} of {len(view)} bytes)")
+        done += got
 
 
 def _recode(known: dict[str, int], names: tuple[str, ...], codes: NDArray[Any]) -> NDArray[Any]:

@@ -1,20 +1,26 @@
 """Write step records as JSON lines (``meshscope.step/1``), from record objects or straight from a table's columns.
 
-A :class:`~meshscope.records.tables.RecordTable` is written a chunk of rows at a time without building an object per
-interval, so the simulator can write a 16,384-rank job. Files whose name ends in ``.gz`` are gzip-compressed. This
-module must not read files and must not check records (objects and tables are validated when they are built).
+A :class:`~meshscope.records.tables.RecordTable` is written a chunk of rows at a time: the columns become small typed
+objects (one per interval, made by ``map`` over the columns, so no Python bytecode runs per interval) that ``msgspec``
+encodes as JSON lines in C, leaving left-out optional fields out. That is what lets the simulator write a 16,384-rank
+job (12.8 million intervals, 1.7 GiB) in seconds. Files whose name ends in ``.gz`` are gzip-compressed (level
+:data:`GZIP_LEVEL`). This module must not read files and must not check records (objects and tables are validated
+when they are built).
 """
 
 from __future__ import annotations
 
 import gzip
-import json
+from concurrent.futures import Future, ThreadPoolExecutor
+from itertools import starmap
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO, Literal
 
+import msgspec
 import numpy as np
 
 from meshscope.layout import AXES
+from meshscope.records.building import CoordFields, StatsFields
 from meshscope.records.parsing import record_to_json
 from meshscope.records.schema import COMM_CODE, KINDS, OPS, P2P_CODE, PHASES, SCHEMA, UNKNOWN, StepRecord
 from meshscope.records.tables import RecordTable
@@ -23,12 +29,19 @@ if TYPE_CHECKING:
     from collections.abc import Iterable, Iterator
     from os import PathLike
 
+    from numpy.typing import NDArray
+
     StrPath = str | PathLike[str]
+
+GZIP_LEVEL = 6
+"""zlib's own default: on step records ~3x faster than gzip's 9 for a file a few per cent larger."""
+_ROWS_PER_CHUNK = 4096
+"""Rank-steps encoded together (~160,000 intervals of the simulator's jobs, a few tens of MiB of objects)."""
 
 
 def _open(path: Path, mode: Literal["rb", "wb"]) -> BinaryIO | gzip.GzipFile:
     if path.name.endswith(".gz"):
-        return gzip.open(path, mode)
+        return gzip.open(path, mode, compresslevel=GZIP_LEVEL)
     return path.open(mode)
 
 
@@ -37,96 +50,182 @@ def write_records(path: StrPath, records: Iterable[StepRecord] | RecordTable) ->
 
     Args:
         path: file to (over)write.
-        records: record objects, or a whole :class:`RecordTable` (converted row by row).
+        records: record objects, or a whole :class:`RecordTable` (converted a chunk of rows at a time).
 
     Returns:
         Number of lines written.
     """
-    objs = _table_json(records) if isinstance(records, RecordTable) else map(record_to_json, records)
+    encoder = msgspec.json.Encoder()
     count = 0
-    dumps = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
     with _open(Path(path), "wb") as f:
-        for obj in objs:
-            f.write(dumps(obj).encode() + b"\n")
+        if isinstance(records, RecordTable):
+            # The file write (and gzip's compression) releases the GIL: a thread does it while the next chunk is
+            # encoded. At most two chunks are held.
+            with ThreadPoolExecutor(max_workers=1) as writer:
+                pending: Future[int] | None = None
+                for lines in _table_lines(records):
+                    data = encoder.encode_lines(lines)
+                    if pending is not None:
+                        pending.result()
+                    pending = writer.submit(f.write, data)
+                    count += len(lines)
+                if pending is not None:
+                    pending.result()
+            return count
+        for record in records:
+            f.write(encoder.encode(record_to_json(record)) + b"\n")
             count += 1
     return count
 
 
-def _table_json(table: RecordTable, rows_per_chunk: int = 4096) -> Iterator[dict[str, Any]]:
-    """JSON objects of every row straight from the columns (no per-interval objects), a chunk of rows at a time."""
+# Typed objects in the field order of ``record_to_json``; ``None`` (the default) is left out of the JSON.
+
+
+class _IntervalOut(msgspec.Struct, omit_defaults=True, gc=False):
+    kind: str
+    start_us: int
+    end_us: int
+    phase: str | None = None
+    axis: str | None = None
+    op: str | None = None
+    group: str | None = None
+    seq: int | None = None
+    size_bytes: int | None = msgspec.field(default=None, name="bytes")
+    peer: int | None = None
+    group_size: int | None = None
+
+
+class _LineOut(msgspec.Struct, kw_only=True, omit_defaults=True, gc=False):
+    schema: str
+    job: str
+    step: int
+    rank: int
+    coord: CoordFields
+    node: str
+    nvlink_domain: str | None = None
+    network_tier: str | None = None
+    gpu: int | None = None
+    start_us: int
+    end_us: int
+    intervals: list[_IntervalOut]
+    stats: StatsFields | None = None
+    gpu_util: float | None = None
+
+
+def _named(codes: NDArray[Any], names: Iterable[str]) -> list[str | None]:
+    """Names of codes, ``None`` for -1 (the lookup's last element answers index -1)."""
+    lookup = np.array([*names, None], dtype=object)
+    return lookup[codes].tolist()  # type: ignore[no-any-return]
+
+
+def _optional(values: NDArray[Any], present: NDArray[np.bool_]) -> list[Any]:
+    """Python values, ``None`` where not ``present``."""
+    out = values.astype(object)
+    out[~present] = None
+    return out.tolist()  # type: ignore[no-any-return]
+
+
+def _table_lines(table: RecordTable) -> Iterator[list[_LineOut]]:
+    """Typed objects of every row straight from the columns, a chunk of rows at a time."""
     s, iv = table.steps, table.intervals
     order = np.argsort(iv.row, kind="stable")
     bounds = np.searchsorted(iv.row[order], np.arange(table.n_rows + 1), side="left")
     domains = table.nvlink_domain_names or tuple(f"nvl-{i}" for i in range(int(s.nvlink_domain.max(initial=-1)) + 1))
     tiers = table.network_tier_names or tuple(f"block-{i}" for i in range(int(s.network_tier.max(initial=-1)) + 1))
     groups = table.group_names or tuple(f"group-{i}" for i in range(int(iv.group.max(initial=-1)) + 1))
-    for r0 in range(0, table.n_rows, rows_per_chunk):
-        r1 = min(table.n_rows, r0 + rows_per_chunk)
+    nodes = table.node_names or tuple(f"node-{i}" for i in range(int(s.node.max(initial=-1)) + 1))
+    for r0 in range(0, table.n_rows, _ROWS_PER_CHUNK):
+        r1 = min(table.n_rows, r0 + _ROWS_PER_CHUNK)
         sel = order[bounds[r0] : bounds[r1]]
-        cols = [
-            getattr(iv, name)[sel].tolist()
-            for name in ("kind", "start_us", "end_us", "phase", "axis", "op", "group", "seq", "size_bytes")
+        intervals = _chunk_intervals(iv, sel, groups)
+        cuts = (bounds[r0 : r1 + 1] - bounds[r0]).tolist()
+        per_row = list(map(intervals.__getitem__, map(slice, cuts[:-1], cuts[1:])))
+        rows = slice(r0, r1)
+        coords = list(starmap(CoordFields, s.coord[rows].tolist()))
+        stats = _chunk_stats(table, rows)
+        columns = zip(
+            s.step[rows].tolist(),
+            s.rank[rows].tolist(),
+            coords,
+            _named(s.node[rows], nodes),
+            _named(s.nvlink_domain[rows], domains),
+            _named(s.network_tier[rows], tiers),
+            _optional(s.gpu[rows], s.gpu[rows] >= 0),
+            s.start_us[rows].tolist(),
+            s.end_us[rows].tolist(),
+            per_row,
+            stats,
+            _optional(s.gpu_util[rows], ~np.isnan(s.gpu_util[rows])),
+            strict=True,
+        )
+        yield [
+            _LineOut(
+                schema=SCHEMA,
+                job=table.job,
+                step=step,
+                rank=rank,
+                coord=coord,
+                node=node,
+                nvlink_domain=domain,
+                network_tier=tier,
+                gpu=gpu,
+                start_us=start,
+                end_us=end,
+                intervals=ivs,
+                stats=st,
+                gpu_util=util,
+            )
+            for step, rank, coord, node, domain, tier, gpu, start, end, ivs, st, util in columns
         ]
-        group_size, peer = iv.group_size[sel].tolist(), iv.peer[sel].tolist()
-        for i in range(r0, r1):
-            lo, hi = int(bounds[i] - bounds[r0]), int(bounds[i + 1] - bounds[r0])
-            intervals = [_interval_obj(j, cols, group_size, peer, groups) for j in range(lo, hi)]
-            yield _row_json(table, i, intervals, domains, tiers)
 
 
-def _interval_obj(
-    j: int, cols: list[list[int]], group_size: list[int], peer: list[int], groups: tuple[str, ...]
-) -> dict[str, Any]:
-    k, start, end, ph, ax, op, g, sq, nb = (c[j] for c in cols)
-    out: dict[str, Any] = {"kind": KINDS[k].value, "start_us": start, "end_us": end}
-    if ph >= 0:
-        out["phase"] = PHASES[ph].value
-    if k in {COMM_CODE, P2P_CODE}:
-        out["axis"], out["op"] = AXES[ax].value, OPS[op].value
-        optional = {"group": groups[g] if g >= 0 else None, "seq": sq, "bytes": nb, "peer": peer[j]}
-        out.update({key: v for key, v in optional.items() if v is not None and v != UNKNOWN})
-        if group_size[j] > 0:
-            out["group_size"] = group_size[j]
-    return out
+def _chunk_intervals(iv: Any, sel: NDArray[np.intp], groups: tuple[str, ...]) -> list[_IntervalOut]:  # noqa: ANN401
+    """The typed intervals at ``sel`` (network fields only for comm/p2p intervals, as ``record_to_json`` has it)."""
+    kind = iv.kind[sel]
+    net = (kind == COMM_CODE) | (kind == P2P_CODE)
+
+    def net_codes(col: NDArray[Any]) -> NDArray[Any]:
+        return np.where(net, col[sel], UNKNOWN)
+
+    def net_ints(col: NDArray[Any], *, least: int = 0) -> list[Any]:
+        values = col[sel]
+        return _optional(values, net & (values >= least))
+
+    return list(
+        map(
+            _IntervalOut,
+            _named(kind, (k.value for k in KINDS)),
+            iv.start_us[sel].tolist(),
+            iv.end_us[sel].tolist(),
+            _named(iv.phase[sel], (p.value for p in PHASES)),
+            _named(net_codes(iv.axis), (a.value for a in AXES)),
+            _named(net_codes(iv.op), (o.value for o in OPS)),
+            _named(net_codes(iv.group), groups),
+            net_ints(iv.seq),
+            net_ints(iv.size_bytes),
+            net_ints(iv.peer),
+            net_ints(iv.group_size, least=1),
+        )
+    )
 
 
-def _row_json(
-    table: RecordTable, i: int, intervals: list[dict[str, Any]], domains: tuple[str, ...], tiers: tuple[str, ...]
-) -> dict[str, Any]:
+def _chunk_stats(table: RecordTable, rows: slice) -> list[StatsFields | None]:
+    """Each row's stats, ``None`` for a row without any."""
     s = table.steps
-    obj: dict[str, Any] = {
-        "schema": SCHEMA,
-        "job": table.job,
-        "step": int(s.step[i]),
-        "rank": int(s.rank[i]),
-        "coord": {a.value: int(s.coord[i, k]) for k, a in enumerate(AXES)},
-        "node": table.node_name(int(s.node[i])),
+    ints = {
+        key: getattr(s, key)[rows]
+        for key in ("tokens", "sequences", "longest_sequence", "attention_us", "peak_memory_bytes")
     }
-    dom, tier, gpu = int(s.nvlink_domain[i]), int(s.network_tier[i]), int(s.gpu[i])
-    if dom >= 0:
-        obj["nvlink_domain"] = domains[dom]
-    if tier >= 0:
-        obj["network_tier"] = tiers[tier]
-    if gpu >= 0:
-        obj["gpu"] = gpu
-    obj["start_us"], obj["end_us"], obj["intervals"] = int(s.start_us[i]), int(s.end_us[i]), intervals
-    stats: dict[str, Any] = {}
-    for key, col in (
-        ("tokens", s.tokens),
-        ("sequences", s.sequences),
-        ("longest_sequence", s.longest_sequence),
-        ("attention_work", s.attention_work),
-        ("attention_us", s.attention_us),
-        ("peak_memory_bytes", s.peak_memory_bytes),
-    ):
-        value = col[i]
-        if col.dtype.kind == "f":
-            if not np.isnan(value):
-                stats[key] = float(value)
-        elif value >= 0:
-            stats[key] = int(value)
-    if stats:
-        obj["stats"] = stats
-    if not np.isnan(s.gpu_util[i]):
-        obj["gpu_util"] = float(s.gpu_util[i])
-    return obj
+    work = s.attention_work[rows]
+    has = ~np.isnan(work)
+    for col in ints.values():
+        has |= col >= 0
+    n = rows.stop - rows.start
+    if not has.any():
+        return [None] * n
+    fields = {key: _optional(col, col >= 0) for key, col in ints.items()}
+    fields["attention_work"] = _optional(work, ~np.isnan(work))
+    stats: list[StatsFields | None] = [
+        StatsFields(**{key: values[i] for key, values in fields.items()}) if has[i] else None for i in range(n)
+    ]
+    return stats
