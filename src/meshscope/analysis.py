@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from meshscope.breakdown import break_down
+from meshscope.collectives import MATCH_TOLERANCE
 from meshscope.costs import (
     CollectiveComparison,
     CostRow,
@@ -82,7 +83,8 @@ class Analysis:
     rows: tuple[CostRow, ...]
     """The cost table."""
     collectives: tuple[CollectiveComparison, ...]
-    """Bytes and count per collective per axis, plan vs records (empty without a plan)."""
+    """Per pipeline stage and (axis, op): bytes, count and mean message per GPU per step, plan vs records (empty
+    without a plan)."""
     memory: tuple[MemoryComparison, ...]
     """Memory per pipeline stage, plan vs records (empty without a plan)."""
     findings: tuple[Finding, ...]
@@ -175,7 +177,7 @@ def analyze(
         partial_data=partial,
         summary=summarise(rs, plan=plan),
         rows=cost_rows(rs, plan=plan, world_size=world, partial=partial_categories(rs, partial)),
-        collectives=compare_collectives(rs, plan) if plan is not None else (),
+        collectives=compare_collectives(rs.breakdown.table, plan) if plan is not None else (),
         memory=compare_memory(rs, plan) if plan is not None else (),
         findings=diagnose(rs, plan=plan, spec=spec),
         rank_steps=rs,
@@ -231,6 +233,95 @@ def _signed_seconds(value: float | None) -> str:
     return ("+" if value > 0 else "") + human_seconds(value)
 
 
+_MAX_UNEVEN_LINES = 10
+"""Most "rank-steps differ" lines under the collectives table; the JSON has min and max for every row."""
+_STATUS_TEXT = {
+    "match": "match",
+    "differs": "DIFFERS",
+    "partial_sizes": "PARTIAL SIZES",
+    "no_sizes": "no sizes recorded",
+    "plan_only": "NOT IN RECORDS",
+    "records_only": "NOT IN PLAN",
+}
+
+
+def _bytes(value: float | None) -> str:
+    return "-" if value is None else human_bytes(value)
+
+
+def _count(value: float | None) -> str:
+    return "-" if value is None else f"{value:,g}"
+
+
+def render_collectives(collectives: Sequence[CollectiveComparison]) -> str:
+    """The per-stage collectives table (docs/cost-table.md, "Expected vs measured"), with a line on what differs."""
+    rows = []
+    for c in collectives:
+        status = _STATUS_TEXT[c.status]
+        if c.status == "partial_sizes" and c.sized_share is not None:
+            status += f" ({percent(c.sized_share)} of intervals carry bytes)"
+        if c.share_of_rank_steps is not None and c.share_of_rank_steps < 1.0:
+            status += f", on {percent(c.share_of_rank_steps)} of rank-steps"
+        delta = c.delta_bytes_per_step
+        rows.append(
+            [
+                str(c.pp_rank),
+                c.axis,
+                c.op,
+                _bytes(c.expected_bytes_per_step),
+                _bytes(c.measured_bytes_per_step),
+                "-" if c.ratio is None else (f"{c.ratio:.3f}x" if c.ratio >= 0.1 else f"{c.ratio:.3g}x"),
+                "-" if delta is None else ("+" if delta > 0 else "") + human_bytes(delta),
+                _count(c.expected_count_per_step),
+                _count(c.measured_count_per_step),
+                _bytes(c.expected_message_bytes),
+                _bytes(c.measured_message_bytes),
+                status,
+            ]
+        )
+    headers = ["stage", "axis", "op", "expected/step", "measured/step", "ratio", "delta", "count exp", "count meas"]
+    headers += ["mean msg exp", "mean msg meas", "status"]
+    title = (
+        "\nCollectives per GPU per step, by pipeline stage: plan vs records (bytes: NCCL message size S summed over "
+        "the step's instances, not bus bytes; measured: median over the stage's rank-steps)"
+    )
+    lines = [render_table(headers, rows, title=title)]
+    compared = [c for c in collectives if c.status in {"match", "differs"}]
+    matched = sum(c.status == "match" for c in compared)
+    others = Counter(c.status for c in collectives if c not in compared)
+    left = ", ".join(f"{n} {_STATUS_TEXT[status].lower()}" for status, n in sorted(others.items()))
+    lines.append(
+        f"  {matched} of {len(compared)} compared rows match within {percent(MATCH_TOLERANCE)} in bytes per step"
+        + (f"; not compared: {left}" if left else "")
+    )
+    aggregated = [
+        c
+        for c in compared
+        if c.status == "match"
+        and c.expected_count_per_step is not None
+        and c.measured_count_per_step is not None
+        and c.measured_count_per_step < c.expected_count_per_step
+    ]
+    uneven = [
+        c
+        for c in collectives
+        if c.measured_min_bytes_per_step is not None and c.measured_min_bytes_per_step != c.measured_max_bytes_per_step
+    ]
+    lines.extend(
+        f"  stage {c.pp_rank} {c.axis} {c.op}: rank-steps differ, from {_bytes(c.measured_min_bytes_per_step)} to "
+        f"{_bytes(c.measured_max_bytes_per_step)} per step (median {_bytes(c.measured_bytes_per_step)})"
+        for c in uneven[:_MAX_UNEVEN_LINES]
+    )
+    if len(uneven) > _MAX_UNEVEN_LINES:
+        lines.append(f"  ... and {len(uneven) - _MAX_UNEVEN_LINES} more rows whose rank-steps differ (see --json)")
+    if aggregated:
+        lines.append(
+            f"  {len(aggregated)} matching rows have fewer, larger intervals than plan instances: the recorder "
+            "aggregates several collectives into one interval (the simulator records one per collective phase)"
+        )
+    return "\n".join(lines)
+
+
 def render_analysis(analysis: Analysis) -> str:
     """The analysis for people: findings, the cost table, the summary, expected vs measured, partial data.
 
@@ -272,19 +363,7 @@ def render_analysis(analysis: Analysis) -> str:
         )
     )
     if a.collectives:
-        rows = [
-            [
-                c.axis,
-                c.op,
-                "-" if c.expected_message_bytes is None else human_bytes(c.expected_message_bytes),
-                "-" if c.measured_message_bytes is None else human_bytes(c.measured_message_bytes),
-                "-" if c.expected_count_per_step is None else f"{c.expected_count_per_step:,}",
-                "-" if c.measured_count_per_step is None else f"{c.measured_count_per_step:,.1f}",
-            ]
-            for c in a.collectives
-        ]
-        headers = ["axis", "op", "expected msg", "measured msg", "expected count/step", "measured count/step"]
-        out.append(render_table(headers, rows, title="\nCollectives per step: plan vs records"))
+        out.append(render_collectives(a.collectives))
     if a.memory:
         rows = [
             [

@@ -4,16 +4,17 @@ Exists to turn a :class:`~meshscope.breakdown.Breakdown` (one row of category ti
 people act on (DESIGN.md, "The cost table"): per category the plan's expectation, the measured median, p95 and worst
 rank, the share of the step, the delta, what it costs at job scale in GPU-hours per day and the top suspect (rank,
 node, group); beside it a summary (step time, straggler gap, efficiency, useful compute vs reported GPU utilisation),
-bytes per collective and memory per stage against the plan, and every partial-data note. Definitions are in
-``docs/cost-table.md``.
+collective bytes per GPU per step and memory, per pipeline stage, against the plan, and every partial-data note.
+Definitions are in ``docs/cost-table.md``.
 
 It works on numpy columns, vectorised over rank-steps and intervals (per-rank aggregates by ``bincount`` and one sort
 per grouped median); loops run over categories, axes and plan entries, never over ranks. It must not read files,
 must not diagnose (that is :mod:`meshscope.diagnosis`) and must never print a number computed on partial data without
 saying so: such rows carry ``partial=True`` and the reason is in the notes.
 
-Two parts live in modules of their own and are re-exported here: the per-collective transfer measurement
-(:mod:`meshscope.transfers`) and the grouped quantile, median and mean (:mod:`meshscope.grouping`).
+Three parts live in modules of their own and are re-exported here: the per-collective transfer measurement
+(:mod:`meshscope.transfers`), the grouped quantile, median and mean (:mod:`meshscope.grouping`) and the collectives'
+bytes per stage, plan vs records (:mod:`meshscope.collectives`).
 """
 
 from __future__ import annotations
@@ -38,10 +39,11 @@ from meshscope.breakdown import (
     TRANSFER,
     comm_category,
 )
+from meshscope.collectives import SEND_RECV, CollectiveComparison, compare_collectives
 from meshscope.formatting import human_seconds
 from meshscope.grouping import grouped_mean, grouped_median, grouped_quantile
 from meshscope.layout import AXES
-from meshscope.records import COMM_CODE, OPS, P2P_CODE, Note
+from meshscope.records import COMM_CODE, Note
 from meshscope.transfers import MIN_TRANSFER_BYTES, Transfers, bus_factor, measure_transfers, place_of_rows
 
 if TYPE_CHECKING:
@@ -88,8 +90,6 @@ __all__ = [
 HOURS_PER_DAY = 24.0
 EVEN_SPREAD = 1.05
 """A worst rank within this factor of the median rank is reported as "spread evenly", not as a suspect to chase."""
-SEND_RECV = "send_recv"
-"""Op name of point-to-point traffic in the expected-vs-measured table (plan ``send-recv``, records send/recv)."""
 
 WHOLE_TABLE_NOTES = frozenset(
     {"missing_ranks", "missing_rank_steps", "truncated_line", "truncated_file", "rejected_job_files"}
@@ -632,35 +632,6 @@ def summarise(rs: RankSteps, *, plan: Plan | None) -> Summary:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class CollectiveComparison:
-    """One (axis, op): the plan's message and count per step vs the records'."""
-
-    axis: str
-    """Mesh axis."""
-    op: str
-    """Operation in the records' spelling (``all_reduce``, ...; ``send_recv`` for point-to-point)."""
-    expected_message_bytes: float | None
-    """Plan: mean message (NCCL array size ``S``) over its entries of this (axis, op), weighted by count."""
-    measured_message_bytes: float | None
-    """Records: mean ``bytes`` of the intervals that carry one."""
-    expected_count_per_step: int | None
-    """Plan: instances per step on the busiest stage."""
-    measured_count_per_step: float | None
-    """Records: median over the rank-steps that run it of its instances per rank-step (p2p: max of sends, recvs)."""
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON form."""
-        return {
-            "axis": self.axis,
-            "op": self.op,
-            "expected_message_bytes": self.expected_message_bytes,
-            "measured_message_bytes": self.measured_message_bytes,
-            "expected_count_per_step": self.expected_count_per_step,
-            "measured_count_per_step": self.measured_count_per_step,
-        }
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
 class MemoryComparison:
     """One pipeline stage: the plan's peak memory per GPU vs the largest measured peak."""
 
@@ -678,67 +649,6 @@ class MemoryComparison:
             "expected_bytes": self.expected_bytes,
             "measured_peak_bytes": self.measured_peak_bytes,
         }
-
-
-_PLAN_OP = {"all-reduce": "all_reduce", "reduce-scatter": "reduce_scatter", "all-gather": "all_gather"}
-_PLAN_OP |= {"all-to-all": "all_to_all", "send-recv": SEND_RECV}
-
-
-def compare_collectives(rs: RankSteps, plan: Plan) -> tuple[CollectiveComparison, ...]:
-    """Bytes and count per step of every (axis, op) in the plan or the records."""
-    expected: dict[tuple[str, str], tuple[float, int]] = {}
-    for c in plan.collectives:
-        key = (c.axis, _PLAN_OP.get(c.op.value, c.op.value))
-        total, count = expected.get(key, (0.0, 0))
-        expected[key] = (total + float(c.message_bytes) * c.count_per_step, count + c.count_per_step)
-    measured = _measured_collectives(rs)
-    keys = sorted(set(expected) | set(measured), key=lambda k: (AXES.index(k[0]) if k[0] in AXES else 9, k[1]))
-    out = []
-    for key in keys:
-        e_total, e_count = expected.get(key, (0.0, 0))
-        m_bytes, m_count = measured.get(key, (None, None))
-        out.append(
-            CollectiveComparison(
-                axis=key[0],
-                op=key[1],
-                expected_message_bytes=e_total / e_count if e_count else None,
-                measured_message_bytes=m_bytes,
-                expected_count_per_step=e_count if key in expected else None,
-                measured_count_per_step=m_count,
-            )
-        )
-    return tuple(out)
-
-
-def _measured_collectives(rs: RankSteps) -> dict[tuple[str, str], tuple[float | None, float]]:
-    iv = rs.breakdown.table.intervals
-    n = rs.breakdown.table.n_rows
-    net = np.flatnonzero(iv.kind >= COMM_CODE)
-    if net.size == 0:
-        return {}
-    is_p2p = iv.kind[net] == P2P_CODE
-    op = np.where(is_p2p, len(OPS), iv.op[net].astype(np.int64))  # every send/recv under one code
-    key = iv.axis[net].astype(np.int64) * (len(OPS) + 1) + op
-    send = OPS.index(next(o for o in OPS if o.value == "send"))
-    out: dict[tuple[str, str], tuple[float | None, float]] = {}
-    for k in np.unique(key).tolist():
-        sel = net[key == k]
-        axis, code = divmod(int(k), len(OPS) + 1)
-        name = SEND_RECV if code == len(OPS) else OPS[code].value
-        if code == len(OPS):
-            sends = iv.op[sel] == send
-            per_row = np.maximum(
-                np.bincount(iv.row[sel[sends]], minlength=n), np.bincount(iv.row[sel[~sends]], minlength=n)
-            )
-        else:
-            per_row = np.bincount(iv.row[sel], minlength=n)
-        size = iv.size_bytes[sel]
-        size = size[size >= 0]
-        out[(AXES[axis].value, name)] = (
-            float(size.mean()) if size.size else None,
-            float(np.median(per_row[per_row > 0])),
-        )
-    return out
 
 
 def compare_memory(rs: RankSteps, plan: Plan) -> tuple[MemoryComparison, ...]:

@@ -424,13 +424,96 @@ def _suspect_cell(suspect: Mapping[str, Any] | None) -> str:
 def _expected_vs_measured(analysis: Mapping[str, Any]) -> str:
     evm = analysis.get("expected_vs_measured") or {}
     parts = []
-    for key, title in (("collectives", "Collective bytes per axis"), ("memory", "Memory per pipeline stage")):
-        rows = evm.get(key) or []
-        if rows:
-            parts.append(_record_table(rows, title))
-        else:
-            parts.append(f'<h3>{_e(title)}</h3><p class="muted">Nothing to compare (no plan or no measurement).</p>')
+    collectives = evm.get("collectives") or []
+    title = "Collective bytes per GPU per step, by pipeline stage"
+    if collectives and all("expected_bytes_per_step" in r for r in collectives):
+        parts.append(_collectives_table(collectives, title))
+    elif collectives:  # an analysis dict of an older shape: show what it has
+        parts.append(_record_table(collectives, title))
+    else:
+        parts.append(f'<h3>{_e(title)}</h3><p class="muted">Nothing to compare (no plan or no measurement).</p>')
+    exact = evm.get("collectives_by_size") or []
+    if exact:
+        parts.append(_record_table(exact, "Collectives per stage and message size: instances per step (meshscope run)"))
+    memory = evm.get("memory") or []
+    title = "Memory per pipeline stage"
+    if memory:
+        parts.append(_record_table(memory, title))
+    else:
+        parts.append(f'<h3>{_e(title)}</h3><p class="muted">Nothing to compare (no plan or no measurement).</p>')
     return f"<section><h2>Expected vs measured</h2>{''.join(parts)}</section>"
+
+
+_STATUS_CELL = {
+    "match": ("match", ""),
+    "differs": ("differs", "worse"),
+    "partial_sizes": ("some intervals carry no bytes", "worse"),
+    "no_sizes": ("no sizes recorded", "muted"),
+    "plan_only": ("not in the records", "worse"),
+    "records_only": ("not in the plan", "worse"),
+}
+
+
+def _collectives_table(rows: Sequence[Mapping[str, Any]], title: str) -> str:
+    """The per-stage collectives table of ``Analysis.to_dict()`` (docs/cost-table.md, "Expected vs measured").
+
+    Over :data:`_MAX_TABLE_ROWS` rows, the rows that do not match are kept first (in table order) and the matching
+    ones left out are counted.
+    """
+    keep = list(range(len(rows)))
+    if len(rows) > _MAX_TABLE_ROWS:
+        off = [i for i, r in enumerate(rows) if r.get("status") != "match"]
+        fill = [i for i, r in enumerate(rows) if r.get("status") == "match"]
+        keep = sorted((off + fill)[:_MAX_TABLE_ROWS])
+    body = []
+    for i in keep:
+        r = rows[i]
+        text, cls = _STATUS_CELL.get(str(r.get("status")), (str(r.get("status")), ""))
+        share = _num(r.get("share_of_rank_steps"))
+        if share is not None and share < 1.0:
+            text += f", on {percent(share)} of rank-steps"
+        low, high = _num(r.get("measured_min_bytes_per_step")), _num(r.get("measured_max_bytes_per_step"))
+        if low is not None and high is not None and low != high:
+            text += f"; rank-steps differ: {human_bytes(low)} to {human_bytes(high)}"
+        delta = _num(r.get("delta_bytes_per_step"))
+        delta_text = "–" if delta is None else ("+" if delta > 0 else "") + human_bytes(delta)
+        cells = [
+            f'<td class="num">{_e(r.get("pp_rank"))}</td>',
+            f"<td>{_e(r.get('axis'))}</td>",
+            f"<td>{_e(r.get('op'))}</td>",
+            f'<td class="num">{_e(_fmt_key("bytes", r.get("expected_bytes_per_step")))}</td>',
+            f'<td class="num">{_e(_fmt_key("bytes", r.get("measured_bytes_per_step")))}</td>',
+            f'<td class="num">{_ratio_cell(r.get("expected_bytes_per_step"), r.get("measured_bytes_per_step"))}</td>',
+            f'<td class="num">{_e(delta_text)}</td>',
+            f'<td class="num">{_e(_count_text(r.get("expected_count_per_step")))}</td>',
+            f'<td class="num">{_e(_count_text(r.get("measured_count_per_step")))}</td>',
+            f'<td class="num">{_e(_fmt_key("bytes", r.get("expected_message_bytes")))}</td>',
+            f'<td class="num">{_e(_fmt_key("bytes", r.get("measured_message_bytes")))}</td>',
+            f'<td class="{cls}">{_e(text)}</td>',
+        ]
+        body.append(f"<tr>{''.join(cells)}</tr>")
+    heads = ["stage", "axis", "op", "expected / step", "measured / step", "measured / expected", "delta / step"]
+    heads += ["count / step, plan", "count / step, records", "mean message, plan", "mean message, records"]
+    head = "".join(f'<th class="{"l" if h in {"axis", "op"} else ""}">{_e(h)}</th>' for h in heads)
+    head += '<th class="l">status</th>'
+    more = ""
+    if len(keep) < len(rows):
+        more = f'<p class="muted">{len(rows) - len(keep):,} matching rows left out.</p>'
+    return (
+        f"<h3>{_e(title)}</h3>"
+        '<p class="muted">Bytes are NCCL message sizes S (the array a call passes) summed over a step\'s instances on '
+        "one GPU, not the bus bytes a ring moves. Expected: the plan's message × count of the stage; measured: the "
+        "median over the stage's rank-steps of the summed <code>bytes</code> of its intervals (point-to-point: the "
+        "sends, or the receives where a stage records no send). Counts and mean messages differ from the plan's "
+        "when the recorder aggregates several collectives into one interval (the simulator records one per "
+        "collective phase); bytes per step do not.</p>"
+        f'<table class="evm"><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table>{more}'
+    )
+
+
+def _count_text(value: object) -> str:
+    v = _num(value)
+    return "–" if v is None else f"{v:,g}"
 
 
 def _flatten(row: Mapping[str, Any]) -> dict[str, Any]:

@@ -368,23 +368,33 @@ def test_expected_column_maps_the_plan() -> None:
     assert a.world_size == 8
 
 
-def test_expected_vs_measured_collectives_and_memory() -> None:
+def test_expected_vs_measured_collectives_per_stage_and_memory() -> None:
     spec = load_spec_text(SPEC)
     plan = plan_job(spec)
     a = analyze(RecordTable.from_records(spec_records()), spec=spec)
-    by_key = {(c.axis, c.op): c for c in a.collectives}
-    tp = by_key[("tp", "all_reduce")]
-    assert tp.measured_message_bytes == 32 << 20
-    assert tp.measured_count_per_step == 1
-    planned = [c for c in plan.collectives if c.axis == "tp" and c.op.value == "all-reduce"]
-    assert tp.expected_count_per_step == sum(c.count_per_step for c in planned)
-    dp = by_key[("dp", "reduce_scatter")]
-    assert (dp.measured_message_bytes, dp.measured_count_per_step) == (64 << 20, 1)
-    # The plan's pipeline sends have no records: measured stays None.
-    pp = by_key[("pp", "send_recv")]
-    assert pp.measured_message_bytes is None
-    assert pp.measured_count_per_step is None
-    assert pp.expected_count_per_step is not None
+    by_key = {(c.pp_rank, c.axis, c.op): c for c in a.collectives}
+    for stage in (0, 1):
+        # Every rank of the stage records one 32 MiB tp all-reduce: 32 MiB per step, where the plan has its own.
+        tp = by_key[(stage, "tp", "all_reduce")]
+        assert (tp.measured_bytes_per_step, tp.measured_count_per_step, tp.measured_message_bytes) == (
+            32 << 20,
+            1,
+            32 << 20,
+        )
+        planned = [c for c in plan.stages[stage].collectives if c.axis == "tp" and c.op.value == "all-reduce"]
+        assert tp.expected_bytes_per_step == sum(c.message_bytes * c.count_per_step for c in planned)
+        assert tp.expected_count_per_step == sum(c.count_per_step for c in planned)
+        assert tp.status == "differs"
+        assert tp.ratio == pytest.approx((32 << 20) / tp.expected_bytes_per_step)
+        # The records' reduce-scatter is not in the plan (no distributed optimizer: it all-reduces), and vice versa.
+        assert by_key[(stage, "dp", "reduce_scatter")].status == "records_only"
+        assert by_key[(stage, "dp", "reduce_scatter")].measured_bytes_per_step == 64 << 20
+        assert by_key[(stage, "dp", "all_reduce")].status == "plan_only"
+        # The plan's pipeline sends have no records: measured stays None.
+        pp = by_key[(stage, "pp", "send_recv")]
+        assert (pp.status, pp.measured_bytes_per_step, pp.measured_count_per_step) == ("plan_only", None, None)
+        assert pp.expected_count_per_step == 4  # 8 sequences over dp 2 = 4 micro-batches, one send each
+    assert [m for m in by_key if m[0] not in (0, 1)] == []
     assert [(m.pp_rank, m.measured_peak_bytes) for m in a.memory] == [(0, 40 << 30), (1, 41 << 30)]
     assert [m.expected_bytes for m in a.memory] == [s.memory.total_bytes for s in plan.stages]
 

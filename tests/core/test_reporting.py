@@ -68,16 +68,7 @@ def dp8_analysis(job: str = "dp8-straggler") -> dict:
             row("optimizer", "optimizer", 0.002, 0.002, 0.002, 0, 0.002, 0.043, 8.3),
         ],
         "expected_vs_measured": {
-            "collectives": [
-                {
-                    "axis": "dp",
-                    "op": "all_reduce",
-                    "expected_message_bytes": 8388608,
-                    "measured_message_bytes": 16777216,
-                    "expected_count_per_step": 1,
-                    "measured_count_per_step": 1,
-                }
-            ],
+            "collectives": [collective_row(expected=8 << 20, measured=16 << 20)],
             "memory": [{"pp_rank": 0, "expected_bytes": 64 << 30, "measured_peak_bytes": 48 << 30}],
         },
         "findings": [
@@ -90,6 +81,32 @@ def dp8_analysis(job: str = "dp8-straggler") -> dict:
             }
         ],
     }
+
+
+def collective_row(
+    *, stage: int = 0, axis: str = "dp", op: str = "all_reduce", expected: float | None, measured: float | None, **kw
+) -> dict:
+    """One ``expected_vs_measured.collectives`` row (docs/cost-table.md); one instance per step on both sides."""
+    both = expected is not None and measured is not None
+    row = {
+        "pp_rank": stage,
+        "axis": axis,
+        "op": op,
+        "expected_bytes_per_step": expected,
+        "measured_bytes_per_step": measured,
+        "ratio": measured / expected if both else None,
+        "delta_bytes_per_step": measured - expected if both else None,
+        "measured_min_bytes_per_step": measured,
+        "measured_max_bytes_per_step": measured,
+        "expected_count_per_step": None if expected is None else 1,
+        "measured_count_per_step": None if measured is None else 1,
+        "expected_message_bytes": expected,
+        "measured_message_bytes": measured,
+        "share_of_rank_steps": None if measured is None else 1.0,
+        "sized_share": None if measured is None else 1.0,
+        "status": "match" if both and measured == expected else "differs",
+    }
+    return row | kw
 
 
 def pp2_analysis() -> dict:
@@ -207,6 +224,90 @@ def test_sections_and_numbers_with_units():
     for cell in cells:
         plain = re.sub(r"<[^>]+>", "", cell).strip()
         assert plain == "–" or re.search(r"\d (ms|µs|s|%|GPU·h)(?!\w)", plain), plain
+
+
+def evm_rows(doc: str, title: str) -> list[list[str]]:
+    """The plain text of every cell of the expected-vs-measured table under ``title``, row by row."""
+    table = doc.split(f"<h3>{title}</h3>")[1].split("</table>", maxsplit=1)[0]
+    body = table.split("<tbody>")[1]
+    return [
+        [re.sub(r"<[^>]+>", "", cell).strip() for cell in re.findall(r"<td[^>]*>(.*?)</td>", tr)]
+        for tr in re.findall(r"<tr>(.*?)</tr>", body)
+    ]
+
+
+PER_STAGE = "Collective bytes per GPU per step, by pipeline stage"
+
+
+def test_collectives_per_stage_table_shows_bytes_counts_ratio_and_status():
+    table, bd = dp8()
+    analysis = dp8_analysis()
+    mib = 1 << 20
+    analysis["expected_vs_measured"]["collectives"] = [
+        collective_row(expected=8 * mib, measured=8 * mib),
+        collective_row(
+            stage=1,
+            axis="tp",
+            op="all_gather",
+            expected=64 * mib,
+            measured=56 * mib,
+            measured_min_bytes_per_step=0,
+            measured_max_bytes_per_step=64 * mib,
+            share_of_rank_steps=0.5,
+            expected_count_per_step=16,
+            measured_count_per_step=2,
+            expected_message_bytes=4 * mib,
+            measured_message_bytes=28 * mib,
+        ),
+        collective_row(stage=1, axis="pp", op="send_recv", expected=2 * mib, measured=None, status="plan_only"),
+        collective_row(stage=1, axis="ep", op="all_to_all", expected=4 * mib, measured=None, status="no_sizes")
+        | {"measured_count_per_step": 4},
+    ]
+    doc = render_report(table, bd, analysis)
+    parse(doc)
+    head = doc.split(f"<h3>{PER_STAGE}</h3>")[1].split("</thead>")[0]
+    for column in ("expected / step", "measured / step", "measured / expected", "delta / step", "status"):
+        assert column in head
+    assert "not the bus bytes" in doc
+    rows = evm_rows(doc, PER_STAGE)
+    assert rows[0] == ["0", "dp", "all_reduce", "8.00 MiB", "8.00 MiB", "1.00×", "0 B", "1", "1", "8.00 MiB",
+                       "8.00 MiB", "match"]  # fmt: skip
+    assert rows[1][:11] == ["1", "tp", "all_gather", "64.00 MiB", "56.00 MiB", "0.88×", "-8.00 MiB", "16", "2",
+                            "4.00 MiB", "28.00 MiB"]  # fmt: skip
+    assert rows[1][11] == "differs, on 50.0 % of rank-steps; rank-steps differ: 0 B to 64.00 MiB"
+    assert rows[2][3:5] == ["2.00 MiB", "–"]
+    assert rows[2][11] == "not in the records"
+    assert rows[3][7:9] == ["1", "4"]  # the records ran it, without sizes
+    assert rows[3][11] == "no sizes recorded"
+    assert '<td class="worse">differs' in doc
+
+
+def test_collectives_per_stage_table_over_the_limit_keeps_every_row_that_differs():
+    table, bd = dp8()
+    analysis = dp8_analysis()
+    rows = [collective_row(stage=s, expected=1 << 20, measured=1 << 20) for s in range(250)]
+    for s in (3, 120, 249):
+        rows[s] = collective_row(stage=s, expected=1 << 20, measured=2 << 20)
+    analysis["expected_vs_measured"]["collectives"] = rows
+    doc = render_report(table, bd, analysis)
+    shown = evm_rows(doc, PER_STAGE)
+    assert len(shown) == 200
+    assert [r[0] for r in shown if r[-1] == "differs"] == ["3", "120", "249"]
+    assert [int(r[0]) for r in shown] == sorted(int(r[0]) for r in shown)  # still in stage order
+    assert "50 matching rows left out." in doc
+
+
+def test_a_runs_exact_table_by_message_size_is_shown_beside_the_bytes():
+    table, bd = dp8()
+    analysis = dp8_analysis()
+    analysis["expected_vs_measured"]["collectives_by_size"] = [
+        {"stage": 0, "axis": "dp", "op": "all_reduce", "message_bytes": 8 << 20, "expected_count": 1,
+         "measured_count": 1, "match": True},
+    ]  # fmt: skip
+    doc = render_report(table, bd, analysis)
+    assert PER_STAGE in doc
+    exact = evm_rows(doc, "Collectives per stage and message size: instances per step (meshscope run)")
+    assert exact == [["0", "dp", "all_reduce", "8.00 MiB", "1", "1", "yes", "1.00×"]]
 
 
 def test_cost_table_has_one_row_per_category_with_its_suspect():
