@@ -32,9 +32,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from meshscope.breakdown import BUBBLE, COMPUTE, OPTIMIZER, SYNC_WAIT, TRANSFER, comm_category
+from meshscope.collectives import stage_traffic
 from meshscope.formatting import human_bytes, human_seconds, percent, render_table
 from meshscope.layout import AXES
-from meshscope.records import COMM_CODE, OPS, P2P_CODE
+from meshscope.records import OP_CODE, OPS, P2P_CODE
 from meshscope.spec import PipelineSchedule
 
 if TYPE_CHECKING:
@@ -243,7 +244,11 @@ class RunComparison:
         }
 
     def report_rows(self) -> dict[str, list[dict[str, Any]]]:
-        """Rows for the HTML report's expected-vs-measured tables (``collectives`` and ``memory``)."""
+        """Rows for the HTML report's expected-vs-measured tables.
+
+        ``collectives_by_size`` goes beside the analysis' per-stage bytes (``collectives``); ``memory`` (model state
+        and activations) replaces the analysis' job-wide peak per stage.
+        """
         collectives = [
             {
                 "stage": c.pp_rank,
@@ -274,7 +279,7 @@ class RunComparison:
             }
             for a in self.activations
         ]
-        return {"collectives": collectives, "memory": memory}
+        return {"collectives_by_size": collectives, "memory": memory}
 
     def render(self) -> str:
         """The comparison for people: four tables and the notes; every number with its unit."""
@@ -428,27 +433,23 @@ def _collectives(analysis: Analysis, plan: Plan, notes: list[str]) -> tuple[Coll
     stage_of_row = _stage_of_row(analysis)
     first_step = int(steps.step.min())
     later = steps.step > first_step
-    # measured: (stage, axis, op, size or -1) -> count per row
-    net = np.flatnonzero(iv.kind >= COMM_CODE)
-    send_code = next(i for i, o in enumerate(OPS) if o.value == "send")
-    recv_code = next(i for i, o in enumerate(OPS) if o.value == "recv")
-    counts: dict[tuple[int, str, str, int], NDArray[np.int64]] = {}
-    sizes: dict[tuple[int, str, str, int], list[int]] = defaultdict(list)
-    recv_mismatch = 0
-    for i in net.tolist():
-        op_code = int(iv.op[i])
-        if op_code == recv_code and int(iv.kind[i]) == P2P_CODE:
-            continue
-        row = int(iv.row[i])
+    # measured: (stage, axis, op, size or -1) -> the stage's rank-steps and the key's count in each (vectorised)
+    send_code, recv_code = OP_CODE["send"], OP_CODE["recv"]
+    traffic = stage_traffic(table, stage_of_row, split_sizes_except=_VARIABLE_SIZE_OPS)
+    counts: dict[tuple[int, str, str, int], tuple[NDArray[np.intp], NDArray[np.int64]]] = {}
+    mean_size: dict[tuple[int, str, str, int], float] = {}
+    for j in range(len(traffic)):
+        op_code = int(traffic.op[j])
+        if op_code == recv_code:
+            continue  # a receive is the neighbour's send
         op = OPS[op_code].value
-        size = int(iv.size_bytes[i])
-        key_size = -1 if op in _VARIABLE_SIZE_OPS else size
-        key = (int(stage_of_row[row]), AXES[int(iv.axis[i])].value, op, key_size)
-        if key not in counts:
-            counts[key] = np.zeros(table.n_rows, dtype=np.int64)
-        counts[key][row] += 1
-        if key_size < 0 and size >= 0:
-            sizes[key].append(size)
+        key = (int(traffic.pp_rank[j]), AXES[int(traffic.axis[j])].value, op, int(traffic.size_bytes[j]))
+        seg = traffic.segment(j)
+        counts[key] = (traffic.rows[seg], traffic.count[seg])
+        n_sized = int(traffic.sized[seg].sum())
+        if op in _VARIABLE_SIZE_OPS and n_sized:
+            mean_size[key] = float(traffic.total_bytes[seg].sum()) / n_sized
+    recv_mismatch = 0
     p2p = np.flatnonzero(iv.kind == P2P_CODE)
     if p2p.size:
         n_sends = int(np.count_nonzero(iv.op[p2p] == send_code))
@@ -473,28 +474,29 @@ def _collectives(analysis: Analysis, plan: Plan, notes: list[str]) -> tuple[Coll
     )
     for key in keys:
         pp_rank, axis, op, size = key
-        mine = stage_of_row == pp_rank
-        per_row = counts.get(key)
+        measured_rows = counts.get(key)
         measured: float | None = None
         first: int | None = None
         share = 1.0
-        if per_row is not None:
-            steady = per_row[mine & later] if (mine & later).any() else per_row[mine]
+        if measured_rows is not None:
+            rows, per_row = measured_rows  # every rank-step of the stage
+            steady_rows = later[rows]
+            steady = per_row[steady_rows] if steady_rows.any() else per_row
             present = steady[steady > 0]
             share = present.size / steady.size if steady.size else 0.0
             # On every rank-step (deterministic collectives): the median over all; on some: over those that ran it.
             measured = (
                 float(np.median(steady)) if share == 1.0 else (float(np.median(present)) if present.size else None)
             )
-            first_rows = per_row[mine & ~later]
+            first_rows = per_row[~steady_rows]
             first = int(np.median(first_rows)) if first_rows.size else None
         exp = expected.get(key)
         message: float = float(size)
         measured_mean: float | None = None
         if size < 0:
             e_total, e_n = expected_mean.get(key, (0.0, 0))
-            message = e_total / e_n if e_n else float(np.mean(sizes[key])) if sizes.get(key) else 0.0
-            measured_mean = float(np.mean(sizes[key])) if sizes.get(key) else None
+            message = e_total / e_n if e_n else mean_size.get(key, 0.0)
+            measured_mean = mean_size.get(key)
         out.append(
             CollectiveCheck(
                 pp_rank=pp_rank,
@@ -544,9 +546,11 @@ def _explain_collectives(
             measured += f" on {percent(c.share_of_rank_steps)} of the stage's rank-steps"
         if c.op in _VARIABLE_SIZE_OPS:
             notes.append(
-                f"{what} (mean): {planned}, {measured} of mean {human_bytes(c.measured_message_bytes or 0)}: the "
-                "router's uneven splits change the sizes, and exchanges of token counts and expert ids (metadata the "
-                "planner does not model) add instances"
+                f"{what} (mean): {planned}, {measured} of mean {human_bytes(c.measured_message_bytes or 0)}: "
+                "all-to-all messages follow the router's uneven splits on each rank-step, so they are compared by "
+                "count and by their mean over the stage; the plan counts Megatron-core's alltoall dispatcher (per "
+                "MoE layer and micro-batch: tokens out and back and the routing probabilities with them, forward and "
+                "backward), and a dispatcher that exchanges other metadata by all-to-all adds instances"
             )
         else:
             reason = ""
@@ -555,25 +559,32 @@ def _explain_collectives(
             notes.append(f"{what}: {planned}, {measured}{reason}")
 
 
+_CP_COMM_TYPE_OF_OP = {"send": "p2p", "all_gather": "all_gather", "reduce_scatter": "all_gather", "all_to_all": "a2a"}
+"""Which context-parallel communication type (``spec.parallelism.cpCommType``) runs each cp operation."""
+
+
 def _explain_context_parallel(checks: list[CollectiveCheck], notes: list[str], *, cp: int) -> None:
-    """All-gather-based context parallelism measured where the plan has the ring: compare the bytes each moves."""
+    """Context parallelism that ran another ``cpCommType`` than the plan's: name both, their bytes, and the fix."""
     for stage in sorted({c.pp_rank for c in checks if c.axis == "cp"}):
         mine = [c for c in checks if c.pp_rank == stage and c.axis == "cp"]
-        gathered = [c for c in mine if c.op in {"all_gather", "reduce_scatter"} and c.measured_count_per_step]
-        ring = [c for c in mine if c.op == "send" and c.expected_count_per_step]
-        if not gathered or not ring:
+        planned = {_CP_COMM_TYPE_OF_OP.get(c.op) for c in mine if c.expected_count_per_step}
+        ran = {_CP_COMM_TYPE_OF_OP.get(c.op) for c in mine if c.measured_count_per_step}
+        if len(planned) != 1 or len(ran) != 1 or planned == ran:
             continue
-        measured = sum((c.measured_count_per_step or 0) * c.message_bytes * (cp - 1) / cp for c in gathered)
-        planned = sum((c.expected_count_per_step or 0) * c.message_bytes for c in ring)
-        forward = sum((c.measured_count_per_step or 0) * c.message_bytes * (cp - 1) / cp for c in gathered
-                      if c.op == "all_gather")  # fmt: skip
+
+        def moved(rows: list[CollectiveCheck], *, measured: bool) -> float:
+            total = 0.0
+            for c in rows:
+                count = c.measured_count_per_step if measured else c.expected_count_per_step
+                size = (c.measured_message_bytes or c.message_bytes) if measured else c.message_bytes
+                total += (count or 0) * size * (1.0 if c.op == "send" else (cp - 1) / cp)
+            return total
+
         notes.append(
-            f"stage {stage} cp: the plan models ring attention (Megatron's cp_comm_type 'p2p': "
-            f"{sum(c.expected_count_per_step or 0 for c in ring)} K/V chunk sends per step, cp - 1 per layer forward "
-            "and 2(cp - 1) backward); the job all-gathers K and V in forward and reduce-scatters their gradients "
-            f"in backward (cp_comm_type 'all_gather'): {human_bytes(measured)} per GPU per step against the ring's "
-            f"{human_bytes(planned)}. Forward moves the same bytes ({human_bytes(forward)}); backward sends no K/V "
-            "again because the gathered K and V stay in memory, which is also why its activations exceed the plan"
+            f"stage {stage} cp: the plan models cpCommType {planned.pop()!r}, but the job's context-parallel "
+            f"collectives are those of {ran.pop()!r} ({human_bytes(moved(mine, measured=True))} per GPU per step "
+            f"against the plan's {human_bytes(moved(mine, measured=False))}); declare the type the job runs in "
+            "spec.parallelism.cpCommType (docs/planner.md, Collectives)"
         )
 
 

@@ -33,6 +33,7 @@ from meshscope.models import MoEConfig, PositionEmbedding, lookup_model
 from meshscope.plan import PlanAssumptions
 from meshscope.plan.flops import layer_forward_flops, logits_forward_flops
 from meshscope.spec import (
+    CpCommType,
     JobSpec,
     ParallelismConfig,
     PipelineSchedule,
@@ -161,6 +162,11 @@ class TinyJob:
     """``fsdp`` (FSDP2 fully_shard per block + root: ZeRO stage 3) or ``ddp`` (one gradient all-reduce)."""
     schedule: str = "1f1b"
     """Pipeline schedule: ``1f1b`` or ``gpipe``."""
+    cp_comm_type: str = CpCommType.P2P.value
+    """How the script's context parallelism exchanges keys and values (a :class:`~meshscope.spec.CpCommType` value;
+    ``train_tiny`` runs ``all_gather``)."""
+    sequence_parallel: bool = False
+    """Megatron sequence parallelism (``train_tiny`` turns it on for MoE with tp > 1, as Megatron-core requires)."""
 
     def to_dict(self) -> dict[str, Any]:
         """JSON form (what the SDK sends)."""
@@ -173,6 +179,8 @@ class TinyJob:
             "experts": self.experts,
             "data_parallel": self.data_parallel,
             "schedule": self.schedule,
+            "cp_comm_type": self.cp_comm_type,
+            "sequence_parallel": self.sequence_parallel,
         }
 
     @classmethod
@@ -192,6 +200,8 @@ class TinyJob:
                 experts=int(data.get("experts", TINY_EXPERTS)),
                 data_parallel=str(data.get("data_parallel", "fsdp")),
                 schedule=str(data.get("schedule", "1f1b")),
+                cp_comm_type=str(data.get("cp_comm_type", CpCommType.P2P.value)),
+                sequence_parallel=bool(data.get("sequence_parallel", False)),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise SpecError(
@@ -203,6 +213,11 @@ class TinyJob:
             raise SpecError("job description", f"micro-batch size and count must be >= 1 in {data!r}")
         if job.data_parallel not in {"fsdp", "ddp"} or job.schedule not in {"1f1b", "gpipe"}:
             raise SpecError("job description", f"unknown data parallelism or schedule in {data!r}")
+        kinds = [c.value for c in CpCommType]
+        if job.cp_comm_type not in kinds:
+            raise SpecError(
+                "job description", f"cp_comm_type {job.cp_comm_type!r} is not one of {', '.join(kinds)} in {data!r}"
+            )
         return job
 
 
@@ -218,11 +233,13 @@ def tiny_job_spec(
         name: job name.
 
     Raises:
-        SpecError: for a layout train_tiny cannot run (ep without MoE).
+        SpecError: for a layout train_tiny cannot run (ep without MoE, sequence parallelism without tp).
     """
     model = tiny_model(moe=job.moe, experts=job.experts)
     if layout.ep > 1 and not job.moe:
         raise SpecError("job description", f"ep={layout.ep} needs the MoE model (train_tiny --moe)")
+    if job.sequence_parallel and layout.tp == 1:
+        raise SpecError("job description", "sequence parallelism needs tp > 1, but the run's layout has tp=1")
     per_node = gpus_per_node or layout.world_size
     block_ms = job.block_ms if job.block_ms is not None else DEMO_BLOCK_MS
     peak = emulated_peak_flops_per_s(model, layout, micro_batch_size=job.micro_batch_size, block_ms=block_ms)
@@ -239,7 +256,11 @@ def tiny_job_spec(
     return JobSpec(
         name=name,
         model=model,
-        parallelism=ParallelismConfig(layout=layout),
+        parallelism=ParallelismConfig(
+            layout=layout,
+            sequence_parallel=job.sequence_parallel,
+            cp_comm_type=CpCommType(job.cp_comm_type),
+        ),
         training=training,
         hardware=emulated_hardware(peak, world_size=layout.world_size, gpus_per_node=per_node),
     )

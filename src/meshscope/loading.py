@@ -35,6 +35,7 @@ from meshscope.layout import DEFAULT_ORDER, ParallelLayout, parse_order
 from meshscope.models import PRESETS, Activation, MLAConfig, ModelConfig, MoEConfig, Norm, PositionEmbedding
 from meshscope.spec import (
     AttentionImpl,
+    CpCommType,
     JobSpec,
     MonitoringConfig,
     ParallelismConfig,
@@ -47,6 +48,7 @@ from meshscope.spec import (
 from meshscope.validation import (
     check_batch,
     check_context_parallel,
+    check_cp_comm_type,
     check_experts,
     check_ffn,
     check_heads,
@@ -81,7 +83,7 @@ SECTION_KEYS: Final[Mapping[str, tuple[str, ...]]] = {
     "spec.model.moe": ("experts", "topK", "expertFfnHiddenSize", "sharedExperts", "denseLayers", "routerBias"),
     "spec.model.mla": ("qLoraRank", "kvLoraRank", "qkHeadDim", "qkRopeHeadDim", "vHeadDim"),
     "spec.parallelism": _keys(
-        "dp tp pp cp ep etp vpp sequenceParallel rankOrder accountForEmbeddingInPipelineSplit "
+        "dp tp pp cp ep etp vpp sequenceParallel cpCommType rankOrder accountForEmbeddingInPipelineSplit "
         "accountForLossInPipelineSplit"
     ),
     "spec.training": _keys(
@@ -499,6 +501,7 @@ def _job_spec(spec: _Section, *, name: str, namespace: str) -> JobSpec:
     check_heads(model, parallelism.layout)
     check_ffn(model, parallelism.layout)
     check_context_parallel(model, parallelism.layout)
+    check_cp_comm_type(model, parallelism)
     check_experts(model, parallelism.layout)
     check_pipeline_split(model, parallelism)
     training = _training(_required_section(spec, "training"), parallelism)
@@ -823,6 +826,7 @@ def _parallelism(sec: _Section, hardware: HardwareConfig) -> ParallelismConfig:
     config = ParallelismConfig(
         layout=layout,
         sequence_parallel=sequence_parallel,
+        cp_comm_type=sec.enum("cpCommType", CpCommType) or CpCommType.P2P,
         account_for_embedding_in_pipeline_split=bool(sec.boolean("accountForEmbeddingInPipelineSplit")),
         account_for_loss_in_pipeline_split=bool(sec.boolean("accountForLossInPipelineSplit")),
     )

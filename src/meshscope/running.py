@@ -657,7 +657,10 @@ def _cmd_run(args: argparse.Namespace, *, report: Callable[[RunOutcome], int] | 
 
 
 def demo_layout(*, cp: bool = False, ep: bool = False, imbalance: bool = False) -> ParallelLayout:
-    """The demo's 8-rank layout: pp=2, dp=2, tp=2; ``cp`` swaps dp for cp=2; ``ep`` adds ep=2 (MoE).
+    """The demo's 8-rank layout: pp=2, dp=2, tp=2; ``cp`` swaps dp for cp=2; ``ep`` adds ep=2 (MoE) with etp=1.
+
+    ``train_tiny`` runs experts without tensor parallelism (etp=1: Megatron-core's expert rank generator then puts
+    each tp pair in one ep group), docs/expected-vs-measured.md §4.
 
     With ``imbalance`` tp gives way to data parallelism (pp=2, dp=4; with ``cp``: pp=2, dp=2, cp=2): a replica with
     more tokens can only be told from a majority of normal replicas (docs/cost-table.md, "What can be identified").
@@ -665,7 +668,7 @@ def demo_layout(*, cp: bool = False, ep: bool = False, imbalance: bool = False) 
     tp = 1 if imbalance else 2
     cp_degree = 2 if cp else 1
     dp = 8 // (2 * tp * cp_degree)
-    return ParallelLayout(dp=dp, cp=cp_degree, tp=tp, pp=2, ep=2 if ep else 1)
+    return ParallelLayout(dp=dp, cp=cp_degree, tp=tp, pp=2, ep=2 if ep else 1, etp=1 if ep else None)
 
 
 def demo_settings(

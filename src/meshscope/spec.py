@@ -45,6 +45,26 @@ class AttentionImpl(StrEnum):
     """Unfused: scores, softmax and dropout mask (``5as^2b`` bytes per layer) are kept unless recomputed."""
 
 
+class CpCommType(StrEnum):
+    """How context parallelism exchanges keys and values: Megatron-core's ``cp_comm_type``, run by Transformer Engine.
+
+    Megatron-core ``TransformerConfig.cp_comm_type`` (``--cp-comm-type``, default ``p2p``); Transformer Engine
+    ``transformer_engine/pytorch/attention/dot_product_attention/context_parallel.py`` implements each. Megatron's
+    hierarchical ``a2a+p2p`` is not modelled.
+    """
+
+    P2P = "p2p"
+    """Ring attention (``AttnFuncWithCPAndKVP2P``): K/V chunks travel around the cp ring by send/recv, overlapped
+    with the attention of the chunk in hand; backward sends K/V again with the accumulated dK/dV."""
+    ALL_GATHER = "all_gather"
+    """``AttnFuncWithCPAndKVAllGather`` (Llama 3 §3.3.2): all-gather K and V before attention; backward gathers them
+    again and reduce-scatters dK and dV. Only the local K and V are kept for backward. Not overlapped."""
+    A2A = "a2a"
+    """DeepSpeed-Ulysses (``AttnFuncWithCPAndQKVOA2A``): all-to-all Q, K, V from sequence- to head-sharded, attention
+    over the whole sequence on ``heads/cp`` heads, all-to-all of the output back; backward mirrors them. Needs the
+    heads on each tensor-parallel rank (query and key/value) divisible by cp."""
+
+
 class PipelineSchedule(StrEnum):
     """Pipeline schedule."""
 
@@ -61,6 +81,8 @@ class ParallelismConfig:
     """Degrees, virtual stages and rank order."""
     sequence_parallel: bool = False
     """Megatron sequence parallelism: norms and dropout sharded over tp, all-reduce -> reduce-scatter + all-gather."""
+    cp_comm_type: CpCommType = CpCommType.P2P
+    """How context parallelism exchanges keys and values (Megatron-core's ``cp_comm_type``); unused when cp is 1."""
     account_for_embedding_in_pipeline_split: bool = False
     """Megatron's ``--account-for-embedding-in-pipeline-split``: the input embedding counts as one layer when layers
     are split over the ``pp*vpp`` model chunks, so the first chunk holds one transformer layer less. With both this

@@ -12,7 +12,7 @@ import math
 from typing import TYPE_CHECKING
 
 from meshscope.errors import SpecError
-from meshscope.spec import PipelineSchedule
+from meshscope.spec import CpCommType, PipelineSchedule
 
 if TYPE_CHECKING:
     from meshscope.layout import ParallelLayout
@@ -33,6 +33,7 @@ def check_job(spec: JobSpec) -> None:
     check_heads(spec.model, layout)
     check_ffn(spec.model, layout)
     check_context_parallel(spec.model, layout)
+    check_cp_comm_type(spec.model, spec.parallelism)
     check_experts(spec.model, layout)
     check_pipeline_split(spec.model, spec.parallelism)
     training = spec.training
@@ -94,6 +95,30 @@ def check_context_parallel(model: ModelConfig, layout: ParallelLayout) -> None:
             f"each sequence into 2*cp chunks for load balance; use cp among "
             f"{divisors_text(seq // 2) if seq % 2 == 0 else '1'}",
         )
+
+
+def check_cp_comm_type(model: ModelConfig, parallelism: ParallelismConfig) -> None:
+    """``a2a`` (Ulysses) context parallelism splits the heads of every tensor-parallel rank over cp.
+
+    Transformer Engine's ``AttnFuncWithCPAndQKVOA2A`` asserts ``num_heads % cp_size == 0`` for Q, K and V: the query
+    heads ``a/tp`` and the key/value heads ``max(g/tp, 1)`` of one tensor-parallel rank (Megatron replicates KV heads
+    when tp > kvHeads) must both divide by cp. MLA has as many key/value heads as query heads.
+    """
+    cp = parallelism.layout.cp
+    if cp == 1 or parallelism.cp_comm_type is not CpCommType.A2A:
+        return
+    tp = parallelism.layout.tp
+    heads = model.attention_heads // tp
+    kv_heads = heads if model.mla is not None else max(model.groups // tp, 1)
+    if heads % cp == 0 and kv_heads % cp == 0:
+        return
+    raise SpecError(
+        "spec.parallelism.cpCommType",
+        f"cpCommType a2a (Ulysses) scatters each tensor-parallel rank's heads over cp, but with tp={tp} a rank "
+        f"holds {heads} query and {kv_heads} key/value heads (attentionHeads {model.attention_heads}, kvHeads "
+        f"{model.groups}), not both divisible by cp ({cp}); use cp among {divisors_text(math.gcd(heads, kv_heads))}, "
+        f"or cpCommType p2p or all_gather",
+    )
 
 
 def check_experts(model: ModelConfig, layout: ParallelLayout) -> None:

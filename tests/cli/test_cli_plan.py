@@ -183,7 +183,7 @@ def test_demo_layouts() -> None:
 
     assert demo_layout() == ParallelLayout(pp=2, dp=2, tp=2)
     assert demo_layout(cp=True) == ParallelLayout(pp=2, cp=2, tp=2)
-    assert demo_layout(ep=True) == ParallelLayout(pp=2, dp=2, tp=2, ep=2)
+    assert demo_layout(ep=True) == ParallelLayout(pp=2, dp=2, tp=2, ep=2, etp=1)
     # an imbalance is identifiable only against a majority of normal replicas: dp gets the ranks
     assert demo_layout(imbalance=True) == ParallelLayout(pp=2, dp=4)
     settings = demo_settings(Path("out"), steps=3, ep=True, straggler="5:2")

@@ -23,7 +23,7 @@ from meshscope.hardware import CATALOGUE
 from meshscope.layout import parse_order
 from meshscope.loading import BOUNDS, SECTION_KEYS, spec_from_manifest
 from meshscope.models import PRESETS, Activation, Norm, PositionEmbedding
-from meshscope.spec import AttentionImpl, PipelineSchedule, Precision, Recompute
+from meshscope.spec import AttentionImpl, CpCommType, PipelineSchedule, Precision, Recompute
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -316,6 +316,7 @@ ENUMS = {
     "spec.model.activation": [a.value for a in Activation],
     "spec.model.norm": [n.value for n in Norm],
     "spec.model.positionEmbedding": [p.value for p in PositionEmbedding],
+    "spec.parallelism.cpCommType": [c.value for c in CpCommType],
     "spec.training.precision": [p.value for p in Precision],
     "spec.training.recompute": [r.value for r in Recompute],
     "spec.training.attention": [a.value for a in AttentionImpl],

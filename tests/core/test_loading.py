@@ -17,7 +17,7 @@ from meshscope.hardware import CATALOGUE, GB, TFLOPS, GiB
 from meshscope.layout import DEFAULT_ORDER, parse_order
 from meshscope.loading import SECTION_KEYS, load_spec, load_spec_text, spec_from_manifest
 from meshscope.models import PRESETS
-from meshscope.spec import JobSpec, Precision, TopologyConfig
+from meshscope.spec import CpCommType, JobSpec, Precision, TopologyConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
@@ -167,6 +167,7 @@ def test_defaults() -> None:
     assert (spec.layout.pp, spec.layout.cp, spec.layout.ep, spec.layout.vpp, spec.layout.etp) == (1, 1, 1, 1, None)
     assert spec.layout.order == DEFAULT_ORDER
     assert not spec.parallelism.sequence_parallel
+    assert spec.parallelism.cp_comm_type is CpCommType.P2P  # Megatron-core's --cp-comm-type default
     t = spec.training
     assert t.precision is Precision.BF16
     assert (t.recompute, t.attention, t.pipeline_schedule) == ("none", "flash", "1f1b")
@@ -181,6 +182,13 @@ def test_defaults() -> None:
     assert spec.topology == TopologyConfig()
     assert spec.monitoring.enabled
     assert spec.monitoring.sources == ("train", "dcgm", "nccl", "infiniband")
+
+
+@pytest.mark.parametrize("kind", list(CpCommType), ids=str)
+def test_cp_comm_type(kind: CpCommType) -> None:
+    # tp 2 leaves 32 query and 4 key/value heads per rank: every type fits cp 2.
+    spec = spec_from_manifest(manifest(parallelism={"tp": 2, "cp": 2, "pp": 4, "cpCommType": kind.value}))
+    assert spec.parallelism.cp_comm_type is kind
 
 
 def test_micro_batch_size_defaults_to_one() -> None:
@@ -449,6 +457,13 @@ ERRORS: list[tuple[str, dict[str, Any], str, list[str]]] = [
     ),
     ("ep-needs-moe", {"parallelism": {"tp": 1, "ep": 8}}, "spec.parallelism.ep", ["ep (8)", "'llama3-70b'"]),
     (
+        # Llama 3 70B: 64 heads, 8 KV heads; with tp 8 a rank holds 8 and 1, and Ulysses cannot split 1 head over 2.
+        "ulysses-needs-heads-divisible-by-cp",
+        {"parallelism": {"tp": 8, "cp": 2, "cpCommType": "a2a"}},
+        "spec.parallelism.cpCommType",
+        ["8 query and 1 key/value heads", "cp (2)", "use cp among 1", "p2p or all_gather"],
+    ),
+    (
         "sequence-parallel-needs-tp",
         {"parallelism": {"tp": 1, "sequenceParallel": True}},
         "spec.parallelism.sequenceParallel",
@@ -589,6 +604,13 @@ BAD_VALUES: list[tuple[str, str, Any, str, list[str]]] = [
         ["true or false"],
     ),
     ("int-for-string", "spec.model.preset", 7, "spec.model.preset", ["expected a string", "7"]),
+    (
+        "unknown-cp-comm-type",
+        "spec.parallelism.cpCommType",
+        "allgather",
+        "spec.parallelism.cpCommType",
+        ["'allgather'", "p2p, all_gather, a2a"],
+    ),
     (
         "unknown-precision",
         "spec.training.precision",

@@ -13,10 +13,10 @@ import pytest
 from builders import gpt_model
 from meshscope.hardware import default_hardware
 from meshscope.layout import ParallelLayout
-from meshscope.models import ModelConfig, MoEConfig
+from meshscope.models import ModelConfig, MoEConfig, PositionEmbedding
 from meshscope.placement import Link
 from meshscope.plan import CollectiveOp, CollectivePlan, Plan, PlanAssumptions, plan_job
-from meshscope.spec import JobSpec, ParallelismConfig, PipelineSchedule, TrainingConfig
+from meshscope.spec import CpCommType, JobSpec, ParallelismConfig, PipelineSchedule, TrainingConfig
 
 NONCAUSAL = PlanAssumptions(causal_attention=False)
 
@@ -156,11 +156,18 @@ def test_expert_tensor_parallel_gathers_routed_tokens():
     k, s, h, t = 2, 256, 1024, 2
     model = moe_model(experts=4, top_k=k, fe=512, h=h, s=s)
     plan = plan_job(job(model, ParallelLayout(tp=t, dp=2, ep=2), sp=True, global_batch_size=2))
-    ag = next(c for c in plan.collectives if c.group == "etp" and c.op is CollectiveOp.ALL_GATHER)
+    etp = {(c.op, c.message_bytes): c.count_per_step for c in plan.collectives if c.group == "etp"}
     # Each GPU holds s·b/t tokens (SP), k copies after dispatch; the etp all-gather assembles etp of them.
-    assert ag.message_bytes == t * k * (s // t) * h * 2
-    assert ag.count_per_step == 2 * 2  # forward + backward, 2 MoE layers, 1 micro-batch
-    assert ag.axis == "tp"
+    copies = t * k * (s // t)
+    # Megatron's alltoall dispatcher: tokens gathered, the expert output reduce-scattered (and the reverse in
+    # backward), 2 MoE layers, 1 micro-batch; the routing probabilities gathered forward, their gradients scattered.
+    assert etp == {
+        (CollectiveOp.ALL_GATHER, copies * h * 2): 2 * 2,
+        (CollectiveOp.REDUCE_SCATTER, copies * h * 2): 2 * 2,
+        (CollectiveOp.ALL_GATHER, copies * 2): 2,
+        (CollectiveOp.REDUCE_SCATTER, copies * 2): 2,
+    }
+    assert {c.axis for c in plan.collectives if c.group == "etp"} == {"tp"}
 
 
 def test_vocabulary_parallel_embedding_output_layer_and_cross_entropy_over_tp():
@@ -182,13 +189,45 @@ def test_vocabulary_parallel_embedding_output_layer_and_cross_entropy_over_tp():
         assert c.hiding_flops_per_step == 0
 
 
-def test_vocabulary_collectives_with_sequence_parallelism_scatter_and_gather():
-    model = gpt(layers=2, h=1024, a=16, s=512, tied=False)
-    plan = plan_job(job(model, ParallelLayout(tp=4), sp=True))
-    tp = tuple(c for c in plan.stages[0].collectives if c.axis == "tp")
-    assert only(tp, axis="tp", op=CollectiveOp.REDUCE_SCATTER, purpose="embedding output").count_per_step == 1
-    assert only(tp, axis="tp", op=CollectiveOp.ALL_GATHER, purpose="output-layer input").count_per_step == 1
-    assert only(tp, axis="tp", op=CollectiveOp.REDUCE_SCATTER, purpose="output-layer input").count_per_step == 1
+@pytest.mark.parametrize(
+    ("positions", "embedding_op"),
+    [(PositionEmbedding.LEARNED, CollectiveOp.ALL_REDUCE), (PositionEmbedding.ROTARY, CollectiveOp.REDUCE_SCATTER)],
+    ids=["learned-positions", "rotary"],
+)
+def test_vocabulary_collectives_with_sequence_parallelism(positions, embedding_op):
+    b, s, h, t = 1, 512, 1024, 4
+    model = replace(gpt(layers=2, h=h, a=16, s=s, tied=False), position_embedding=positions)
+    plan = plan_job(job(model, ParallelLayout(tp=t), sp=True))
+    tp = tuple(c for c in plan.stages[0].collectives if c.axis == "tp" and c.in_axis_ratio is False)
+    found = {(c.op, c.purpose.split(",")[0].split(" (")[0]): (c.message_bytes, c.count_per_step) for c in tp}
+    whole = b * s * h * 2
+    # Megatron LanguageModelEmbedding: learned positions are added after the word embedding, so it all-reduces and
+    # splits the sequence; rotary models reduce-scatter. Backward all-gathers the gradient either way.
+    assert found[(embedding_op, "vocabulary-parallel embedding output")] == (whole, 1)
+    assert found[(CollectiveOp.ALL_GATHER, "embedding output gradient")] == (whole, 1)
+    # The output layer is a sequence-parallel ColumnParallelLinear: gather forward, again for its weight gradient,
+    # reduce-scatter its input gradient.
+    assert found[(CollectiveOp.ALL_GATHER, "output-layer input")] == (whole, 1)
+    assert found[(CollectiveOp.ALL_GATHER, "output-layer input again")] == (whole, 1)
+    assert found[(CollectiveOp.REDUCE_SCATTER, "output-layer input gradient")] == (whole, 1)
+
+
+def test_sequence_parallel_all_reduces_the_gradients_of_the_parameters_every_tp_rank_holds():
+    big_l, h, t, f = 2, 1024, 4, 2816
+    model = llama(layers=big_l, h=h, f=f)  # RMSNorm: h weights per norm, two per layer, no biases
+    plan = plan_job(job(model, ParallelLayout(tp=t, pp=2), sp=True, global_batch_size=2))
+    first, last = (
+        only(st.collectives, axis="tp", op=CollectiveOp.ALL_REDUCE, purpose="sequence-parallel parameter")
+        for st in plan.stages
+    )
+    # One layer per stage: its 2 norms, fp32 main gradients (Megatron finalize_model_grads, once per step).
+    assert (first.message_bytes, first.count_per_step) == (2 * h * 4, 1)
+    assert last.message_bytes == (2 * h + h) * 4  # and the final norm
+    # ZeRO-3: only this GPU's shard of them.
+    sharded = plan_job(job(model, ParallelLayout(tp=t, dp=2), sp=True, global_batch_size=2, zero_stage=3))
+    ar = only(sharded, axis="tp", op=CollectiveOp.ALL_REDUCE, purpose="sequence-parallel parameter")
+    assert ar.message_bytes == (2 * big_l * h + h) * 4 // 2
+    assert not [c for c in plan_job(job(model, ParallelLayout(tp=t))).collectives if "sequence-parallel" in c.purpose]
 
 
 def test_no_vocabulary_collectives_without_tensor_parallelism():
@@ -383,13 +422,23 @@ def test_ep_all_to_all_reproduces_reference_1_7():
     fe, ep, k, s, h = 2048, 64, 2, 256, 1024
     model = moe_model(experts=64, top_k=k, fe=fe, h=h, s=s)
     plan = plan_job(job(model, ParallelLayout(dp=64, ep=ep), global_batch_size=64))
-    a2a = only(plan, axis="ep", op=CollectiveOp.ALL_TO_ALL)
+    a2a = only(plan, axis="ep", op=CollectiveOp.ALL_TO_ALL, purpose="token dispatch")
     assert a2a.message_bytes == s * k * h * 2  # T_loc·k·h bf16
     assert a2a.count_per_step == 4 * 2  # dispatch + combine, forward + backward, 2 MoE layers
     assert a2a.bytes_per_gpu_per_step == pytest.approx(8 * s * k * h * 2 * (ep - 1) / ep)
-    # 18·T·k·h·f_e ÷ 8·T·k·h·(ep-1)/ep = 2.25·f_e·ep/(ep-1) ≈ 4,681.
-    assert a2a.flops_per_byte == pytest.approx(2.25 * fe * ep / (ep - 1))
-    assert a2a.flops_per_byte == pytest.approx(4681, abs=0.5)
+    # Megatron-core >= 0.13 also sends each routed copy's probability with the dispatch (forward and backward) and
+    # all-gathers the token counts per expert (int64) first.
+    probs = only(plan, axis="ep", op=CollectiveOp.ALL_TO_ALL, purpose="routing probabilities")
+    assert (probs.message_bytes, probs.count_per_step) == (s * k * 2, 2 * 2)
+    counts = only(plan, axis="ep", op=CollectiveOp.ALL_GATHER, purpose="token counts")
+    assert (counts.message_bytes, counts.count_per_step, counts.group) == (ep * 64 * 8, 2, "tp-ep")
+    # 18·T·k·h·f_e ÷ 8·T·k·h·(ep-1)/ep = 2.25·f_e·ep/(ep-1) ≈ 4,681 for the tokens alone (reference §1.7); the
+    # probabilities (1/h of a token) lower it a little.
+    assert not counts.in_axis_ratio  # a synchronisation point, not routed data (like the vocabulary collectives)
+    tokens, probabilities = 8 * s * k * h, 2 * s * k * 2  # (both times the same bus factor (ep-1)/ep)
+    assert a2a.flops_per_byte == pytest.approx(2.25 * fe * ep / (ep - 1) * tokens / (tokens + probabilities))
+    assert 2.25 * fe * ep / (ep - 1) == pytest.approx(4681, abs=0.5)
+    assert a2a.flops_per_byte == pytest.approx(4681, rel=0.01)
     assert a2a.link is Link.NETWORK
     assert a2a.link_budget_flops_per_byte == pytest.approx(19_780)
     assert not a2a.hideable
@@ -408,19 +457,74 @@ def test_expert_gradients_reduce_over_expert_data_parallel():
 # ---------------------------------------------------------------------------------------------------- CP
 
 
+def cp_job(model: ModelConfig, layout: ParallelLayout, kind: CpCommType, **training: object) -> JobSpec:
+    spec = job(model, layout, **training)
+    return replace(spec, parallelism=replace(spec.parallelism, cp_comm_type=kind))
+
+
 def test_cp_ring_exchange_of_kv_chunks():
-    big_l, h, a, g, d, f, s, t, cp = 2, 1024, 16, 4, 64, 2816, 4096, 2, 4
+    big_l, h, a, g, d, f, s, t, cp = 2, 1024, 16, 4, 64, 2816, 4096, 2, 2
     plan = plan_job(job(llama(layers=big_l, s=s), ParallelLayout(tp=t, cp=cp), sp=True))
     ring = only(plan, axis="cp", op=CollectiveOp.SEND_RECV)
     # K and V of s/cp tokens, g/t heads of d each, bf16.
     assert ring.message_bytes == 2 * (s // cp) * (g // t) * d * 2
-    # cp-1 forward steps per layer, about twice that backward.
-    assert ring.count_per_step == 3 * (cp - 1) * big_l
+    # cp = 2: one step forward; backward sends K/V, then dK/dV.
+    assert ring.count_per_step == 3 * big_l
+    assert ring.overlap_fraction == pytest.approx(0.8)  # overlapped with the attention core (PlanAssumptions)
     # Hiding FLOPs: the GPU's layer FLOPs (projections, SwiGLU, causal attention core) ÷ the ring's bytes.
     tokens = s
     layer = 2 * tokens * (2 * h * a * d + 2 * h * g * d) + 2 * tokens * 3 * h * f + 2 * tokens * s * a * d
     flops = 3 * big_l * layer / (t * cp)
-    assert ring.flops_per_byte == pytest.approx(flops / (3 * (cp - 1) * big_l * ring.message_bytes))
+    assert ring.flops_per_byte == pytest.approx(flops / (3 * big_l * ring.message_bytes))
+
+
+def test_cp_ring_sends_kv_and_dkv_together_in_the_middle_of_backward():
+    # Transformer Engine's AttnFuncWithCPAndKVP2P with cp = 4: forward 3 K/V steps; backward 4 steps, the first K/V,
+    # the last dK/dV, the two between both in one message.
+    big_l, g, d, s, cp = 2, 4, 64, 4096, 4
+    plan = plan_job(job(llama(layers=big_l, s=s), ParallelLayout(cp=cp)))
+    kv = 2 * (s // cp) * g * d * 2
+    sends = {c.message_bytes: c.count_per_step for c in plan.collectives if c.axis == "cp"}
+    assert sends == {kv: (3 + 2) * big_l, 2 * kv: 2 * big_l}
+    # Same bytes as a ring that sends K/V cp-1 times forward and twice that backward.
+    moved = sum(c.bytes_per_gpu_per_step for c in plan.collectives if c.axis == "cp")
+    assert moved == pytest.approx(3 * (cp - 1) * big_l * kv)
+
+
+def test_cp_all_gather_gathers_kv_forward_and_backward_and_reduce_scatters_their_gradients():
+    big_l, b, m, g, d, s, t, cp = 2, 2, 3, 4, 64, 4096, 2, 4
+    layout = ParallelLayout(tp=t, cp=cp)
+    plan = plan_job(cp_job(llama(layers=big_l, s=s), layout, CpCommType.ALL_GATHER, micro_batch_size=b,
+                           global_batch_size=b * m))  # fmt: skip
+    gathered = b * s * (g // t) * d * 2  # one whole-sequence K (or V) of this GPU's KV heads, bf16
+    ag = only(plan, axis="cp", op=CollectiveOp.ALL_GATHER)
+    rs = only(plan, axis="cp", op=CollectiveOp.REDUCE_SCATTER)
+    assert (ag.message_bytes, ag.count_per_step) == (gathered, 4 * big_l * m)  # K, V; forward and backward
+    assert (rs.message_bytes, rs.count_per_step) == (gathered, 2 * big_l * m)  # dK, dV
+    assert ag.bus_factor == pytest.approx((cp - 1) / cp)
+    # Not async in Megatron-core: nothing hides it.
+    assert ag.exposed_seconds_per_step == pytest.approx(ag.expected_seconds_per_step)
+    assert not [c for c in plan.collectives if c.axis == "cp" and c.op is CollectiveOp.SEND_RECV]
+    # Only the local K and V are kept: the same activations as the ring.
+    ring = plan_job(job(llama(layers=big_l, s=s), layout, micro_batch_size=b, global_batch_size=b * m))
+    assert plan.stages[0].activations.total_bytes == ring.stages[0].activations.total_bytes
+
+
+def test_cp_a2a_all_to_alls_qkv_and_the_output_and_keeps_the_output_twice():
+    big_l, b, a, g, d, s, cp = 2, 1, 16, 4, 64, 4096, 4
+    layout = ParallelLayout(cp=cp)
+    plan = plan_job(cp_job(llama(layers=big_l, s=s), layout, CpCommType.A2A, micro_batch_size=b,
+                           global_batch_size=b))  # fmt: skip
+    local = s // cp * b
+    sizes = {c.message_bytes: c.count_per_step for c in plan.collectives if c.axis == "cp"}
+    # Q and the output (a heads), K and V (g heads): one all-to-all each forward, one each backward.
+    assert sizes == {local * a * d * 2: 4 * big_l, local * g * d * 2: 4 * big_l}
+    assert {c.op for c in plan.collectives if c.axis == "cp"} == {CollectiveOp.ALL_TO_ALL}
+    ring = plan_job(job(llama(layers=big_l, s=s), layout, micro_batch_size=b, global_batch_size=b))
+    extra = (
+        plan.stages[0].activations.per_microbatch_layers_bytes - ring.stages[0].activations.per_microbatch_layers_bytes
+    )
+    assert extra == pytest.approx(big_l * local * a * d * 2)  # the head-sharded output before the all-to-all back
 
 
 # ---------------------------------------------------------------------------------------------------- budgets

@@ -382,7 +382,9 @@ def test_context_parallel_divides_the_sequence():
 def test_moe_layer_activations():
     # Mixtral-like MoE layer, t=1, ep=4 (carved out of dp), no SP, flash, bf16, no dropout:
     #   norms, QKV input, MLP input: 2·4·sbh; attention: 2·sb·d·(2a + 2g)
-    #   router logits + probabilities: 2·2·sb·E; routed: k·sb token copies x 2·(2h + 3·f_e)
+    #   router (Megatron-core >= 0.13): softmax probabilities 2·sb·E, top-k experts and the sort by expert 2·8·sb·k
+    #   (int64); routed: k·sb token copies x 2·(h + 3·f_e + 1) (expert input; fc1 output, activation output; the
+    #   routing probability the weighted SwiGLU keeps)
     h, a, g, d, s, e_count, k, fe = 1024, 16, 4, 64, 2048, 8, 2, 3584
     moe = MoEConfig(experts=e_count, top_k=k, expert_ffn_hidden_size=fe)
     model = ModelConfig(
@@ -398,7 +400,8 @@ def test_moe_layer_activations():
     )
     got = _layer_bytes(model, ParallelLayout(dp=4, ep=4), sp=False)
     sb = s
-    expected = 2 * 4 * sb * h + 2 * sb * d * (2 * a + 2 * g) + 2 * 2 * sb * e_count + k * sb * 2 * (2 * h + 3 * fe)
+    router = 2 * sb * e_count + 2 * 8 * sb * k
+    expected = 2 * 4 * sb * h + 2 * sb * d * (2 * a + 2 * g) + router + k * sb * 2 * (h + 3 * fe + 1)
     assert got == pytest.approx(expected)
 
 

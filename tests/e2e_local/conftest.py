@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 try:
     import torch  # noqa: F401 - the demo extra; without it only the pure tests run
 except ImportError:
-    collect_ignore = ["test_faults.py", "test_clean_run.py"]
+    collect_ignore = ["test_faults.py", "test_clean_run.py", "test_variants.py"]
 
 STEPS = 5
 """Steps of every job: the first is warm-up, four are analysed."""
@@ -56,12 +56,15 @@ def run_demo_job(
     steps: int = STEPS,
     straggler: str | None = None,
     imbalance: str | None = None,
+    cp: bool = False,
+    ep: bool = False,
     extra: tuple[str, ...] = (),
 ) -> Run:
-    """``meshscope run`` of the demo job (``--report`` keeps the loss rank's losses) in a subprocess."""
+    """``meshscope run`` of the demo job (``--report`` keeps the loss rank's losses) in a subprocess; ``cp`` and
+    ``ep`` select the demo's context- and expert-parallel variants."""
     from meshscope.running import demo_settings, layout_text  # noqa: PLC0415
 
-    settings = demo_settings(out_dir, steps=steps, straggler=straggler, imbalance=imbalance)
+    settings = demo_settings(out_dir, steps=steps, straggler=straggler, imbalance=imbalance, cp=cp, ep=ep)
     command = [
         sys.executable, "-m", "meshscope", "run", "--nproc", str(settings.nproc), "--layout",
         layout_text(settings.layout), "--gpus-per-node", "4", "--job", "demo", "--out", str(out_dir), "--",
@@ -87,3 +90,15 @@ def tiny_run(tmp_path: Path) -> Callable[..., Run]:
 def clean_run(tmp_path_factory: pytest.TempPathFactory) -> Run:
     """The clean demo job (pp=2, dp=2, tp=2, nothing injected), run once per session."""
     return run_demo_job(tmp_path_factory.mktemp("clean") / "out")
+
+
+@pytest.fixture(scope="session")
+def cp_run(tmp_path_factory: pytest.TempPathFactory) -> Run:
+    """The demo's context-parallel variant (pp=2, cp=2, tp=2), run once per session."""
+    return run_demo_job(tmp_path_factory.mktemp("cp") / "out", cp=True)
+
+
+@pytest.fixture(scope="session")
+def ep_run(tmp_path_factory: pytest.TempPathFactory) -> Run:
+    """The demo's expert-parallel variant (pp=2, dp=2, tp=2, ep=2 with etp=1, MoE), run once per session."""
+    return run_demo_job(tmp_path_factory.mktemp("ep") / "out", ep=True)

@@ -15,7 +15,7 @@ from meshscope.errors import SpecError
 from meshscope.layout import ParallelLayout
 from meshscope.models import PositionEmbedding
 from meshscope.plan import plan_job
-from meshscope.spec import Precision
+from meshscope.spec import CpCommType, Precision
 
 L, H, A, G, HD, FF, V, S = 4, 64, 4, 2, 16, 256, 512, 64
 
@@ -67,8 +67,12 @@ def test_the_spec_is_the_job_train_tiny_runs() -> None:
         ({"model": "llama3-8b", "micro_batch_size": 2, "micro_batches": 4}, "only train_tiny's 'tiny' model"),
         ({"micro_batch_size": 0, "micro_batches": 4}, "must be >= 1"),
         ({"micro_batch_size": 2, "micro_batches": 4, "data_parallel": "zero++"}, "unknown data parallelism"),
+        (
+            {"micro_batch_size": 2, "micro_batches": 4, "cp_comm_type": "ring"},
+            "cp_comm_type 'ring' is not one of p2p, all_gather, a2a",
+        ),
     ],
-    ids=["missing", "other-model", "zero-batch", "unknown-dp"],
+    ids=["missing", "other-model", "zero-batch", "unknown-dp", "unknown-cp-comm-type"],
 )
 def test_a_description_meshscope_cannot_plan_is_an_error(description: dict[str, object], message: str) -> None:
     with pytest.raises(SpecError, match=message):
@@ -78,3 +82,19 @@ def test_a_description_meshscope_cannot_plan_is_an_error(description: dict[str, 
 def test_ep_without_moe_is_an_error() -> None:
     with pytest.raises(SpecError, match="needs the MoE model"):
         tiny_job_spec(TinyJob(micro_batch_size=2, micro_batches=4), ParallelLayout(dp=2, ep=2))
+
+
+def test_sequence_parallelism_without_tp_is_an_error() -> None:
+    with pytest.raises(SpecError, match="sequence parallelism needs tp > 1"):
+        tiny_job_spec(TinyJob(micro_batch_size=2, micro_batches=4, sequence_parallel=True), ParallelLayout(dp=8))
+
+
+def test_the_description_declares_how_cp_and_sp_run() -> None:
+    job = TinyJob(micro_batch_size=2, micro_batches=4, moe=True, cp_comm_type="all_gather", sequence_parallel=True)
+    assert TinyJob.from_dict(job.to_dict()) == job
+    spec = tiny_job_spec(job, ParallelLayout(pp=2, dp=2, tp=2, ep=2, etp=1))
+    assert spec.parallelism.cp_comm_type is CpCommType.ALL_GATHER
+    assert spec.parallelism.sequence_parallel
+    # a script that says nothing about them: Megatron-core's defaults
+    old = TinyJob.from_dict({"micro_batch_size": 2, "micro_batches": 4})
+    assert (old.cp_comm_type, old.sequence_parallel) == ("p2p", False)

@@ -30,9 +30,15 @@ from enum import StrEnum
 from typing import TYPE_CHECKING
 
 from meshscope.layout import MeshAxis
-from meshscope.models import layer_params
+from meshscope.models import PositionEmbedding, layer_params, output_params
 from meshscope.placement import Link, axis_spans, span_of_groups
-from meshscope.plan.memory import activation_element_bytes, sharding_stage, state_bytes_per_param
+from meshscope.plan.memory import (
+    activation_element_bytes,
+    attention_widths_per_gpu,
+    sharding_stage,
+    state_bytes_per_param,
+)
+from meshscope.spec import CpCommType
 
 if TYPE_CHECKING:
     from meshscope.hardware import HardwareConfig
@@ -72,7 +78,8 @@ class CollectivePlan:
     """Mesh axis whose traffic this is (``tp``, ``cp``, ``ep``, ``pp``, ``dp``)."""
     group: str
     """Process group it runs on: the axis, or ``dp-cp`` (dense gradients), ``edp`` (routed-expert gradients),
-    ``etp`` (expert tensor parallel), ``pp-embedding`` (first and last stage, tied embeddings)."""
+    ``etp`` (expert tensor parallel), ``tp-ep`` (expert tensor x expert parallel: token counts), ``pp-embedding``
+    (first and last stage, tied embeddings)."""
     op: CollectiveOp
     """NCCL operation."""
     purpose: str
@@ -156,8 +163,9 @@ def collective_spans(layout: ParallelLayout, placement: Placement, model: ModelC
     """Spans of every process group a collective of ``model`` on ``layout`` runs on.
 
     Keys: the enabled axes from :func:`~meshscope.placement.axis_spans`; ``dp-cp`` always names the dense
-    gradient group (``dp``, ``cp`` or both); ``etp`` and ``edp`` for MoE models when those groups have more than one
-    rank; ``pp-embedding`` for tied embeddings with pp > 1. All vectorised over groups.
+    gradient group (``dp``, ``cp`` or both); ``etp``, ``edp`` and ``tp-ep`` (expert tensor x expert parallel, where
+    the token dispatcher exchanges its counts) for MoE models when those groups have more than one rank;
+    ``pp-embedding`` for tied embeddings with pp > 1. All vectorised over groups.
     """
     spans = axis_spans(layout, placement)
     if "dp-cp" not in spans:
@@ -168,6 +176,8 @@ def collective_spans(layout: ParallelLayout, placement: Placement, model: ModelC
     if model.is_moe:
         if layout.expert_tp > 1:
             spans["etp"] = span_of_groups("etp", layout.groups(MeshAxis.TP, expert=True), placement)
+        if layout.expert_tp * layout.ep > 1:
+            spans["tp-ep"] = span_of_groups("tp-ep", layout.groups(MeshAxis.TP, MeshAxis.EP, expert=True), placement)
         if layout.expert_dp > 1 and "edp" not in spans:
             spans["edp"] = span_of_groups("edp", layout.groups(MeshAxis.DP, expert=True), placement)
     if model.tied_embeddings and layout.pp > 1:
@@ -247,6 +257,7 @@ def stage_collectives(
     drafts = [
         *_tp_drafts(model, parallelism, training, assumptions, layer_indices),
         *_vocab_drafts(model, parallelism, training, pp_rank),
+        *_sequence_parallel_grad_drafts(model, parallelism, training, params=params, pp_rank=pp_rank),
         *_cp_drafts(model, parallelism, training, assumptions, layer_indices),
         *_ep_drafts(model, parallelism, training, assumptions, layer_indices),
         *_pp_drafts(model, parallelism, training, assumptions, pp_rank),
@@ -399,21 +410,30 @@ def _tp_drafts(
                 )
             )
     if model.moe is not None and n_moe and layout.expert_tp > 1:
-        tokens = _tokens_per_gpu(model, parallelism, training)
-        message = math.ceil(layout.expert_tp * model.moe.top_k * tokens * model.hidden_size * e)
+        # Megatron-core's alltoall dispatcher (dispatch_postprocess / combine_preprocess): after the EP all-to-all the
+        # routed tokens and their probabilities are all-gathered over etp, the expert output reduce-scattered; in
+        # backward each becomes the other. Probabilities travel in the router's dtype (the activations' by default).
+        copies = layout.expert_tp * model.moe.top_k * _tokens_per_gpu(model, parallelism, training)
         overlap = assumptions.tp_comm_overlap if training.tp_comm_overlap else 0.0
+        tokens, probabilities = math.ceil(copies * model.hidden_size * e), math.ceil(copies * e)
+        rows = (
+            (CollectiveOp.ALL_GATHER, "routed tokens (forward; the expert output's gradient, backward)", tokens, 2),
+            (CollectiveOp.REDUCE_SCATTER, "expert output (forward; the routed tokens' gradient, backward)", tokens, 2),
+            (CollectiveOp.ALL_GATHER, "routing probabilities (forward)", probabilities, 1),
+            (CollectiveOp.REDUCE_SCATTER, "routing-probability gradients (backward)", probabilities, 1),
+        )
         drafts.extend(
             _Draft(
                 axis=MeshAxis.TP,
                 group="etp",
                 op=op,
-                purpose="routed tokens over expert tensor parallel (forward and backward)",
-                message_bytes=message,
-                count_per_step=2 * n_moe * m,
+                purpose=f"expert tensor parallel: {what}",
+                message_bytes=size,
+                count_per_step=count * n_moe * m,
                 overlap_fraction=overlap,
                 window=_STAGE,
             )
-            for op in (CollectiveOp.ALL_GATHER, CollectiveOp.REDUCE_SCATTER)
+            for op, what, size, count in rows
         )
     return drafts
 
@@ -426,10 +446,14 @@ def _vocab_drafts(
     Megatron-core with tp > 1 (``VocabParallelEmbedding``, ``ColumnParallelLinear`` output layer,
     ``vocab_parallel_cross_entropy``), per micro-batch:
 
-    * first stage: the vocabulary-parallel embedding all-reduces its output forward (``b·s·h``; with sequence
-      parallelism a reduce-scatter);
-    * last stage: the output layer's input gradient is all-reduced backward (with sequence parallelism: its input is
-      all-gathered forward and the gradient reduce-scattered backward), ``b·s·h``;
+    * first stage: the vocabulary-parallel embedding all-reduces its output forward (``b·s·h``). With sequence
+      parallelism ``LanguageModelEmbedding`` reduce-scatters it instead, unless a learned position embedding is added
+      after the word embedding: then it all-reduces and splits (``scatter_to_sequence_parallel_region``); either way
+      backward all-gathers the gradient;
+    * last stage: the output layer's input gradient is all-reduced backward. With sequence parallelism the output
+      layer is a sequence-parallel ``ColumnParallelLinear``: its input is all-gathered forward, all-gathered again in
+      backward for the weight gradient (``LinearWithGradAccumulationAndAsyncCommunication``) and its gradient
+      reduce-scattered, ``b·s·h`` each;
     * last stage: the cross entropy all-reduces three fp32 values per token forward (the maximum logit, the target's
       logit, the sum of exponentials), ``4·b·s`` bytes each.
 
@@ -461,11 +485,17 @@ def _vocab_drafts(
         )
 
     if pp_rank == 0:
-        op = CollectiveOp.REDUCE_SCATTER if sp else CollectiveOp.ALL_REDUCE
-        add(op, "vocabulary-parallel embedding output (forward)", message, m)
+        if not sp or model.position_embedding is PositionEmbedding.LEARNED:
+            add(CollectiveOp.ALL_REDUCE, "vocabulary-parallel embedding output (forward)", message, m)
+        else:
+            add(CollectiveOp.REDUCE_SCATTER, "vocabulary-parallel embedding output, sequence parallel (forward)",
+                message, m)  # fmt: skip
+        if sp:
+            add(CollectiveOp.ALL_GATHER, "embedding output gradient, sequence parallel (backward)", message, m)
     if pp_rank == layout.pp - 1:
         if sp:
             add(CollectiveOp.ALL_GATHER, "output-layer input, sequence parallel (forward)", message, m)
+            add(CollectiveOp.ALL_GATHER, "output-layer input again, for its weight gradient (backward)", message, m)
             add(CollectiveOp.REDUCE_SCATTER, "output-layer input gradient, sequence parallel (backward)", message, m)
         else:
             add(CollectiveOp.ALL_REDUCE, "output-layer input gradient (backward)", message, m)
@@ -478,6 +508,39 @@ def _vocab_drafts(
     return drafts
 
 
+def _sequence_parallel_grad_drafts(
+    model: ModelConfig, parallelism: ParallelismConfig, training: TrainingConfig, *, params: StageParams, pp_rank: int
+) -> list[_Draft]:
+    """TP with sequence parallelism: one all-reduce of the gradients of the parameters every tp rank holds whole.
+
+    Norms, the router and row-parallel biases see only the rank's sequence shard, so their gradients are partial
+    sums; Megatron-core's ``finalize_model_grads`` (``_allreduce_non_tensor_model_parallel_grads``) flattens all of
+    them (every model chunk of the stage, the final norm on the last stage) into one buffer and all-reduces it over
+    tp once per step, after the data-parallel reduction. It reduces the whole gradients; with ZeRO-2/3 (gradients
+    sharded over ``dp·cp``, as Megatron-FSDP) only this GPU's shard. Not overlapped.
+    """
+    layout = parallelism.layout
+    if layout.tp == 1 or not parallelism.sequence_parallel:
+        return []
+    whole = params.replicated
+    if pp_rank == layout.pp - 1:
+        whole += output_params(model) - (0 if model.tied_embeddings else model.vocab_size * model.hidden_size)
+    shards = layout.dp * layout.cp if sharding_stage(training) >= 2 else 1
+    return [
+        _Draft(
+            axis=MeshAxis.TP,
+            group="tp",
+            op=CollectiveOp.ALL_REDUCE,
+            purpose="sequence-parallel parameter gradients: norms, router, row-parallel biases (after backward)",
+            message_bytes=math.ceil(whole * state_bytes_per_param(training).gradients / shards),
+            count_per_step=1,
+            overlap_fraction=0.0,
+            window=_NONE,
+            in_axis_ratio=False,
+        )
+    ]
+
+
 def _cp_drafts(
     model: ModelConfig,
     parallelism: ParallelismConfig,
@@ -485,34 +548,73 @@ def _cp_drafts(
     assumptions: PlanAssumptions,
     layer_indices: list[int],
 ) -> list[_Draft]:
-    """CP: ring exchange of K/V chunks.
+    """CP: what every attention layer exchanges over the cp group, per ``parallelism.cp_comm_type``.
 
-    ``cp - 1`` send/recv per attention layer forward and twice that backward (K/V again and dK/dV; Megatron
-    context-parallel docs).
+    Transformer Engine ``attention/dot_product_attention/context_parallel.py`` (Megatron-core passes its
+    ``cp_comm_type`` through), per attention layer and micro-batch, with ``n`` = cp, local tokens ``s/cp·b``:
+
+    * ``p2p`` (``AttnFuncWithCPAndKVP2P``): K and V travel as one buffer. Forward: ``n - 1`` ring steps send the K/V
+      chunk in hand. Backward: ``n`` steps; the first sends K/V, the last the accumulated dK/dV, the ``n - 2`` in
+      between both together (one message of twice the size). Overlapped with the attention of the chunk in hand.
+    * ``all_gather`` (``AttnFuncWithCPAndKVAllGather``): forward all-gathers K and V (``gather_along_first_dim``, one
+      each); backward all-gathers them again (only the local K and V are kept) and reduce-scatters dK and dV. Messages
+      are the gathered (whole-sequence) tensors. Megatron: "The all-gather is not async, and cannot be overlapped".
+    * ``a2a`` (``AttnFuncWithCPAndQKVOA2A``, DeepSpeed-Ulysses): ``all_to_all_single`` of Q, K, V before attention and
+      of the output after it; backward of the output gradient, then of dQ, dK, dV. Messages are the local tensors.
+      On the critical path (the attention needs all of them); modelled as not overlapped.
     """
     layout = parallelism.layout
-    if layout.cp == 1 or not layer_indices:
+    n = layout.cp
+    if n == 1 or not layer_indices:
         return []
     e = activation_element_bytes(training)
-    if model.mla is not None:
-        # MLA rings the up-projected keys and values.
-        kv_width = model.attention_heads / layout.tp * (model.mla.qk_head_dim + model.mla.qk_rope_head_dim)
-        kv_width += model.attention_heads / layout.tp * model.mla.v_head_dim
+    q, k, v, o = attention_widths_per_gpu(model, layout.tp)
+    local = model.seq_length / n * training.micro_batch_size
+    units = len(layer_indices) * training.micro_batches(layout.dp)
+    kind = parallelism.cp_comm_type
+    if kind is CpCommType.P2P:
+        kv = math.ceil(local * (k + v) * e)
+        overlap, window = assumptions.cp_comm_overlap, _CORE
+        rows = [
+            (CollectiveOp.SEND_RECV, "ring exchange (p2p): K/V chunk forward, K/V and dK/dV at the ends of backward",
+             kv, (n + 1) * units),
+            (CollectiveOp.SEND_RECV, "ring exchange (p2p): K/V with dK/dV in one message, middle backward steps",
+             2 * kv, (n - 2) * units),
+        ]  # fmt: skip
+    elif kind is CpCommType.ALL_GATHER:
+        overlap, window = 0.0, _NONE
+        tensors = [("K and V", k)] if k == v else [("K", k), ("V", v)]
+        rows = []
+        for name, width in tensors:
+            gathered = math.ceil(model.seq_length * training.micro_batch_size * width * e)
+            per = units * (2 if k == v else 1)
+            rows.append(
+                (CollectiveOp.ALL_GATHER, f"all_gather: {name} before attention, again in backward", gathered, 2 * per)
+            )
+            rows.append((CollectiveOp.REDUCE_SCATTER, f"all_gather: d{name.replace(' and ', ' and d')} (backward)",
+                         gathered, per))  # fmt: skip
     else:
-        kv_width = 2 * max(model.groups / layout.tp, 1.0) * model.kv_channels
-    message = math.ceil(model.seq_length / layout.cp * training.micro_batch_size * kv_width * e)
-    m = training.micro_batches(layout.dp)
+        overlap, window = 0.0, _NONE
+        sizes: dict[int, list[str]] = {}
+        for name, width in (("Q", q), ("K", k), ("V", v), ("output", o)):
+            sizes.setdefault(math.ceil(local * width * e), []).append(name)
+        rows = [
+            (CollectiveOp.ALL_TO_ALL, f"a2a (Ulysses): {', '.join(names)} and their gradients", size,
+             2 * len(names) * units)
+            for size, names in sizes.items()
+        ]  # fmt: skip
     return [
         _Draft(
             axis=MeshAxis.CP,
             group="cp",
-            op=CollectiveOp.SEND_RECV,
-            purpose="ring exchange of K/V chunks (forward) and K/V + dK/dV (backward)",
-            message_bytes=message,
-            count_per_step=3 * (layout.cp - 1) * len(layer_indices) * m,
-            overlap_fraction=assumptions.cp_comm_overlap,
-            window=_CORE,
+            op=op,
+            purpose=purpose,
+            message_bytes=size,
+            count_per_step=count,
+            overlap_fraction=overlap,
+            window=window,
         )
+        for op, purpose, size, count in rows
     ]
 
 
@@ -523,29 +625,57 @@ def _ep_drafts(
     assumptions: PlanAssumptions,
     layer_indices: list[int],
 ) -> list[_Draft]:
-    """EP: token dispatch and combine.
+    """EP: Megatron-core's alltoall token dispatcher, per MoE layer and micro-batch.
 
-    Forward and backward: 4 all-to-alls of ``T_loc·k·h`` per MoE layer per micro-batch (reference/planner.md §1.4).
+    ``MoEAlltoAllTokenDispatcher`` (core >= 0.13): ``preprocess`` all-gathers every rank's token count per expert
+    (``E`` int64) over the expert-tensor x expert-parallel group, from which each rank knows what it sends and
+    receives (no gradient, so no backward collective); ``token_dispatch`` all-to-alls the permuted tokens
+    (``T_loc·k·h``) and their routing probabilities (``T_loc·k``, the router's dtype, the activations' by default),
+    which the experts apply to their activation; ``token_combine`` all-to-alls the expert output back. Backward runs
+    the three all-to-alls again: 4 of tokens (reference/planner.md §1.4) and 2 of probabilities. Messages are the send
+    buffers: what a rank sends is exactly its ``T_loc·k`` routed copies in dispatch; the rest depend on routing and
+    equal it on average (every token sent is received once). The count exchange is a synchronisation point that no
+    compute hides; like the vocabulary collectives it stays out of the axis' FLOPs per byte.
     """
     layout = parallelism.layout
     n_moe = _moe_layer_count(model, layer_indices)
-    if layout.ep == 1 or model.moe is None or not n_moe:
+    if model.moe is None or not n_moe or layout.ep * layout.expert_tp == 1:
         return []
+    m = training.micro_batches(layout.dp)
     e = activation_element_bytes(training)
-    tokens = _tokens_per_gpu(model, parallelism, training)
-    message = math.ceil(tokens * model.moe.top_k * model.hidden_size * e)
-    return [
+    copies = _tokens_per_gpu(model, parallelism, training) * model.moe.top_k
+    drafts = [
+        _Draft(
+            axis=MeshAxis.EP,
+            group="tp-ep",
+            op=CollectiveOp.ALL_GATHER,
+            purpose="token counts per expert (int64), before dispatch (forward)",
+            message_bytes=layout.expert_tp * layout.ep * model.moe.experts * 8,
+            count_per_step=n_moe * m,
+            overlap_fraction=0.0,
+            window=_NONE,
+            in_axis_ratio=False,  # metadata on the critical path: no compute hides it, it moves no routed data
+        )
+    ]
+    if layout.ep == 1:
+        return drafts
+    drafts.extend(
         _Draft(
             axis=MeshAxis.EP,
             group="ep",
             op=CollectiveOp.ALL_TO_ALL,
-            purpose="token dispatch and combine (forward and backward)",
-            message_bytes=message,
-            count_per_step=4 * n_moe * training.micro_batches(layout.dp),
+            purpose=purpose,
+            message_bytes=math.ceil(copies * width * e),
+            count_per_step=count * n_moe * m,
             overlap_fraction=assumptions.ep_comm_overlap,
             window=_STAGE,
         )
-    ]
+        for purpose, width, count in (
+            ("token dispatch and combine (forward and backward)", model.hidden_size, 4),
+            ("routing probabilities with the dispatch (forward and backward)", 1, 2),
+        )
+    )
+    return drafts
 
 
 def _pp_drafts(

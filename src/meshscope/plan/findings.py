@@ -16,6 +16,8 @@ code                            severity  fires when
 ``cp-over-network``             warning   some CP group spans more than one NVLink domain
 ``bubble-large``                warning   the pipeline bubble exceeds ``assumptions.bubble_warning_fraction`` (10 %)
 ``flops-per-byte-below-budget`` warning   an axis' FLOPs per byte on a group is below its link's budget
+``moe-tp-without-sp``           warning   an MoE model with tp > 1 but no sequence parallelism (Megatron-core refuses
+                                          to train it: ``MoELayer.forward`` raises)
 ``pp-over-network``             info      some pipeline crosses an NVLink domain between stages
 ==============================  ========  ==========================================================================
 """
@@ -27,6 +29,7 @@ from enum import StrEnum
 from typing import TYPE_CHECKING
 
 from meshscope.hardware import GiB
+from meshscope.spec import CpCommType
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping, Sequence
@@ -157,6 +160,8 @@ def collect_findings(
     bubble_seconds: float,
     micro_batches: int,
     schedule: PipelineSchedule,
+    cp_comm_type: CpCommType = CpCommType.P2P,
+    moe_without_sequence_parallel: bool = False,
 ) -> tuple[Finding, ...]:
     """Every finding of a plan, errors first.
 
@@ -172,6 +177,8 @@ def collect_findings(
         bubble_seconds: expected bubble seconds per step.
         micro_batches: micro-batches per step.
         schedule: the pipeline schedule that runs.
+        cp_comm_type: how context parallelism exchanges K and V (names its traffic).
+        moe_without_sequence_parallel: an MoE model runs with tp > 1 and without sequence parallelism.
 
     Returns:
         The findings, sorted by severity (stable within one severity).
@@ -181,7 +188,8 @@ def collect_findings(
         *_memory(hardware, stages),
         *_tp_crossing(network),
         *_axis_over_network("ep-all-to-all-over-network", network, axis="ep", what="all-to-all"),
-        *_axis_over_network("cp-over-network", network, axis="cp", what="ring exchange"),
+        *_axis_over_network("cp-over-network", network, axis="cp", what=_CP_TRAFFIC[cp_comm_type]),
+        *_moe_tp_without_sp(layout, enabled=moe_without_sequence_parallel),
         *_bubble(
             layout,
             assumptions=assumptions,
@@ -194,6 +202,29 @@ def collect_findings(
         *_axis_over_network("pp-over-network", network, axis="pp", what="stage-to-stage send/recv"),
     ]
     return tuple(sorted(findings, key=lambda f: f.severity.rank))
+
+
+_CP_TRAFFIC = {
+    CpCommType.P2P: "ring exchange",
+    CpCommType.ALL_GATHER: "K/V all-gather",
+    CpCommType.A2A: "Ulysses all-to-all",
+}
+
+
+def _moe_tp_without_sp(layout: ParallelLayout, *, enabled: bool) -> list[Finding]:
+    if not enabled:
+        return []
+    return [
+        Finding(
+            code="moe-tp-without-sp",
+            severity=Severity.WARNING,
+            message=(
+                f"an MoE model with tp={layout.tp} needs parallelism.sequenceParallel: Megatron-core refuses to train "
+                "MoE with tensor parallelism without it (MoELayer.forward raises), because every tp rank would route "
+                "and compute the same tokens; the plan assumes each tp rank routes its own sequence shard"
+            ),
+        )
+    ]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

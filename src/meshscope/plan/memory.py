@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING
 
 from meshscope.errors import PlanError
 from meshscope.models import embedding_params, layer_params, output_params
-from meshscope.spec import AttentionImpl, PipelineSchedule, Precision, Recompute
+from meshscope.spec import AttentionImpl, CpCommType, PipelineSchedule, Precision, Recompute
 
 if TYPE_CHECKING:
     from meshscope.layout import ParallelLayout
@@ -370,6 +370,22 @@ def in_flight_microbatches(
     return float(min(p - pp_rank, m))
 
 
+def attention_widths_per_gpu(model: ModelConfig, tp: int) -> tuple[float, float, float, float]:
+    """Elements per token of Q, K, V and the attention output on one tensor-parallel rank.
+
+    GQA keeps ``max(g/tp, 1)`` key/value heads per rank (Megatron replicates them when tp > g); MLA has ``a/tp`` heads
+    of ``qk_head_dim + qk_rope_head_dim`` for Q and K and ``v_head_dim`` for V and the output.
+    """
+    heads = model.attention_heads / tp
+    if model.mla is not None:
+        qk = heads * (model.mla.qk_head_dim + model.mla.qk_rope_head_dim)
+        v = heads * model.mla.v_head_dim
+        return qk, qk, v, v
+    d = model.kv_channels
+    kv = max(model.groups / tp, 1.0) * d
+    return heads * d, kv, kv, heads * d
+
+
 def _sp_divisor(parallelism: ParallelismConfig) -> int:
     return parallelism.layout.tp if parallelism.sequence_parallel else 1
 
@@ -391,15 +407,20 @@ def layer_activation_bytes(
     * replicated over TP unless sequence parallel (then ÷ tp): 2 norm inputs, the QKV input, the MLP input
       (``4·e·sbh``) and two dropout masks (``2·sbh``);
     * ÷ tp: Q, K, V and the output-projection input ``e·sb·d_h·(2a + 2g)/tp`` (GQA keeps ``g`` K/V heads; at least
-      one per TP rank); the MLP: ``e·sb·f·2/tp`` (fc1 output and activation output), ``e·sb·f·3/tp`` for gated MLPs
-      (gate and up output plus activation output);
+      one per TP rank). Every context-parallel type keeps only the local (``s/cp``) Q, K, V (Transformer Engine:
+      ``all_gather`` gathers K and V again in backward); ``a2a`` (Ulysses) also keeps its head-sharded output before
+      the all-to-all back, ``e·sb·a·d_h/tp`` more; the MLP: ``e·sb·f·2/tp`` (fc1 output and activation output),
+      ``e·sb·f·3/tp`` for gated MLPs (gate and up output plus activation output);
     * eager attention without recompute: softmax output ``e·a·s_local·s·b/tp``, plus dropout mask and output
       ``(1 + e)·a·s_local·s·b/tp`` when dropout is on (``5as²b`` for bf16, Korthikanti eq. 1); flash attention and
       selective / full recompute keep none of it;
-    * MoE layers replace the MLP: router logits and probabilities ``2·e·sb·E`` (÷ tp when SP), shared experts like
-      a dense MLP of ``shared·f_e``, and per routed token copy ``e·(2h + c·f_e/etp)`` (expert input, expert output,
-      c = 3 gated or 2) for ``k·sb·etp/tp`` token copies per GPU: EP trades tokens rather than removing them
-      (Megatron PR #6782 discussion), expert-TP ranks share theirs;
+    * MoE layers replace the MLP, as Megatron-core >= 0.13 runs them (the alltoall dispatcher sends each copy's
+      routing probability along and the experts apply it to their activation, ``WeightedSwiGLUFunction`` keeping its
+      input and the probabilities; permute and unpermute keep only indices): the router's softmax probabilities
+      ``e·sb·E`` and two int64 index sets ``2·8·sb·k`` (top-k experts, the sort by expert), ÷ tp when SP; shared
+      experts like a dense MLP of ``shared·f_e``; per routed token copy ``e·(h + c·f_e/etp + 1)`` (expert input, fc1
+      output and activation output, c = 3 gated or 2, and the probability) for ``k·sb·etp/tp`` copies per GPU: EP
+      trades tokens rather than removing them (Megatron PR #6782 discussion), expert-TP ranks share theirs;
     * full recompute keeps only the layer input, ``e·sbh`` (÷ tp when SP).
 
     For a GPT shape (MHA, 4h GELU MLP, dropout, bf16) this is eq. 2 ``sbh(10 + 24/t + 5as/(ht))``, eq. 4
@@ -438,6 +459,10 @@ def layer_activation_bytes(
     else:
         kv_heads_per_gpu = max(model.groups / t, 1.0)
         attention = e * sb * model.kv_channels * (2 * a / t + 2 * kv_heads_per_gpu)
+    if layout.cp > 1 and parallelism.cp_comm_type is CpCommType.A2A:
+        # Ulysses keeps the head-sharded output it computed, besides the output projection's (sequence-sharded) input:
+        # Transformer Engine's AttnFuncWithCPAndQKVOA2A saves out_part before the all-to-all back.
+        attention += e * sb * attention_widths_per_gpu(model, t)[3]
     core = 0.0
     if training.attention is AttentionImpl.EAGER and policy is Recompute.NONE:
         # Local queries attend to all s keys under CP; Korthikanti eq. 1: 2as²b softmax + as²b mask + 2as²b dropout.
@@ -448,10 +473,13 @@ def layer_activation_bytes(
         return replicated + attention + core + mlp
     moe = model.moe
     assert moe is not None  # is_moe_layer guarantees it
-    router = 2 * e * sb * moe.experts / sp
+    # Softmax probabilities, and two int64 index sets: the top-k experts and the permutation that sorts the routed
+    # copies by expert (which the unpermute reuses).
+    router = (e * moe.experts + 2 * 8 * moe.top_k) * sb / sp
     shared = e * sb * moe.shared_experts * moe.expert_ffn_hidden_size * gated / t
     token_copies = moe.top_k * sb * etp / t
-    routed = token_copies * e * (2 * h + gated * moe.expert_ffn_hidden_size / etp)
+    # Per copy: the expert input, fc1 output and activation output, and its routing probability.
+    routed = token_copies * e * (h + gated * moe.expert_ffn_hidden_size / etp + 1)
     return replicated + attention + core + router + shared + routed
 
 

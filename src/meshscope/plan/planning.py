@@ -41,6 +41,7 @@ from meshscope.plan.timing import (
     peak_flops_per_s,
     stage_compute,
 )
+from meshscope.spec import CpCommType
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -154,6 +155,10 @@ class Plan:
     """Parameters of the whole model (every expert)."""
     active_params: int
     """Parameters one token passes through (``top_k`` of the routed experts)."""
+    sequence_parallel: bool = False
+    """Whether the plan is for Megatron sequence parallelism."""
+    cp_comm_type: CpCommType = CpCommType.P2P
+    """How the plan's context parallelism exchanges keys and values (``spec.parallelism.cpCommType``)."""
 
     @property
     def flops_per_step(self) -> float:
@@ -175,6 +180,8 @@ class Plan:
             "total_params": self.total_params,
             "active_params": self.active_params,
             "layout": {**layout, "vpp": self.layout.vpp, "etp": self.layout.expert_tp},
+            "sequence_parallel": self.sequence_parallel,
+            "cp_comm_type": self.cp_comm_type.value,
             "micro_batches": self.micro_batches,
             "schedule": self.schedule.value,
             "stages": [s.to_dict() for s in self.stages],
@@ -324,6 +331,8 @@ def plan_job(
         bubble_seconds=bubble_seconds,
         micro_batches=m,
         schedule=schedule,
+        cp_comm_type=spec.parallelism.cp_comm_type,
+        moe_without_sequence_parallel=spec.model.is_moe and layout.tp > 1 and not spec.parallelism.sequence_parallel,
     )
     return Plan(
         world_size=world,
@@ -340,6 +349,8 @@ def plan_job(
         peak_flops_per_s=peak_flops_per_s(hardware, training.precision),
         total_params=total_params(model),
         active_params=active_params(model),
+        sequence_parallel=parallelism.sequence_parallel,
+        cp_comm_type=parallelism.cp_comm_type,
     )
 
 

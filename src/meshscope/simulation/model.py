@@ -291,6 +291,8 @@ def _group_sources(spec: JobSpec) -> dict[str, tuple[str, MeshAxis, NDArray[np.i
         out["ep"] = ("ep", MeshAxis.EP, layout.groups(MeshAxis.EP))
     if layout.expert_tp > 1:
         out["etp"] = ("etp", MeshAxis.TP, layout.groups(MeshAxis.TP, expert=True))
+    if spec.model.is_moe and layout.expert_tp * layout.ep > 1:  # the token dispatcher's count exchange
+        out["tp-ep"] = ("tp_ep", MeshAxis.EP, layout.groups(MeshAxis.TP, MeshAxis.EP, expert=True))
     if layout.dp > 1 or layout.cp > 1:
         dense = layout.groups(MeshAxis.DP, MeshAxis.CP) if layout.cp > 1 else layout.groups(MeshAxis.DP)
         out["dp-cp"] = ("dp_cp" if layout.cp > 1 else "dp", MeshAxis.DP, dense)
@@ -379,7 +381,7 @@ def _op_code(op: CollectiveOp) -> int:
     return OP_CODE["recv"] if op is CollectiveOp.SEND_RECV else OP_CODE[op.value.replace("-", "_")]
 
 
-_IN_LAYER = ("tp", "etp", "cp", "ep")
+_IN_LAYER = ("tp", "etp", "cp", "ep", "tp-ep")
 
 
 def _slots(c: CollectivePlan, m: int, v: int) -> list[tuple[Slot, float, bool]]:
