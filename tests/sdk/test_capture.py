@@ -54,6 +54,9 @@ def _collectives_job(rank: int, world: int) -> dict[str, object]:
         work.wait()
         y = funcol.all_reduce(torch.ones(5, 2), "sum", tp)
         seen["functional"] = float(y.sum())
+        raw = torch.ops._c10d_functional.all_reduce(torch.ones(3, 2), "sum", tp.group_name)
+        torch.ops._c10d_functional.wait_tensor(raw[1:])  # waited through a view: found by its storage
+        seen["functional_view"] = float(raw.sum())
         if stage == 0:
             dist.send(torch.arange(7, dtype=torch.float32), dst=rank + 2, group=pp)
         else:
@@ -80,6 +83,7 @@ def _expected(rank: int) -> list[tuple[str, str, str, int]]:
         ("comm", "pp", "broadcast", 6 * I64),
         ("comm", "pp", "all_reduce", 3 * F32),  # async, ended by its wait
         ("comm", "tp", "all_reduce", 5 * 2 * F32),  # functional (DTensor's road)
+        ("comm", "tp", "all_reduce", 3 * 2 * F32),  # functional, waited through a view of its output
         p2p,
         ("comm", "tp", "barrier", 0),
     ]
@@ -101,6 +105,7 @@ def test_collectives_are_captured_with_axis_op_bytes_and_matching_seq(fork_job) 
         )
         assert seen["broadcast"] == [rank % 2] * 6
         assert seen["functional"] == 20.0
+        assert seen["functional_view"] == 12.0
         if stage == 1:
             assert seen["recv"] == [float(i) for i in range(7)]
         assert seen["counters"]["unattributed_ops"] == 1
@@ -128,7 +133,7 @@ def test_collectives_are_captured_with_axis_op_bytes_and_matching_seq(fork_job) 
         for iv in ivs:
             if iv.kind is IntervalKind.COMM:
                 members[(iv.group, iv.seq)].append((rank, str(iv.op), iv.group_size))
-    assert len(members) == 2 * 4 + 2 * 4  # tp: 4 collectives x 2 groups; pp: 4 x 2
+    assert len(members) == 2 * 5 + 2 * 4  # tp: 5 collectives x 2 groups; pp: 4 x 2
     for (group, seq), ms in members.items():
         assert len(ms) == 2, (group, seq, ms)
         assert len({op for _, op, _ in ms}) == 1

@@ -160,13 +160,14 @@ def test_train_tiny_with_pipeline_data_and_tensor_parallelism_writes_one_record_
 def test_train_tiny_with_context_expert_parallelism_and_checkpoints(tmp_path: Path) -> None:
     steps = 2
     result = _meshscope(
-        "run", "--nproc", "8", "--layout", "dp=2,cp=2,tp=2,ep=2", "--job", "tiny", "--out", str(tmp_path),
+        "run", "--nproc", "8", "--layout", "dp=2,cp=2,tp=2,ep=2,etp=1", "--job", "tiny", "--out", str(tmp_path),
         "--", sys.executable, str(TRAIN_TINY), "--steps", str(steps), "--moe", "--checkpoint-every", "2",
         "--slow-loader", "5",
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
-    seen = _check_job_records(tmp_path, ParallelLayout(dp=2, cp=2, tp=2, ep=2), steps)
-    assert seen["cp"]["all_gather"] == seen["cp"]["reduce_scatter"] > 0  # K/V gathered forward, scattered backward
+    seen = _check_job_records(tmp_path, ParallelLayout(dp=2, cp=2, tp=2, ep=2, etp=1), steps)
+    # K and V gathered in forward and again in backward, their gradients reduce-scattered (train_tiny's CP)
+    assert seen["cp"]["all_gather"] == 2 * seen["cp"]["reduce_scatter"] > 0
     assert seen["ep"]["all_to_all"] > 0  # expert dispatch and combine
     assert seen["tp"]["all_reduce"] > 0
     assert seen["dp"]["all_gather"] > 0

@@ -2,11 +2,26 @@
 
 from __future__ import annotations
 
+import json
+import mmap
+import random
+
 import pytest
 
 from meshscope.records import _parse_record
 from meshscope.sdk.clocks import HostClock
-from meshscope.sdk.steps import Op, StepState, build_record, merge_windows, subtract_windows
+from meshscope.sdk.steps import (
+    OpMeta,
+    RecordHeader,
+    RssPeak,
+    StepIntervals,
+    StepState,
+    build_record,
+    encode_record,
+    merge_windows,
+    new_op,
+    subtract_windows,
+)
 
 US = 1000  # ns
 
@@ -21,24 +36,15 @@ def test_windows_merge_across_small_gaps_and_cut_compute() -> None:
 @pytest.fixture
 def clock() -> HostClock:
     c = HostClock()
-    c._offset_ns = 0  # host microseconds == perf_counter microseconds, for hand-computed numbers
+    c.offset_ns = 0  # host microseconds == perf_counter microseconds, for hand-computed numbers
     return c
 
 
-def _op(start_us: int, end_us: int | None, seq: int) -> Op:
-    op = Op(
-        kind="comm",
-        axis="tp",
-        op="all_reduce",
-        group="tp:0",
-        seq=seq,
-        nbytes=512,
-        group_size=2,
-        peer=None,
-        start=start_us * US,
-    )
-    op.end = None if end_us is None else end_us * US
-    return op
+TP0 = OpMeta(kind="comm", axis="tp", op="all_reduce", group="tp:0", group_size=2, peer=None)
+
+
+def _op(start_us: int, end_us: int | None, seq: int) -> list[object]:
+    return new_op(TP0, seq, 512, start_us * US, None if end_us is None else end_us * US)
 
 
 def test_a_step_becomes_a_record(clock: HostClock) -> None:
@@ -71,3 +77,128 @@ def test_a_step_becomes_a_record(clock: HostClock) -> None:
     parsed = _parse_record(record, "built")
     assert parsed.intervals[2].seq == 0
     assert parsed.intervals[2].size_bytes == 512
+
+
+def _covered_runs(a: int, b: int, windows: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Oracle: maximal runs of the unit cells [t, t+1) of [a, b) that no window [w0, w1) covers."""
+    runs: list[tuple[int, int]] = []
+    for t in range(a, b):
+        if any(w0 <= t < w1 for w0, w1 in windows):
+            continue
+        if runs and runs[-1][1] == t:
+            runs[-1] = (runs[-1][0], t + 1)
+        else:
+            runs.append((t, t + 1))
+    return runs
+
+
+@pytest.mark.parametrize("offset_ns", [0, 1_700_000_000_123_456_789], ids=["offset-0", "wall-clock-offset"])
+def test_intervals_match_a_brute_force_oracle(offset_ns: int) -> None:
+    """Compute minus blocked windows, and operation spans, against unit-cell arithmetic on ``HostClock.to_us``."""
+    clock = HostClock()
+    clock.offset_ns = offset_ns
+    rng = random.Random(7)
+    t0 = 5_000_000_000 + rng.randint(0, 999)  # perf_counter_ns of the step start, sub-µs part included
+
+    def mark(lo_us: int, hi_us: int) -> int:
+        return t0 + rng.randint(lo_us * US, hi_us * US)
+
+    for _ in range(300):
+        st = StepState(0, t0, t0)
+        st.end_ns = t0 + 3000 * US
+        segments = []
+        for _ in range(rng.randint(1, 6)):
+            a = mark(0, 2500)
+            segments.append((a, a + rng.randint(0, 400 * US)))
+        windows = []
+        for _ in range(rng.randint(0, 25)):
+            w0 = mark(-50, 2900)  # may start before the step: clipped to its start
+            windows.append((w0, w0 + rng.randint(0, 120 * US)))
+        ops = [(s, s + rng.randint(-3 * US, 90 * US)) for s in (mark(0, 2900) for _ in range(rng.randint(0, 8)))]
+        st.segments = [("compute", "forward", a, b) for a, b in segments]
+        st.windows = list(windows)
+        st.ops = [new_op(TP0, i, 8, s, e) for i, (s, e) in enumerate(ops)]
+        record, _ = build_record(st, clock=clock, header={"step": 0}, device=False)
+        us = clock.to_us
+        start = us(t0)
+        in_us = sorted((max(us(w0), start), us(w1)) for w0, w1 in windows)
+        merged = [(a, b) for a, b in merge_windows(in_us) if b > a]  # a 0 µs window splits a piece, removes nothing
+        expected = sorted(run for a, b in segments for run in _covered_runs(us(a), max(us(a), us(b)), merged))
+        got = [(iv["start_us"], iv["end_us"]) for iv in record["intervals"] if iv["kind"] == "compute"]
+        assert _joined(sorted(got)) == _joined(expected)
+        got_ops = sorted((iv["start_us"], iv["end_us"]) for iv in record["intervals"] if iv["kind"] == "comm")
+        assert got_ops == sorted((us(s), max(us(s), us(e))) for s, e in ops)
+
+
+def _joined(pieces: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Adjacent pieces joined (a zero-length window may split a piece in two that touch)."""
+    out: list[tuple[int, int]] = []
+    for a, b in pieces:
+        if out and out[-1][1] == a:
+            out[-1] = (out[-1][0], b)
+        else:
+            out.append((a, b))
+    return out
+
+
+def _random_step(rng: random.Random) -> StepState:
+    metas = [
+        TP0,
+        OpMeta(kind="comm", axis="dp", op="reduce_scatter", group='dp_cp:0~"odd" név', group_size=4, peer=None),
+        OpMeta(kind="p2p", axis="pp", op="send", group="pp:0-4", group_size=None, peer=4),
+    ]
+    st = StepState(rng.randint(0, 10**6), 10**9, 10**9)
+    st.end_ns = 10**9 + 5000 * US
+    kinds = [("data", None), ("compute", "forward"), ("compute", "backward"), ("compute", None), ("optimizer", None)]
+    for _ in range(rng.randint(0, 12)):
+        a = 10**9 + rng.randint(0, 4800) * US + rng.randint(0, 999)  # sub-µs marks: the µs conversion floors
+        st.segments.append((*rng.choice(kinds), a, a + rng.randint(0, 300) * US))
+    for seq in range(rng.randint(0, 15)):
+        s = 10**9 + rng.randint(0, 4900) * US + rng.randint(0, 999)
+        end = None if rng.random() < 0.1 else s + rng.randint(-5, 80) * US  # incomplete, or ending "before" start
+        st.ops.append(new_op(rng.choice(metas), seq, rng.choice([None, 0, 4096]), s, end))
+        if end is not None and rng.random() < 0.7:
+            st.windows.append((s, end))
+    st.windows.append([10**9 + 4000 * US, None])  # DDP's tail, never completed: not a window
+    if rng.random() < 0.5:
+        st.tokens, st.sequences, st.longest, st.work = 96, 3, 64, 4096.5
+        st.attention = [(10**9 + 100 * US, 10**9 + 130 * US)]
+        st.peak_memory_bytes = 123_456_789
+    return st
+
+
+def test_the_encoded_record_is_the_json_of_the_reference_record(clock: HostClock) -> None:
+    """The fast encoder against an independent oracle: ``json.dumps`` of :func:`build_record`'s dict."""
+    header = {"schema": "meshscope.step/1", "job": 'a "job" ✓', "step": 0, "rank": 3}
+    header |= {"coord": {"dp": 1, "tp": 1, "pp": 0, "cp": 0, "ep": 0}, "node": "node-0", "nvlink_domain": "nvl-0"}
+    sdk = {"records_sent": 4, "records_dropped": 1, "hook_errors": 0}
+    rng = random.Random(11)
+    for _ in range(200):
+        st = _random_step(rng)
+        reference, incomplete = build_record(st, clock=clock, header=header, device=False)
+        intervals = StepIntervals(st, clock, device=False)
+        data = encode_record(st, intervals, header=RecordHeader(header), sdk=sdk)
+        assert data == json.dumps({**reference, "sdk": sdk}, separators=(",", ":"), ensure_ascii=False).encode()
+        assert intervals.incomplete == incomplete == sum(op[1] is None for op in st.ops)
+        _parse_record(json.loads(data), "encoded")  # and it is a valid record
+
+
+def test_peak_rss_follows_the_process_and_resets() -> None:
+    peak = RssPeak()
+    peak.reset()
+    before = peak.read()
+    if before is None:
+        pytest.skip("this kernel does not let the process reset its peak RSS (/proc/self/clear_refs)")
+    # Fresh pages from the kernel, not from malloc (which may keep freed memory: tune_memory_for_columns).
+    block = mmap.mmap(-1, 64 << 20)
+    for offset in range(0, len(block), 1 << 12):  # touch every page: 64 MiB resident
+        block[offset] = 1
+    during = peak.read()
+    block.close()
+    peak.reset()  # the peak falls back to what is resident now
+    after = peak.read()
+    peak.close()
+    assert during is not None
+    assert after is not None
+    assert during - before >= 60 << 20
+    assert during - after >= 60 << 20

@@ -161,7 +161,28 @@ def test_phases_outside_a_step_and_nested_steps_are_counted_not_raised() -> None
     with tracker.step(0), tracker.step(1):
         pass
     counters = tracker.counters()
+    assert tracker._counters_dict() == counters.as_dict()  # what every record carries, built without the dataclass
     assert counters.phases_outside_step == 1
     assert counters.hook_errors == 1  # the nested step
     assert counters.records_dropped == 1  # one step recorded, no collector
+    tracker.close()
+
+
+@pytest.mark.parametrize(
+    "dropout",
+    [0.0, 0.5],
+    ids=["fused-kernel-node-hooks", "composite-tensor-hooks"],  # dropout takes the math path on CPU
+)
+def test_attention_backward_is_bracketed_once_per_call(dropout: float) -> None:
+    tracker = sdk.Tracker(sdk.TrackerSettings(collector=None))
+    q, k, v = (torch.randn(1, 2, 6, 8, requires_grad=True) for _ in range(3))
+    with tracker.step(0):
+        outs = [F.scaled_dot_product_attention(q * 1.0, k, v, dropout_p=dropout) for _ in range(3)]
+        spans = tracker._step.attention
+        assert len(spans) == 3  # forward: one span per call
+        sum(o.sum() for o in outs).backward()
+        assert len(spans) == 6  # backward: one more per call, each after its forward
+        assert all(a <= b for a, b in spans)
+        assert min(a for a, _ in spans[3:]) >= max(b for _, b in spans[:3])
+    assert tracker.counters().hook_errors == 0
     tracker.close()

@@ -33,7 +33,8 @@ class HostClock:
         pc1 = time.perf_counter_ns()
         wall = time.time_ns()
         pc2 = time.perf_counter_ns()
-        self._offset_ns = wall - (pc1 + pc2) // 2
+        self.offset_ns = wall - (pc1 + pc2) // 2
+        """Wall-clock ns minus ``perf_counter_ns``: host marks map to wall time by adding it."""
 
     @staticmethod
     def host_mark() -> int:
@@ -50,11 +51,11 @@ class HostClock:
 
     def to_us(self, mark: Mark) -> int:
         """Host wall-clock microseconds of a host mark."""
-        return (int(mark) + self._offset_ns) // 1000
+        return (int(mark) + self.offset_ns) // 1000
 
     def host_ns_to_us(self, ns: int) -> int:
         """Host wall-clock microseconds of a ``perf_counter_ns`` value."""
-        return (ns + self._offset_ns) // 1000
+        return (ns + self.offset_ns) // 1000
 
     def on_step_start(self, step_index: int) -> None:
         """Hook for clocks that recalibrate between steps (none here)."""

@@ -1,22 +1,26 @@
 """What one step collects on the hot path, and how it becomes a ``meshscope.step/1`` record afterwards.
 
-Why it exists: the tracker's hot path only appends marks and small objects (:class:`Op`, :class:`StepState`); all
-interval arithmetic -- resolving marks to host microseconds, merging the windows in which the host was blocked in
-communication and cutting them out of compute, sorting, building the record -- happens here, once per step, after
-the step has ended. This module must not import torch and must not touch process-wide state.
+Why it exists: the tracker's hot path only appends marks and small flat lists (:func:`new_op`, :class:`StepState`);
+all interval arithmetic -- resolving marks to host microseconds, merging the windows in which the host was blocked in
+communication and cutting them out of compute, sorting, encoding -- happens here, once per step, after the step has
+ended. One interval pass feeds two outputs: :func:`build_record` (a dict: the readable reference) and
+:func:`encode_record` (the datagram the tracker sends, written directly from JSON fragments encoded once per group and
+op). ``encode_record`` is byte for byte ``transport.encode`` of the reference with the ``sdk`` counters added; a test
+holds it to that. This module must not import torch and must not touch process-wide state.
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
-import time
+from bisect import bisect_right
+from itertools import islice
+from operator import itemgetter
 from typing import TYPE_CHECKING, Any, Final
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
-
-    from torch.distributed import Work
-    from torch.futures import Future
+    from collections.abc import Mapping
 
     from meshscope.sdk.clocks import HostClock, Mark
 
@@ -25,60 +29,58 @@ MERGE_GAP_US: Final = 20
 DEVICE_KINDS: Final = frozenset({"compute", "optimizer"})
 """Interval kinds whose marks are device marks and from which blocked windows are cut."""
 
+# One captured operation is a flat list, the only object the hot path allocates per operation. Its slots:
+START: Final = 0
+"""Mark at issue (this rank's arrival)."""
+END: Final = 1
+"""Mark at completion; ``None`` until it arrives (maybe set from a backend thread)."""
+META: Final = 2
+"""The operation's :class:`OpMeta` (kind, axis, op, group, group size, peer), shared by its group and op."""
+SEQ: Final = 3
+"""Sequence number within the group (or the p2p stream)."""
+NBYTES: Final = 4
+"""Payload bytes (``None``: unknown)."""
+HANDLE: Final = 5
+"""What ends it, held until it has been waited on or its record is built: the ``Work`` of a ``ProcessGroup`` call,
+the output tensor (or list) of a functional collective. Holding it keeps its ``id()`` unique while that is a key."""
+ISSUED: Final = 6
+"""Host ``perf_counter_ns`` right after the backend accepted the operation (tells a synchronous call by its wait)."""
 
-class Op:
-    """One captured collective or point-to-point operation (mutable: its end arrives later, maybe on another thread)."""
+_JSON = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
+_BY_START_END = itemgetter(0, 1)
 
-    __slots__ = (
-        "axis",
-        "end",
-        "group",
-        "group_size",
-        "issued_ns",
-        "kind",
-        "nbytes",
-        "op",
-        "peer",
-        "seq",
-        "start",
-        "work",
-    )
 
-    mark: Callable[[], Mark] = time.perf_counter_ns
-    """How a completion is marked (replaced by the CUDA clock's event recorder on GPU)."""
+class OpMeta:
+    """The static part of an operation interval, shared by every operation of one group and op (or p2p stream).
 
-    def __init__(
-        self,
-        *,
-        kind: str,
-        axis: str,
-        op: str,
-        group: str,
-        seq: int,
-        nbytes: int | None,
-        group_size: int | None,
-        peer: int | None,
-        start: Mark,
-    ) -> None:
-        """An operation issued at mark ``start``; its end comes later."""
+    Its JSON fragments are encoded once, so that encoding a captured operation is one string format.
+    """
+
+    __slots__ = ("axis", "group", "group_size", "head", "kind", "middle", "op", "peer", "tail")
+
+    def __init__(self, *, kind: str, axis: str, op: str, group: str, group_size: int | None, peer: int | None) -> None:
+        """An interval of ``kind`` (``comm``/``p2p``) on ``axis``: ``op`` in ``group`` (docs/records.md)."""
         self.kind = kind
         self.axis = axis
         self.op = op
         self.group = group
-        self.seq = seq
-        self.nbytes = nbytes
         self.group_size = group_size
         self.peer = peer
-        self.start = start
-        self.end: Mark | None = None
-        self.issued_ns = 0
-        self.work: Work | None = None
-        """The backend's handle of an asynchronous operation until it ends (for a late completion callback)."""
+        self.head = '{"kind":' + _JSON(kind) + ',"start_us":'
+        """JSON up to the start: then start, ``,"end_us":``, end, :attr:`middle`, seq, bytes, :attr:`tail`."""
+        self.middle = f',"axis":{_JSON(axis)},"op":{_JSON(op)},"group":{_JSON(group)},"seq":'
+        """JSON between the end and the sequence number."""
+        self.tail = (
+            (f',"group_size":{int(group_size)}' if group_size is not None else "")
+            + (f',"peer":{int(peer)}' if peer is not None else "")
+            + "}"
+        )
+        """JSON after ``bytes``: ``group_size`` and ``peer`` when known, and the closing brace."""
 
-    def done(self, _future: Future[object] | None = None) -> None:
-        """Completion callback (``Future.then``): the first end wins."""
-        if self.end is None:
-            self.end = Op.mark()
+
+def new_op(meta: OpMeta, seq: int, nbytes: int | None, start: Mark, end: Mark = None) -> list[Any]:
+    """A captured operation as the hot path stores it (slots :data:`START` .. :data:`ISSUED`)."""
+    return [start, end, meta, seq, nbytes, None, 0]
 
 
 class StepState:
@@ -110,8 +112,10 @@ class StepState:
         self.end_ns = 0
         self.end_mark: Mark = None
         self.segments: list[tuple[str, str | None, Mark, Mark]] = []
-        self.ops: list[Op] = []
-        self.windows: list[list[Mark]] = []
+        self.ops: list[list[Any]] = []
+        """Captured operations (:func:`new_op` lists), in issue order."""
+        self.windows: list[Any] = []
+        """Blocked windows as ``(start, end)`` marks; DDP's tail is a list whose end is ``None`` until it completes."""
         self.attention: list[tuple[Mark, Mark]] = []
         self.tokens: int | None = None
         self.sequences: int | None = None
@@ -133,11 +137,11 @@ def merge_windows(windows: list[tuple[int, int]]) -> list[tuple[int, int]]:
     return out
 
 
-def subtract_windows(a: int, b: int, windows: list[tuple[int, int]]) -> list[tuple[int, int]]:
-    """``[a, b]`` minus the union of sorted, disjoint ``windows``; empty pieces are left out."""
+def subtract_windows(a: int, b: int, windows: list[tuple[int, int]], first: int = 0) -> list[tuple[int, int]]:
+    """``[a, b]`` minus the union of sorted, disjoint ``windows`` (from index ``first``); empty pieces are left out."""
     pieces: list[tuple[int, int]] = []
     cur = a
-    for w0, w1 in windows:
+    for w0, w1 in islice(windows, first, None):
         if w1 <= cur:
             continue
         if w0 >= b:
@@ -152,8 +156,123 @@ def subtract_windows(a: int, b: int, windows: list[tuple[int, int]]) -> list[tup
     return pieces
 
 
-def build_record(  # noqa: C901, PLR0912 - one pass over each kind of mark
-    st: StepState, *, clock: HostClock, header: dict[str, Any], device: bool
+_Item = tuple[int, int, str, "str | None", "list[Any] | None"]
+
+
+class StepIntervals:
+    """One pass over a finished step's marks: its span, its sorted intervals, its stats, what was incomplete."""
+
+    __slots__ = ("end_us", "incomplete", "intervals", "start_us", "stats")
+
+    def __init__(self, st: StepState, clock: HostClock, *, device: bool) -> None:
+        """Resolve ``st``'s marks with ``clock`` (``device``: marks may be CUDA events, left out until completed)."""
+        self.start_us = clock.host_ns_to_us(st.start_ns)
+        self.end_us = clock.host_ns_to_us(st.end_ns)
+        if device:
+            if st.end_mark is not None and clock.ready(st.end_mark):
+                self.end_us = max(self.end_us, clock.to_us(st.end_mark))
+            items, incomplete = self._device_marks(st, clock)
+        else:
+            items, incomplete = self._host_marks(st, clock)
+        items.sort(key=_BY_START_END)  # stable: phase pieces before operations that start and end with them
+        self.intervals = items
+        """``(start_us, end_us, kind, phase, op)`` sorted by start and end; ``op`` is the operation's list for an
+        operation (``kind``, ``phase`` unused), ``None`` for a phase piece."""
+        self.incomplete = incomplete
+        """Operations left out: not completed (or their marks not yet readable on the device)."""
+        stats: dict[str, Any] = {}
+        if st.tokens is not None:
+            stats["tokens"] = st.tokens
+        if st.sequences is not None:
+            stats["sequences"] = st.sequences
+        if st.longest is not None:
+            stats["longest_sequence"] = st.longest
+        if st.work is not None:
+            stats["attention_work"] = st.work
+        if st.attention:
+            to_us, ready = clock.to_us, clock.ready
+            stats["attention_us"] = sum(
+                max(0, to_us(b) - to_us(a)) for a, b in st.attention if not device or (ready(a) and ready(b))
+            )
+        if st.peak_memory_bytes is not None:
+            stats["peak_memory_bytes"] = st.peak_memory_bytes
+        self.stats = stats
+
+    @staticmethod
+    def _host_marks(st: StepState, clock: HostClock) -> tuple[list[_Item], int]:
+        """Intervals from host marks (``perf_counter_ns``), with integer arithmetic on small numbers.
+
+        ``HostClock.to_us(m)`` is ``(m + offset) // 1000``: a sum above 2**60, slow to divide. With ``base`` chosen so
+        that ``base + offset`` is a multiple of 1000, ``(m + offset) // 1000 == (m - base) // 1000 + base_us``
+        exactly, and ``m - base`` is small: windows and pieces are cut in those small numbers.
+        """
+        off = clock.offset_ns
+        base = st.start_ns - (st.start_ns + off) % 1000
+        base_us = (base + off) // 1000
+        start = (st.start_ns - base) // 1000
+        raw = [((a - base) // 1000, (b - base) // 1000) for a, b in st.windows if b is not None]
+        raw = [(max(start, a), b) for a, b in raw]
+        raw.sort()
+        windows = merge_windows(raw)
+        ends = [w[1] for w in windows]
+        items: list[_Item] = []
+        add = items.append
+        for kind, phase, a_ns, b_ns in st.segments:
+            a = (a_ns - base) // 1000
+            b = (b_ns - base) // 1000
+            b = max(b, a)
+            if kind in DEVICE_KINDS:
+                if windows:
+                    for p0, p1 in subtract_windows(a, b, windows, bisect_right(ends, a)):
+                        add((p0 + base_us, p1 + base_us, kind, phase, None))
+                elif b > a:
+                    add((a + base_us, b + base_us, kind, phase, None))
+            else:
+                add((a + base_us, b + base_us, kind, phase, None))
+        incomplete = 0
+        for rec in st.ops:
+            e = rec[END]
+            if e is None:
+                incomplete += 1
+                continue
+            s_us = (rec[START] - base) // 1000 + base_us
+            e_us = (e - base) // 1000 + base_us
+            add((s_us, e_us if e_us > s_us else s_us, "", None, rec))  # noqa: FURB136 - a call per op costs more
+        return items, incomplete
+
+    @staticmethod
+    def _device_marks(st: StepState, clock: HostClock) -> tuple[list[_Item], int]:
+        """Intervals from marks that may be CUDA events: those not yet completed are left out."""
+        to_us, ready = clock.to_us, clock.ready
+        start_us = clock.host_ns_to_us(st.start_ns)
+        windows = merge_windows(
+            sorted(
+                (max(to_us(w[0]), start_us), to_us(w[1]))
+                for w in st.windows
+                if w[1] is not None and ready(w[0]) and ready(w[1])
+            )
+        )
+        items: list[_Item] = []
+        for kind, phase, a, b in st.segments:
+            a_us = to_us(a)
+            b_us = max(a_us, to_us(b))
+            if kind in DEVICE_KINDS:
+                items.extend((p0, p1, kind, phase, None) for p0, p1 in subtract_windows(a_us, b_us, windows))
+            else:
+                items.append((a_us, b_us, kind, phase, None))
+        incomplete = 0
+        for rec in st.ops:
+            s, e = rec[START], rec[END]
+            if e is None or not (ready(s) and ready(e)):
+                incomplete += 1
+                continue
+            s_us = to_us(s)
+            items.append((s_us, max(s_us, to_us(e)), "", None, rec))
+        return items, incomplete
+
+
+def build_record(
+    st: StepState, *, clock: HostClock, header: Mapping[str, Any], device: bool
 ) -> tuple[dict[str, Any], int]:
     """The ``meshscope.step/1`` record of a finished step, and the number of operations left out as incomplete.
 
@@ -163,114 +282,145 @@ def build_record(  # noqa: C901, PLR0912 - one pass over each kind of mark
         header: the record's identity fields in schema order (``schema`` .. ``gpu``), the same for every step.
         device: marks may be CUDA events (left out when not yet completed).
     """
-    to_us = clock.to_us
-    start_us = clock.host_ns_to_us(st.start_ns)
-    end_us = clock.host_ns_to_us(st.end_ns)
-    if device and st.end_mark is not None and clock.ready(st.end_mark):
-        end_us = max(end_us, to_us(st.end_mark))
-    windows = merge_windows(
-        sorted(
-            (max(to_us(w[0]), start_us), to_us(w[1]))
-            for w in st.windows
-            if w[1] is not None and (not device or (clock.ready(w[0]) and clock.ready(w[1])))
-        )
-    )
+    p = StepIntervals(st, clock, device=device)
     intervals: list[dict[str, Any]] = []
-    incomplete = 0
-    for kind, phase, a, b in st.segments:
-        a_us, b_us = to_us(a), to_us(b)
-        b_us = max(a_us, b_us)
-        pieces = subtract_windows(a_us, b_us, windows) if kind in DEVICE_KINDS else [(a_us, b_us)]
-        for p0, p1 in pieces:
-            iv: dict[str, Any] = {"kind": kind, "start_us": p0, "end_us": p1}
+    for s_us, e_us, kind, phase, rec in p.intervals:
+        if rec is None:
+            iv: dict[str, Any] = {"kind": kind, "start_us": s_us, "end_us": e_us}
             if phase is not None:
                 iv["phase"] = phase
-            intervals.append(iv)
-    for rec in st.ops:
-        if rec.end is None or (device and not (clock.ready(rec.start) and clock.ready(rec.end))):
-            incomplete += 1
-            continue
-        s_us = to_us(rec.start)
-        iv = {
-            "kind": rec.kind,
-            "start_us": s_us,
-            "end_us": max(s_us, to_us(rec.end)),
-            "axis": rec.axis,
-            "op": rec.op,
-            "group": rec.group,
-            "seq": rec.seq,
-        }
-        if rec.nbytes is not None:
-            iv["bytes"] = rec.nbytes
-        if rec.group_size is not None:
-            iv["group_size"] = rec.group_size
-        if rec.peer is not None:
-            iv["peer"] = rec.peer
+        else:
+            m: OpMeta = rec[META]
+            iv = {
+                "kind": m.kind,
+                "start_us": s_us,
+                "end_us": e_us,
+                "axis": m.axis,
+                "op": m.op,
+                "group": m.group,
+                "seq": rec[SEQ],
+            }
+            if rec[NBYTES] is not None:
+                iv["bytes"] = rec[NBYTES]
+            if m.group_size is not None:
+                iv["group_size"] = m.group_size
+            if m.peer is not None:
+                iv["peer"] = m.peer
         intervals.append(iv)
-    intervals.sort(key=lambda d: (d["start_us"], d["end_us"]))
-    stats: dict[str, Any] = {}
-    if st.tokens is not None:
-        stats["tokens"] = st.tokens
-    if st.sequences is not None:
-        stats["sequences"] = st.sequences
-    if st.longest is not None:
-        stats["longest_sequence"] = st.longest
-    if st.work is not None:
-        stats["attention_work"] = st.work
-    if st.attention:
-        stats["attention_us"] = sum(
-            max(0, to_us(b) - to_us(a)) for a, b in st.attention if not device or (clock.ready(a) and clock.ready(b))
-        )
-    if st.peak_memory_bytes is not None:
-        stats["peak_memory_bytes"] = st.peak_memory_bytes
     record = dict(header)
     record["step"] = st.step
-    record["start_us"] = start_us
-    record["end_us"] = end_us
+    record["start_us"] = p.start_us
+    record["end_us"] = p.end_us
     record["intervals"] = intervals
-    if stats:
-        record["stats"] = stats
+    if p.stats:
+        record["stats"] = p.stats
     record["gpu_util"] = None
-    return record, incomplete
+    return record, p.incomplete
+
+
+class RecordHeader:
+    """A record's identity fields (``schema`` .. ``gpu``), encoded once: the JSON before and after the step number."""
+
+    __slots__ = ("after_step", "before_step", "fields")
+
+    def __init__(self, fields: Mapping[str, Any]) -> None:
+        """Encode ``fields`` (in schema order; ``step`` among them, its value ignored)."""
+        self.fields = dict(fields)
+        keys = list(self.fields)
+        cut = keys.index("step")
+        self.before_step = "{" + "".join(f"{_JSON(k)}:{_JSON(self.fields[k])}," for k in keys[:cut]) + '"step":'
+        self.after_step = "".join(f",{_JSON(k)}:{_JSON(self.fields[k])}" for k in keys[cut + 1 :])
+
+
+_PHASE_JSON: dict[tuple[str, str | None], tuple[str, str]] = {}
+
+
+def _phase_fragments(kind: str, phase: str | None) -> tuple[str, str]:
+    frags = _PHASE_JSON.get((kind, phase))
+    if frags is None:
+        tail = "}" if phase is None else f',"phase":{_JSON(phase)}}}'
+        frags = _PHASE_JSON.setdefault((kind, phase), ('{"kind":' + _JSON(kind) + ',"start_us":', tail))
+    return frags
+
+
+def encode_record(st: StepState, p: StepIntervals, *, header: RecordHeader, sdk: Mapping[str, int]) -> bytes:
+    """The JSON of a finished step's record (``p`` = its intervals) with the sender's ``sdk`` counters, as bytes.
+
+    Equal to the JSON of ``{**build_record(...)[0], "sdk": sdk}`` as ``transport.encode`` writes it before compressing
+    (the caller compresses what is too large), at a fraction of the cost: operations are written from their
+    :class:`OpMeta` fragments, the header from :class:`RecordHeader`.
+    """
+    parts: list[str] = []
+    add = parts.append
+    for s_us, e_us, kind, phase, rec in p.intervals:
+        if rec is None:
+            head, tail = _phase_fragments(kind, phase)
+            add(f'{head}{s_us},"end_us":{e_us}{tail}')
+        else:
+            m: OpMeta = rec[META]
+            nbytes = rec[NBYTES]
+            size = "" if nbytes is None else f',"bytes":{nbytes}'
+            add(f'{m.head}{s_us},"end_us":{e_us}{m.middle}{rec[SEQ]}{size}{m.tail}')
+    stats = f',"stats":{_JSON(p.stats)}' if p.stats else ""
+    text = (
+        f'{header.before_step}{st.step}{header.after_step},"start_us":{p.start_us},"end_us":{p.end_us},'
+        f'"intervals":[{",".join(parts)}]{stats},"gpu_util":null,"sdk":{_JSON(sdk)}}}'
+    )
+    return text.encode()
 
 
 class RssPeak:
     """Peak resident set size of this process during a step, from ``/proc`` (Linux).
 
     ``reset`` writes ``5`` to ``/proc/self/clear_refs``, which resets the peak (``VmHWM``); ``read`` returns
-    ``VmHWM`` in bytes. Where the reset is not permitted, the peak is not reported (a lifetime peak would mislead).
+    ``VmHWM`` from ``/proc/self/status`` in bytes. Where the reset is not permitted, the peak is not reported (a
+    lifetime peak would mislead). Both files stay open (a path lookup under ``/proc`` costs more than the read); they
+    are opened again in a forked child, which must neither reset nor read its parent's peak.
     """
 
     def __init__(self) -> None:
         """Probe whether ``/proc/self/clear_refs`` exists (Linux)."""
         self._ok = os.path.exists("/proc/self/clear_refs")  # noqa: PTH110 - a /proc probe, not a path of ours
+        self._pid = 0
+        self._clear = -1
+        self._status = -1
+
+    def _open(self) -> None:
+        self.close()
+        self._clear = os.open("/proc/self/clear_refs", os.O_WRONLY | os.O_CLOEXEC)
+        self._status = os.open("/proc/self/status", os.O_RDONLY | os.O_CLOEXEC)
+        self._pid = os.getpid()
 
     def reset(self) -> None:
         """Reset the peak; on failure stop reporting it."""
         if not self._ok:
             return
-        try:  # /proc/self resolves per open, on purpose: a forked child must not reset its parent's peak
-            fd = os.open("/proc/self/clear_refs", os.O_WRONLY)
-            try:
-                os.write(fd, b"5")
-            finally:
-                os.close(fd)
+        try:
+            if self._pid != os.getpid():
+                self._open()
+            os.write(self._clear, b"5")
         except OSError:
             self._ok = False
+            self.close()
 
     def read(self) -> int | None:
         """Peak RSS since the last reset, bytes; ``None`` when not available."""
-        if not self._ok:
+        if not self._ok or self._pid != os.getpid():
             return None
         try:
-            fd = os.open("/proc/self/status", os.O_RDONLY)
-            try:
-                text = os.read(fd, 1 << 16)
-            finally:
-                os.close(fd)
+            text = os.pread(self._status, 1 << 16, 0)
         except OSError:
             return None
         i = text.find(b"VmHWM:")
         if i < 0:
             return None
         return int(text[i + 6 : text.index(b"kB", i)].strip()) * 1024
+
+    def close(self) -> None:
+        """Close the files (a later :meth:`reset` opens them again)."""
+        for fd in (self._clear, self._status):
+            if fd >= 0:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+        self._clear = self._status = -1
+        self._pid = 0

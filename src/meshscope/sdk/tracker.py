@@ -36,8 +36,20 @@ from typing import TYPE_CHECKING, Any, Final
 from meshscope.layout import AXES, MeshAxis
 from meshscope.sdk.clocks import HostClock
 from meshscope.sdk.groups import GroupInfo, axis_of_name, infer_from_layout, make_group, p2p_axis, p2p_group_id
-from meshscope.sdk.steps import DEVICE_KINDS, Op, RssPeak, StepState, build_record
-from meshscope.sdk.transport import CONTROL_SCHEMA, RECORD_SCHEMA, RecordSender
+from meshscope.sdk.steps import (
+    DEVICE_KINDS,
+    END,
+    HANDLE,
+    ISSUED,
+    START,
+    OpMeta,
+    RecordHeader,
+    RssPeak,
+    StepIntervals,
+    StepState,
+    encode_record,
+)
+from meshscope.sdk.transport import CONTROL_SCHEMA, RECORD_SCHEMA, RecordSender, pack
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -51,11 +63,13 @@ if TYPE_CHECKING:
     from meshscope.sdk.settings import TrackerSettings
 
 log = logging.getLogger("meshscope.sdk")
+_perf_ns = time.perf_counter_ns
 
 MAX_DEFERRED_STEPS: Final = 4
+"""Steps a record may wait for its operations to complete before they are left out (and counted)."""
 ACTIVATION_STEPS: Final = 2
 """Steps (the first ones) in which :meth:`Tracker.saved_activations` scopes count; later scopes cost nothing."""
-"""Steps a record may wait for its operations to complete before they are left out (and counted)."""
+_SEQUENCES: Final = (list, tuple)
 SYNC_GAP_NS: Final = 100_000
 """A wait that starts within this many ns of its operation's issue makes the whole issue..return span blocked."""
 
@@ -111,6 +125,32 @@ class _Frame:
         self.phase = phase
         self.seg_start = seg_start
         self.step = step
+
+
+class _Group:
+    """A process group as the hot path sees it: attribution, sequence counter, and one :class:`OpMeta` per op."""
+
+    __slots__ = ("axis", "counter", "info", "metas", "pg", "size")
+
+    def __init__(self, pg: object, info: GroupInfo, counter: Iterator[int]) -> None:
+        self.pg = pg
+        self.info = info
+        self.axis = info.axis.value if info.axis is not None else None
+        """The axis' name; ``None``: unattributed (counted, not recorded)."""
+        self.size = info.size
+        """Members."""
+        self.counter = counter
+        """Sequence numbers of the group id (shared by every road that reaches the group)."""
+        self.metas: dict[str, OpMeta] = {}
+
+    def meta(self, op: str) -> OpMeta:
+        """The interval meta of ``op`` on this (attributed) group."""
+        meta = self.metas.get(op)
+        if meta is None:
+            info = self.info
+            meta = OpMeta(kind="comm", axis=str(self.axis), op=op, group=info.group_id, group_size=info.size, peer=None)
+            self.metas[op] = meta
+        return meta
 
 
 class _PhaseContext:
@@ -248,7 +288,10 @@ class Tracker:
         self.settings = settings
         self._clock: HostClock = HostClock()
         self._clock_chosen = False
-        self._cuda = False
+        self.on_device = False
+        """Whether marks of device work are CUDA events (``False``: everything is host time)."""
+        self._mark_end: Callable[[], Mark] = time.perf_counter_ns
+        """How a completion callback marks an operation's end (the CUDA clock's event recorder on GPU)."""
         self._sender = RecordSender(settings.collector)
         self._faults: dict[str, int] = {}
         self._sent = 0
@@ -260,13 +303,20 @@ class Tracker:
         self._steps_finished = 0
         self._stack: list[_Frame] = []
         self._pending: list[StepState] = []
-        self._groups: dict[int, tuple[Any, GroupInfo]] = {}
-        self._by_name: dict[str, GroupInfo] = {}
+        self._groups: dict[int, _Group] = {}
+        """By ``id()`` of the ProcessGroup object (checked against :attr:`_Group.pg`)."""
+        self._by_name: dict[str, _Group] = {}
+        """By c10d group name (the functional collectives' road)."""
+        self._p2p: dict[tuple[str, str, int], OpMeta] = {}
         self._registered: dict[str, tuple[str, MeshAxis | None]] = {}
         self._ids: dict[str, str] = {}
         self._seq: dict[str, Iterator[int]] = {}
-        self._by_work: dict[int, Op] = {}
-        self._by_storage: dict[int, Op] = {}
+        self._by_work: dict[int, list[Any]] = {}
+        """Operations in flight by ``id()`` of their ``Work`` (held in the operation, so the id stays unique)."""
+        self._by_storage: dict[int, list[Any]] = {}
+        """Functional collectives in flight by the storage address of their outputs (held in the operation, so the
+        address stays theirs). The storage, as in c10d's own registry, so that a wait on a view finds them too."""
+        self._head: RecordHeader | None = None
         self._phase_contexts = {name: _PhaseContext(self, kind, ph) for name, (kind, ph) in PHASES.items()}
         self._mesh_coord: dict[str, int] = {}
         self._coord_cache: dict[str, int] | None = None
@@ -276,7 +326,6 @@ class Tracker:
         self._activations: dict[str, dict[int, list[int]]] = {}
         for problem in settings.problems:
             log.warning("meshscope: %s", problem)
-        Op.mark = time.perf_counter_ns
         capture.install(self)
         self._send_control("hello")
 
@@ -318,6 +367,7 @@ class Tracker:
                 if coordinate is not None and name in {a.value for a in AXES}:
                     self._mesh_coord[name] = int(coordinate[i])
             self._coord_cache = None
+            self._head = None
         except Exception as exc:  # noqa: BLE001
             self.fault("register_mesh", exc)
 
@@ -447,6 +497,17 @@ class Tracker:
             }
         self._send_control("measurements", measurements=measurements)
 
+    def _counters_dict(self) -> dict[str, int]:
+        """:meth:`counters` as the ``sdk`` object of a record, without the dataclass (built every step)."""
+        return {
+            "records_sent": self._sent,
+            "records_dropped": self._dropped,
+            "hook_errors": sum(self._faults.values()),
+            "unattributed_ops": self._unattributed,
+            "incomplete_ops": self._incomplete,
+            "phases_outside_step": self._outside,
+        }
+
     def counters(self) -> TrackerCounters:
         """A snapshot of the drop and failure counters."""
         return TrackerCounters(
@@ -476,11 +537,7 @@ class Tracker:
         with contextlib.suppress(Exception):
             self._capture.uninstall()
         self._sender.close()
-
-    @property
-    def on_device(self) -> bool:
-        """Whether marks are CUDA events (``False``: host clock)."""
-        return self._cuda
+        self._rss.close()
 
     @property
     def in_step(self) -> bool:
@@ -504,9 +561,12 @@ class Tracker:
     # ------------------------------------------------------------------ marks
 
     def device_mark(self, host_ns: int) -> Mark:
-        """A mark for device work: ``host_ns`` itself on CPU, a CUDA event on GPU."""
-        if self._cuda:
-            return self._clock.device_mark()
+        """A mark for device work: ``host_ns`` itself on CPU, a CUDA event on GPU (``host_ns`` if recording fails)."""
+        if self.on_device:
+            try:
+                return self._clock.device_mark()
+            except Exception as exc:  # noqa: BLE001 - a host mark is a valid mark on the CUDA clock too
+                self.fault("device mark", exc)
         return host_ns
 
     def _choose_clock(self) -> None:
@@ -518,8 +578,9 @@ class Tracker:
 
                 clock = CudaClock(torch)
                 self._clock = clock
-                self._cuda = True
-                Op.mark = clock.device_mark
+                self.on_device = True
+                self._mark_end = clock.device_mark
+                self._head = None  # the record's gpu field follows LOCAL_RANK on CUDA
         except Exception as exc:  # noqa: BLE001
             self.fault("cuda clock", exc)
 
@@ -533,26 +594,31 @@ class Tracker:
             self._registered[pg.group_name] = (name, axis)
             self._groups.pop(id(pg), None)
             self._by_name.pop(pg.group_name, None)
+            self._p2p.clear()
             self._group_of_pg(pg)
         except Exception as exc:  # noqa: BLE001
             self.fault("register_groups", exc)
 
-    def _group_of_pg(self, pg: ProcessGroup) -> GroupInfo:
-        hit = self._groups.get(id(pg))
-        if hit is not None and hit[0] is pg:
-            return hit[1]
+    def _group_of_pg(self, pg: ProcessGroup) -> _Group:
+        group = self._groups.get(id(pg))
+        if group is not None and group.pg is pg:
+            return group
         info = self._resolve(pg)
-        self._groups[id(pg)] = (pg, info)
-        self._by_name[pg.group_name] = info
-        return info
+        counter = self._seq.get(info.group_id)
+        if counter is None:
+            counter = self._seq.setdefault(info.group_id, itertools.count())
+        group = _Group(pg, info, counter)
+        self._groups[id(pg)] = group
+        self._by_name[pg.group_name] = group
+        return group
 
-    def _group_of_name(self, group_name: str) -> GroupInfo:
-        info = self._by_name.get(group_name)
-        if info is None:
+    def _group_of_name(self, group_name: object) -> _Group:
+        group: _Group | None = self._by_name.get(group_name)  # type: ignore[call-overload]
+        if group is None:
             resolve = getattr(self._dist.distributed_c10d, "_resolve_process_group")  # noqa: B009 - private API
-            pg = resolve(group_name)
-            info = self._group_of_pg(pg)
-        return info
+            group = self._group_of_pg(resolve(str(group_name)))
+            self._by_name[group_name] = group  # type: ignore[index]
+        return group
 
     def _resolve(self, pg: ProcessGroup) -> GroupInfo:
         ranks = tuple(int(r) for r in self._dist.get_process_group_ranks(pg))
@@ -584,162 +650,172 @@ class Tracker:
         return next(counter)
 
     # ------------------------------------------------------------------ capture callbacks (hot path)
+    #
+    # Per captured operation: one dict lookup for the group (cached per ProcessGroup object or group name), one
+    # ``next()`` for its sequence number, one small list (steps.new_op's layout) appended to the step, one dict entry
+    # keyed by the id of what ends it, and two clock reads; the wait adds one window tuple. No per-op dicts, objects
+    # or keyword calls: records are assembled after the step (meshscope.sdk.steps).
 
-    def on_collective(
-        self, pg: ProcessGroup, op: str, size_of: Callable[[tuple[Any, ...], int], int], args: tuple[Any, ...]
-    ) -> Op | None:
-        """A ``ProcessGroup`` collective is being issued; returns its record when it belongs in the current step."""
-        t0 = time.perf_counter_ns()
-        info = self._group_of_pg(pg)
-        if info.axis is None:
-            if info.size > 1:
-                self._unattributed += 1
-            return None
-        seq = self._next_seq(info.group_id)
-        st = self._step
-        if st is None:
-            return None
-        rec = Op(
-            kind="comm",
-            axis=info.axis.value,
-            op=op,
-            group=info.group_id,
-            seq=seq,
-            nbytes=size_of(args, info.size),
-            group_size=info.size,
-            peer=None,
-            start=t0,
-        )
-        if self._cuda:
-            rec.start = self._clock.device_mark()
-        st.ops.append(rec)
-        return rec
-
-    def on_p2p(self, pg: ProcessGroup, op: str, args: tuple[Any, ...]) -> Op | None:
-        """A ``send``/``recv`` is being issued; returns its record when it belongs in the current step."""
-        t0 = time.perf_counter_ns()
-        info = self._group_of_pg(pg)
-        rank = self.settings.rank
-        if len(args) < 2 or not isinstance(args[1], int):  # recv_anysource: no peer to join with
-            self._unattributed += 1
-            return None
-        peer = info.global_rank(args[1])
-        axis = info.axis if info.axis is not None else p2p_axis(self.settings.layout, rank, peer)
-        if axis is None:
-            self._unattributed += 1
-            return None
-        src, dst = (rank, peer) if op == "send" else (peer, rank)
-        gid = p2p_group_id(axis, src, dst)
-        seq = self._next_seq(gid)
-        st = self._step
-        if st is None:
-            return None
-        tensors = args[0]
-        nbytes = sum(int(t.nbytes) for t in tensors) if isinstance(tensors, list | tuple) else int(tensors.nbytes)
-        rec = Op(
-            kind="p2p", axis=axis.value, op=op, group=gid, seq=seq, nbytes=nbytes, group_size=None, peer=peer, start=t0
-        )
-        if self._cuda:
-            rec.start = self._clock.device_mark()
-        st.ops.append(rec)
-        return rec
-
-    def on_enqueued(self, rec: Op, work: Work | None, *, asynchronous: bool, completion: bool) -> None:
-        """The backend accepted ``rec``'s operation and returned ``work`` (a ``Work`` or ``None``).
+    def on_collective(  # noqa: PLR0917 - the hot path passes positionals, no keyword dict
+        self,
+        pg: ProcessGroup,
+        op: str,
+        size_of: Callable[[tuple[Any, ...], int], int],
+        args: tuple[Any, ...],
+        work: Work | None,
+        start: Mark,
+        completion: bool,  # noqa: FBT001
+    ) -> None:
+        """A ``ProcessGroup`` collective issued at mark ``start`` was accepted by the backend, which returned ``work``.
 
         Args:
-            rec: the operation's record.
-            work: what the backend returned.
-            asynchronous: the caller may wait later (or never): keep ``work`` so that an operation still unwaited
-                when its step ends gets a completion callback then.
-            completion: mark the end at completion now (``Future.then``), for operations never waited on from
-                Python (DDP's buckets). Otherwise the end is the return of the wait.
+            pg: the group.
+            op: the recorded op (``all_reduce`` ...).
+            size_of: its bytes from ``(args, group size)``.
+            args: the positional arguments of the call.
+            work: what the backend returned (a ``Work`` or ``None`` for a call that already completed).
+            start: the issue mark.
+            completion: mark the end at completion now (``Future.then``), for operations never waited on from Python
+                (DDP's buckets). Otherwise the end is the return of its wait (or a completion callback attached when
+                its step ends unwaited).
         """
+        group = self._groups.get(id(pg))
+        if group is None or group.pg is not pg:
+            group = self._group_of_pg(pg)
+        if group.axis is None:
+            if group.size > 1:
+                self._unattributed += 1
+            return
+        seq = next(group.counter)
+        st = self._step
+        if st is None:
+            return
+        meta = group.metas.get(op) or group.meta(op)
+        rec = [start, None, meta, seq, size_of(args, group.size), work, _perf_ns()]
+        st.ops.append(rec)
         if work is None:
-            rec.done()
+            rec[END] = self._mark_end()
             return
         self._by_work[id(work)] = rec
         if completion:
-            _on_completion(work, rec)
-        elif asynchronous:
-            rec.work = work
-        rec.issued_ns = time.perf_counter_ns()
+            _on_completion(work, rec, self._mark_end)
 
-    def on_wait(self, work_id: int, t0: int, m0: Mark) -> None:
-        """A ``Work.wait`` that started at ``t0`` (host ns) / ``m0`` (mark) returned now."""
-        t1 = time.perf_counter_ns()
-        m1 = self._clock.device_mark() if self._cuda else t1
-        rec = self._by_work.pop(work_id, None)
-        self._blocked(rec, t0, m0, m1)
-
-    def on_tensor_wait(self, tensor: Tensor | None, t0: int, m0: Mark) -> None:
-        """A functional ``wait_tensor`` that started at ``t0`` / ``m0`` returned now."""
-        t1 = time.perf_counter_ns()
-        m1 = self._clock.device_mark() if self._cuda else t1
-        rec = None
-        if self._by_storage and tensor is not None:
-            rec = self._by_storage.pop(tensor.untyped_storage().data_ptr(), None)
-        self._blocked(rec, t0, m0, m1)
-
-    def _blocked(self, rec: Op | None, t0: int, m0: Mark, m1: Mark) -> None:
-        start = m0
-        if rec is not None:
-            rec.work = None
-            if rec.end is None:
-                rec.end = m1
-            if t0 - rec.issued_ns < SYNC_GAP_NS:
-                start = rec.start
-        st = self._step
-        if st is not None:
-            st.windows.append([start, m1])
-
-    def on_functional(
-        self,
-        op: str,
-        *,
-        gather: bool,
-        args: tuple[Any, ...],
-        kwargs: Mapping[str, Any],
-        out: Tensor | list[Tensor],
-        m0: Mark,
+    def on_p2p(  # noqa: PLR0917 - positionals on the hot path
+        self, pg: ProcessGroup, op: str, peer_in_group: int | None, nbytes: int | None, work: Work | None, start: Mark
     ) -> None:
-        """A functional collective (``torch.ops._c10d_functional``) issued at mark ``m0`` returned ``out``."""
-        group_name = kwargs.get("group_name", args[-1] if args else None)
-        info = self._group_of_name(str(group_name))
-        if info.axis is None:
-            if info.size > 1:
-                self._unattributed += 1
+        """A ``send``/``recv`` issued at mark ``start`` was accepted by the backend, which returned ``work``.
+
+        ``peer_in_group`` is the other side's rank in ``pg`` (``None`` for a receive from any source: unattributed).
+        """
+        group = self._groups.get(id(pg))
+        if group is None or group.pg is not pg:
+            group = self._group_of_pg(pg)
+        if peer_in_group is None:  # recv_anysource: no peer to join with
+            self._unattributed += 1
             return
-        seq = self._next_seq(info.group_id)
+        peer = group.info.global_rank(peer_in_group)
+        key = (op, group.info.group_id, peer)
+        meta = self._p2p.get(key)
+        if meta is None:
+            rank = self.settings.rank
+            axis = group.info.axis if group.info.axis is not None else p2p_axis(self.settings.layout, rank, peer)
+            if axis is None:
+                self._unattributed += 1
+                return
+            src, dst = (rank, peer) if op == "send" else (peer, rank)
+            gid = p2p_group_id(axis, src, dst)
+            meta = OpMeta(kind="p2p", axis=axis.value, op=op, group=gid, group_size=None, peer=peer)
+            self._p2p[key] = meta
+        seq = self._next_seq(meta.group)
         st = self._step
         if st is None:
             return
-        nbytes = _tensor_bytes(out) if gather else _tensor_bytes(args[0] if args else kwargs.get("input"))
-        rec = Op(
-            kind="comm",
-            axis=info.axis.value,
-            op=op,
-            group=info.group_id,
-            seq=seq,
-            nbytes=nbytes,
-            group_size=info.size,
-            peer=None,
-            start=m0,
-        )
-        rec.issued_ns = time.perf_counter_ns()
+        rec = [start, None, meta, seq, nbytes, work, _perf_ns()]
         st.ops.append(rec)
-        outs = out if isinstance(out, list | tuple) else (out,)
-        for tensor in outs:
-            self._by_storage[tensor.untyped_storage().data_ptr()] = rec
+        if work is None:
+            rec[END] = self._mark_end()
+        else:
+            self._by_work[id(work)] = rec
+
+    def on_wait(self, work: Work, t0: int, m0: Mark) -> None:
+        """A ``Work.wait`` that started at ``t0`` (host ns) / ``m0`` (mark) returned now."""
+        t1 = _perf_ns()
+        m1 = self.device_mark(t1) if self.on_device else t1
+        rec = self._by_work.pop(id(work), None) if self._by_work else None
+        if rec is not None and rec[HANDLE] is work:
+            rec[HANDLE] = None
+            if rec[END] is None:
+                rec[END] = m1
+            if t0 - rec[ISSUED] < SYNC_GAP_NS:  # a synchronous call: blocked from its issue
+                m0 = rec[START]
+        st = self._step
+        if st is not None:
+            st.windows.append((m0, m1))
+
+    def on_tensor_wait(self, tensor: Tensor | None, t0: int, m0: Mark) -> None:
+        """A functional ``wait_tensor`` that started at ``t0`` / ``m0`` returned now."""
+        t1 = _perf_ns()
+        m1 = self.device_mark(t1) if self.on_device else t1
+        if self._by_storage and tensor is not None:
+            rec = self._by_storage.pop(tensor.untyped_storage().data_ptr(), None)
+            if rec is not None:
+                if isinstance(rec[HANDLE], _SEQUENCES):  # a coalesced op: its other outputs are done too
+                    self._forget_outputs(rec)
+                else:
+                    rec[HANDLE] = None
+                if rec[END] is None:
+                    rec[END] = m1
+                if t0 - rec[ISSUED] < SYNC_GAP_NS:
+                    m0 = rec[START]
+        st = self._step
+        if st is not None:
+            st.windows.append((m0, m1))
+
+    def _forget_outputs(self, rec: list[Any]) -> None:
+        """Drop a functional collective's outputs (held since issue) and their lookup entries."""
+        outs = rec[HANDLE]
+        rec[HANDLE] = None
+        by_storage = self._by_storage
+        for out in outs if isinstance(outs, _SEQUENCES) else (outs,):
+            key = out.untyped_storage().data_ptr()
+            if by_storage.get(key) is rec:
+                del by_storage[key]
+
+    def on_functional(
+        self, op: str, group_name: object, nbytes: int | None, out: Tensor | list[Tensor], start: Mark
+    ) -> None:
+        """A functional collective (``torch.ops._c10d_functional``) on ``group_name``, issued at ``start``, returned.
+
+        ``out`` is its output; the first ``wait_tensor`` on it ends the operation.
+        """
+        group = self._by_name.get(group_name)  # type: ignore[call-overload]
+        if group is None:
+            group = self._group_of_name(group_name)
+        if group.axis is None:
+            if group.size > 1:
+                self._unattributed += 1
+            return
+        seq = next(group.counter)
+        st = self._step
+        if st is None:
+            return
+        meta = group.metas.get(op) or group.meta(op)
+        rec = [start, None, meta, seq, nbytes, out, _perf_ns()]
+        st.ops.append(rec)
+        if isinstance(out, _SEQUENCES):
+            for tensor in out:
+                self._by_storage[tensor.untyped_storage().data_ptr()] = rec
+        else:
+            self._by_storage[out.untyped_storage().data_ptr()] = rec
 
     def on_ddp_last_bucket(self, future: Future[object]) -> None:
         """DDP issued its last bucket: backward now waits until that bucket's reduction completes."""
         st = self._step
         if st is None:
             return
-        window: list[Mark] = [self.device_mark(time.perf_counter_ns()), None]
+        window: list[Mark] = [self.device_mark(_perf_ns()), None]
         st.windows.append(window)
-        mark = Op.mark
+        mark = self._mark_end
 
         def closed(_fut: Future[object]) -> None:
             window[1] = mark()
@@ -750,13 +826,13 @@ class Tracker:
         """An attention call that started at ``m0`` returned now."""
         st = self._step
         if st is not None:
-            st.attention.append((m0, self.device_mark(time.perf_counter_ns())))
+            st.attention.append((m0, self.device_mark(_perf_ns())))
 
     def on_attention_backward(self, start: Mark) -> None:
         """An attention backward that started at ``start`` finished now."""
         st = self._step
         if st is not None and start is not None:
-            st.attention.append((start, self.device_mark(time.perf_counter_ns())))
+            st.attention.append((start, self.device_mark(_perf_ns())))
 
     # ------------------------------------------------------------------ steps and phases
 
@@ -770,11 +846,11 @@ class Tracker:
             self._choose_clock()
         self._capture.patch_pipelining_if_loaded()
         self._clock.on_step_start(self._steps_finished)
-        if self._cuda:
+        if self.on_device:
             self._torch.cuda.reset_peak_memory_stats()
         else:
             self._rss.reset()
-        now = time.perf_counter_ns()
+        now = _perf_ns()
         st = StepState(int(step), now, self.device_mark(now))
         self._step = st
         for frame in self._stack:  # phases opened before the step count from its start
@@ -785,7 +861,7 @@ class Tracker:
         st = self._step
         if st is None:
             return
-        now = time.perf_counter_ns()
+        now = _perf_ns()
         if self._stack and self._stack[-1].step is st:  # only the innermost open phase owns the time now
             top = self._stack[-1]
             st.segments.append((top.kind, top.phase, top.seg_start, self._mark_for(top.kind, now)))
@@ -796,11 +872,10 @@ class Tracker:
         st.end_ns = now
         st.end_mark = self.device_mark(now)
         st.peak_memory_bytes = self._peak_memory()
+        work_type = self._dist.Work
         for rec in st.ops:  # asynchronous operations nobody waited on: their completion ends them
-            if rec.work is not None:
-                if rec.end is None:
-                    _on_completion(rec.work, rec)
-                rec.work = None
+            if rec[END] is None and isinstance(rec[HANDLE], work_type):
+                _on_completion(rec[HANDLE], rec, self._mark_end)
         self._steps_finished += 1
         if self._steps_finished == ACTIVATION_STEPS and self._activations:
             self._send_measurements()
@@ -809,7 +884,7 @@ class Tracker:
         self._flush(final=False)
 
     def _push(self, kind: str, phase: str | None) -> None:
-        now = time.perf_counter_ns()
+        now = _perf_ns()
         st = self._step
         if st is None:
             self._outside += 1
@@ -824,7 +899,7 @@ class Tracker:
     def _pop(self) -> None:
         if not self._stack:
             return
-        now = time.perf_counter_ns()
+        now = _perf_ns()
         frame = self._stack.pop()
         st = self._step
         if st is None or frame.step is not st:
@@ -839,7 +914,7 @@ class Tracker:
 
     def _peak_memory(self) -> int | None:
         try:
-            if self._cuda:
+            if self.on_device:
                 return int(self._torch.cuda.max_memory_allocated())
             return self._rss.read()
         except Exception as exc:  # noqa: BLE001
@@ -856,35 +931,39 @@ class Tracker:
                 return
             self._pending.pop(0)
             try:
-                record, incomplete = build_record(st, clock=self._clock, header=self._header(), device=self._cuda)
-                self._incomplete += incomplete
+                intervals = StepIntervals(st, self._clock, device=self.on_device)
+                self._incomplete += intervals.incomplete
+                data = encode_record(st, intervals, header=self._record_header(), sdk=self._counters_dict())
             except Exception as exc:  # noqa: BLE001
                 self.fault("record", exc)
                 continue
             finally:
                 self._release(st)
-            record["sdk"] = self.counters().as_dict()
-            if self._sender.send(record):
+            if self._sender.send_bytes(pack(data)):
                 self._sent += 1
             else:
                 self._dropped += 1
 
     def _ready(self, st: StepState) -> bool:
-        if any(rec.end is None for rec in st.ops) or any(w[1] is None for w in st.windows):
+        if any(rec[END] is None for rec in st.ops) or any(w[1] is None for w in st.windows):
             return False
-        if not self._cuda:
+        if not self.on_device:
             return True
         ready = self._clock.ready
-        return ready(st.end_mark) and all(ready(rec.end) for rec in st.ops) and all(ready(w[1]) for w in st.windows)
+        return ready(st.end_mark) and all(ready(rec[END]) for rec in st.ops) and all(ready(w[1]) for w in st.windows)
 
     def _release(self, st: StepState) -> None:
-        if not st.ops:
-            return
-        ids = {id(rec) for rec in st.ops}
-        for table in (self._by_work, self._by_storage):
-            if table:
-                for key in [k for k, rec in table.items() if id(rec) in ids]:
-                    table.pop(key, None)
+        """Forget the step's operations: what ends them is no longer held, nor looked up."""
+        by_work = self._by_work
+        for rec in st.ops:
+            handle = rec[HANDLE]
+            if handle is None:
+                continue
+            if by_work.get(id(handle)) is rec:
+                del by_work[id(handle)]
+                rec[HANDLE] = None
+            else:
+                self._forget_outputs(rec)
 
     def _coord(self) -> dict[str, int]:
         if self._coord_cache is None:
@@ -899,6 +978,12 @@ class Tracker:
             self._coord_cache = coord
         return self._coord_cache
 
+    def _record_header(self) -> RecordHeader:
+        """The encoded identity fields; encoded again after what they depend on changed (a mesh, the CUDA clock)."""
+        if self._head is None:
+            self._head = RecordHeader(self._header())
+        return self._head
+
     def _header(self) -> dict[str, Any]:
         """The identity fields of every record, in schema order (``step`` is filled in per record)."""
         s = self.settings
@@ -909,7 +994,7 @@ class Tracker:
             header["nvlink_domain"] = s.nvlink_domain
         if s.network_tier is not None:
             header["network_tier"] = s.network_tier
-        gpu = s.gpu if s.gpu is not None else (s.local_rank if self._cuda else None)
+        gpu = s.gpu if s.gpu is not None else (s.local_rank if self.on_device else None)
         if gpu is not None:
             header["gpu"] = gpu
         return header
@@ -930,18 +1015,15 @@ class Tracker:
         )
 
 
-def _on_completion(work: Work, rec: Op) -> None:
+def _on_completion(work: Work, rec: list[Any], mark: Callable[[], Mark]) -> None:
     """End ``rec`` when ``work`` completes (at once if it has); backends without futures (gloo p2p) end at wait."""
+
+    def done(_future: Future[object]) -> None:  # runs on a backend thread: the first end wins
+        if rec[END] is None:
+            rec[END] = mark()
+
     with contextlib.suppress(RuntimeError):
-        work.get_future().then(rec.done)
-
-
-def _tensor_bytes(x: Tensor | list[Tensor] | None) -> int | None:
-    if x is None:
-        return None
-    if isinstance(x, list | tuple):
-        return sum(int(t.nbytes) for t in x)
-    return int(x.nbytes)
+        work.get_future().then(done)
 
 
 _ACTIVE_TRACKER: list[Tracker] = []

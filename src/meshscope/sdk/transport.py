@@ -88,7 +88,11 @@ def parse_address(address: str) -> str | bytes:
 
 def encode(message: dict[str, Any]) -> bytes:
     """One datagram for ``message``: compact JSON, zlib-compressed above :data:`COMPRESS_ABOVE_BYTES`."""
-    data = json.dumps(message, separators=(",", ":"), ensure_ascii=False).encode()
+    return pack(json.dumps(message, separators=(",", ":"), ensure_ascii=False).encode())
+
+
+def pack(data: bytes) -> bytes:
+    """One datagram for encoded JSON ``data``: itself, or zlib-compressed above :data:`COMPRESS_ABOVE_BYTES`."""
     if len(data) > COMPRESS_ABOVE_BYTES:
         return zlib.compress(data, 1)
     return data
