@@ -15,7 +15,9 @@ under 5 µs per captured collective):
    load than wall time (other processes take wall time from the job, not CPU time). Two jobs: **the CPU job** is the
    one ``meshscope demo`` runs (8 ranks, pp=2 dp=2 tp=2, an emulated accelerator at 40 ms per block forward:
    sleeps make its timing deterministic, cpu-testbed.md §5.2); the **real-compute job** is dp=2 tp=2 on 4 ranks with
-   no emulation (every step is CPU work, the worst case for a CPU overhead).
+   no emulation (every step is CPU work, the worst case for a CPU overhead). Per kind of thread (the training thread,
+   gloo's TCP loops, gloo's workers, others), every thread's CPU clock over the measured steps, and the paired
+   differences on - off with their 95 % interval: where extra CPU outside the training thread would come from.
 2. **The hot path per captured operation**: a 1-process gloo group, blocks of 100 operations alternating without and
    with a tracker; per operation the difference of the medians in wall time and in CPU time of the calling thread
    (``time.thread_time``: what the SDK itself costs, without the backend thread's wake-up jitter). Also per attention
@@ -72,6 +74,7 @@ def as_rank(out_dir: Path, script: str, args: list[str], *, census: bool) -> Non
     from meshscope.sdk import tracker as tracker_module  # noqa: PLC0415
 
     steps: list[tuple[float, float, float, float]] = []
+    threads = ThreadCpu()
     counts: dict[str, int] = dict.fromkeys(("collective", "functional", "p2p", "attention", "phase"), 0)
 
     class Timed:
@@ -89,6 +92,7 @@ def as_rank(out_dir: Path, script: str, args: list[str], *, census: bool) -> Non
             self.inner.__exit__(*exc)
             e1 = time.thread_time()
             steps.append((time.perf_counter() - self.t0, time.process_time() - self.c0, e1 - e0, e1 - self.tt0))
+            threads.after_step(len(steps))  # outside every timed span
 
     def timed_step(orig: Callable[[Any, int], Any]) -> Callable[[Any, int], Timed]:
         return lambda self, step: Timed(orig(self, step))
@@ -121,10 +125,66 @@ def as_rank(out_dir: Path, script: str, args: list[str], *, census: bool) -> Non
     try:
         runpy.run_path(script, run_name="__main__")
     finally:
-        (out_dir / f"rank-{rank}.json").write_text(json.dumps({"steps": steps, "counts": counts}))
+        (out_dir / f"rank-{rank}.json").write_text(
+            json.dumps({"steps": steps, "counts": counts, "threads": threads.used(), "thread_steps": threads.steps})
+        )
+
+
+def thread_cpu_ns() -> dict[str, int]:
+    """CPU ns of every thread of this process so far, by ``kind:tid`` (kind: ``main`` or the thread's comm name).
+
+    A thread's CPU clock is read through its Linux clock id, ``((~tid) << 3) | 6`` (``CPUCLOCK_SCHED`` |
+    ``CPUCLOCK_PERTHREAD``: ``MAKE_THREAD_CPUCLOCK`` in the kernel's ``include/linux/posix-timers.h``), in ns, unlike
+    ``/proc/.../stat``'s 10 ms ticks; the threads of native code (gloo's workers, OpenMP) are included.
+    """
+    out: dict[str, int] = {}
+    pid = os.getpid()
+    for entry in Path("/proc/self/task").iterdir():
+        tid = int(entry.name)
+        try:
+            cpu = time.clock_gettime_ns(((~tid) << 3) | 6)
+            comm = "main" if tid == pid else (entry / "comm").read_text().strip()
+        except OSError:  # the thread ended meanwhile
+            continue
+        out[f"{comm}:{tid}"] = cpu
+    return out
+
+
+class ThreadCpu:
+    """Every thread's CPU over the measured steps: read at the end of the warm-up and after every later step."""
+
+    __slots__ = ("first", "last", "steps")
+
+    def __init__(self) -> None:
+        self.first: dict[str, int] = {}
+        self.last: dict[str, int] = {}
+        self.steps = 0
+        """Measured steps between the two readings."""
+
+    def after_step(self, finished: int) -> None:
+        """``finished`` steps have ended (this one included)."""
+        if finished == WARMUP_STEPS:
+            self.first = thread_cpu_ns()
+        elif finished > WARMUP_STEPS:
+            self.last = thread_cpu_ns()
+            self.steps = finished - WARMUP_STEPS
+
+    def used(self) -> dict[str, int]:
+        """CPU ns per thread (``kind:tid``) over the measured steps; a thread started meanwhile counts from 0."""
+        return {k: v - self.first.get(k, 0) for k, v in self.last.items()}
 
 
 # ====================================================================== 1. the job, SDK on vs off
+
+THREAD_KINDS: dict[str, str] = {
+    "main": "training thread",
+    "gloo_tcp_loop": "gloo TCP loops",
+    "pt_gloo_runloop": "gloo workers",
+}
+"""Thread name (``comm``) -> how the per-thread table calls it. gloo's TCP loop (one per process-group device) reads
+and writes the sockets; its workers (``ProcessGroupGloo``'s run loops, 2 per group) run the collectives' algorithms
+and the completion callbacks of their futures."""
+OTHER_THREADS = "other threads"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -153,6 +213,8 @@ class RunResult:
     """Median over rank-steps of the training thread's CPU seconds spent ending a step (the SDK's record)."""
     counts: dict[str, float] = field(default_factory=dict)
     """Census: captured calls per rank-step, by kind."""
+    threads_s: dict[str, float] = field(default_factory=dict)
+    """CPU seconds per rank-step by kind of thread (:data:`THREAD_KINDS`), over the measured steps, mean over ranks."""
 
 
 def run_once(job: JobSpec, *, enabled: bool, steps: int, out: Path, census: bool = False) -> RunResult:
@@ -190,7 +252,14 @@ def run_once(job: JobSpec, *, enabled: bool, steps: int, out: Path, census: bool
     thread_cpu_s = statistics.median(sum(s[i][3] for s in per_rank) for i in range(n))
     counted_steps = job.nproc * (steps + WARMUP_STEPS)
     counts = {k: sum(r["counts"][k] for r in ranks) / counted_steps for k in ranks[0]["counts"]}
-    return RunResult(step_s=step_s, cpu_s=cpu_s, thread_cpu_s=thread_cpu_s, end_s=end_s, counts=counts)
+    threads_s = dict.fromkeys((*THREAD_KINDS.values(), OTHER_THREADS), 0.0)
+    for r in ranks:
+        for key, ns in r["threads"].items():
+            kind = THREAD_KINDS.get(key.rsplit(":", 1)[0], OTHER_THREADS)
+            threads_s[kind] += ns / 1e9 / max(1, r["thread_steps"]) / job.nproc
+    return RunResult(
+        step_s=step_s, cpu_s=cpu_s, thread_cpu_s=thread_cpu_s, end_s=end_s, counts=counts, threads_s=threads_s
+    )
 
 
 def _quartiles(xs: list[float]) -> tuple[float, float]:
@@ -259,6 +328,7 @@ def print_job_summary(s: JobSummary) -> None:
             f"{off:7.1f} ms {on:7.1f} ms"
         )
     extra_cpu = statistics.median((on.cpu_s - off.cpu_s) / s.job.nproc for off, on in s.rounds)
+    print_threads(s)
     step = s.median("step_s", on=False)
     end_on, end_off = s.median("end_s", on=True) * 1e6, s.median("end_s", on=False) * 1e6
     print(
@@ -285,6 +355,28 @@ def print_job_summary(s: JobSummary) -> None:
             f"{BAR} (noise; run more rounds on an idle machine). The CPU-implied ratio above is the steadier figure"
         )
     print(f"    bar (step time ratio <= {BAR}): {verdict}")
+
+
+def print_threads(s: JobSummary) -> None:
+    """Extra CPU per rank-step by kind of thread: paired differences on - off, median and 95 % interval."""
+    kinds = list(s.rounds[0][0].threads_s)
+    if not kinds:
+        return
+    print("    CPU per rank-step by thread (whole measured steps, read from each thread's CPU clock):")
+    print(f"      {'thread':18s} {'off':>9s} {'on':>9s} {'on - off: median':>17s} {'95 % CI of median':>19s}")
+    for kind in [*kinds, "all threads"]:
+
+        def total(r: RunResult, kind: str = kind) -> float:
+            return sum(r.threads_s.values()) if kind == "all threads" else r.threads_s[kind]
+
+        diffs = [(total(on) - total(off)) * 1e3 for off, on in s.rounds]
+        lo, hi = _bootstrap_median(diffs)
+        off_ms = statistics.median(total(off) for off, _ in s.rounds) * 1e3
+        on_ms = statistics.median(total(on) for _, on in s.rounds) * 1e3
+        print(
+            f"      {kind:18s} {off_ms:6.2f} ms {on_ms:6.2f} ms {statistics.median(diffs):+14.2f} ms "
+            f"{lo:+8.2f}..{hi:+.2f} ms"
+        )
 
 
 # ====================================================================== 2. hot path per operation
