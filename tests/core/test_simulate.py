@@ -20,6 +20,8 @@ from meshscope.cli import main
 from meshscope.errors import ParseError, SpecError
 from meshscope.layout import AXES, MeshAxis
 from meshscope.loading import spec_from_manifest
+from meshscope.placement import Placement
+from meshscope.plan import plan_job
 from meshscope.plan.timing import stage_compute
 from meshscope.records import AXIS_CODE, KIND_CODE, OP_CODE, PHASE_CODE, read_table, write_records
 from meshscope.simulate import (
@@ -41,6 +43,7 @@ from meshscope.simulate import (
     parse_fault,
     simulate,
 )
+from meshscope.simulation.model import Slot, build_model
 from meshscope.simulation.scenarios import scenario_from_mapping
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -737,3 +740,30 @@ def test_context_parallel_ring_runs_a_third_forward_two_thirds_backward() -> Non
     assert backward == pytest.approx(2 * forward, rel=1e-6)
     names = {t.group_name(int(g)) for g in iv.group[ring]}
     assert names == {"cp:2-0"}  # rank 0 receives from the previous member of its ring (ranks 0 and 2)
+
+
+@pytest.mark.parametrize(("kind", "cp"), [("p2p", 4), ("p2p", 2), ("all_gather", 4), ("a2a", 2)])
+def test_context_parallel_traffic_is_split_between_forward_and_backward_as_its_comm_type_runs(
+    kind: str, cp: int
+) -> None:
+    # Per attention layer and micro-batch, with c = the K/V chunk one rank holds (tiny: K and V of equal width):
+    # p2p: forward cp - 1 ring steps of c; backward c first, dK/dV last, 2c in each of the cp - 2 middle steps.
+    # all_gather: forward gathers K and V (cp·c in all); backward gathers them again and reduce-scatters dK, dV.
+    # a2a: Q, K, V and the output forward; their gradients backward, the same sizes.
+    forward_units, backward_units = {
+        "p2p": (cp - 1, 2 + 2 * (cp - 2)),
+        "all_gather": (cp, 2 * cp),
+        "a2a": (1, 1),
+    }[kind]
+    manifest = job(parallelism={"cp": cp, "cpCommType": kind}, training={"globalBatchSize": 4}, gpus_per_node=cp)
+    spec = spec_from_manifest(manifest)
+    placement = Placement.for_hardware(spec.world_size, spec.hardware)
+    model = build_model(spec, plan_job(spec, placement=placement), placement, Phases())
+    moved = dict.fromkeys((Slot.IN_FORWARD, Slot.IN_BACKWARD), 0.0)
+    for stage in model.stages:
+        for item in stage.items:
+            if item.group.name == "cp":
+                moved[item.slot] += item.instances * item.message_bytes
+    assert set(moved) == {Slot.IN_FORWARD, Slot.IN_BACKWARD}
+    assert moved[Slot.IN_FORWARD] > 0
+    assert moved[Slot.IN_FORWARD] / moved[Slot.IN_BACKWARD] == pytest.approx(forward_units / backward_units)

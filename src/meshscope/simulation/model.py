@@ -384,15 +384,29 @@ def _op_code(op: CollectiveOp) -> int:
 _IN_LAYER = ("tp", "etp", "cp", "ep", "tp-ep")
 
 
-def _slots(c: CollectivePlan, m: int, v: int) -> list[tuple[Slot, float, bool]]:
+def _forward_share(c: CollectivePlan, cp: int) -> float:
+    """Share of an in-layer collective's instances that run in forward passes (the rest run in backward).
+
+    Backward only: what the plan names ``(backward)`` (sequence parallelism's re-gather for weight gradients,
+    context parallelism's reduce-scatter of dK/dV under ``all_gather``) and the ``p2p`` ring's middle backward steps.
+    The ``p2p`` ring's single-size messages: ``cp - 1`` forward steps of ``cp + 1`` (plan.comms._cp_drafts). The rest
+    (tp, etp, ep; cp ``all_gather``'s K/V gathers, ``a2a``): as many in backward as in forward.
+    """
+    if c.purpose.endswith("(backward)") or (c.group == "cp" and "middle backward" in c.purpose):
+        return 0.0
+    if c.group == "cp" and c.op is CollectiveOp.SEND_RECV:
+        return (cp - 1) / (cp + 1)
+    return 0.5
+
+
+def _slots(c: CollectivePlan, m: int, v: int, cp: int) -> list[tuple[Slot, float, bool]]:
     """Where a plan collective runs and how many of its instances each occurrence of the slot carries."""
     passes = m * v
-    backward_only = c.group != "cp" and c.purpose.endswith("(backward)")
+    backward_only = c.purpose.endswith("(backward)")
     if c.group in _IN_LAYER:
-        if backward_only:  # sequence parallelism's re-gather for weight gradients
+        forward_share = _forward_share(c, cp)
+        if forward_share == 0.0:
             return [(Slot.IN_BACKWARD, c.count_per_step / passes, False)]
-        # Ring attention: K/V forward; K/V again plus dK/dV backward (plan.comms._cp_drafts); the rest: half each.
-        forward_share = 1 / 3 if c.group == "cp" else 0.5
         return [
             (Slot.IN_FORWARD, c.count_per_step * forward_share / passes, False),
             (Slot.IN_BACKWARD, c.count_per_step * (1 - forward_share) / passes, False),
@@ -527,7 +541,7 @@ def _stage_times(
                 hidden_fraction=min(max(hidden, 0.0), 1.0),
                 token_scaled=c.group in {"tp", "etp", "cp"},
             )
-            for slot, per, once in _slots(c, m, v)
+            for slot, per, once in _slots(c, m, v, spec.parallelism.layout.cp)
             if per > 0
         )
     return StageTimes(
