@@ -57,6 +57,13 @@ def _collectives_job(rank: int, world: int) -> dict[str, object]:
         raw = torch.ops._c10d_functional.all_reduce(torch.ones(3, 2), "sum", tp.group_name)
         torch.ops._c10d_functional.wait_tensor(raw[1:])  # waited through a view: found by its storage
         seen["functional_view"] = float(raw.sum())
+        rows = torch.zeros(7, 2)  # an _out variant gathering into a view at an offset, waited through another view
+        gather_out = rows[1:5]
+        torch.ops._c10d_functional.all_gather_into_tensor_out(
+            torch.full((2, 2), float(rank)), 2, tp.group_name, out=gather_out
+        )
+        torch.ops._c10d_functional.wait_tensor(rows)  # found by the storage both views share
+        seen["functional_out"] = rows[:, 0].tolist()
         if stage == 0:
             dist.send(torch.arange(7, dtype=torch.float32), dst=rank + 2, group=pp)
         else:
@@ -84,6 +91,7 @@ def _expected(rank: int) -> list[tuple[str, str, str, int]]:
         ("comm", "pp", "all_reduce", 3 * F32),  # async, ended by its wait
         ("comm", "tp", "all_reduce", 5 * 2 * F32),  # functional (DTensor's road)
         ("comm", "tp", "all_reduce", 3 * 2 * F32),  # functional, waited through a view of its output
+        ("comm", "tp", "all_gather", 4 * 2 * F32),  # functional _out variant into a view: the gathered rows
         p2p,
         ("comm", "tp", "barrier", 0),
     ]
@@ -106,6 +114,7 @@ def test_collectives_are_captured_with_axis_op_bytes_and_matching_seq(fork_job) 
         assert seen["broadcast"] == [rank % 2] * 6
         assert seen["functional"] == 20.0
         assert seen["functional_view"] == 12.0
+        assert seen["functional_out"] == [0.0, *[float(r) for r in tp_peers for _ in range(2)], 0.0, 0.0]
         if stage == 1:
             assert seen["recv"] == [float(i) for i in range(7)]
         assert seen["counters"]["unattributed_ops"] == 1
@@ -133,7 +142,7 @@ def test_collectives_are_captured_with_axis_op_bytes_and_matching_seq(fork_job) 
         for iv in ivs:
             if iv.kind is IntervalKind.COMM:
                 members[(iv.group, iv.seq)].append((rank, str(iv.op), iv.group_size))
-    assert len(members) == 2 * 5 + 2 * 4  # tp: 5 collectives x 2 groups; pp: 4 x 2
+    assert len(members) == 2 * 6 + 2 * 4  # tp: 6 collectives x 2 groups; pp: 4 x 2
     for (group, seq), ms in members.items():
         assert len(ms) == 2, (group, seq, ms)
         assert len({op for _, op, _ in ms}) == 1

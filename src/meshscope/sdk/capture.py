@@ -75,12 +75,19 @@ def _nbytes(x: Any) -> int:
 
 # op name, bytes from (positional args, group size); the conventions of meshscope.plan.comms: the whole buffer of an
 # all-reduce, the gathered (unsharded) buffer of all-gather and reduce-scatter, the send buffer of an all-to-all.
+# The common case (one plain tensor) is inlined: a call less per captured operation.
 def _arg0(a: tuple[Any, ...], _n: int) -> int:
-    return _nbytes(a[0]) if a else 0
+    if not a:
+        return 0
+    x = a[0]
+    return x.nbytes if type(x) is _Tensor else _nbytes(x)
 
 
 def _arg1(a: tuple[Any, ...], _n: int) -> int:
-    return _nbytes(a[1]) if len(a) > 1 else 0
+    if len(a) < 2:  # the second positional argument
+        return 0
+    x = a[1]
+    return x.nbytes if type(x) is _Tensor else _nbytes(x)
 
 
 def _arg0_times_n(a: tuple[Any, ...], n: int) -> int:
@@ -248,7 +255,8 @@ class _FunctionalOp:
             else:
                 name = args[-1]
                 first = args[0]
-            t.on_functional(self._op, name, _nbytes(out) if self._gather else _nbytes(first), out, m0)
+            sized = out if self._gather else first
+            t.on_functional(self._op, name, sized.nbytes if type(sized) is _Tensor else _nbytes(sized), out, m0)
         except Exception as exc:  # noqa: BLE001
             t.fault("functional collective capture", exc)
         return out

@@ -756,8 +756,14 @@ class Tracker:
         """A functional ``wait_tensor`` that started at ``t0`` / ``m0`` returned now."""
         t1 = _perf_ns()
         m1 = self.device_mark(t1) if self.on_device else t1
-        if self._by_storage and tensor is not None:
-            rec = self._by_storage.pop(tensor.untyped_storage().data_ptr(), None)
+        by_storage = self._by_storage
+        if by_storage and tensor is not None:
+            # The output itself first (its address is its storage's: no storage object to build); then, for a view,
+            # the storage's address. A view's own address lies inside its storage, which it keeps alive, so it is
+            # never the key of another held output.
+            rec = by_storage.pop(tensor.data_ptr(), None)
+            if rec is None:
+                rec = by_storage.pop(tensor.untyped_storage().data_ptr(), None)
             if rec is not None:
                 if isinstance(rec[HANDLE], _SEQUENCES):  # a coalesced op: its other outputs are done too
                     self._forget_outputs(rec)
@@ -777,7 +783,7 @@ class Tracker:
         rec[HANDLE] = None
         by_storage = self._by_storage
         for out in outs if isinstance(outs, _SEQUENCES) else (outs,):
-            key = out.untyped_storage().data_ptr()
+            key = _storage_key(out)
             if by_storage.get(key) is rec:
                 del by_storage[key]
 
@@ -804,9 +810,11 @@ class Tracker:
         st.ops.append(rec)
         if isinstance(out, _SEQUENCES):
             for tensor in out:
-                self._by_storage[tensor.untyped_storage().data_ptr()] = rec
-        else:
+                self._by_storage[_storage_key(tensor)] = rec
+        elif out.storage_offset():  # an ``_out`` variant's view: its storage's address (_storage_key, inlined)
             self._by_storage[out.untyped_storage().data_ptr()] = rec
+        else:  # a fresh output starts its storage: its own address is the storage's, without building a storage object
+            self._by_storage[out.data_ptr()] = rec
 
     def on_ddp_last_bucket(self, future: Future[object]) -> None:
         """DDP issued its last bucket: backward now waits until that bucket's reduction completes."""
@@ -1013,6 +1021,17 @@ class Tracker:
                 **extra,
             }
         )
+
+
+def _storage_key(tensor: Tensor) -> int:
+    """The address of ``tensor``'s storage, the key of a functional collective's output in flight.
+
+    Its own address when it starts the storage: ``untyped_storage()`` builds a Python object per call, which costs
+    several times more than ``data_ptr()`` inside a job.
+    """
+    if tensor.storage_offset():
+        return tensor.untyped_storage().data_ptr()
+    return tensor.data_ptr()
 
 
 def _on_completion(work: Work, rec: list[Any], mark: Callable[[], Mark]) -> None:
