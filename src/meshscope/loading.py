@@ -212,7 +212,7 @@ def load_spec(source: str | Path) -> JobSpec:
     path = Path(source)
     try:
         text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
+    except (OSError, ValueError) as exc:  # ValueError: not UTF-8, or a NUL byte in the path (from a scenario file)
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
         raise SpecError("", f"{path}: cannot read the TrainingJob file: {reason}") from None
     return load_spec_text(text, origin=str(path))

@@ -151,6 +151,16 @@ def test_missing_file_is_a_spec_error(tmp_path: Path) -> None:
         load_spec(tmp_path / "nope.yaml")
 
 
+def test_unreadable_paths_are_spec_errors(tmp_path: Path) -> None:
+    # A NUL byte in a path (a scenario file's ``spec:`` can hold one) and a file that is not UTF-8.
+    with pytest.raises(SpecError, match="cannot read the TrainingJob file: embedded null byte"):
+        load_spec("job\x00.yaml")
+    latin = tmp_path / "latin.yaml"
+    latin.write_bytes(b"metadata: {name: caf\xe9}\n")
+    with pytest.raises(SpecError, match=r"latin\.yaml: cannot read the TrainingJob file: 'utf-8' codec"):
+        load_spec(latin)
+
+
 def test_status_in_the_manifest_is_ignored() -> None:
     doc = manifest()
     doc["status"] = {"phase": "Running", "worldSize": 512}
