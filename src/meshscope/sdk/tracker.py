@@ -808,13 +808,8 @@ class Tracker:
         meta = group.metas.get(op) or group.meta(op)
         rec = [start, None, meta, seq, nbytes, out, _perf_ns()]
         st.ops.append(rec)
-        if isinstance(out, _SEQUENCES):
-            for tensor in out:
-                self._by_storage[_storage_key(tensor)] = rec
-        elif out.storage_offset():  # an ``_out`` variant's view: its storage's address (_storage_key, inlined)
-            self._by_storage[out.untyped_storage().data_ptr()] = rec
-        else:  # a fresh output starts its storage: its own address is the storage's, without building a storage object
-            self._by_storage[out.data_ptr()] = rec
+        for tensor in out if isinstance(out, _SEQUENCES) else (out,):
+            self._by_storage[_storage_key(tensor)] = rec
 
     def on_ddp_last_bucket(self, future: Future[object]) -> None:
         """DDP issued its last bucket: backward now waits until that bucket's reduction completes."""
