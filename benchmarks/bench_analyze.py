@@ -18,16 +18,21 @@ import sys
 import time
 from pathlib import Path
 
+from timing import machine_reference
+
 HERE = Path(__file__).resolve().parent
 
 
 def one(ranks: int, steps: int) -> dict[str, object]:
     sys.path.insert(0, str(HERE))
     from bench_breakdown import build_table  # noqa: PLC0415 - sibling script, imported on demand
-    from meshscope.analysis import analyze, render_analysis  # noqa: PLC0415
-    from meshscope.breakdown import break_down  # noqa: PLC0415
-    from meshscope.costs import index_rank_steps  # noqa: PLC0415
-    from meshscope.diagnosis import diagnose  # noqa: PLC0415
+    from meshscope.analysis import (  # noqa: PLC0415
+        analyze,
+        break_down,
+        diagnose,
+        index_rank_steps,
+        render_analysis,
+    )
 
     t = time.perf_counter()
     table = build_table(ranks, steps)
@@ -69,6 +74,7 @@ def main() -> None:
     if args.one:
         print(json.dumps(one(args.ranks[0], args.steps)))
         return
+    print(machine_reference(), flush=True)
     print(f"{'ranks':>7} {'intervals':>11} {'analyze':>9} {'breakdown':>10} {'index+diag':>11} {'peak RSS':>10}")
     for ranks in args.ranks:
         proc = subprocess.run(

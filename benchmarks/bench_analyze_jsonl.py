@@ -41,6 +41,8 @@ from typing import Any
 
 import yaml
 
+from timing import machine_reference
+
 HERE = Path(__file__).resolve().parent
 GIB = 2**30
 MIB = 2**20
@@ -60,7 +62,6 @@ PHASES = (
     ("collectives + memory comparison", ("compare_collectives", "compare_memory"), ()),
     ("JSON out", ("to_dict", "dump"), ()),
 )
-
 
 # ---------------------------------------------------------------------------------------------- measuring processes
 
@@ -212,6 +213,7 @@ def main() -> None:
     if args.phase_split:
         print(json.dumps(phase_split(*args.phase_split)))
         return
+    print(machine_reference(), flush=True)
     with tempfile.TemporaryDirectory(prefix="meshscope-bench-") as tmp:
         folder = args.keep or Path(tmp)
         folder.mkdir(parents=True, exist_ok=True)

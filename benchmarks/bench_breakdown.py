@@ -19,8 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from meshscope.breakdown import CATEGORIES, TICKS_PER_US, break_down
-from meshscope.layout import AXES, ParallelLayout
+from meshscope.analysis import CATEGORIES, TICKS_PER_US, break_down
 from meshscope.records import (
     AXIS_CODE,
     KIND_CODE,
@@ -32,7 +31,8 @@ from meshscope.records import (
     read_table,
     write_records,
 )
-from timing import Clock, peak_rss_mib
+from meshscope.topology import AXES, ParallelLayout
+from timing import Clock, machine_reference, peak_rss_mib
 
 TP, PP = 8, 4
 GPUS_PER_NODE, DOMAIN_GPUS = 8, 72
@@ -165,6 +165,7 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2, help="processes for read_table (default 2)")
     parser.add_argument("--read-only", action="store_true", help="time read_table on an existing --jsonl file")
     args = parser.parse_args()
+    print(machine_reference(), flush=True)
 
     clock = Clock()
     if args.read_only:

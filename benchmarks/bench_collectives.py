@@ -18,10 +18,10 @@ import statistics
 import time
 
 import bench_breakdown
-from meshscope.collectives import compare_collectives, stage_of_rows, stage_traffic
-from meshscope.loading import spec_from_manifest
+from meshscope.analysis import compare_collectives, stage_of_rows, stage_traffic
+from meshscope.jobs import spec_from_manifest
 from meshscope.plan import plan_job
-from timing import Clock, peak_rss_mib
+from timing import Clock, machine_reference, peak_rss_mib
 
 MICRO_BATCHES = 6
 
@@ -32,6 +32,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--repeat", type=int, default=5)
     args = parser.parse_args()
+    print(machine_reference(), flush=True)
 
     # build_table reads its template size from these module constants at call time.
     bench_breakdown.MICRO_BATCHES = MICRO_BATCHES

@@ -14,13 +14,10 @@ import sys
 import time
 from pathlib import Path
 
-from meshscope.hardware import default_hardware
-from meshscope.layout import ParallelLayout
-from meshscope.loading import load_spec
-from meshscope.models import lookup_model
-from meshscope.placement import Placement, axis_spans
-from meshscope.plan import plan_job
-from meshscope.search import SearchRequest, search_layouts
+from meshscope.jobs import load_spec, lookup_model
+from meshscope.plan import SearchRequest, plan_job, search_layouts
+from meshscope.topology import ParallelLayout, Placement, axis_spans, default_hardware
+from timing import machine_reference
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -35,6 +32,7 @@ def best_of(fn, repeat: int) -> tuple[float, float]:
 
 
 def main() -> None:
+    print(machine_reference(), flush=True)
     # 1. Placement check: 131,072 GPUs (16,384 nodes of 8), tp8 cp2 ep8 pp16 dp512, every axis' groups spanned.
     layout = ParallelLayout(dp=512, tp=8, pp=16, cp=2, ep=8)
     hw = default_hardware("H100", nodes=16_384)

@@ -50,6 +50,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from timing import machine_reference
+
 if TYPE_CHECKING:
     from collections.abc import Callable
 
@@ -60,7 +62,6 @@ BAR = 1.01
 WARMUP_STEPS = 2
 """Steps left out of every job figure: warm-up (allocations, first gathers) and the SDK's one-off measurements
 (model-state count, saved-tensor hooks), which run in steps 0 and 1 only."""
-
 
 # ====================================================================== inside every rank (--as-rank)
 
@@ -219,8 +220,8 @@ class RunResult:
 
 def run_once(job: JobSpec, *, enabled: bool, steps: int, out: Path, census: bool = False) -> RunResult:
     """Run ``job`` once and read what its ranks measured."""
-    from meshscope.layout import parse_layout  # noqa: PLC0415
-    from meshscope.running import RunSettings, run_job  # noqa: PLC0415
+    from meshscope.local import RunSettings, run_job  # noqa: PLC0415
+    from meshscope.topology import parse_layout  # noqa: PLC0415
 
     if out.exists():
         shutil.rmtree(out)
@@ -436,7 +437,7 @@ def bench_hot_path(blocks: int) -> HotPath:
     import torch.distributed as dist  # noqa: PLC0415
 
     from meshscope import sdk  # noqa: PLC0415
-    from meshscope.sdk.transport import RecordCollector  # noqa: PLC0415
+    from meshscope.sdk import RecordCollector  # noqa: PLC0415
 
     torch.set_num_threads(1)
     with socket.socket() as s:
@@ -576,6 +577,7 @@ def main() -> None:
     p.add_argument("--skip-job", action="store_true", help="only the hot-path measurement")
     p.add_argument("--script", type=Path, default=TRAIN_TINY, help="the training script (train_tiny's flags)")
     args = p.parse_args()
+    print(machine_reference(), flush=True)
     import torch  # noqa: PLC0415, F401 - imported once here, before the ranks fork
 
     jobs = [

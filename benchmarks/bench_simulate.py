@@ -4,7 +4,7 @@ Layout tp=8 (inside a node), pp=4, dp=512; 4 micro-batches per step (globalBatch
 optimizer, 1F1B. Per rank-step ~40 intervals: per micro-batch a pipeline receive, forward compute, the tensor-parallel
 all-reduce, compute, a send (and the same for the backward), plus the data-parallel reduce-scatter and all-gather and
 the optimizer. Faults: a straggler, a slow NIC, noise. Prints the build time, the intervals, the peak RSS
-(``resource.getrusage``) and the time of ``meshscope.breakdown.break_down`` on the result.
+(``resource.getrusage``) and the time of ``meshscope.analysis.breakdown.break_down`` on the result.
 
     .venv/bin/python benchmarks/bench_simulate.py                     # 16,384 ranks x 20 steps
     .venv/bin/python benchmarks/bench_simulate.py --nodes 256 --steps 5 --jsonl /tmp/sim.jsonl.gz
@@ -17,11 +17,11 @@ from pathlib import Path
 
 import numpy as np
 
-from meshscope.breakdown import CATEGORIES, TICKS_PER_US
-from meshscope.loading import spec_from_manifest
+from meshscope.analysis import CATEGORIES, TICKS_PER_US
+from meshscope.jobs import spec_from_manifest
 from meshscope.records import write_records
-from meshscope.simulate import Noise, SlowLink, Straggler, simulate
-from timing import Clock, peak_rss_mib
+from meshscope.simulation import Noise, SlowLink, Straggler, simulate
+from timing import Clock, machine_reference, peak_rss_mib
 
 
 def manifest(nodes: int) -> dict[str, object]:
@@ -46,6 +46,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--jsonl", type=Path, help="also write the records here and time it")
     args = parser.parse_args()
+    print(machine_reference(), flush=True)
 
     spec = spec_from_manifest(manifest(args.nodes))
     faults = [Straggler(rank=3, factor=1.3), SlowLink(node=5, factor=0.25), Noise(sigma=0.02)]

@@ -30,7 +30,7 @@ Every axis goes through PyTorch's own APIs where they work on gloo (reference: c
 
 Fault injection, made deterministic by ``--emulate`` (emulated accelerator time: every transformer block and the
 output layer sleep their forward FLOPs divided by an emulated peak, twice that in backward, so slowness shows on
-shared CPU cores; ``meshscope.emulation``): ``--straggler RANK:FACTOR`` (that rank computes FACTOR x slower),
+shared CPU cores; ``meshscope.local.emulation``): ``--straggler RANK:FACTOR`` (that rank computes FACTOR x slower),
 ``--imbalance RANK:FACTOR`` (the data-parallel replica holding RANK gets FACTOR x the sequences per micro-batch),
 ``--slow-loader MS`` (every rank's loader sleeps), ``--checkpoint-every N`` (a distributed checkpoint every N steps),
 ``--die RANK:STEP`` (that rank exits with code 3 when the step starts).
@@ -64,14 +64,14 @@ from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, 
 from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: N817
 
 from meshscope import sdk
-from meshscope.emulation import (
+from meshscope.local import (
     TinyJob,
     block_forward_flops_per_gpu,
     emulated_peak_flops_per_s,
     logits_forward_flops_per_gpu,
     tiny_model,
 )
-from meshscope.layout import parse_layout
+from meshscope.topology import parse_layout
 
 warnings.filterwarnings("ignore")
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from meshscope.models import Activation, ModelConfig, Norm, PositionEmbedding
+from meshscope.jobs.models import Activation, ModelConfig, Norm, PositionEmbedding
 
 
 def gpt_model(*, layers: int, h: int, a: int, s: int, v: int, tied: bool = True) -> ModelConfig:

@@ -3,40 +3,29 @@
 Exit codes: 0 success, 2 invalid input (the message on stderr, no traceback), 1 an internal error (a one-line
 message; ``MESHSCOPE_DEBUG=1`` shows the traceback). Human output carries a unit on every number; ``--json`` prints
 base units (bytes, seconds, FLOPs) for machines.
+
+Every command's arguments are defined here, in one place (the surface is frozen by a snapshot test); a command's
+modules are imported only when that command runs, so ``meshscope --version`` and ``meshscope --help`` import
+nothing of the core but this module, :mod:`meshscope.errors` and :mod:`meshscope.formatting`.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import sys
 import traceback
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from meshscope import __version__
-from meshscope.analysis import add_analyze_parser
-from meshscope.emulation import DEMO_BLOCK_MS
 from meshscope.errors import MeshscopeError
 from meshscope.formatting import human_bytes, human_count, human_seconds, human_si, percent, render_table
-from meshscope.hardware import default_hardware
-from meshscope.loading import load_spec
-from meshscope.models import PRESETS, lookup_model
-from meshscope.plan import plan_job
-from meshscope.records.memory import tune_memory_for_columns
-from meshscope.reporting import add_report_parser
-from meshscope.running import add_run_parser, demo_settings, run_job
-from meshscope.search import SearchRequest, search_layouts
-from meshscope.simulate import add_simulate_parser
-from meshscope.spec import Precision, Recompute
-from meshscope.summarizing import report_run
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Sequence
+    from collections.abc import Callable, Collection, Sequence
 
-    from meshscope.search import Candidate
+    from meshscope.plan import Candidate
 
 EXIT_OK = 0
 EXIT_INTERNAL = 1
@@ -50,56 +39,38 @@ class _Parser(argparse.ArgumentParser):
         self.exit(EXIT_USAGE, f"meshscope: error: {message} (see '{self.prog} --help')\n")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The whole command-line surface (frozen by a snapshot test)."""
+def build_parser(commands: Collection[str] | None = None) -> argparse.ArgumentParser:
+    """The whole command-line surface (frozen by a snapshot test).
+
+    Args:
+        commands: build only these commands' arguments (``meshscope --help`` still lists every command); ``None``
+            builds them all. :func:`main` passes the one command being run (none for ``--version`` or ``--help``),
+            so that no other command's modules load.
+    """
     parser = _Parser(prog="meshscope", description="Which parallelism axis is costing your training run time.")
     parser.add_argument("--version", action="version", version=f"meshscope {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
-
-    plan = sub.add_parser("plan", help="plan a TrainingJob: memory per stage, collectives, expected step time")
-    plan.add_argument("file", nargs="?", help="TrainingJob manifest (YAML)")
-    plan.add_argument("--json", action="store_true", help="print one JSON object (base units) instead of tables")
-    plan.add_argument("--search", action="store_true", help="enumerate layouts for --model on --gpus x --hardware")
-    plan.add_argument("--gpus", type=int, help="with --search: number of GPUs")
-    plan.add_argument("--model", help=f"with --search: model preset ({', '.join(PRESETS)})")
-    plan.add_argument("--hardware", help="with --search: GPU type from the catalogue (e.g. H100, B200, GB200)")
-    plan.add_argument("--global-batch", type=int, default=1024, help="with --search: sequences per step (1024)")
-    plan.add_argument("--seq-length", type=int, help="with --search: sequence length in tokens (model default)")
-    plan.add_argument("--precision", default="bf16", choices=[p.value for p in Precision], help="with --search")
-    plan.add_argument(
-        "--recompute", default="selective", choices=[r.value for r in Recompute], help="with --search (selective)"
-    )
-    plan.add_argument("--top", type=int, default=15, help="with --search: layouts to print (15)")
-    plan.set_defaults(handler=_cmd_plan)
-
-    demo = sub.add_parser(
-        "demo",
-        help="run the bundled tiny job on 8 local CPU ranks and show what meshscope measures",
-        description="Train examples/train_tiny.py on 8 local CPU ranks (pp=2, dp=2, tp=2 on two emulated nodes of 4, "
-        "emulated accelerator time), then print the cost table with the plan's expectations, the findings, the "
-        "per-stage expected-vs-measured comparison, and write OUT/report.html and OUT/trace.json.",
-    )
-    demo.add_argument("--cp", action="store_true", help="context-parallel variant: pp=2, cp=2, tp=2")
-    demo.add_argument("--ep", action="store_true", help="expert-parallel variant: MoE in every layer, ep=2")
-    demo.add_argument("--straggler", metavar="RANK:FACTOR", help="make RANK compute FACTOR x slower (e.g. 5:2)")
-    demo.add_argument(
-        "--imbalance", metavar="RANK:FACTOR", help="give RANK's data-parallel replica FACTOR x the tokens (e.g. 2:3)"
-    )
-    demo.add_argument("--steps", type=int, default=DEMO_STEPS, help=f"training steps ({DEMO_STEPS})")
-    demo.add_argument("--out", default="meshscope-demo", help="output directory (./meshscope-demo)")
-    demo.set_defaults(handler=_cmd_demo)
-    add_run_parser(sub, report=report_run)
-    add_analyze_parser(sub)
-    add_report_parser(sub)
-    add_simulate_parser(sub)
+    for name, (help_text, description, add_arguments) in _COMMANDS.items():
+        p = sub.add_parser(name, help=help_text, description=description)
+        if commands is None or name in commands:
+            add_arguments(p)
     return parser
+
+
+def _command_in(argv: Sequence[str]) -> str | None:
+    """The subcommand ``argv`` names: its first word that is not an option (the top level takes no values)."""
+    return next((arg for arg in argv if not arg.startswith("-")), None)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point; returns the exit code."""
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    words = sys.argv[1:] if argv is None else list(argv)
+    command = _command_in(words)
+    parser = build_parser(() if command is None else (command,))
+    args = parser.parse_args(words)
     if args.command in ("analyze", "report", "simulate"):  # (``run`` keeps its training command in args.command)
+        from meshscope.records import tune_memory_for_columns  # noqa: PLC0415
+
         tune_memory_for_columns()  # millions of intervals: cheap page faults, freed memory reused
     handler: Callable[[argparse.Namespace], int] = args.handler
     try:
@@ -129,6 +100,9 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         return _cmd_search(args)
     if not args.file:
         raise _UsageError("plan needs a TrainingJob FILE, or --search --gpus N --model NAME --hardware GPU")
+    from meshscope.jobs import load_spec  # noqa: PLC0415 - a command's modules load when it runs
+    from meshscope.plan import plan_job  # noqa: PLC0415
+
     spec = load_spec(args.file)
     plan = plan_job(spec)
     data = plan.to_dict()
@@ -252,6 +226,10 @@ def _cmd_search(args: argparse.Namespace) -> int:
     ]
     if missing:
         raise _UsageError(f"plan --search needs {', '.join(missing)}")
+    from meshscope.jobs import Precision, Recompute, lookup_model  # noqa: PLC0415 - loaded when the command runs
+    from meshscope.plan import SearchRequest, search_layouts  # noqa: PLC0415
+    from meshscope.topology import default_hardware  # noqa: PLC0415
+
     model = lookup_model(args.model)
     gpu = default_hardware(args.hardware, nodes=1).gpu
     if args.gpus < 1 or args.gpus % gpu.gpus_per_node:
@@ -307,59 +285,182 @@ def render_search(candidates: Sequence[Candidate]) -> str:
 # ---------------------------------------------------------------------------------------------------------- demo
 
 
-DEMO_STEPS = 8
-"""Training steps of ``meshscope demo`` (the first is left out of the analysis as warm-up)."""
-DEMO_RANKS = 8
-
-
-def _rank_factor(option: str, text: str | None) -> str | None:
-    """Check ``RANK:FACTOR`` (a rank of the demo, a factor > 0); returns it unchanged."""
-    if text is None:
-        return None
-    try:
-        rank_text, factor_text = text.split(":")
-        rank, factor = int(rank_text), float(factor_text)
-    except ValueError:
-        raise _UsageError(f"{option} {text!r}: expected RANK:FACTOR, e.g. 5:2") from None
-    if not 0 <= rank < DEMO_RANKS or not factor > 0:
-        raise _UsageError(f"{option} {text!r}: the rank must be 0..{DEMO_RANKS - 1} and the factor > 0")
-    return text
-
-
-def _cmd_demo(args: argparse.Namespace) -> int:
-    straggler = _rank_factor("--straggler", args.straggler)
-    imbalance = _rank_factor("--imbalance", args.imbalance)
-    if args.steps < 1:
-        raise _UsageError(f"--steps must be >= 1, got {args.steps}")
-    if importlib.util.find_spec("torch") is None:
-        raise _UsageError(
-            "meshscope demo trains a real PyTorch job: install the demo extra (pip install 'meshscope[demo]', "
-            "torch==2.13.0), or run 'make demo'"
-        )
-    settings = demo_settings(
-        Path(args.out), steps=args.steps, cp=args.cp, ep=args.ep, straggler=straggler, imbalance=imbalance
-    )
-    injected = []
-    if straggler:
-        rank, factor = straggler.split(":")
-        injected.append(f"rank {rank} computes {float(factor):g}x slower")
-    if imbalance:
-        rank, factor = imbalance.split(":")
-        injected.append(f"the data-parallel replica of rank {rank} gets {float(factor):g}x the tokens")
-        if settings.layout.dp < 3:
-            print(
-                f"meshscope demo: with {settings.layout.dp} data-parallel replicas an imbalance cannot be told from "
-                "a slow replica (it needs a majority of normal ones, docs/cost-table.md); expect a wait, not a finding"
-            )
-    print(
-        f"meshscope demo: examples/train_tiny.py on {DEMO_RANKS} local CPU ranks, {settings.layout.describe()}, "
-        f"two emulated nodes of 4 ranks, emulated accelerator ({DEMO_BLOCK_MS:g} ms per transformer block forward), "
-        f"{args.steps} steps; injected: {', '.join(injected) if injected else 'nothing (a clean run)'}\n",
-        flush=True,
-    )
-    return run_job(settings, report=report_run)
-
-
 def _print_json(data: object) -> None:
     json.dump(data, sys.stdout, indent=2, sort_keys=False)
     sys.stdout.write("\n")
+
+
+# ---------------------------------------------------------------------------------------------------------- the surface
+# Each command: (help, description, a function adding its arguments and handler). A handler imports the package that
+# runs the command when it is called; an arguments function imports only what its defaults and choices need.
+
+
+def _plan_arguments(plan: argparse.ArgumentParser) -> None:
+    from meshscope.jobs import PRESETS, Precision, Recompute  # noqa: PLC0415 - choices and help of this command
+
+    plan.add_argument("file", nargs="?", help="TrainingJob manifest (YAML)")
+    plan.add_argument("--json", action="store_true", help="print one JSON object (base units) instead of tables")
+    plan.add_argument("--search", action="store_true", help="enumerate layouts for --model on --gpus x --hardware")
+    plan.add_argument("--gpus", type=int, help="with --search: number of GPUs")
+    plan.add_argument("--model", help=f"with --search: model preset ({', '.join(PRESETS)})")
+    plan.add_argument("--hardware", help="with --search: GPU type from the catalogue (e.g. H100, B200, GB200)")
+    plan.add_argument("--global-batch", type=int, default=1024, help="with --search: sequences per step (1024)")
+    plan.add_argument("--seq-length", type=int, help="with --search: sequence length in tokens (model default)")
+    plan.add_argument("--precision", default="bf16", choices=[p.value for p in Precision], help="with --search")
+    plan.add_argument(
+        "--recompute", default="selective", choices=[r.value for r in Recompute], help="with --search (selective)"
+    )
+    plan.add_argument("--top", type=int, default=15, help="with --search: layouts to print (15)")
+    plan.set_defaults(handler=_cmd_plan)
+
+
+DEMO_STEPS = 8
+"""Training steps of ``meshscope demo`` (the first is left out of the analysis as warm-up)."""
+
+
+def _demo_arguments(demo: argparse.ArgumentParser) -> None:
+    demo.add_argument("--cp", action="store_true", help="context-parallel variant: pp=2, cp=2, tp=2")
+    demo.add_argument("--ep", action="store_true", help="expert-parallel variant: MoE in every layer, ep=2")
+    demo.add_argument("--straggler", metavar="RANK:FACTOR", help="make RANK compute FACTOR x slower (e.g. 5:2)")
+    demo.add_argument(
+        "--imbalance", metavar="RANK:FACTOR", help="give RANK's data-parallel replica FACTOR x the tokens (e.g. 2:3)"
+    )
+    demo.add_argument("--steps", type=int, default=DEMO_STEPS, help=f"training steps ({DEMO_STEPS})")
+    demo.add_argument("--out", default="meshscope-demo", help="output directory (./meshscope-demo)")
+    demo.set_defaults(handler=_cmd_demo)
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from meshscope.local import demo_command  # noqa: PLC0415 - loaded when the command runs
+
+    return demo_command(args)
+
+
+def _run_arguments(run: argparse.ArgumentParser) -> None:
+    run.add_argument("--nproc", type=int, required=True, help="ranks to launch (the world size)")
+    run.add_argument("--layout", help="parallel layout, e.g. dp=2,tp=2,pp=2 (default: the spec's, else dp=NPROC)")
+    run.add_argument("--spec", help="TrainingJob manifest the run stands for (layout, hardware, model)")
+    run.add_argument("--out", help="output directory (default: ./meshscope-run-<time>)")
+    run.add_argument("--job", help="job name written into the records (default: the spec's name, else 'local')")
+    run.add_argument(
+        "--launcher",
+        choices=["auto", "fork", "exec"],
+        default="auto",
+        help="fork: python only, torch imported once (fast); exec: any command; auto (default): fork when possible",
+    )
+    run.add_argument("--grace", type=float, default=5.0, help="seconds between SIGTERM and SIGKILL (5)")
+    run.add_argument("--gpus-per-node", type=int, help="ranks per emulated node (default: the spec's, else all)")
+    run.add_argument("command", nargs=argparse.REMAINDER, help="-- then the training command")
+    run.set_defaults(handler=_cmd_run)
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    from meshscope.local import run_command  # noqa: PLC0415 - loaded when the command runs
+
+    return run_command(args)
+
+
+def _analyze_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("records", nargs="+", help="step-record files (JSON lines, .gz ok), e.g. one per rank")
+    p.add_argument("--spec", help="TrainingJob manifest (YAML): adds the plan's expected numbers")
+    p.add_argument("--json", action="store_true", help="print one JSON object (base units) instead of tables")
+    p.add_argument(
+        "--allow-partial",
+        action="store_true",
+        help="skip a truncated last line and files of another job (noted under partial data) instead of failing",
+    )
+    p.set_defaults(handler=_cmd_analyze)
+
+
+def _cmd_analyze(args: argparse.Namespace) -> int:
+    from meshscope.analysis import analyze_command  # noqa: PLC0415 - loaded when the command runs
+
+    return analyze_command(args)
+
+
+def _report_arguments(report: argparse.ArgumentParser) -> None:
+    report.add_argument("records", nargs="+", help="step-record files (JSON lines, .gz allowed)")
+    report.add_argument("--spec", help="TrainingJob manifest the records belong to (for expected numbers)")
+    report.add_argument("--out", default="meshscope-report", help="output directory (./meshscope-report)")
+    report.set_defaults(handler=_cmd_report)
+
+
+def _cmd_report(args: argparse.Namespace) -> int:
+    from meshscope.reports import report_command  # noqa: PLC0415 - loaded when the command runs
+
+    return report_command(args)
+
+
+def _simulate_arguments(sim: argparse.ArgumentParser) -> None:
+    from meshscope.simulation import DEFAULT_STEPS  # noqa: PLC0415 - the default this command's help names
+
+    sim.add_argument("scenario", nargs="?", help="scenario file (YAML: spec, steps, seed, faults, phases)")
+    sim.add_argument("--spec", help="TrainingJob manifest to simulate instead of a scenario")
+    sim.add_argument("--out", default="records.jsonl.gz", help="records file (.jsonl, or .jsonl.gz) (records.jsonl.gz)")
+    sim.add_argument("--steps", type=int, help=f"steps to simulate (the scenario's, else {DEFAULT_STEPS})")
+    sim.add_argument("--seed", type=int, help="seed of noise and random clock offsets (the scenario's, else 0)")
+    sim.add_argument(
+        "--fault",
+        action="append",
+        default=[],
+        metavar="KIND:K=V,...",
+        help="inject a fault, e.g. straggler:rank=3,factor=1.5 or slow-link:node=1,factor=0.25 (repeatable)",
+    )
+    sim.add_argument("--prefetch", action="store_true", help="the data loader runs ahead of compute")
+    sim.set_defaults(handler=_cmd_simulate)
+
+
+def _cmd_simulate(args: argparse.Namespace) -> int:
+    from meshscope.simulation import simulate_command  # noqa: PLC0415 - loaded when the command runs
+
+    return simulate_command(args)
+
+
+_COMMANDS: dict[str, tuple[str, str | None, Callable[[argparse.ArgumentParser], None]]] = {
+    "plan": ("plan a TrainingJob: memory per stage, collectives, expected step time", None, _plan_arguments),
+    "demo": (
+        "run the bundled tiny job on 8 local CPU ranks and show what meshscope measures",
+        (
+            "Train examples/train_tiny.py on 8 local CPU ranks (pp=2, dp=2, tp=2 on two emulated nodes of 4, "
+            "emulated accelerator time), then print the cost table with the plan's expectations, the findings, the "
+            "per-stage expected-vs-measured comparison, and write OUT/report.html and OUT/trace.json."
+        ),
+        _demo_arguments,
+    ),
+    "run": (
+        "launch a training command on local ranks and collect its step records",
+        (
+            "Launch N local ranks of a training command (torchrun-style environment), collect the records "
+            "of the meshscope SDK into OUT/records.jsonl, and when every rank has exited print the cost table with the "
+            "plan's expectations (--spec, or the spec of a script that describes itself), the findings and the "
+            "per-stage "
+            "expected-vs-measured comparison, and write OUT/report.html and OUT/trace.json."
+        ),
+        _run_arguments,
+    ),
+    "analyze": (
+        "cost table, findings and partial-data notes from step records",
+        (
+            "Break step records down per rank and step and print the cost table (which axis, rank and node cost "
+            "time), a summary and findings. See docs/cost-table.md."
+        ),
+        _analyze_arguments,
+    ),
+    "report": (
+        "write an HTML report and a Perfetto trace from step records",
+        (
+            "Read step records, analyse them, and write OUT/report.html (self-contained) and OUT/trace.json "
+            "(Chrome trace-event JSON for Perfetto UI or chrome://tracing); print both paths."
+        ),
+        _report_arguments,
+    ),
+    "simulate": (
+        "simulate a job's step records, with named faults (ground truth for analysis)",
+        (
+            "Simulate every rank's every step of a job from the plan's expected times (or explicit phase "
+            "durations), inject named faults, and write meshscope.step/1 records."
+        ),
+        _simulate_arguments,
+    ),
+}
+"""The commands in the order ``meshscope --help`` lists them."""

@@ -18,9 +18,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from meshscope.breakdown import break_down
+from meshscope.analysis.breakdown import break_down
 from meshscope.records import read_table
-from meshscope.reporting import write_report
+from meshscope.reports.pages import write_report
 
 RECORDS = Path(__file__).parent.parent / "data" / "pp2_tp2_dp2_straggler" / "records.jsonl"
 WIDTH, HEIGHT = 1400, 2000

@@ -10,13 +10,13 @@ from pathlib import Path
 import pytest
 
 from meshscope.cli import build_parser, main
-from meshscope.hardware import default_hardware
-from meshscope.layout import ParallelLayout
-from meshscope.loading import load_spec
-from meshscope.models import lookup_model, total_params
+from meshscope.jobs.loading import load_spec
+from meshscope.jobs.models import lookup_model, total_params
+from meshscope.jobs.spec import JobSpec, ParallelismConfig, Recompute, TrainingConfig
 from meshscope.plan import plan_job
-from meshscope.search import SearchRequest, search_layouts
-from meshscope.spec import JobSpec, ParallelismConfig, Recompute, TrainingConfig
+from meshscope.plan.search import SearchRequest, search_layouts
+from meshscope.topology.hardware import default_hardware
+from meshscope.topology.layout import ParallelLayout
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
@@ -179,7 +179,7 @@ def test_demo_rejects_bad_fault_options_before_starting_anything(
 
 
 def test_demo_layouts() -> None:
-    from meshscope.running import demo_layout, demo_settings  # noqa: PLC0415
+    from meshscope.local.running import demo_layout, demo_settings  # noqa: PLC0415
 
     assert demo_layout() == ParallelLayout(pp=2, dp=2, tp=2)
     assert demo_layout(cp=True) == ParallelLayout(pp=2, cp=2, tp=2)

@@ -1,4 +1,4 @@
-"""The TrainingJob CRD: well-formed, examples valid against its schema, and mirrored exactly by meshscope.loading.
+"""The TrainingJob CRD: well-formed, examples valid against its schema, and mirrored exactly by meshscope.jobs.loading.
 
 The schema is checked with a real JSON-schema validator (jsonschema's Draft 2020-12; the CRD uses no OpenAPI-only
 keywords). Two things the API server does that a validator does not are emulated here: unknown fields are errors
@@ -17,13 +17,13 @@ import jsonschema
 import pytest
 import yaml
 
-from meshscope import loading
 from meshscope.errors import SpecError
-from meshscope.hardware import CATALOGUE
-from meshscope.layout import parse_order
-from meshscope.loading import BOUNDS, SECTION_KEYS, spec_from_manifest
-from meshscope.models import PRESETS, Activation, Norm, PositionEmbedding
-from meshscope.spec import AttentionImpl, CpCommType, PipelineSchedule, Precision, Recompute
+from meshscope.jobs import loading
+from meshscope.jobs.loading import BOUNDS, SECTION_KEYS, spec_from_manifest
+from meshscope.jobs.models import PRESETS, Activation, Norm, PositionEmbedding
+from meshscope.jobs.spec import AttentionImpl, CpCommType, PipelineSchedule, Precision, Recompute
+from meshscope.topology.hardware import CATALOGUE
+from meshscope.topology.layout import parse_order
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -131,7 +131,7 @@ def test_schema_is_structural() -> None:
             continue
         assert "type" in node, f"{path}: every node needs a type"
         assert not ("properties" in node and "additionalProperties" in node), path
-        assert "default" not in node, f"{path}: defaults belong in meshscope.loading, not the CRD"
+        assert "default" not in node, f"{path}: defaults belong in meshscope.jobs.loading, not the CRD"
         assert not node.get("uniqueItems"), f"{path}: use x-kubernetes-list-type: set"
         if node["type"] == "array":
             assert "maxItems" in node, f"{path}: bounded lists keep the object small and CEL costs estimable"

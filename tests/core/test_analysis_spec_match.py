@@ -9,9 +9,9 @@ import pytest
 
 from meshscope.analysis import analyze
 from meshscope.errors import ParseError
-from meshscope.loading import load_spec
+from meshscope.jobs.loading import load_spec
 from meshscope.records import read_table, write_records
-from meshscope.simulate import load_scenario, simulate
+from meshscope.simulation import load_scenario, simulate
 
 ROOT = Path(__file__).resolve().parents[2]
 SCENARIOS = ROOT / "examples" / "scenarios"

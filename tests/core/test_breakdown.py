@@ -12,8 +12,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import meshscope.breakdown as engine
-from meshscope.breakdown import (
+import meshscope.analysis.breakdown as engine
+from meshscope.analysis.breakdown import (
     BUBBLE,
     CATEGORIES,
     CHECKPOINT,
@@ -30,8 +30,8 @@ from meshscope.breakdown import (
     estimate_clock_offsets,
 )
 from meshscope.errors import ParseError
-from meshscope.layout import AXES, RankCoord
 from meshscope.records import Interval, Note, RecordTable, StepRecord, read_table
+from meshscope.topology.layout import AXES, RankCoord
 
 DATA_DIR = Path(__file__).parent.parent / "data"
 MS = 1000  # µs per ms

@@ -1,10 +1,10 @@
-"""Collectives per pipeline stage, plan vs records: bytes per GPU per step (meshscope.collectives).
+"""Collectives per pipeline stage, plan vs records: bytes per GPU per step (meshscope.analysis.collectives).
 
 Three kinds of evidence: hand-made records whose every number is counted by hand; clean simulated jobs of many
 layouts, where every (stage, axis, op) must agree with the plan's message x count (the simulator aggregates instances
 into one interval per collective phase, so only bytes compare); and the same records perturbed (an interval dropped,
 a message doubled, sizes stripped), where the comparison must show exactly the difference made. The per-size run
-comparison (meshscope.comparisons, built on the same grouping) is checked on records written from a plan.
+comparison (meshscope.local.comparisons, built on the same grouping) is checked on records written from a plan.
 """
 
 from __future__ import annotations
@@ -16,13 +16,13 @@ import numpy as np
 import pytest
 
 from meshscope.analysis import analyze, render_analysis
-from meshscope.collectives import STATUSES, compare_collectives, stage_of_rows, stage_traffic
-from meshscope.comparisons import compare_run
-from meshscope.layout import RankCoord
-from meshscope.loading import spec_from_manifest
+from meshscope.analysis.collectives import STATUSES, compare_collectives, stage_of_rows, stage_traffic
+from meshscope.jobs.loading import spec_from_manifest
+from meshscope.local.comparisons import compare_run
 from meshscope.plan import plan_job
 from meshscope.records import AXIS_CODE, KIND_CODE, OP_CODE, Interval, IntervalColumns, RecordTable, StepRecord
-from meshscope.simulate import Noise, simulate
+from meshscope.simulation import Noise, simulate
+from meshscope.topology.layout import RankCoord
 
 MIB = 1 << 20
 

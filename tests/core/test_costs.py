@@ -10,19 +10,19 @@ import numpy as np
 import pytest
 
 from meshscope.analysis import analyze, render_analysis
-from meshscope.breakdown import CATEGORIES
-from meshscope.cli import build_parser, main
-from meshscope.costs import (
+from meshscope.analysis.breakdown import CATEGORIES
+from meshscope.analysis.costs import (
     category_label,
     expected_by_category,
     grouped_median,
     stage_expected,
 )
+from meshscope.cli import build_parser, main
 from meshscope.errors import ParseError
-from meshscope.layout import RankCoord
-from meshscope.loading import load_spec_text
+from meshscope.jobs.loading import load_spec_text
 from meshscope.plan import plan_job
 from meshscope.records import DataStats, Interval, RecordTable, StepRecord, write_records
+from meshscope.topology.layout import RankCoord
 
 MS = 1000  # µs per ms
 DATA_DIR = Path(__file__).parent.parent / "data"

@@ -8,16 +8,15 @@ import numpy as np
 import pytest
 
 from meshscope.analysis import analyze
-from meshscope.costs import stage_expected
-from meshscope.diagnosis import (
+from meshscope.analysis.costs import stage_expected
+from meshscope.analysis.diagnosis import (
     CHECKPOINT_MIN_SHARE,
     MIN_COST_SHARE,
     Finding,
     severity_for,
 )
-from meshscope.grouping import distinct, grouped_quantile
-from meshscope.layout import AXES, ParallelLayout
-from meshscope.loading import load_spec_text
+from meshscope.analysis.grouping import distinct, grouped_quantile
+from meshscope.jobs.loading import load_spec_text
 from meshscope.plan import Severity, plan_job
 from meshscope.records import (
     AXIS_CODE,
@@ -28,6 +27,7 @@ from meshscope.records import (
     RecordTable,
     StepColumns,
 )
+from meshscope.topology.layout import AXES, ParallelLayout
 
 # ---------------------------------------------------------------------------- a small job, built from arrays
 

@@ -36,9 +36,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from meshscope.analysis import analyze
-from meshscope.loading import load_spec_text
+from meshscope.jobs.loading import load_spec_text
 from meshscope.plan import plan_job
-from meshscope.simulate import (
+from meshscope.simulation import (
     CheckpointStall,
     ClockSkew,
     DataImbalance,

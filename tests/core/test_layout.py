@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from meshscope.errors import LayoutError
-from meshscope.layout import DEFAULT_ORDER, MeshAxis, ParallelLayout, parse_layout, parse_order
+from meshscope.topology.layout import DEFAULT_ORDER, MeshAxis, ParallelLayout, parse_layout, parse_order
 
 LAYOUTS = {
     "dp8": ParallelLayout(dp=8),

@@ -13,11 +13,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from meshscope.errors import SpecError
-from meshscope.hardware import CATALOGUE, GB, TFLOPS, GiB
-from meshscope.layout import DEFAULT_ORDER, parse_order
-from meshscope.loading import SECTION_KEYS, load_spec, load_spec_text, spec_from_manifest
-from meshscope.models import PRESETS
-from meshscope.spec import CpCommType, JobSpec, Precision, TopologyConfig
+from meshscope.jobs.loading import SECTION_KEYS, load_spec, load_spec_text, spec_from_manifest
+from meshscope.jobs.models import PRESETS
+from meshscope.jobs.spec import CpCommType, JobSpec, Precision, TopologyConfig
+from meshscope.topology.hardware import CATALOGUE, GB, TFLOPS, GiB
+from meshscope.topology.layout import DEFAULT_ORDER, parse_order
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))

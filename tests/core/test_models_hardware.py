@@ -5,8 +5,7 @@ from __future__ import annotations
 import pytest
 
 from meshscope.errors import SpecError
-from meshscope.hardware import CATALOGUE, GB, TFLOPS, default_hardware, lookup_gpu
-from meshscope.models import (
+from meshscope.jobs.models import (
     PRESETS,
     Activation,
     ModelConfig,
@@ -17,6 +16,7 @@ from meshscope.models import (
     lookup_model,
     total_params,
 )
+from meshscope.topology.hardware import CATALOGUE, GB, TFLOPS, default_hardware, lookup_gpu
 
 # Published totals (billions): Llama 3 paper Table 3 and model cards (8.03, 70.6, 405.9 — 70.55 rounds to 70.6),
 # GPT-3 paper (175), Mixtral paper (46.7 total / 12.9 active), DeepSeek-V3 report (671 total / 37 active).

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 
 from meshscope.errors import LayoutError
-from meshscope.hardware import default_hardware
-from meshscope.layout import ParallelLayout
-from meshscope.placement import Link, Placement, axis_spans
+from meshscope.topology.hardware import default_hardware
+from meshscope.topology.layout import ParallelLayout
+from meshscope.topology.placement import Link, Placement, axis_spans
 
 
 def h100_placement(world: int) -> Placement:

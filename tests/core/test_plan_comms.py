@@ -11,12 +11,12 @@ from dataclasses import replace
 import pytest
 
 from builders import gpt_model
-from meshscope.hardware import default_hardware
-from meshscope.layout import ParallelLayout
-from meshscope.models import ModelConfig, MoEConfig, PositionEmbedding
-from meshscope.placement import Link
+from meshscope.jobs.models import ModelConfig, MoEConfig, PositionEmbedding
+from meshscope.jobs.spec import CpCommType, JobSpec, ParallelismConfig, PipelineSchedule, TrainingConfig
 from meshscope.plan import CollectiveOp, CollectivePlan, Plan, PlanAssumptions, plan_job
-from meshscope.spec import CpCommType, JobSpec, ParallelismConfig, PipelineSchedule, TrainingConfig
+from meshscope.topology.hardware import default_hardware
+from meshscope.topology.layout import ParallelLayout
+from meshscope.topology.placement import Link
 
 NONCAUSAL = PlanAssumptions(causal_attention=False)
 

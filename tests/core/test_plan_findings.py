@@ -7,12 +7,12 @@ from dataclasses import replace
 
 import pytest
 
-from meshscope.hardware import GiB, default_hardware
-from meshscope.layout import ParallelLayout
-from meshscope.models import PRESETS, ModelConfig, MoEConfig
-from meshscope.placement import Placement
+from meshscope.jobs.models import PRESETS, ModelConfig, MoEConfig
+from meshscope.jobs.spec import CpCommType, JobSpec, ParallelismConfig, TrainingConfig
 from meshscope.plan import Plan, Severity, plan_job
-from meshscope.spec import CpCommType, JobSpec, ParallelismConfig, TrainingConfig
+from meshscope.topology.hardware import GiB, default_hardware
+from meshscope.topology.layout import ParallelLayout
+from meshscope.topology.placement import Placement
 
 
 def job(

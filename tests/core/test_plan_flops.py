@@ -14,11 +14,11 @@ import pytest
 
 from builders import gpt_model
 from meshscope.errors import PlanError
-from meshscope.hardware import default_hardware
-from meshscope.layout import ParallelLayout
-from meshscope.models import PRESETS, ModelConfig, MoEConfig
+from meshscope.jobs.models import PRESETS, ModelConfig, MoEConfig
+from meshscope.jobs.spec import JobSpec, ParallelismConfig, PipelineSchedule, Recompute, TrainingConfig
 from meshscope.plan import PlanAssumptions, bubble_fraction, plan_job, step_flops
-from meshscope.spec import JobSpec, ParallelismConfig, PipelineSchedule, Recompute, TrainingConfig
+from meshscope.topology.hardware import default_hardware
+from meshscope.topology.layout import ParallelLayout
 
 gpt = gpt_model
 

@@ -12,12 +12,8 @@ import pytest
 
 from builders import gpt_model
 from meshscope.errors import PlanError
-from meshscope.hardware import GiB, default_hardware
-from meshscope.layout import ParallelLayout
-from meshscope.models import PRESETS, Activation, ModelConfig, MoEConfig, Norm
-from meshscope.plan import plan_job
-from meshscope.plan.memory import layer_activation_bytes, stage_layer_ranges
-from meshscope.spec import (
+from meshscope.jobs.models import PRESETS, Activation, ModelConfig, MoEConfig, Norm
+from meshscope.jobs.spec import (
     AttentionImpl,
     JobSpec,
     ParallelismConfig,
@@ -26,6 +22,10 @@ from meshscope.spec import (
     Recompute,
     TrainingConfig,
 )
+from meshscope.plan import plan_job
+from meshscope.plan.memory import layer_activation_bytes, stage_layer_ranges
+from meshscope.topology.hardware import GiB, default_hardware
+from meshscope.topology.layout import ParallelLayout
 
 # ---------------------------------------------------------------------------------------------------- builders
 

@@ -16,7 +16,6 @@ import pytest
 
 import meshscope.records.reading as records_module
 from meshscope.errors import ParseError
-from meshscope.layout import RankCoord
 from meshscope.records import (
     COMM_CODE,
     KIND_CODE,
@@ -35,6 +34,7 @@ from meshscope.records import (
     write_records,
 )
 from meshscope.records.memory import mapped_empty
+from meshscope.topology.layout import RankCoord
 
 DATA_DIR = Path(__file__).parent.parent / "data"
 

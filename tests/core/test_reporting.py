@@ -10,11 +10,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from meshscope import timelines
-from meshscope.breakdown import break_down
+from meshscope.analysis.breakdown import break_down
 from meshscope.cli import main
 from meshscope.records import AXIS_CODE, KIND_CODE, OP_CODE, IntervalColumns, RecordTable, StepColumns, read_table
-from meshscope.reporting import render_report, write_report
+from meshscope.reports import timelines
+from meshscope.reports.pages import render_report, write_report
 
 DATA_DIR = Path(__file__).parent.parent / "data"
 DP8 = DATA_DIR / "dp8_straggler" / "records.jsonl"

@@ -1,5 +1,5 @@
 """The simulator: hand-computed timelines, barrier semantics, the pipeline bubble, clock skew, each fault in
-isolation, scenario errors and a fuzzed loader. Breakdowns go through the real meshscope.breakdown."""
+isolation, scenario errors and a fuzzed loader. Breakdowns go through the real meshscope.analysis.breakdown."""
 
 from __future__ import annotations
 
@@ -14,17 +14,15 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from meshscope.breakdown import BUBBLE, CHECKPOINT, COMPUTE, DATA, OPTIMIZER, OTHER, SYNC_WAIT, TRANSFER
-from meshscope.breakdown import comm_category as cat
+from meshscope.analysis.breakdown import BUBBLE, CHECKPOINT, COMPUTE, DATA, OPTIMIZER, OTHER, SYNC_WAIT, TRANSFER
+from meshscope.analysis.breakdown import comm_category as cat
 from meshscope.cli import main
 from meshscope.errors import ParseError, SpecError
-from meshscope.layout import AXES, MeshAxis
-from meshscope.loading import spec_from_manifest
-from meshscope.placement import Placement
+from meshscope.jobs.loading import spec_from_manifest
 from meshscope.plan import plan_job
 from meshscope.plan.timing import stage_compute
 from meshscope.records import AXIS_CODE, KIND_CODE, OP_CODE, PHASE_CODE, read_table, write_records
-from meshscope.simulate import (
+from meshscope.simulation import (
     CheckpointStall,
     ClockSkew,
     DataImbalance,
@@ -45,6 +43,8 @@ from meshscope.simulate import (
 )
 from meshscope.simulation.model import Slot, build_model
 from meshscope.simulation.scenarios import scenario_from_mapping
+from meshscope.topology.layout import AXES, MeshAxis
+from meshscope.topology.placement import Placement
 
 ROOT = Path(__file__).resolve().parents[2]
 SCENARIOS = ROOT / "examples" / "scenarios"

@@ -9,10 +9,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from meshscope.breakdown import SYNC_WAIT, break_down, comm_category
-from meshscope.layout import AXES, RankCoord
+from meshscope.analysis.breakdown import SYNC_WAIT, break_down, comm_category
 from meshscope.records import Interval, RecordTable, StepRecord, read_table
-from meshscope.traces import (
+from meshscope.reports.traces import (
     build_trace,
     coord_text,
     degrees,
@@ -21,6 +20,7 @@ from meshscope.traces import (
     sync_waits,
     write_trace,
 )
+from meshscope.topology.layout import AXES, RankCoord
 
 DATA_DIR = Path(__file__).parent.parent / "data"
 DP8 = DATA_DIR / "dp8_straggler" / "records.jsonl"

@@ -62,7 +62,7 @@ def run_demo_job(
 ) -> Run:
     """``meshscope run`` of the demo job (``--report`` keeps the loss rank's losses) in a subprocess; ``cp`` and
     ``ep`` select the demo's context- and expert-parallel variants."""
-    from meshscope.running import demo_settings, layout_text  # noqa: PLC0415
+    from meshscope.local.running import demo_settings, layout_text  # noqa: PLC0415
 
     settings = demo_settings(out_dir, steps=steps, straggler=straggler, imbalance=imbalance, cp=cp, ep=ep)
     command = [

@@ -105,7 +105,7 @@ def test_activations_are_within_ten_percent_or_explained(clean_run: Run) -> None
 
 
 def test_expected_compute_is_the_emulated_accelerator_time(clean_run: Run) -> None:
-    from meshscope.emulation import DEMO_BLOCK_MS  # noqa: PLC0415
+    from meshscope.local.emulation import DEMO_BLOCK_MS  # noqa: PLC0415
 
     rows = {(r["pp_rank"], r["category"]): r for r in _by_stage(clean_run, "step_time_by_stage")}
     first = rows[(0, "compute")]

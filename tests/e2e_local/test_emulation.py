@@ -4,18 +4,18 @@ from __future__ import annotations
 
 import pytest
 
-from meshscope.emulation import (
+from meshscope.errors import SpecError
+from meshscope.jobs.models import PositionEmbedding
+from meshscope.jobs.spec import CpCommType, Precision
+from meshscope.local.emulation import (
     TinyJob,
     emulated_assumptions,
     emulated_peak_flops_per_s,
     tiny_job_spec,
     tiny_model,
 )
-from meshscope.errors import SpecError
-from meshscope.layout import ParallelLayout
-from meshscope.models import PositionEmbedding
 from meshscope.plan import plan_job
-from meshscope.spec import CpCommType, Precision
+from meshscope.topology.layout import ParallelLayout
 
 L, H, A, G, HD, FF, V, S = 4, 64, 4, 2, 16, 256, 512, 64
 

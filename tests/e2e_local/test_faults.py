@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from meshscope.layout import ParallelLayout
+from meshscope.topology.layout import ParallelLayout
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -62,9 +62,9 @@ def test_a_stalled_collector_drops_records_the_job_is_unchanged_and_the_loss_is_
     """The collector reads nothing until the job ends: each rank's socket queue fills and later records drop."""
     import torch  # noqa: F401, PLC0415 - imported before the ranks fork (they share it)
 
-    from meshscope.running import demo_settings, run_job  # noqa: PLC0415
+    from meshscope.local.running import demo_settings, run_job  # noqa: PLC0415
+    from meshscope.local.summarizing import report_run  # noqa: PLC0415
     from meshscope.sdk.transport import RecordCollector  # noqa: PLC0415
-    from meshscope.summarizing import report_run  # noqa: PLC0415
 
     def run(out: Path, env: dict[str, str]) -> tuple[int, list[float]]:
         settings = demo_settings(out, steps=12, block_ms=2)

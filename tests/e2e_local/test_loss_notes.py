@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from meshscope.layout import ParallelLayout
-from meshscope.running import RankExit, RankReceipt, RunOutcome, RunSettings
-from meshscope.summarizing import loss_notes, report_run
+from meshscope.local.running import RankExit, RankReceipt, RunOutcome, RunSettings
+from meshscope.local.summarizing import loss_notes, report_run
+from meshscope.topology.layout import ParallelLayout
 
 
 def _outcome(ranks: dict[int, RankReceipt], *, failed: RankExit | None = None, garbage: int = 0) -> RunOutcome:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from meshscope.layout import MeshAxis, ParallelLayout
 from meshscope.sdk.groups import axis_of_name, infer_from_layout, make_group, p2p_axis, p2p_group_id
+from meshscope.topology.layout import MeshAxis, ParallelLayout
 
 
 @pytest.mark.parametrize(

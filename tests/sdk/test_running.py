@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 
 from meshscope.errors import LayoutError
-from meshscope.layout import ParallelLayout, parse_layout
-from meshscope.placement import Placement
+from meshscope.local.running import RunError, RunSettings, layout_text, rank_env, settings_from_args
 from meshscope.records import IntervalKind, read_records
-from meshscope.running import RunError, RunSettings, layout_text, rank_env, settings_from_args
+from meshscope.topology.layout import ParallelLayout, parse_layout
+from meshscope.topology.placement import Placement
 
 REPO = Path(__file__).resolve().parents[2]
 TRAIN_TINY = REPO / "examples" / "train_tiny.py"

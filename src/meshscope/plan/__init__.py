@@ -7,8 +7,19 @@ expected step time split into compute, exposed communication per axis, bubble an
 numbers. Every formula, its source and every convention are in ``docs/planner.md``; every efficiency it assumes is a
 named field of :class:`PlanAssumptions`.
 
-The planner is pure: no I/O, no GPU, no Kubernetes. It works per stage and on vectorised group spans, so planning a
-16,384-GPU job takes milliseconds.
+The planner is pure: no I/O, no GPU, no Kubernetes, no records. It works per stage and on vectorised group spans,
+so planning a 16,384-GPU job takes milliseconds. :func:`search_layouts` enumerates every valid layout of a model on
+N GPUs and ranks them by the same planner (``meshscope plan --search``).
+
+- :mod:`~meshscope.plan.assumptions`: :class:`PlanAssumptions`, every efficiency the planner assumes;
+- :mod:`~meshscope.plan.flops`, :mod:`~meshscope.plan.memory`, :mod:`~meshscope.plan.comms`,
+  :mod:`~meshscope.plan.timing`: FLOPs, memory per stage, collectives per axis, expected times;
+- :mod:`~meshscope.plan.findings`: :class:`Finding` with :class:`Severity` (the operator's admission warnings);
+- :mod:`~meshscope.plan.planning`: :func:`plan_job` -> :class:`Plan` of :class:`StagePlan`;
+- :mod:`~meshscope.plan.search`: :class:`SearchRequest` -> :func:`search_layouts` -> :class:`SearchResult`.
+
+It must not read files or records and must not analyse measurements. Import the names from here
+(``from meshscope.plan import plan_job``).
 """
 
 from __future__ import annotations
@@ -16,13 +27,15 @@ from __future__ import annotations
 from meshscope.plan.assumptions import PlanAssumptions
 from meshscope.plan.comms import CollectiveOp, CollectivePlan
 from meshscope.plan.findings import Finding, Severity
-from meshscope.plan.flops import ForwardFlops, StepFlops, step_flops
+from meshscope.plan.flops import ForwardFlops, StepFlops, layer_forward_flops, logits_forward_flops, step_flops
 from meshscope.plan.memory import ActivationBreakdown, MemoryBreakdown, StageParams
 from meshscope.plan.planning import Plan, StagePlan, plan_job
-from meshscope.plan.timing import ExpectedStepTime, bubble_fraction
+from meshscope.plan.search import Candidate, SearchRequest, SearchResult, search_layouts
+from meshscope.plan.timing import ExpectedStepTime, StageCompute, bubble_fraction, stage_compute
 
 __all__ = [
     "ActivationBreakdown",
+    "Candidate",
     "CollectiveOp",
     "CollectivePlan",
     "ExpectedStepTime",
@@ -31,11 +44,18 @@ __all__ = [
     "MemoryBreakdown",
     "Plan",
     "PlanAssumptions",
+    "SearchRequest",
+    "SearchResult",
     "Severity",
+    "StageCompute",
     "StageParams",
     "StagePlan",
     "StepFlops",
     "bubble_fraction",
+    "layer_forward_flops",
+    "logits_forward_flops",
     "plan_job",
+    "search_layouts",
+    "stage_compute",
     "step_flops",
 ]

@@ -2,8 +2,8 @@
 
 Exists so that a plan can say which axis' traffic crosses which link, how many bytes each GPU moves, whether enough
 compute exists to hide it, and how much of it is expected to stay exposed. It works on one representative GPU per
-pipeline stage and on the group spans of :func:`meshscope.placement.axis_spans` (vectorised); it never loops over
-ranks.
+pipeline stage and on the group spans of :func:`meshscope.topology.placement.axis_spans` (vectorised); it never loops
+over ranks.
 
 Conventions (docs/planner.md, "Collectives"; reference/planner.md §1.4, §1.7):
 
@@ -29,26 +29,21 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import TYPE_CHECKING
 
-from meshscope.layout import MeshAxis
-from meshscope.models import PositionEmbedding, layer_params, output_params
-from meshscope.placement import Link, axis_spans, span_of_groups
+from meshscope.jobs import CpCommType, PositionEmbedding, layer_params, output_params
 from meshscope.plan.memory import (
     activation_element_bytes,
     attention_widths_per_gpu,
     sharding_stage,
     state_bytes_per_param,
 )
-from meshscope.spec import CpCommType
+from meshscope.topology import Link, MeshAxis, axis_spans, span_of_groups
 
 if TYPE_CHECKING:
-    from meshscope.hardware import HardwareConfig
-    from meshscope.layout import ParallelLayout
-    from meshscope.models import ModelConfig
-    from meshscope.placement import GroupSpan, Placement
+    from meshscope.jobs import ModelConfig, ParallelismConfig, TrainingConfig
     from meshscope.plan.assumptions import PlanAssumptions
     from meshscope.plan.memory import StageParams
     from meshscope.plan.timing import StageCompute
-    from meshscope.spec import ParallelismConfig, TrainingConfig
+    from meshscope.topology import GroupSpan, HardwareConfig, ParallelLayout, Placement
 
 
 class CollectiveOp(StrEnum):
@@ -162,7 +157,7 @@ class CollectivePlan:
 def collective_spans(layout: ParallelLayout, placement: Placement, model: ModelConfig) -> dict[str, GroupSpan]:
     """Spans of every process group a collective of ``model`` on ``layout`` runs on.
 
-    Keys: the enabled axes from :func:`~meshscope.placement.axis_spans`; ``dp-cp`` always names the dense
+    Keys: the enabled axes from :func:`~meshscope.topology.placement.axis_spans`; ``dp-cp`` always names the dense
     gradient group (``dp``, ``cp`` or both); ``etp``, ``edp`` and ``tp-ep`` (expert tensor x expert parallel, where
     the token dispatcher exchanges its counts) for MoE models when those groups have more than one rank;
     ``pp-embedding`` for tied embeddings with pp > 1. All vectorised over groups.

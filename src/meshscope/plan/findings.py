@@ -28,19 +28,17 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import TYPE_CHECKING
 
-from meshscope.hardware import GiB
-from meshscope.spec import CpCommType
+from meshscope.jobs import CpCommType
+from meshscope.topology import GiB
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping, Sequence
 
-    from meshscope.hardware import HardwareConfig
-    from meshscope.layout import ParallelLayout
-    from meshscope.placement import GroupSpan, Link
+    from meshscope.jobs import PipelineSchedule
     from meshscope.plan.assumptions import PlanAssumptions
     from meshscope.plan.comms import CollectivePlan
     from meshscope.plan.memory import MemoryBreakdown
-    from meshscope.spec import PipelineSchedule
+    from meshscope.topology import GroupSpan, HardwareConfig, Link, ParallelLayout
 
 
 class Severity(StrEnum):

@@ -23,12 +23,10 @@ import functools
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from meshscope.models import attention_params
-from meshscope.spec import Recompute
+from meshscope.jobs import Recompute, attention_params
 
 if TYPE_CHECKING:
-    from meshscope.models import ModelConfig
-    from meshscope.spec import TrainingConfig
+    from meshscope.jobs import ModelConfig, TrainingConfig
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -17,7 +17,7 @@ Conventions (docs/planner.md, "Memory"; reference/planner.md §1.2-§1.3):
   and gradients on the stage (DeepSpeed ``estimate_zero3_model_states_mem_needs``: ``4·largest_layer_params``); under
   a pipeline schedule its peak holds the stage's whole weights and gradients (:func:`model_state_bytes`). What stays
   between steps (:func:`resting_state_bytes`) is sharded either way.
-* **Parameters per GPU** by bucket (:func:`meshscope.models.layer_params`): tp-sharded ÷ tp, replicated ÷ 1, routed
+* **Parameters per GPU** by bucket (:func:`meshscope.jobs.models.layer_params`): tp-sharded ÷ tp, replicated ÷ 1, routed
   experts ÷ (etp·ep); the word embedding is vocabulary-parallel (÷ tp) on stage 0, a learned position embedding is
   replicated; the output layer (÷ tp) and final norm sit on the last stage; tied embeddings with pp > 1 keep a
   second copy of the word embedding on the last stage, as Megatron does. Divisions round up (the most-loaded rank).
@@ -31,13 +31,20 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from meshscope.errors import PlanError
-from meshscope.models import embedding_params, layer_params, output_params
-from meshscope.spec import AttentionImpl, CpCommType, PipelineSchedule, Precision, Recompute
+from meshscope.jobs import (
+    AttentionImpl,
+    CpCommType,
+    PipelineSchedule,
+    Precision,
+    Recompute,
+    embedding_params,
+    layer_params,
+    output_params,
+)
 
 if TYPE_CHECKING:
-    from meshscope.layout import ParallelLayout
-    from meshscope.models import ModelConfig
-    from meshscope.spec import ParallelismConfig, TrainingConfig
+    from meshscope.jobs import ModelConfig, ParallelismConfig, TrainingConfig
+    from meshscope.topology import ParallelLayout
 
 
 # ---------------------------------------------------------------------------------------------------- layer split

@@ -13,9 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from meshscope.errors import PlanError
-from meshscope.layout import AXES
-from meshscope.models import active_params, total_params
-from meshscope.placement import Placement
+from meshscope.jobs import CpCommType, active_params, total_params
 from meshscope.plan.assumptions import PlanAssumptions
 from meshscope.plan.comms import CollectivePlan, collective_spans, stage_collectives
 from meshscope.plan.findings import Finding, StageSummary, collect_findings
@@ -41,14 +39,13 @@ from meshscope.plan.timing import (
     peak_flops_per_s,
     stage_compute,
 )
-from meshscope.spec import CpCommType
+from meshscope.topology import AXES, Placement
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
-    from meshscope.layout import ParallelLayout
-    from meshscope.placement import GroupSpan
-    from meshscope.spec import JobSpec, PipelineSchedule, TrainingConfig
+    from meshscope.jobs import JobSpec, PipelineSchedule, TrainingConfig
+    from meshscope.topology import GroupSpan, ParallelLayout
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -20,18 +20,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from meshscope.jobs import PipelineSchedule, Precision, Recompute
 from meshscope.plan.flops import ForwardFlops, layer_forward_flops, logits_forward_flops, recompute_forward_flops
-from meshscope.spec import PipelineSchedule, Precision, Recompute
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
-    from meshscope.hardware import HardwareConfig
-    from meshscope.layout import ParallelLayout
-    from meshscope.models import ModelConfig
+    from meshscope.jobs import ModelConfig, TrainingConfig
     from meshscope.plan.assumptions import PlanAssumptions
     from meshscope.plan.memory import ModelStateBytes, StateBytesPerParam
-    from meshscope.spec import TrainingConfig
+    from meshscope.topology import HardwareConfig, ParallelLayout
 
 
 def bubble_fraction(pp: int, micro_batches: int, *, vpp: int = 1, schedule: PipelineSchedule) -> float:

@@ -7,10 +7,10 @@ stepping the optimizer and checkpointing. On disk it is one JSON object per line
 :class:`RecordTable` (numpy columns: one table of rank-steps, one of intervals) for analysis at scale.
 
 This package exists so that every producer and every consumer agrees on one schema and one set of checks. It reads,
-writes and validates; it must not analyse (no breakdown, no joins across ranks: that is :mod:`meshscope.breakdown`),
-must not guess at bad input (every problem is a :class:`~meshscope.errors.ParseError` naming the file, line, field,
-value and what would fit) and must not depend on anything beyond numpy, msgspec (typed JSON in C) and the standard
-library. Its modules, lowest first:
+writes and validates; it must not analyse (no breakdown, no joins across ranks: that is
+:mod:`meshscope.analysis.breakdown`), must not guess at bad input (every problem is a
+:class:`~meshscope.errors.ParseError` naming the file, line, field, value and what would fit) and must not depend on
+anything beyond numpy, msgspec (typed JSON in C) and the standard library. Its modules, lowest first:
 
 - :mod:`~meshscope.records.schema`: enums, code tables, the record objects and their per-record checks;
 - :mod:`~meshscope.records.tables`: :class:`StepColumns`, :class:`IntervalColumns`, :class:`RecordTable` and the
@@ -25,8 +25,9 @@ library. Its modules, lowest first:
 Import the public names from here (``from meshscope.records import read_table``).
 """
 
+from meshscope.records.memory import tune_memory_for_columns
 from meshscope.records.parsing import _parse_record, record_to_json
-from meshscope.records.reading import read_records, read_table
+from meshscope.records.reading import default_workers, read_records, read_table
 from meshscope.records.schema import (
     AXIS_CODE,
     COMM_CODE,
@@ -81,9 +82,11 @@ __all__ = [
     "StepColumns",
     "StepRecord",
     "_parse_record",  # the object parser; the SDK's tests check its output against it
+    "default_workers",
     "lexsort_keys",
     "read_records",
     "read_table",
     "record_to_json",
+    "tune_memory_for_columns",
     "write_records",
 ]

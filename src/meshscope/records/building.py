@@ -36,7 +36,6 @@ import msgspec
 import numpy as np
 
 from meshscope.errors import ParseError
-from meshscope.layout import AXES
 from meshscope.records.decoding import _decode_batch, _raw_batches
 from meshscope.records.parsing import _parse_record, record_to_json
 from meshscope.records.schema import (
@@ -52,6 +51,7 @@ from meshscope.records.schema import (
     _job_mismatch,
 )
 from meshscope.records.tables import IntervalColumns, RecordTable, StepColumns
+from meshscope.topology import AXES
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Sequence

@@ -13,7 +13,6 @@ from enum import StrEnum
 from typing import Any
 
 from meshscope.errors import ParseError
-from meshscope.layout import AXES, MeshAxis, RankCoord
 from meshscope.records.schema import (
     AXIS_CODE,
     KIND_CODE,
@@ -27,6 +26,7 @@ from meshscope.records.schema import (
     Phase,
     StepRecord,
 )
+from meshscope.topology import AXES, MeshAxis, RankCoord
 
 
 def _type_name(value: object) -> str:

@@ -5,7 +5,7 @@ phases and operations with the codes the columnar form stores, and the frozen re
 :class:`Interval`, :class:`DataStats`, :class:`Note`) that check their own fields on construction. The on-disk form
 is in ``docs/records.md``. This module must not read or write files (:mod:`meshscope.records.reading`,
 :mod:`meshscope.records.writing`), must not hold columns (:mod:`meshscope.records.tables`) and must not depend on
-anything beyond the standard library and :mod:`meshscope.layout`.
+anything beyond the standard library and :mod:`meshscope.topology.layout`.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from enum import StrEnum
 from typing import TYPE_CHECKING
 
 from meshscope.errors import ParseError
-from meshscope.layout import AXES, MeshAxis, RankCoord
+from meshscope.topology import AXES, MeshAxis, RankCoord
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -79,7 +79,7 @@ KIND_CODE: dict[str, int] = {k.value: i for i, k in enumerate(KINDS)}
 PHASE_CODE: dict[str, int] = {p.value: i for i, p in enumerate(PHASES)}
 OP_CODE: dict[str, int] = {o.value: i for i, o in enumerate(OPS)}
 AXIS_CODE: dict[str, int] = {a.value: i for i, a in enumerate(AXES)}
-"""Axis codes are indices into :data:`meshscope.layout.AXES` (dp, tp, pp, cp, ep)."""
+"""Axis codes are indices into :data:`meshscope.topology.layout.AXES` (dp, tp, pp, cp, ep)."""
 
 COMPUTE_CODE = KIND_CODE["compute"]
 COMM_CODE = KIND_CODE["comm"]

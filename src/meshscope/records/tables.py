@@ -7,7 +7,7 @@ into name tuples. Construction checks every rule of the schema over whole column
 :class:`~meshscope.errors.ParseError` naming the first offending row (file and line when it was read from disk).
 
 This module must not read or write files and must not analyse (no breakdown, no joins across ranks: that is
-:mod:`meshscope.breakdown`).
+:mod:`meshscope.analysis.breakdown`).
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from meshscope.errors import ParseError
-from meshscope.layout import AXES, RankCoord
 from meshscope.records.schema import (
     AXIS_CODE,
     COMM_CODE,
@@ -40,6 +39,7 @@ from meshscope.records.schema import (
     StepRecord,
     _job_mismatch,
 )
+from meshscope.topology import AXES, RankCoord
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Sequence
@@ -70,7 +70,7 @@ class StepColumns:
     start_us: NDArray[np.int64]
     end_us: NDArray[np.int64]
     coord: NDArray[np.int64]
-    """Shape ``(rows, 5)``, columns in :data:`meshscope.layout.AXES` order (dp, tp, pp, cp, ep)."""
+    """Shape ``(rows, 5)``, columns in :data:`meshscope.topology.layout.AXES` order (dp, tp, pp, cp, ep)."""
     node: NDArray[np.int32]
     """Index into ``RecordTable.node_names``."""
     nvlink_domain: NDArray[np.int32]
@@ -165,7 +165,7 @@ class IntervalColumns:
     phase: NDArray[np.int8]
     """Index into :data:`PHASES`, or -1."""
     axis: NDArray[np.int8]
-    """Index into :data:`meshscope.layout.AXES`, or -1."""
+    """Index into :data:`meshscope.topology.layout.AXES`, or -1."""
     op: NDArray[np.int8]
     """Index into :data:`OPS`, or -1."""
     group: NDArray[np.int32]

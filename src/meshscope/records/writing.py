@@ -19,11 +19,11 @@ from typing import TYPE_CHECKING, Any, BinaryIO, Literal
 import msgspec
 import numpy as np
 
-from meshscope.layout import AXES
 from meshscope.records.building import CoordFields, StatsFields
 from meshscope.records.parsing import record_to_json
 from meshscope.records.schema import COMM_CODE, KINDS, OPS, P2P_CODE, PHASES, SCHEMA, UNKNOWN, StepRecord
 from meshscope.records.tables import RecordTable
+from meshscope.topology import AXES
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Iterator

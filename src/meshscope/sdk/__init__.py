@@ -21,11 +21,65 @@ for step in range(steps):
 Collectives, point-to-point ops, attention time and peak memory are captured without further code (``docs/sdk.md``).
 Importing this package is cheap and never imports torch; a real tracker imports it when it starts. The SDK must
 never raise into, block, or change the results of the training loop.
+
+Its modules: :mod:`~meshscope.sdk.settings` (the ``MESHSCOPE_*`` environment, :class:`TrackerSettings`),
+:mod:`~meshscope.sdk.tracker` (:class:`Tracker`, :class:`NullTracker`), :mod:`~meshscope.sdk.steps` (a step's
+intervals and its record), :mod:`~meshscope.sdk.capture` (the torch hooks that call a :class:`CaptureSink`),
+:mod:`~meshscope.sdk.groups`, :mod:`~meshscope.sdk.clocks`, :mod:`~meshscope.sdk.measuring`, and
+:mod:`~meshscope.sdk.transport`: the **wire protocol** between a training rank and whoever collects its records
+(``meshscope run``'s collector, the sidecar): :class:`RecordSender` on the rank's side; :class:`RecordCollector`,
+:func:`decode` and :class:`RankTally` on the reader's side; :data:`RECORD_SCHEMA` and :data:`CONTROL_SCHEMA`.
+The launcher and the sidecar set up a rank through the ``ENV_*`` names. Import the names from here.
 """
 
 from __future__ import annotations
 
-from meshscope.sdk.settings import TrackerSettings
+from meshscope.sdk.settings import (
+    ENV_COLLECTOR,
+    ENV_DISABLE,
+    ENV_GPU,
+    ENV_JOB,
+    ENV_LAYOUT,
+    ENV_NETWORK_TIER,
+    ENV_NODE,
+    ENV_NVLINK_DOMAIN,
+    TrackerSettings,
+)
 from meshscope.sdk.tracker import PHASES, NullTracker, Tracker, TrackerCounters, tracker_from_env
+from meshscope.sdk.transport import (
+    CONTROL_SCHEMA,
+    RECORD_SCHEMA,
+    AddressError,
+    RankTally,
+    RecordCollector,
+    RecordSender,
+    decode,
+    encode,
+    parse_address,
+)
 
-__all__ = ["PHASES", "NullTracker", "Tracker", "TrackerCounters", "TrackerSettings", "tracker_from_env"]
+__all__ = [
+    "CONTROL_SCHEMA",
+    "ENV_COLLECTOR",
+    "ENV_DISABLE",
+    "ENV_GPU",
+    "ENV_JOB",
+    "ENV_LAYOUT",
+    "ENV_NETWORK_TIER",
+    "ENV_NODE",
+    "ENV_NVLINK_DOMAIN",
+    "PHASES",
+    "RECORD_SCHEMA",
+    "AddressError",
+    "NullTracker",
+    "RankTally",
+    "RecordCollector",
+    "RecordSender",
+    "Tracker",
+    "TrackerCounters",
+    "TrackerSettings",
+    "decode",
+    "encode",
+    "parse_address",
+    "tracker_from_env",
+]

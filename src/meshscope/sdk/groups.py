@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from meshscope.errors import LayoutError
-from meshscope.layout import MeshAxis, ParallelLayout
+from meshscope.topology import MeshAxis, ParallelLayout
 
 if TYPE_CHECKING:
     from collections.abc import Sequence

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from meshscope.errors import LayoutError
-from meshscope.layout import ParallelLayout, parse_layout
+from meshscope.topology import ParallelLayout, parse_layout
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -25,7 +25,7 @@ ENV_DISABLE = "MESHSCOPE_DISABLE"
 ENV_JOB = "MESHSCOPE_JOB"
 """Job name written into every record."""
 ENV_LAYOUT = "MESHSCOPE_LAYOUT"
-"""Parallel layout as ``dp=2,tp=2,pp=2`` (the ``--layout`` syntax of :func:`meshscope.layout.parse_layout`)."""
+"""Parallel layout as ``dp=2,tp=2,pp=2`` (the ``--layout`` syntax of :func:`meshscope.topology.layout.parse_layout`)."""
 ENV_COLLECTOR = "MESHSCOPE_COLLECTOR"
 """Where records go: ``unix:/path/to/socket`` or ``unix:@abstract-name`` (see ``docs/sdk.md``)."""
 ENV_NODE = "MESHSCOPE_NODE"

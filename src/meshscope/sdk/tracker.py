@@ -33,7 +33,6 @@ import time
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Final
 
-from meshscope.layout import AXES, MeshAxis
 from meshscope.sdk.clocks import HostClock
 from meshscope.sdk.groups import GroupInfo, axis_of_name, infer_from_layout, make_group, p2p_axis, p2p_group_id
 from meshscope.sdk.steps import (
@@ -50,6 +49,7 @@ from meshscope.sdk.steps import (
     encode_record,
 )
 from meshscope.sdk.transport import CONTROL_SCHEMA, RECORD_SCHEMA, RecordSender, pack
+from meshscope.topology import AXES, MeshAxis
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -429,8 +429,8 @@ class Tracker:
     def describe_job(self, description: Mapping[str, Any]) -> None:
         """Tell the collector what this job is (JSON-ready mapping), so that it can plan it without a spec.
 
-        ``examples/train_tiny.py`` sends :class:`meshscope.emulation.TinyJob`'s fields (model, micro-batch size and
-        count, emulated block time, data parallelism); ``meshscope run`` builds the job's spec from it. Sent at once
+        ``examples/train_tiny.py`` sends :class:`meshscope.local.emulation.TinyJob`'s fields (model, micro-batch size
+        and count, emulated block time, data parallelism); ``meshscope run`` builds the job's spec from it. Sent at once
         in a ``measurements`` control message (``docs/sdk.md``, "Measurements").
         """
         try:

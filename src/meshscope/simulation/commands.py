@@ -6,8 +6,8 @@
     meshscope simulate --spec JOB.yaml --steps 20 --fault straggler:rank=3,factor=1.5 --fault noise:sigma=0.02
 
 Prints what it wrote (ranks, steps, intervals, bytes, seconds taken) and the injected faults. Errors are
-:class:`~meshscope.errors.MeshscopeError` (exit code 2 in the CLI). This module only parses flags and prints; it
-must not simulate anything itself.
+:class:`~meshscope.errors.MeshscopeError` (exit code 2 in the CLI). Its arguments are defined in :mod:`meshscope.cli`;
+this module checks them and prints; it must not simulate anything itself.
 """
 
 from __future__ import annotations
@@ -15,14 +15,14 @@ from __future__ import annotations
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from meshscope.errors import MeshscopeError
 from meshscope.formatting import human_bytes, human_count
-from meshscope.loading import load_spec
+from meshscope.jobs import load_spec
 from meshscope.records import write_records
 from meshscope.simulation.faults import parse_fault
-from meshscope.simulation.scenarios import DEFAULT_STEPS, MAX_STEPS, Scenario, load_scenario
+from meshscope.simulation.scenarios import MAX_STEPS, Scenario, load_scenario
 from meshscope.simulation.simulating import simulate
 
 if TYPE_CHECKING:
@@ -33,32 +33,12 @@ class SimulateUsageError(MeshscopeError):
     """A ``meshscope simulate`` command line that names too little or too much."""
 
 
-def add_simulate_parser(subparsers: Any) -> argparse.ArgumentParser:  # noqa: ANN401 - argparse's private action
-    """Add ``meshscope simulate`` to the CLI's subparsers (``cli.build_parser`` calls this once)."""
-    sim = subparsers.add_parser(
-        "simulate",
-        help="simulate a job's step records, with named faults (ground truth for analysis)",
-        description="Simulate every rank's every step of a job from the plan's expected times (or explicit phase "
-        "durations), inject named faults, and write meshscope.step/1 records.",
-    )
-    sim.add_argument("scenario", nargs="?", help="scenario file (YAML: spec, steps, seed, faults, phases)")
-    sim.add_argument("--spec", help="TrainingJob manifest to simulate instead of a scenario")
-    sim.add_argument("--out", default="records.jsonl.gz", help="records file (.jsonl, or .jsonl.gz) (records.jsonl.gz)")
-    sim.add_argument("--steps", type=int, help=f"steps to simulate (the scenario's, else {DEFAULT_STEPS})")
-    sim.add_argument("--seed", type=int, help="seed of noise and random clock offsets (the scenario's, else 0)")
-    sim.add_argument(
-        "--fault",
-        action="append",
-        default=[],
-        metavar="KIND:K=V,...",
-        help="inject a fault, e.g. straggler:rank=3,factor=1.5 or slow-link:node=1,factor=0.25 (repeatable)",
-    )
-    sim.add_argument("--prefetch", action="store_true", help="the data loader runs ahead of compute")
-    sim.set_defaults(handler=_cmd_simulate)
-    return sim  # type: ignore[no-any-return]
+def simulate_command(args: argparse.Namespace) -> int:
+    """``meshscope simulate SCENARIO | --spec FILE [...]`` (arguments: :mod:`meshscope.cli`).
 
-
-def _cmd_simulate(args: argparse.Namespace) -> int:
+    Raises:
+        SimulateUsageError: for a command line that names too little or too much.
+    """
     if bool(args.scenario) == bool(args.spec):
         raise SimulateUsageError(
             "simulate needs a SCENARIO file or --spec JOB.yaml (not both), e.g. meshscope simulate "

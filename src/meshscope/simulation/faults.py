@@ -39,15 +39,14 @@ from typing import TYPE_CHECKING, Any, ClassVar, TypeAlias
 import numpy as np
 
 from meshscope.errors import SpecError
-from meshscope.layout import MeshAxis
+from meshscope.topology import MeshAxis
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Mapping, Sequence
 
     from numpy.typing import NDArray
 
-    from meshscope.layout import ParallelLayout
-    from meshscope.placement import Placement
+    from meshscope.topology import ParallelLayout, Placement
 
 
 class FaultKind(StrEnum):

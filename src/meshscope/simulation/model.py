@@ -26,19 +26,17 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from meshscope.errors import SpecError
-from meshscope.layout import MeshAxis
-from meshscope.placement import Link
-from meshscope.plan.comms import CollectiveOp
-from meshscope.plan.timing import stage_compute
+from meshscope.plan import CollectiveOp, stage_compute
 from meshscope.records import OP_CODE
+from meshscope.topology import Link, MeshAxis
 
 if TYPE_CHECKING:
     from numpy.typing import NDArray
 
-    from meshscope.placement import Placement
+    from meshscope.jobs import JobSpec
     from meshscope.plan import CollectivePlan, Plan, PlanAssumptions, StagePlan
     from meshscope.simulation.scenarios import Phases
-    from meshscope.spec import JobSpec
+    from meshscope.topology import Placement
 
 MS = 1e-3
 """Seconds per millisecond."""
@@ -208,7 +206,7 @@ class JobModel:
 
     @property
     def p2p_bandwidth_bytes_per_s(self) -> dict[str, float]:
-        """Effective pipeline bandwidth per link, for :func:`meshscope.breakdown.break_down`."""
+        """Effective pipeline bandwidth per link, for :func:`meshscope.analysis.breakdown.break_down`."""
 
         def rate(seconds: float) -> float:
             # A transfer given as 0 ms (phases.pp_ms) is instantaneous: any bandwidth that rounds it to 0 µs.

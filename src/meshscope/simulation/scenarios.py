@@ -31,12 +31,12 @@ from typing import TYPE_CHECKING, Any, Final
 import yaml
 
 from meshscope.errors import LayoutError, SpecError
-from meshscope.loading import load_spec, spec_from_manifest
-from meshscope.placement import Placement
+from meshscope.jobs import load_spec, spec_from_manifest
 from meshscope.simulation.faults import Fault, JobShape, fault_from_mapping, resolve_faults
+from meshscope.topology import Placement
 
 if TYPE_CHECKING:
-    from meshscope.spec import JobSpec
+    from meshscope.jobs import JobSpec
 
 SCENARIO_KEYS: Final = ("description", "job", "spec", "steps", "seed", "prefetch", "phases", "faults")
 """Keys allowed at the top of a scenario file."""

@@ -1,6 +1,6 @@
 """``simulate()``: plan the job, resolve the faults, run the timeline, hand back records and truth.
 
-The orchestration behind :func:`meshscope.simulate.simulate` (import it from there). It must not build timestamps
+The orchestration behind :func:`meshscope.simulation.simulate` (import it from there). It must not build timestamps
 itself (:mod:`~meshscope.simulation.timeline` does) nor read files.
 """
 
@@ -10,20 +10,20 @@ import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from meshscope.breakdown import break_down
+from meshscope.analysis import break_down
 from meshscope.errors import LayoutError, SpecError
-from meshscope.placement import Placement
+from meshscope.jobs import JobSpec
 from meshscope.plan import plan_job
 from meshscope.simulation.faults import FaultKind, JobShape, Truth, resolve_faults
 from meshscope.simulation.model import JobModel, build_model
 from meshscope.simulation.scenarios import Phases, Scenario
 from meshscope.simulation.timeline import TimelineSettings, run_timeline
-from meshscope.spec import JobSpec
+from meshscope.topology import Placement
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-    from meshscope.breakdown import Breakdown
+    from meshscope.analysis import Breakdown
     from meshscope.plan import Plan, PlanAssumptions
     from meshscope.records import RecordTable
     from meshscope.simulation.faults import Fault
@@ -53,13 +53,13 @@ class SimulationResult:
     def p2p_bandwidth_bytes_per_s(self) -> dict[str, float]:
         """Effective pipeline bandwidth per link, as simulated.
 
-        Pass it to :func:`meshscope.breakdown.break_down` so that the transfer part of pipeline messages is split
-        from the bubble (:meth:`break_down` does).
+        Pass it to :func:`meshscope.analysis.breakdown.break_down` so that the transfer part of pipeline messages is
+        split from the bubble (:meth:`break_down` does).
         """
         return self.model.p2p_bandwidth_bytes_per_s
 
     def break_down(self, *, align_clocks: bool = True) -> Breakdown:
-        """:func:`meshscope.breakdown.break_down` of :attr:`table` with the simulated pipeline bandwidth."""
+        """:func:`meshscope.analysis.breakdown.break_down` of :attr:`table` with the simulated pipeline bandwidth."""
         return break_down(
             self.table, p2p_bandwidth_bytes_per_s=self.p2p_bandwidth_bytes_per_s, align_clocks=align_clocks
         )

@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from meshscope.layout import AXES, MeshAxis
+from meshscope.jobs import PipelineSchedule
 from meshscope.records import AXIS_CODE, KIND_CODE, OP_CODE, PHASE_CODE, IntervalColumns, RecordTable, StepColumns
 from meshscope.simulation.faults import (
     CheckpointStall,
@@ -49,7 +49,7 @@ from meshscope.simulation.faults import (
     active,
 )
 from meshscope.simulation.model import Slot
-from meshscope.spec import PipelineSchedule
+from meshscope.topology import AXES, MeshAxis
 
 if TYPE_CHECKING:
     from collections.abc import Sequence

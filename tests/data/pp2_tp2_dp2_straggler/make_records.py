@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from meshscope.layout import RankCoord
 from meshscope.records import DataStats, Interval, StepRecord, write_records
+from meshscope.topology.layout import RankCoord
 
 TP, DP, PP, MB = 2, 2, 2, 2
 FORWARD_US, TP_AR_US, P2P_US, DP_AR_US, OPT_US = 4000, 300, 400, 2500, 1200

@@ -2,10 +2,10 @@
 
 Exists as the one entry point that the CLI (``meshscope analyze``, the end of ``meshscope run``), reports and the
 operator call to go from a :class:`~meshscope.records.RecordTable` (and optionally the job's spec) to everything
-DESIGN.md's "The cost table" promises. It puts :mod:`meshscope.breakdown`, :mod:`meshscope.costs` and
-:mod:`meshscope.diagnosis` together, plans the spec when one is given (:func:`meshscope.plan.plan_job`), and renders
-the result for people (:func:`render_analysis`: a unit on every number) or machines (:meth:`Analysis.to_dict`: base
-units, the JSON shape documented in ``docs/cost-table.md``).
+DESIGN.md's "The cost table" promises. It puts :mod:`meshscope.analysis.breakdown`, :mod:`meshscope.analysis.costs` and
+:mod:`meshscope.analysis.diagnosis` together, plans the spec when one is given (:func:`meshscope.plan.plan_job`), and
+renders the result for people (:func:`render_analysis`: a unit on every number) or machines (:meth:`Analysis.to_dict`:
+base units, the JSON shape documented in ``docs/cost-table.md``).
 
 It must not compute categories itself (the breakdown does), must not hide partial data (every note reaches
 ``partial_data`` and the rows it touches say so), and on bad input the command exits 2 with one line, no traceback.
@@ -13,19 +13,15 @@ It must not compute categories itself (the breakdown does), must not hide partia
 
 from __future__ import annotations
 
-import gzip
-import json
-import sys
 from collections import Counter
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from meshscope.breakdown import break_down
-from meshscope.collectives import MATCH_TOLERANCE
-from meshscope.costs import (
+from meshscope.analysis.breakdown import break_down
+from meshscope.analysis.collectives import MATCH_TOLERANCE
+from meshscope.analysis.costs import (
     CollectiveComparison,
     CostRow,
     MemoryComparison,
@@ -39,25 +35,20 @@ from meshscope.costs import (
     partial_notes,
     summarise,
 )
-from meshscope.diagnosis import Finding, diagnose
-from meshscope.errors import MeshscopeError, ParseError
+from meshscope.analysis.diagnosis import Finding, diagnose
+from meshscope.errors import ParseError
 from meshscope.formatting import human_bytes, human_seconds, percent, render_table
-from meshscope.layout import AXES
-from meshscope.loading import load_spec
-from meshscope.placement import Link
 from meshscope.plan import PlanAssumptions, plan_job
-from meshscope.records import Note, read_table
-from meshscope.records.reading import default_workers
+from meshscope.topology import AXES, Link
 
 if TYPE_CHECKING:
-    import argparse
     from collections.abc import Sequence
 
-    from meshscope.breakdown import Breakdown, P2PBandwidth
-    from meshscope.layout import ParallelLayout
+    from meshscope.analysis.breakdown import Breakdown, P2PBandwidth
+    from meshscope.jobs import JobSpec
     from meshscope.plan import Plan
-    from meshscope.records import RecordTable
-    from meshscope.spec import JobSpec
+    from meshscope.records import Note, RecordTable
+    from meshscope.topology import ParallelLayout
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -404,89 +395,3 @@ def _render_rows(a: Analysis) -> str:
     for line, r in zip(table[4:], a.rows, strict=True):
         body.append(line.ljust(width) + "  " + ("" if r.suspect is None else r.suspect.message))
     return "\n".join(body)
-
-
-# ====================================================================== the command
-
-
-class AnalyzeInputError(MeshscopeError):
-    """Records or spec the command cannot use."""
-
-
-def add_analyze_parser(subparsers: argparse._SubParsersAction[Any]) -> None:
-    """Add ``meshscope analyze RECORDS... [--spec FILE] [--json] [--allow-partial]``."""
-    p = subparsers.add_parser(
-        "analyze",
-        help="cost table, findings and partial-data notes from step records",
-        description=(
-            "Break step records down per rank and step and print the cost table (which axis, rank and node cost "
-            "time), a summary and findings. See docs/cost-table.md."
-        ),
-    )
-    p.add_argument("records", nargs="+", help="step-record files (JSON lines, .gz ok), e.g. one per rank")
-    p.add_argument("--spec", help="TrainingJob manifest (YAML): adds the plan's expected numbers")
-    p.add_argument("--json", action="store_true", help="print one JSON object (base units) instead of tables")
-    p.add_argument(
-        "--allow-partial",
-        action="store_true",
-        help="skip a truncated last line and files of another job (noted under partial data) instead of failing",
-    )
-    p.set_defaults(handler=_cmd_analyze)
-
-
-def _cmd_analyze(args: argparse.Namespace) -> int:
-    paths = [Path(p) for p in args.records]
-    missing = [str(p) for p in paths if not p.is_file()]
-    if missing:
-        raise AnalyzeInputError(f"no such records file: {', '.join(missing)}")
-    spec = load_spec(args.spec) if args.spec else None
-    notes: list[Note] = []
-    if args.allow_partial:
-        paths, notes = _one_job(paths)
-    try:
-        table = read_table(paths, allow_partial=args.allow_partial, workers=default_workers())
-    except OSError as exc:
-        raise AnalyzeInputError(f"cannot read records: {exc}") from exc
-    except ParseError as exc:
-        # The reader speaks to library callers; on the command line the switch is a flag.
-        raise AnalyzeInputError(str(exc).replace("allow_partial=True", "--allow-partial")) from exc
-    analysis = analyze(table, spec=spec, notes=notes)
-    if args.json:
-        json.dump(analysis.to_dict(), sys.stdout, indent=2)
-        sys.stdout.write("\n")
-    else:
-        sys.stdout.write(render_analysis(analysis) + "\n")
-    return 0
-
-
-def _first_job(path: Path) -> str | None:
-    """The ``job`` of the first record of ``path``, ``None`` if it has none readable."""
-    opener = gzip.open if path.name.endswith(".gz") else open
-    try:
-        with opener(path, "rt", encoding="utf-8") as f:
-            for line in f:
-                if line.strip():
-                    job = json.loads(line).get("job")
-                    return job if isinstance(job, str) else None
-    except (OSError, ValueError, EOFError, AttributeError):
-        return None
-    return None
-
-
-def _one_job(paths: list[Path]) -> tuple[list[Path], list[Note]]:
-    """Keep the files of the job most files belong to (by their first record); note the others."""
-    jobs = {p: _first_job(p) for p in paths}
-    counts = Counter(j for j in jobs.values() if j is not None)
-    if len(counts) <= 1:
-        return paths, []
-    keep_job = counts.most_common(1)[0][0]
-    rejected = [p for p, j in jobs.items() if j is not None and j != keep_job]
-    note = Note(
-        code="rejected_job_files",
-        count=len(rejected),
-        message=(
-            f"{len(rejected)} files hold records of another job than {keep_job!r} and were left out (e.g. "
-            f"{rejected[0]}: job {jobs[rejected[0]]!r})"
-        ),
-    )
-    return [p for p in paths if p not in rejected], [note]

@@ -1,7 +1,7 @@
 """The emulated accelerator and the TrainingJob of ``examples/train_tiny.py``: what the planner expects of a CPU run.
 
 Why it exists: ``meshscope run`` and ``meshscope demo`` lay the planner's expectations beside what a real job on CPU
-ranks measured. For that the planner needs a :class:`~meshscope.spec.JobSpec` of the job that really ran (the
+ranks measured. For that the planner needs a :class:`~meshscope.jobs.spec.JobSpec` of the job that really ran (the
 ``tiny`` model as ``train_tiny`` builds it, the run's layout, its batch, fp32 AdamW, FSDP2 = ZeRO stage 3) and a
 hardware entry whose numbers make the planner's expected compute time *equal* the time the trainer emulates:
 
@@ -28,25 +28,26 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Final
 
 from meshscope.errors import SpecError
-from meshscope.hardware import GpuSpec, HardwareConfig
-from meshscope.models import MoEConfig, PositionEmbedding, lookup_model
-from meshscope.plan import PlanAssumptions
-from meshscope.plan.flops import layer_forward_flops, logits_forward_flops
-from meshscope.spec import (
+from meshscope.jobs import (
     CpCommType,
     JobSpec,
+    MoEConfig,
     ParallelismConfig,
     PipelineSchedule,
+    PositionEmbedding,
     Precision,
     Recompute,
     TrainingConfig,
+    lookup_model,
 )
+from meshscope.plan import PlanAssumptions, layer_forward_flops, logits_forward_flops
+from meshscope.topology import GpuSpec, HardwareConfig
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
-    from meshscope.layout import ParallelLayout
-    from meshscope.models import ModelConfig
+    from meshscope.jobs import ModelConfig
+    from meshscope.topology import ParallelLayout
 
 EMULATED_LINK_BYTES_PER_S: Final = 1.0e9
 """Nominal per-direction bandwidth of the emulated links, bytes/s: gloo over loopback moves small messages at
@@ -129,7 +130,7 @@ def emulated_hardware(peak_flops_per_s: float, *, world_size: int, gpus_per_node
         nvlink_domain_gpus=gpus_per_node,
         gpus_per_node=gpus_per_node,
         nic_bandwidth_bytes_per_s=EMULATED_LINK_BYTES_PER_S,
-        source="meshscope.emulation: train_tiny's emulated accelerator (sleeps FLOPs / peak); nominal bandwidths",
+        source="meshscope.local.emulation: train_tiny's emulated accelerator (sleeps FLOPs / peak); nominal bandwidths",
     )
     return HardwareConfig(
         gpu=gpu,
@@ -163,7 +164,7 @@ class TinyJob:
     schedule: str = "1f1b"
     """Pipeline schedule: ``1f1b`` or ``gpipe``."""
     cp_comm_type: str = CpCommType.P2P.value
-    """How the script's context parallelism exchanges keys and values (a :class:`~meshscope.spec.CpCommType` value;
+    """How the script's context parallelism exchanges keys and values (a :class:`~meshscope.jobs.spec.CpCommType` value;
     ``train_tiny`` runs ``all_gather``)."""
     sequence_parallel: bool = False
     """Megatron sequence parallelism (``train_tiny`` turns it on for MoE with tp > 1, as Megatron-core requires)."""

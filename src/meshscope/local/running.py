@@ -5,9 +5,9 @@ ranks with the environment ``torchrun`` would give them (``RANK``, ``WORLD_SIZE`
 ``LOCAL_WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``) plus meshscope's (``MESHSCOPE_JOB``, ``MESHSCOPE_LAYOUT``,
 ``MESHSCOPE_COLLECTOR``, ``MESHSCOPE_NODE`` ...), runs the record collector in process (one Unix datagram socket per
 rank, :mod:`meshscope.sdk.transport`), writes ``OUT/records.jsonl`` and ``OUT/measurements.json``, and when every rank
-has exited hands a :class:`RunOutcome` to a report hook (the CLI's is :func:`meshscope.summarizing.report_run`: the cost
-table with the plan's expectations, the findings, the per-stage expected-vs-measured comparison, what was lost as
-partial data, ``OUT/report.html`` and ``OUT/trace.json``).
+has exited hands a :class:`RunOutcome` to a report hook (the CLI's is :func:`meshscope.local.summarizing.report_run`:
+the cost table with the plan's expectations, the findings, the per-stage expected-vs-measured comparison, what was lost
+as partial data, ``OUT/report.html`` and ``OUT/trace.json``).
 
 Two launchers: ``exec`` starts any command as a subprocess; ``fork`` (chosen automatically for ``python script.py``,
 ``python -m module`` and ``python -c code`` run by this very interpreter) imports torch once and forks the ranks,
@@ -20,9 +20,7 @@ fork launcher, and never at module level.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
-import functools
 import json
 import os
 import shutil
@@ -36,22 +34,22 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, TypeAlias
 
 from meshscope.errors import LayoutError, MeshscopeError
-from meshscope.layout import DEFAULT_ORDER, ParallelLayout, parse_layout
-from meshscope.placement import Placement
-from meshscope.sdk.settings import (
+from meshscope.sdk import (
     ENV_COLLECTOR,
     ENV_JOB,
     ENV_LAYOUT,
     ENV_NETWORK_TIER,
     ENV_NODE,
     ENV_NVLINK_DOMAIN,
+    RecordCollector,
 )
-from meshscope.sdk.transport import RecordCollector
+from meshscope.topology import DEFAULT_ORDER, ParallelLayout, Placement, parse_layout
 
 if TYPE_CHECKING:
+    import argparse
     from collections.abc import Callable, Sequence
 
-    from meshscope.spec import JobSpec
+    from meshscope.jobs import JobSpec
 
 FinishedHook: TypeAlias = "Callable[[Path, JobSpec | ParallelLayout], int]"
 """``on_finished(records_path, spec_or_layout) -> exit code``, called once every rank has exited successfully."""
@@ -392,7 +390,7 @@ def run_job(
         on_finished: called with the records file and the spec (or layout) once every rank exited with 0; its
             return value is the exit code.
         report: called with the :class:`RunOutcome` when the ranks have exited, also after a failed rank (on what
-            was collected); the CLI passes :func:`meshscope.summarizing.report_run` (the cost table, findings,
+            was collected); the CLI passes :func:`meshscope.local.summarizing.report_run` (the cost table, findings,
             expected vs measured, report and trace). Without either hook the run only collects.
 
     Returns:
@@ -562,43 +560,6 @@ class RunOutcome:
 # ====================================================================== the command line
 
 
-def add_run_parser(
-    subparsers: Any,  # noqa: ANN401 - argparse's private subparsers action
-    *,
-    report: Callable[[RunOutcome], int] | None = None,
-) -> argparse.ArgumentParser:
-    """Add ``meshscope run`` to the CLI's subparsers (``cli.build_parser`` calls this once).
-
-    Args:
-        subparsers: the CLI's subparsers action.
-        report: what reports a finished run (``cli`` passes :func:`meshscope.summarizing.report_run`).
-    """
-    run = subparsers.add_parser(
-        "run",
-        help="launch a training command on local ranks and collect its step records",
-        description="Launch N local ranks of a training command (torchrun-style environment), collect the records "
-        "of the meshscope SDK into OUT/records.jsonl, and when every rank has exited print the cost table with the "
-        "plan's expectations (--spec, or the spec of a script that describes itself), the findings and the per-stage "
-        "expected-vs-measured comparison, and write OUT/report.html and OUT/trace.json.",
-    )
-    run.add_argument("--nproc", type=int, required=True, help="ranks to launch (the world size)")
-    run.add_argument("--layout", help="parallel layout, e.g. dp=2,tp=2,pp=2 (default: the spec's, else dp=NPROC)")
-    run.add_argument("--spec", help="TrainingJob manifest the run stands for (layout, hardware, model)")
-    run.add_argument("--out", help="output directory (default: ./meshscope-run-<time>)")
-    run.add_argument("--job", help="job name written into the records (default: the spec's name, else 'local')")
-    run.add_argument(
-        "--launcher",
-        choices=["auto", "fork", "exec"],
-        default="auto",
-        help="fork: python only, torch imported once (fast); exec: any command; auto (default): fork when possible",
-    )
-    run.add_argument("--grace", type=float, default=5.0, help="seconds between SIGTERM and SIGKILL (5)")
-    run.add_argument("--gpus-per-node", type=int, help="ranks per emulated node (default: the spec's, else all)")
-    run.add_argument("command", nargs=argparse.REMAINDER, help="-- then the training command")
-    run.set_defaults(handler=functools.partial(_cmd_run, report=report))
-    return run  # type: ignore[no-any-return]
-
-
 def settings_from_args(args: argparse.Namespace) -> RunSettings:
     """Build :class:`RunSettings` from parsed ``meshscope run`` arguments.
 
@@ -615,7 +576,7 @@ def settings_from_args(args: argparse.Namespace) -> RunSettings:
         raise RunError(f"--nproc must be >= 1, got {args.nproc}")
     spec = None
     if args.spec:
-        from meshscope.loading import load_spec  # noqa: PLC0415
+        from meshscope.jobs import load_spec  # noqa: PLC0415
 
         spec = load_spec(args.spec)
     if args.layout:
@@ -649,10 +610,6 @@ def settings_from_args(args: argparse.Namespace) -> RunSettings:
     )
 
 
-def _cmd_run(args: argparse.Namespace, *, report: Callable[[RunOutcome], int] | None) -> int:
-    return run_job(settings_from_args(args), report=report)
-
-
 # ====================================================================== the demo job
 
 
@@ -684,7 +641,7 @@ def demo_settings(
     """The run ``meshscope demo`` launches: the bundled ``train_tiny`` on 8 local CPU ranks, emulated accelerator.
 
     Layout :func:`demo_layout` (data-parallel heavy with ``imbalance``) on two emulated nodes of 4 ranks; every
-    transformer block sleeps its FLOPs on an emulated accelerator (:data:`meshscope.emulation.DEMO_BLOCK_MS` per
+    transformer block sleeps its FLOPs on an emulated accelerator (:data:`meshscope.local.emulation.DEMO_BLOCK_MS` per
     block forward), so timings are deterministic on shared cores.
 
     Args:
@@ -694,10 +651,10 @@ def demo_settings(
         ep: the expert-parallel variant (MoE in every layer, ep=2).
         straggler: ``RANK:FACTOR`` passed to ``--straggler``.
         imbalance: ``RANK:FACTOR`` passed to ``--imbalance``.
-        block_ms: emulated forward ms of one block; default :data:`meshscope.emulation.DEMO_BLOCK_MS`.
+        block_ms: emulated forward ms of one block; default :data:`meshscope.local.emulation.DEMO_BLOCK_MS`.
     """
-    from meshscope.bundled import data_root  # noqa: PLC0415
-    from meshscope.emulation import DEMO_BLOCK_MS  # noqa: PLC0415
+    from meshscope.local.bundled import data_root  # noqa: PLC0415
+    from meshscope.local.emulation import DEMO_BLOCK_MS  # noqa: PLC0415
 
     script = data_root("examples") / "train_tiny.py"
     command = [sys.executable, str(script), "--steps", str(steps), "--emulate", f"{block_ms or DEMO_BLOCK_MS:g}"]
@@ -716,20 +673,3 @@ def demo_settings(
         gpus_per_node=4,
         extra_env={"PYTHONWARNINGS": "ignore"},
     )
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m meshscope.running ...``: the ``run`` subcommand on its own (same options; collects only)."""
-    parser = argparse.ArgumentParser(prog="meshscope-run")
-    sub = parser.add_subparsers(dest="command_name", required=True)
-    add_run_parser(sub)
-    args = parser.parse_args(["run", *(argv if argv is not None else sys.argv[1:])])
-    try:
-        return int(args.handler(args))
-    except MeshscopeError as exc:
-        sys.stderr.write(f"meshscope: error: {exc}\n")
-        return 2
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,4 +1,4 @@
-"""Loading TrainingJob manifests: YAML text, a file or a dict in, a validated :class:`~meshscope.spec.JobSpec` out.
+"""Loading TrainingJob manifests: YAML text, a file or a dict in, a validated :class:`~meshscope.jobs.spec.JobSpec` out.
 
 Why it exists: a TrainingJob reaches meshscope from three places (``meshscope plan FILE``, the operator's watch, the
 validating webhook) and must mean the same thing in all three. This module is the one place that reads the wire
@@ -30,10 +30,8 @@ from typing import TYPE_CHECKING, Any, Final, TypeVar
 import yaml
 
 from meshscope.errors import LayoutError, SpecError
-from meshscope.hardware import CATALOGUE, GB, TFLOPS, GiB, GpuSpec, HardwareConfig
-from meshscope.layout import DEFAULT_ORDER, ParallelLayout, parse_order
-from meshscope.models import PRESETS, Activation, MLAConfig, ModelConfig, MoEConfig, Norm, PositionEmbedding
-from meshscope.spec import (
+from meshscope.jobs.models import PRESETS, Activation, MLAConfig, ModelConfig, MoEConfig, Norm, PositionEmbedding
+from meshscope.jobs.spec import (
     AttentionImpl,
     CpCommType,
     JobSpec,
@@ -45,7 +43,7 @@ from meshscope.spec import (
     TopologyConfig,
     TrainingConfig,
 )
-from meshscope.validation import (
+from meshscope.jobs.validation import (
     check_batch,
     check_context_parallel,
     check_cp_comm_type,
@@ -55,6 +53,17 @@ from meshscope.validation import (
     check_pipeline_split,
     divisors_text,
     nearest_multiples,
+)
+from meshscope.topology import (
+    CATALOGUE,
+    DEFAULT_ORDER,
+    GB,
+    TFLOPS,
+    GiB,
+    GpuSpec,
+    HardwareConfig,
+    ParallelLayout,
+    parse_order,
 )
 
 if TYPE_CHECKING:

@@ -31,12 +31,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from meshscope.breakdown import BUBBLE, COMPUTE, OPTIMIZER, SYNC_WAIT, TRANSFER, comm_category
-from meshscope.collectives import stage_traffic
+from meshscope.analysis import BUBBLE, COMPUTE, OPTIMIZER, SYNC_WAIT, TRANSFER, comm_category, stage_traffic
 from meshscope.formatting import human_bytes, human_seconds, percent, render_table
-from meshscope.layout import AXES
+from meshscope.jobs import PipelineSchedule
 from meshscope.records import OP_CODE, OPS, P2P_CODE
-from meshscope.spec import PipelineSchedule
+from meshscope.topology import AXES
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -389,7 +388,7 @@ def compare_run(
         analysis: an analysis made with a plan (``analyze(table, spec=..., plan=...)``).
         measurements: rank -> the rank's ``measurements`` message (``OUT/measurements.json``); ``None`` or empty:
             model state and activations are left out (and said so).
-        emulated: the plan is for emulated accelerators (:mod:`meshscope.emulation`): say how its seconds relate
+        emulated: the plan is for emulated accelerators (:mod:`meshscope.local.emulation`): say how its seconds relate
             to the measured ones.
 
     Returns:

@@ -1,9 +1,10 @@
 """Chrome trace-event JSON of step records, for Perfetto UI and ``chrome://tracing``; shared timeline helpers.
 
-The HTML report (:mod:`meshscope.reporting`) shows a bounded picture of a job; the trace is where a performance
+The HTML report (:mod:`meshscope.reports.pages`) shows a bounded picture of a job; the trace is where a performance
 engineer goes next, to zoom into one rank's step. Both draw the same things, so both use the helpers here: the
 aligned clock, the **sync-wait part** of every collective (from a member's arrival to its last member's arrival,
-read from the breakdown's :class:`~meshscope.breakdown.CollectiveJoin`), and the choice of representative steps.
+read from the breakdown's :class:`~meshscope.analysis.breakdown.CollectiveJoin`), and the choice of representative
+steps.
 
 Trace layout (Chrome's "Trace Event Format"): one process per node, one thread per rank (``rank N (dp=.. tp=..
 pp=..)``), a complete event (``"ph": "X"``, ``ts``/``dur`` in µs) per step and per interval, with the sync-wait part
@@ -28,18 +29,20 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from meshscope.breakdown import CATEGORIES, TICKS_PER_US
-from meshscope.layout import AXES
+from meshscope.analysis import CATEGORIES, TICKS_PER_US
 from meshscope.records import KINDS, OPS, PHASES, IntervalKind
+from meshscope.topology import AXES
 
 if TYPE_CHECKING:
     from collections.abc import Collection, Iterable
 
     from numpy.typing import NDArray
 
-    from meshscope.breakdown import Breakdown
+    from meshscope.analysis import Breakdown
     from meshscope.records import RecordTable
 
+TRACE_ALL_STEPS_MAX_INTERVALS = 500_000
+"""A trace holds every step up to this many intervals, else only the steps the report shows (:func:`trace_steps`)."""
 MAX_FLOWS_PER_COLLECTIVE = 16
 """Flow arrows drawn per collective instance (to the members that waited longest): bounds the trace of big groups."""
 _LANE_TID_STRIDE = 1 << 24
@@ -56,7 +59,7 @@ class SyncWaits:
     """The sync-wait part of every collective member that waited: arrival until the last member's arrival.
 
     One entry per comm interval with a wait (complete instances only; the last member itself has none). Times are
-    on the aligned (reference) clock, like :attr:`meshscope.breakdown.CollectiveJoin.last_arrival_us`.
+    on the aligned (reference) clock, like :attr:`meshscope.analysis.breakdown.CollectiveJoin.last_arrival_us`.
     """
 
     interval: NDArray[np.intp]
@@ -194,6 +197,16 @@ def step_times(table: RecordTable) -> StepTimes:
     longest = np.zeros(steps.size, dtype=np.int64)
     np.maximum.at(longest, inverse, s.end_us - s.start_us)
     return StepTimes(step=steps.astype(np.int64), longest_us=longest)
+
+
+def trace_steps(table: RecordTable) -> tuple[int, ...] | None:
+    """The steps a trace of ``table`` holds: ``None`` (every step), or the slowest and a median step.
+
+    Every step up to :data:`TRACE_ALL_STEPS_MAX_INTERVALS` intervals, else the two steps the report draws.
+    """
+    if table.n_intervals <= TRACE_ALL_STEPS_MAX_INTERVALS:
+        return None
+    return step_times(table).representative()
 
 
 def degrees(table: RecordTable) -> dict[str, int]:

@@ -1,20 +1,20 @@
 """The cost table: what each breakdown category costs the job, expected vs measured, and who to suspect.
 
-Exists to turn a :class:`~meshscope.breakdown.Breakdown` (one row of category times per rank-step) into the numbers
-people act on (DESIGN.md, "The cost table"): per category the plan's expectation, the measured median, p95 and worst
-rank, the share of the step, the delta, what it costs at job scale in GPU-hours per day and the top suspect (rank,
+Exists to turn a :class:`~meshscope.analysis.breakdown.Breakdown` (one row of category times per rank-step) into the
+numbers people act on (DESIGN.md, "The cost table"): per category the plan's expectation, the measured median, p95 and
+worst rank, the share of the step, the delta, what it costs at job scale in GPU-hours per day and the top suspect (rank,
 node, group); beside it a summary (step time, straggler gap, efficiency, useful compute vs reported GPU utilisation),
 collective bytes per GPU per step and memory, per pipeline stage, against the plan, and every partial-data note.
 Definitions are in ``docs/cost-table.md``.
 
 It works on numpy columns, vectorised over rank-steps and intervals (per-rank aggregates by ``bincount`` and one sort
 per grouped median); loops run over categories, axes and plan entries, never over ranks. It must not read files,
-must not diagnose (that is :mod:`meshscope.diagnosis`) and must never print a number computed on partial data without
-saying so: such rows carry ``partial=True`` and the reason is in the notes.
+must not diagnose (that is :mod:`meshscope.analysis.diagnosis`) and must never print a number computed on partial data
+without saying so: such rows carry ``partial=True`` and the reason is in the notes.
 
 Three parts live in modules of their own and are re-exported here: the per-collective transfer measurement
-(:mod:`meshscope.transfers`), the grouped quantile, median and mean (:mod:`meshscope.grouping`) and the collectives'
-bytes per stage, plan vs records (:mod:`meshscope.collectives`).
+(:mod:`meshscope.analysis.transfers`), the grouped quantile, median and mean (:mod:`meshscope.analysis.grouping`) and
+the collectives' bytes per stage, plan vs records (:mod:`meshscope.analysis.collectives`).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from meshscope.breakdown import (
+from meshscope.analysis.breakdown import (
     BUBBLE,
     CATEGORIES,
     CATEGORY_INDEX,
@@ -39,19 +39,19 @@ from meshscope.breakdown import (
     TRANSFER,
     comm_category,
 )
-from meshscope.collectives import SEND_RECV, CollectiveComparison, compare_collectives
+from meshscope.analysis.collectives import SEND_RECV, CollectiveComparison, compare_collectives
+from meshscope.analysis.grouping import grouped_mean, grouped_median, grouped_quantile
+from meshscope.analysis.transfers import MIN_TRANSFER_BYTES, Transfers, bus_factor, measure_transfers, place_of_rows
 from meshscope.formatting import human_seconds
-from meshscope.grouping import grouped_mean, grouped_median, grouped_quantile
-from meshscope.layout import AXES
 from meshscope.records import COMM_CODE, Note
-from meshscope.transfers import MIN_TRANSFER_BYTES, Transfers, bus_factor, measure_transfers, place_of_rows
+from meshscope.topology import AXES
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Sequence
 
     from numpy.typing import NDArray
 
-    from meshscope.breakdown import Breakdown
+    from meshscope.analysis.breakdown import Breakdown
     from meshscope.plan import Plan
 
 __all__ = [
@@ -129,7 +129,7 @@ class RankSteps:
     node_of_rank: NDArray[np.int64]
     """Node code of each rank (its first record's)."""
     coord_of_rank: NDArray[np.int64]
-    """Shape ``(ranks, 5)``, axes in :data:`meshscope.layout.AXES` order."""
+    """Shape ``(ranks, 5)``, axes in :data:`meshscope.topology.layout.AXES` order."""
     category_us: NDArray[np.float64]
     """Shape ``(rows, len(CATEGORIES))``, µs."""
     step_us: NDArray[np.float64]

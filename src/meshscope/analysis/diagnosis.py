@@ -2,12 +2,11 @@
 
 Exists because a cost table says *where* the time goes (e.g. dp sync wait) but not *why*: the same wait comes from a
 slow GPU, from a batch with four times the attention work, or from a link that is slower through one node. Each
-detector here reads the indexed breakdown (:class:`~meshscope.costs.RankSteps`), compares like with like (a rank with
-the peers of its own pipeline stage in the same step, a transfer's time per byte with the transfers of the same axis,
-op, group size and link) and fires only when the effect is both clearly above the run's own noise and worth at least
-1 % of the step. Every
-finding carries its numbers (``evidence``) and its suspects (rank, node, group). Thresholds are the constants below,
-documented in ``docs/cost-table.md``; a clean run (noise only) gives no finding.
+detector here reads the indexed breakdown (:class:`~meshscope.analysis.costs.RankSteps`), compares like with like (a
+rank with the peers of its own pipeline stage in the same step, a transfer's time per byte with the transfers of the
+same axis, op, group size and link) and fires only when the effect is both clearly above the run's own noise and worth
+at least 1 % of the step. Every finding carries its numbers (``evidence``) and its suspects (rank, node, group).
+Thresholds are the constants below, documented in ``docs/cost-table.md``; a clean run (noise only) gives no finding.
 
 How causes are told apart:
 
@@ -30,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from meshscope.breakdown import (
+from meshscope.analysis.breakdown import (
     BUBBLE,
     CATEGORY_INDEX,
     CHECKPOINT,
@@ -40,7 +39,7 @@ from meshscope.breakdown import (
     TRANSFER,
     comm_category,
 )
-from meshscope.costs import (
+from meshscope.analysis.costs import (
     Suspect,
     Transfers,
     grouped_median,
@@ -49,20 +48,20 @@ from meshscope.costs import (
     place_of_rows,
     stage_expected,
 )
+from meshscope.analysis.grouping import distinct
 from meshscope.formatting import human_bytes, human_seconds, percent
-from meshscope.grouping import distinct
-from meshscope.layout import AXES
 from meshscope.plan import Severity
 from meshscope.records import COMM_CODE, OPS, CommOp
+from meshscope.topology import AXES
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
     from numpy.typing import NDArray
 
-    from meshscope.costs import RankSteps
+    from meshscope.analysis.costs import RankSteps
+    from meshscope.jobs import JobSpec
     from meshscope.plan import Plan
-    from meshscope.spec import JobSpec
 
 # ---------------------------------------------------------------------------------------------- thresholds
 
@@ -734,7 +733,7 @@ def _axis_bytes_per_step(rs: RankSteps, axis: int) -> float:
 
 
 def _bubble(ctx: _Context, *, plan: Plan | None, explained_seconds: float) -> list[Finding]:
-    """Measured pipeline waiting vs each rank-step's own stage's expectation (:func:`~meshscope.costs.stage_expected`).
+    """Measured pipeline waiting vs each rank-step's own stage's expectation (:func:`stage_expected`).
 
     Pipeline waiting is the bubble plus the exposed pp transfer: where the planner's overlap model and the
     breakdown's bytes/bandwidth split draw the line between them differently, their sum still compares. A bubble

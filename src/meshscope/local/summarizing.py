@@ -2,13 +2,13 @@
 
 Why it exists: a run's records alone say little until they are analysed against what the job should have cost.
 :func:`report_run` reads ``OUT/records.jsonl`` and the SDK's measurements, plans the job (``--spec``, else the spec of
-:mod:`meshscope.emulation` built from the training script's own description), runs
+:mod:`meshscope.local.emulation` built from the training script's own description), runs
 :func:`~meshscope.analysis.analyze` with everything the run lost as partial-data notes (:func:`loss_notes`: dropped
 records, silent ranks, a rank that died, trackers that never closed), prints the cost table and findings, lays the
-plan beside the measurements stage by stage (:mod:`meshscope.comparisons`), and writes ``report.html``,
+plan beside the measurements stage by stage (:mod:`meshscope.local.comparisons`), and writes ``report.html``,
 ``trace.json``, ``analysis.json`` and ``plan.json`` into ``OUT``.
 
-It sits above :mod:`meshscope.running` (which launches and collects, and must not import the report writers) and
+It sits above :mod:`meshscope.local.running` (which launches and collects, and must not import the report writers) and
 below the CLI, which hands :func:`report_run` to ``run_job``. It must never change the run's exit code: that is the
 job's.
 """
@@ -20,21 +20,20 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from meshscope.analysis import analyze, render_analysis
-from meshscope.comparisons import compare_run
-from meshscope.emulation import TinyJob, emulated_assumptions, tiny_job_spec
 from meshscope.errors import MeshscopeError
+from meshscope.local.comparisons import compare_run
+from meshscope.local.emulation import TinyJob, emulated_assumptions, tiny_job_spec
 from meshscope.plan import plan_job
 from meshscope.records import Note, RecordTable, read_records
-from meshscope.reporting import TRACE_ALL_STEPS_MAX_INTERVALS, write_report
-from meshscope.traces import step_times, write_trace
+from meshscope.reports import trace_steps, write_report, write_trace
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
     from meshscope.analysis import Analysis
-    from meshscope.comparisons import RunComparison
-    from meshscope.running import RunOutcome
-    from meshscope.spec import JobSpec
+    from meshscope.jobs import JobSpec
+    from meshscope.local.comparisons import RunComparison
+    from meshscope.local.running import RunOutcome
 
 MIN_STEPS_TO_SKIP_WARMUP = 3
 """With at least this many steps recorded, the first one is left out of the end-of-run analysis as warm-up."""
@@ -149,7 +148,7 @@ class _Planned:
 
 
 def _run_spec(outcome: RunOutcome) -> _Planned:
-    """The spec to plan: ``--spec``, else one built from the script's description (:mod:`meshscope.emulation`)."""
+    """The spec to plan: ``--spec``, else one built from the script's description (:mod:`meshscope.local.emulation`)."""
     settings = outcome.settings
     if settings.spec is not None:
         return _Planned(spec=settings.spec)
@@ -175,10 +174,10 @@ def report_run(outcome: RunOutcome) -> int:
     """The end of a local run: the cost table, findings, expected vs measured; ``OUT/report.html`` and ``trace.json``.
 
     Reads ``OUT/records.jsonl`` and the SDK's measurements, plans the job (``--spec``, else the spec of
-    :mod:`meshscope.emulation` built from the training script's description), runs :func:`~meshscope.analysis.analyze`
-    with everything the run lost as partial-data notes, prints :func:`~meshscope.analysis.render_analysis` and the
-    per-stage comparison (:mod:`meshscope.comparisons`), writes ``report.html``, ``trace.json``, ``analysis.json``
-    and ``plan.json`` into ``OUT`` and prints their paths.
+    :mod:`meshscope.local.emulation` built from the training script's description), runs
+    :func:`~meshscope.analysis.analyze` with everything the run lost as partial-data notes, prints
+    :func:`~meshscope.analysis.render_analysis` and the per-stage comparison (:mod:`meshscope.local.comparisons`),
+    writes ``report.html``, ``trace.json``, ``analysis.json`` and ``plan.json`` into ``OUT`` and prints their paths.
 
     Returns:
         0 (a run without records, or whose records cannot be analysed, says why and still returns 0: the job's own
@@ -256,10 +255,7 @@ def _write(outcome: RunOutcome, table: RecordTable, analysis: Analysis, comparis
         if analysis.plan is not None:
             (out_dir / "plan.json").write_text(json.dumps(analysis.plan.to_dict(), indent=1) + "\n")
         report = write_report(out_dir / "report.html", table, analysis.breakdown, html)
-        shown_steps = None
-        if table.n_intervals > TRACE_ALL_STEPS_MAX_INTERVALS:
-            shown_steps = step_times(table).representative()
-        trace = write_trace(out_dir / "trace.json", table, analysis.breakdown, steps=shown_steps)
+        trace = write_trace(out_dir / "trace.json", table, analysis.breakdown, steps=trace_steps(table))
     except (OSError, ValueError) as exc:
         print(f"\ncannot write the report into {out_dir}: {exc}")  # noqa: T201
         return

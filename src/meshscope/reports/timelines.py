@@ -6,7 +6,7 @@ category and the **sync-wait** part of every collective hatched: from the member
 arrival, on the aligned clock. Bars closer than half a pixel are merged, so the SVG stays small whatever the
 interval count. It also owns the palette the rest of the report shares (:data:`COLORS`, :data:`HATCH_ID`).
 
-Like :mod:`meshscope.reporting`, it formats and must not analyse: every number comes from the records, their
+Like :mod:`meshscope.reports.pages`, it formats and must not analyse: every number comes from the records, their
 breakdown and the analysis dict. All text from the inputs is HTML-escaped.
 """
 
@@ -19,20 +19,20 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from meshscope.breakdown import BUBBLE, CATEGORY_INDEX, SYNC_WAIT, TICKS_PER_US, comm_category
+from meshscope.analysis import BUBBLE, CATEGORY_INDEX, SYNC_WAIT, TICKS_PER_US, comm_category
 from meshscope.formatting import human_bytes, human_seconds
-from meshscope.layout import AXES
 from meshscope.records import KINDS, PHASES, IntervalKind
-from meshscope.traces import coord_text, degrees, interval_name, row_offsets_us, step_times, sync_waits
+from meshscope.reports.traces import coord_text, degrees, interval_name, row_offsets_us, step_times, sync_waits
+from meshscope.topology import AXES
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Mapping, Sequence
 
     from numpy.typing import NDArray
 
-    from meshscope.breakdown import Breakdown
+    from meshscope.analysis import Breakdown
     from meshscope.records import RecordTable
-    from meshscope.traces import SyncWaits
+    from meshscope.reports.traces import SyncWaits
 
 DEFAULT_TIMELINE_RANKS = 48
 """Most rank rows the timeline draws per step; bigger jobs get a selection (slowest, suspects, pp-stage samples)."""

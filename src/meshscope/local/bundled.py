@@ -13,7 +13,7 @@ from meshscope.errors import MeshscopeError
 DEMO_EXAMPLE = "llama3-70b-h100.yaml"
 """The job ``meshscope demo`` plans."""
 
-_PACKAGE = Path(__file__).resolve().parent
+_PACKAGE = Path(__file__).resolve().parents[1]  # meshscope/
 _CANDIDATES = (_PACKAGE / "_data", _PACKAGE.parent.parent)
 
 

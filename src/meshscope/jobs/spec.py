@@ -1,7 +1,7 @@
 """The typed, frozen form of a TrainingJob spec.
 
 ``crds/trainingjobs.meshscope.io.yaml`` is the single source of truth for the wire format (camelCase, as a user
-``kubectl apply``s it); :mod:`meshscope.loading` turns a manifest into these objects, applying every default in one
+``kubectl apply``s it); :mod:`meshscope.jobs.loading` turns a manifest into these objects, applying every default in one
 place. Everything downstream (planner, simulator, operator) takes a :class:`JobSpec` and never sees raw dicts.
 """
 
@@ -12,9 +12,8 @@ from enum import StrEnum
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from meshscope.hardware import HardwareConfig
-    from meshscope.layout import ParallelLayout
-    from meshscope.models import ModelConfig
+    from meshscope.jobs.models import ModelConfig
+    from meshscope.topology import HardwareConfig, ParallelLayout
 
 
 class Precision(StrEnum):

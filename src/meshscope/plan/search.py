@@ -24,27 +24,25 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from meshscope.errors import PlanError, SpecError
-from meshscope.layout import AXES, ParallelLayout
-from meshscope.placement import Placement
-from meshscope.plan import plan_job
-from meshscope.plan.comms import collective_spans
-from meshscope.spec import (
+from meshscope.jobs import (
     JobSpec,
     ParallelismConfig,
     PipelineSchedule,
     Precision,
     Recompute,
     TrainingConfig,
+    check_job,
 )
-from meshscope.validation import check_job
+from meshscope.plan import plan_job
+from meshscope.plan.comms import collective_spans
+from meshscope.topology import AXES, ParallelLayout, Placement
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
-    from meshscope.hardware import HardwareConfig
-    from meshscope.models import ModelConfig
-    from meshscope.placement import GroupSpan
+    from meshscope.jobs import ModelConfig
     from meshscope.plan import Plan, PlanAssumptions
+    from meshscope.topology import GroupSpan, HardwareConfig
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -20,14 +20,14 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from meshscope.errors import LayoutError
-from meshscope.layout import AXES, MeshAxis, ParallelLayout
+from meshscope.topology.layout import AXES, MeshAxis, ParallelLayout
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
     from numpy.typing import NDArray
 
-    from meshscope.hardware import HardwareConfig
+    from meshscope.topology.hardware import HardwareConfig
 
 
 class Link(StrEnum):

@@ -46,8 +46,6 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from meshscope.errors import ParseError
-from meshscope.layout import AXES, MeshAxis
-from meshscope.placement import Link
 from meshscope.records import (
     COMM_CODE,
     KIND_CODE,
@@ -58,6 +56,7 @@ from meshscope.records import (
     RecordTable,
     lexsort_keys,
 )
+from meshscope.topology import AXES, Link, MeshAxis
 
 # ====================================================================== categories (shared with the cost table)
 
@@ -178,7 +177,7 @@ class CollectiveJoin:
     """Group code (``RecordTable.group_name``)."""
     seq: NDArray[np.int64]
     axis: NDArray[np.int8]
-    """Axis code (index into :data:`meshscope.layout.AXES`)."""
+    """Axis code (index into :data:`meshscope.topology.layout.AXES`)."""
     op: NDArray[np.int8]
     """Op code (index into :data:`meshscope.records.OPS`)."""
     members: NDArray[np.int64]
@@ -214,7 +213,7 @@ class Breakdown:
     ticks: NDArray[np.int64]
     """Shape ``(rows, len(CATEGORIES))``, in ticks of 1/60 µs; every row sums to exactly 60 × the step time."""
     wait_caused_us: NDArray[np.float64]
-    """Shape ``(rows, 5)``, axes in :data:`meshscope.layout.AXES` order: sync wait this rank-step caused other
+    """Shape ``(rows, 5)``, axes in :data:`meshscope.topology.layout.AXES` order: sync wait this rank-step caused other
     members of its collectives by arriving last, µs."""
     collectives: CollectiveJoin
     """Per collective instance."""

@@ -1,8 +1,8 @@
 """Cross-field rules of a TrainingJob: the arithmetic a schema cannot express.
 
 Degrees against heads, FFN width, sequence length, experts and layers; batch against micro-batches and the pipeline
-schedule. The loader runs them on every manifest (:mod:`meshscope.loading`) and the layout search runs them on every
-candidate it builds (:mod:`meshscope.search`), so both accept exactly the same jobs. Every rule raises
+schedule. The loader runs them on every manifest (:mod:`meshscope.jobs.loading`) and the layout search runs them on
+every candidate it builds (:mod:`meshscope.plan.search`), so both accept exactly the same jobs. Every rule raises
 :class:`~meshscope.errors.SpecError` naming the field, the numbers and what would fit; nothing here reads YAML.
 """
 
@@ -12,12 +12,12 @@ import math
 from typing import TYPE_CHECKING
 
 from meshscope.errors import SpecError
-from meshscope.spec import CpCommType, PipelineSchedule
+from meshscope.jobs.spec import CpCommType, PipelineSchedule
 
 if TYPE_CHECKING:
-    from meshscope.layout import ParallelLayout
-    from meshscope.models import ModelConfig
-    from meshscope.spec import JobSpec, ParallelismConfig
+    from meshscope.jobs.models import ModelConfig
+    from meshscope.jobs.spec import JobSpec, ParallelismConfig
+    from meshscope.topology import ParallelLayout
 
 
 def check_job(spec: JobSpec) -> None:

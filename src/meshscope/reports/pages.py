@@ -3,11 +3,11 @@
 The report is read by a performance engineer, often on a machine with no network: it is one file with inline CSS and
 inline SVG (no scripts, fonts or CDNs), and it stays a few MB even for a 16k-rank job. It shows, in order: the job
 summary, partial-data warnings, the findings, the cost table (with a bar of where the median step goes), a per-rank
-step timeline of the slowest and a median step (drawn by :mod:`meshscope.timelines`), and expected vs measured
+step timeline of the slowest and a median step (drawn by :mod:`meshscope.reports.timelines`), and expected vs measured
 collective bytes and memory.
 
 Numbers come from three inputs and nowhere else: the records (:class:`~meshscope.records.RecordTable`), their
-breakdown (:class:`~meshscope.breakdown.Breakdown`) and the analysis dict (``Analysis.to_dict()``, the JSON of
+breakdown (:class:`~meshscope.analysis.breakdown.Breakdown`) and the analysis dict (``Analysis.to_dict()``, the JSON of
 ``meshscope analyze``). This module formats; it must not analyse. All text from the inputs (job, node and group names
 come from users) is HTML-escaped; every number carries its unit.
 """
@@ -16,32 +16,22 @@ from __future__ import annotations
 
 import html
 import math
-import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from meshscope import __version__
-from meshscope.analysis import analyze
-from meshscope.breakdown import SYNC_WAIT
-from meshscope.errors import MeshscopeError
+from meshscope.analysis import SYNC_WAIT
 from meshscope.formatting import human_bytes, human_seconds, human_si, percent
-from meshscope.loading import load_spec
-from meshscope.records import read_table
-from meshscope.records.reading import default_workers
-from meshscope.timelines import COLORS, DEFAULT_TIMELINE_RANKS, HATCH_ID, svg_defs, timeline_section
-from meshscope.traces import check_breakdown, degrees, step_times, write_trace
+from meshscope.reports.timelines import COLORS, DEFAULT_TIMELINE_RANKS, HATCH_ID, svg_defs, timeline_section
+from meshscope.reports.traces import check_breakdown, degrees
 
 if TYPE_CHECKING:
-    import argparse
     from collections.abc import Mapping, Sequence
 
-    from meshscope.breakdown import Breakdown
+    from meshscope.analysis import Breakdown
     from meshscope.records import RecordTable
-
-TRACE_ALL_STEPS_MAX_INTERVALS = 500_000
-"""``meshscope report`` traces every step up to this many intervals, else only the steps the report shows."""
 
 _HATCH_CSS = "repeating-linear-gradient(135deg,rgba(122,31,31,.85) 0 2px,rgba(255,255,255,.25) 2px 5px)"
 _MAX_TABLE_ROWS = 200
@@ -663,46 +653,3 @@ footer{color:var(--muted);font-size:12px;margin:18px 4px}
     + "".join(f".k-{name}{{fill:{color}}}" for name, color in COLORS.items())
     + "\n"
 )
-
-
-# ====================================================================== the command line
-
-
-def add_report_parser(subparsers: Any) -> argparse.ArgumentParser:  # noqa: ANN401 - argparse's private subparsers action
-    """Add ``meshscope report`` to the CLI's subparsers (``cli.build_parser`` calls this once)."""
-    report = subparsers.add_parser(
-        "report",
-        help="write an HTML report and a Perfetto trace from step records",
-        description="Read step records, analyse them, and write OUT/report.html (self-contained) and OUT/trace.json "
-        "(Chrome trace-event JSON for Perfetto UI or chrome://tracing); print both paths.",
-    )
-    report.add_argument("records", nargs="+", help="step-record files (JSON lines, .gz allowed)")
-    report.add_argument("--spec", help="TrainingJob manifest the records belong to (for expected numbers)")
-    report.add_argument("--out", default="meshscope-report", help="output directory (./meshscope-report)")
-    report.set_defaults(handler=_cmd_report)
-    return report  # type: ignore[no-any-return]
-
-
-class ReportInputError(MeshscopeError):
-    """Records the report command cannot use."""
-
-
-def _cmd_report(args: argparse.Namespace) -> int:
-    paths = [Path(p) for p in args.records]
-    missing = [str(p) for p in paths if not p.is_file()]
-    if missing:
-        raise ReportInputError(f"no such records file: {', '.join(missing)}")
-    spec = load_spec(args.spec) if args.spec else None
-    try:
-        table = read_table(paths, workers=default_workers())
-    except OSError as exc:
-        raise ReportInputError(f"cannot read records: {exc}") from exc
-    result = analyze(table, spec=spec)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    report = write_report(out / "report.html", table, result.breakdown, result.to_dict())
-    steps = None if table.n_intervals <= TRACE_ALL_STEPS_MAX_INTERVALS else step_times(table).representative()
-    trace = write_trace(out / "trace.json", table, result.breakdown, steps=steps)
-    which = "every step" if steps is None else f"steps {', '.join(map(str, steps))} (slowest, median)"
-    sys.stdout.write(f"report: {report}\ntrace:  {trace} ({which}; open in ui.perfetto.dev or chrome://tracing)\n")
-    return 0

@@ -21,7 +21,7 @@ Megatron-core requires ``ep`` and ``dp`` to be adjacent in the order when both a
 sharded (``ep > 1`` or ``etp != tp``) the pipeline coord must agree between the two generators, which holds whenever
 ``pp`` comes after the axes whose degrees differ.
 
-Nothing here knows about nodes or hardware (that is :mod:`meshscope.placement`).
+Nothing here knows about nodes or hardware (that is :mod:`meshscope.topology.placement`).
 """
 
 from __future__ import annotations

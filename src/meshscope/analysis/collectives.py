@@ -9,8 +9,8 @@ therefore only compare like with like when the recorder does; **bytes per step**
 * :func:`stage_traffic`, the shared measurement: the collective and point-to-point intervals of a
   :class:`~meshscope.records.RecordTable` grouped by (pipeline stage, axis, op[, message size]), with per rank-step
   instance counts and summed bytes. Vectorised (``bincount`` over a dense key, no Python loop over intervals; one
-  sort only when message sizes split the keys). :mod:`meshscope.costs` (``meshscope analyze``) and
-  :mod:`meshscope.comparisons` (the exact per-size check of ``meshscope run``) both build on it.
+  sort only when message sizes split the keys). :mod:`meshscope.analysis.costs` (``meshscope analyze``) and
+  :mod:`meshscope.local.comparisons` (the exact per-size check of ``meshscope run``) both build on it.
 * :func:`compare_collectives`, the analysis' "collectives: expected vs measured" table: per stage and (axis, op) the
   plan's bytes per GPU per step (``message_bytes × count_per_step`` summed: NCCL's ``S``, **not** bus bytes) beside
   the median over the stage's rank-steps of the summed recorded ``bytes``, with counts and mean messages of both
@@ -26,8 +26,8 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
-from meshscope.layout import AXES, MeshAxis
 from meshscope.records import COMM_CODE, OP_CODE, OPS
+from meshscope.topology import AXES, MeshAxis
 
 if TYPE_CHECKING:
     from collections.abc import Collection
@@ -93,7 +93,7 @@ class StageTraffic:
     pp_rank: NDArray[np.int64]
     """``(keys,)``: pipeline stage."""
     axis: NDArray[np.int64]
-    """``(keys,)``: axis code (index into :data:`meshscope.layout.AXES`)."""
+    """``(keys,)``: axis code (index into :data:`meshscope.topology.layout.AXES`)."""
     op: NDArray[np.int64]
     """``(keys,)``: op code (index into :data:`meshscope.records.OPS`); p2p keeps ``send`` and ``recv`` apart."""
     size_bytes: NDArray[np.int64]

@@ -1,14 +1,14 @@
 """Transfers measured against each other and against the link model: every collective and send, per byte.
 
-Exists so that a slow link or NIC can be found from the records alone (:mod:`meshscope.diagnosis` reads it): each
-complete collective instance and each pipeline or ring send of at least :data:`MIN_TRANSFER_BYTES` becomes one
+Exists so that a slow link or NIC can be found from the records alone (:mod:`meshscope.analysis.diagnosis` reads it):
+each complete collective instance and each pipeline or ring send of at least :data:`MIN_TRANSFER_BYTES` becomes one
 transfer with its time, its bytes per member (the op's bus factor), the nodes and NVLink domains it runs through, its
 class (axis, op, members, whether it crosses a domain) and how its time per byte compares with its class' median and,
 with a spec, with the plan's link model. Definitions are in ``docs/cost-table.md``.
 
 It works on numpy columns, vectorised over collective instances and sends. It must not read files, must not judge
-(no findings: that is :mod:`meshscope.diagnosis`) and must not build the cost table (:mod:`meshscope.costs`, which
-re-exports these names).
+(no findings: that is :mod:`meshscope.analysis.diagnosis`) and must not build the cost table
+(:mod:`meshscope.analysis.costs`, which re-exports these names).
 """
 
 from __future__ import annotations
@@ -18,24 +18,23 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
-from meshscope.breakdown import TRANSFER, comm_category
-from meshscope.grouping import distinct, grouped_median
-from meshscope.layout import AXES
-from meshscope.placement import Link
+from meshscope.analysis.breakdown import TRANSFER, comm_category
+from meshscope.analysis.grouping import distinct, grouped_median
 from meshscope.plan import PlanAssumptions
 from meshscope.records import OPS, P2P_CODE, CommOp
+from meshscope.topology import AXES, Link
 
 if TYPE_CHECKING:
     from numpy.typing import NDArray
 
-    from meshscope.breakdown import Breakdown
+    from meshscope.analysis.breakdown import Breakdown
+    from meshscope.jobs import JobSpec
     from meshscope.plan import Plan
     from meshscope.records import RecordTable
-    from meshscope.spec import JobSpec
 
 
 class IndexedBreakdown(Protocol):
-    """What the measurement reads of :class:`meshscope.costs.RankSteps` (which satisfies it)."""
+    """What the measurement reads of :class:`meshscope.analysis.costs.RankSteps` (which satisfies it)."""
 
     @property
     def breakdown(self) -> Breakdown:

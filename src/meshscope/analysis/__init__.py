@@ -1,0 +1,101 @@
+"""Analysis: from step records to the step breakdown, the cost table, the findings and ``analyze()``.
+
+The heart of meshscope (DESIGN.md, "The step breakdown" and "The cost table"). Records flow through it in this
+order, one module each:
+
+- :mod:`~meshscope.analysis.breakdown`: every rank-step split into categories that add up to the step time
+  (:func:`break_down` -> :class:`Breakdown`), collectives joined across their members (:class:`CollectiveJoin`),
+  host clocks aligned (:class:`ClockOffsets`);
+- :mod:`~meshscope.analysis.grouping`: grouped quantiles, medians and means over numpy columns;
+- :mod:`~meshscope.analysis.transfers`: every collective and send measured per byte, against its class and the link
+  model;
+- :mod:`~meshscope.analysis.collectives`: bytes per GPU per step per pipeline stage, plan against records;
+- :mod:`~meshscope.analysis.costs`: the cost table (:class:`CostRow`), the summary, memory against the plan;
+- :mod:`~meshscope.analysis.diagnosis`: findings (:func:`diagnose` -> :class:`Finding`) naming cause, rank, node;
+- :mod:`~meshscope.analysis.analyzing`: :func:`analyze`, the one entry point (records + optional spec ->
+  :class:`Analysis`), with :func:`render_analysis` for people and ``Analysis.to_dict()`` for machines (what the
+  operator's deep tier writes into its ConfigMap);
+- :mod:`~meshscope.analysis.commands`: ``meshscope analyze`` (:func:`analyze_command`).
+
+It computes on numpy columns, vectorised over rank-steps and intervals; it must not read record files (except the
+command), draw, launch, or import torch. Import the names from here (``from meshscope.analysis import analyze``).
+"""
+
+from meshscope.analysis.analyzing import Analysis, analyze, check_records_match_layout, render_analysis
+from meshscope.analysis.breakdown import (
+    BUBBLE,
+    CATEGORIES,
+    CATEGORY_INDEX,
+    CHECKPOINT,
+    COMPUTE,
+    DATA,
+    OPTIMIZER,
+    OTHER,
+    SYNC_WAIT,
+    TICKS_PER_US,
+    TRANSFER,
+    Breakdown,
+    ClockOffsets,
+    CollectiveJoin,
+    P2PBandwidth,
+    break_down,
+    comm_category,
+    estimate_clock_offsets,
+)
+from meshscope.analysis.collectives import (
+    CollectiveComparison,
+    StageTraffic,
+    compare_collectives,
+    stage_of_rows,
+    stage_traffic,
+)
+from meshscope.analysis.commands import AnalyzeInputError, analyze_command
+from meshscope.analysis.costs import (
+    CostRow,
+    MemoryComparison,
+    RankSteps,
+    Summary,
+    Suspect,
+    index_rank_steps,
+)
+from meshscope.analysis.diagnosis import Finding, diagnose
+
+__all__ = [
+    "BUBBLE",
+    "CATEGORIES",
+    "CATEGORY_INDEX",
+    "CHECKPOINT",
+    "COMPUTE",
+    "DATA",
+    "OPTIMIZER",
+    "OTHER",
+    "SYNC_WAIT",
+    "TICKS_PER_US",
+    "TRANSFER",
+    "Analysis",
+    "AnalyzeInputError",
+    "Breakdown",
+    "ClockOffsets",
+    "CollectiveComparison",
+    "CollectiveJoin",
+    "CostRow",
+    "Finding",
+    "MemoryComparison",
+    "P2PBandwidth",
+    "RankSteps",
+    "StageTraffic",
+    "Summary",
+    "Suspect",
+    "analyze",
+    "analyze_command",
+    "break_down",
+    "check_records_match_layout",
+    "comm_category",
+    "compare_collectives",
+    "diagnose",
+    "estimate_clock_offsets",
+    "index_rank_steps",
+    "render_analysis",
+    "stage_of_rows",
+    "stage_traffic",
+]
