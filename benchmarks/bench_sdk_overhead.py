@@ -72,6 +72,7 @@ def as_rank(out_dir: Path, script: str, args: list[str], *, census: bool) -> Non
     The timing wrapper is the same whether the SDK is on (``Tracker``) or off (``NullTracker``). With ``census`` the
     tracker's callbacks are also counted (a few hundred ns each: only in the census run, never in a timed one).
     """
+    from meshscope.sdk import operations as operations_module  # noqa: PLC0415
     from meshscope.sdk import tracker as tracker_module  # noqa: PLC0415
 
     steps: list[tuple[float, float, float, float]] = []
@@ -101,22 +102,22 @@ def as_rank(out_dir: Path, script: str, args: list[str], *, census: bool) -> Non
     for cls in (tracker_module.Tracker, tracker_module.NullTracker):
         cls.step = timed_step(cls.step)  # type: ignore[method-assign,assignment]
     if census:
-        names = {
-            "on_collective": "collective",
-            "on_functional": "functional",
-            "on_p2p": "p2p",
-            "on_attention_forward": "attention",
-            "_push": "phase",
+        names = {  # the capture patches' callbacks live on the tracker's Operations; phases on the Tracker
+            (operations_module.Operations, "on_collective"): "collective",
+            (operations_module.Operations, "on_functional"): "functional",
+            (operations_module.Operations, "on_p2p"): "p2p",
+            (operations_module.Operations, "on_attention_forward"): "attention",
+            (tracker_module.Tracker, "_push"): "phase",
         }
-        for method, key in names.items():
-            orig = getattr(tracker_module.Tracker, method)
+        for (cls, method), key in names.items():
+            orig = getattr(cls, method)
 
             def counted(self: Any, *a: Any, _orig: Any = orig, _key: str = key) -> Any:
-                if self._step is not None:
+                if self._step is not None if hasattr(self, "_ops") else self.step is not None:
                     counts[_key] += 1
                 return _orig(self, *a)
 
-            setattr(tracker_module.Tracker, method, counted)
+            setattr(cls, method, counted)
     rank = os.environ.get("RANK", "0")
     log_fd = os.open(out_dir / f"rank-{rank}.out", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     sys.stdout.flush()

@@ -19,8 +19,10 @@ Why it exists: collectives reach the backend along four roads, and each needs it
 
 Pipelining stages also get their forward and backward chunks labelled as phases.
 
-Every wrapper calls the original unconditionally and touches the tracker inside ``try`` blocks: a failure in meshscope
-is counted by the tracker and never reaches the training loop; the user's own errors propagate untouched. Patches are
+The patches report to a :class:`CaptureSink` (the tracker's :class:`~meshscope.sdk.operations.Operations`), never to
+the tracker itself: this module knows only the callbacks below. Every wrapper calls the original unconditionally and
+touches the sink inside ``try`` blocks: a failure in meshscope is counted (``sink.fault``) and never reaches the
+training loop; the user's own errors propagate untouched. Patches are
 installed only when a real tracker starts (``MESHSCOPE_DISABLE=1`` installs nothing) and are removed by
 :func:`uninstall`. Imports torch: load this module only from a real tracker.
 """
@@ -32,20 +34,82 @@ from __future__ import annotations
 import contextlib
 import sys
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 import torch.distributed as dist
 
 if TYPE_CHECKING:
     from collections.abc import Callable
+    from contextlib import AbstractContextManager
 
-    from meshscope.sdk.tracker import Tracker
+    from torch.distributed import ProcessGroup, Work
+    from torch.futures import Future
+
+    from meshscope.sdk.clocks import Mark
+
+
+class CaptureSink(Protocol):
+    """What the patches report to: one call per captured operation, with positional arguments (the hot path)."""
+
+    on_device: bool
+    """Whether marks of device work are CUDA events."""
+
+    @property
+    def in_step(self) -> bool:
+        """Whether a step is open (attention backward hooks are set only then)."""
+
+    def device_mark(self, host_ns: int) -> Mark:
+        """A mark for device work at host time ``host_ns``."""
+
+    def fault(self, where: str, exc: BaseException) -> None:
+        """Count a failure inside meshscope."""
+
+    def phase(self, name: str) -> AbstractContextManager[None]:
+        """A phase of the open step (pipelining stages label their forward and backward chunks)."""
+
+    def on_collective(  # noqa: PLR0917 - positionals on the hot path
+        self,
+        pg: ProcessGroup,
+        op: str,
+        size_of: Callable[[tuple[Any, ...], int], int],
+        args: tuple[Any, ...],
+        work: Work | None,
+        start: Mark,
+        completion: bool,  # noqa: FBT001
+    ) -> None:
+        """A ``ProcessGroup`` collective issued at ``start`` was accepted by the backend, which returned ``work``."""
+
+    def on_p2p(  # noqa: PLR0917 - positionals on the hot path
+        self, pg: ProcessGroup, op: str, peer_in_group: int | None, nbytes: int | None, work: Work | None, start: Mark
+    ) -> None:
+        """A ``send``/``recv`` issued at ``start`` was accepted by the backend."""
+
+    def on_wait(self, work: Work, t0: int, m0: Mark) -> None:
+        """A ``Work.wait`` that started at host ns ``t0`` / mark ``m0`` returned now."""
+
+    def on_tensor_wait(self, tensor: torch.Tensor | None, t0: int, m0: Mark) -> None:
+        """A functional ``wait_tensor`` that started at ``t0`` / ``m0`` returned now."""
+
+    def on_functional(
+        self, op: str, group_name: object, nbytes: int | None, out: torch.Tensor | list[torch.Tensor], start: Mark
+    ) -> None:
+        """A functional collective on ``group_name``, issued at ``start``, returned ``out``."""
+
+    def on_ddp_last_bucket(self, future: Future[object]) -> None:
+        """DDP issued its last bucket: backward now waits until that bucket's reduction completes."""
+
+    def on_attention_forward(self, m0: Mark) -> None:
+        """An attention call that started at ``m0`` returned now."""
+
+    def on_attention_backward(self, start: Mark) -> None:
+        """An attention backward that started at ``start`` finished now."""
+
 
 _perf_ns = time.perf_counter_ns
 
-ACTIVE: Tracker | None = None
-"""The tracker the wrappers report to; ``None``: wrappers pass straight through."""
+ACTIVE: CaptureSink | None = None
+"""The sink the wrappers report to; ``None``: wrappers pass straight through."""
 
 _in_ddp_hook = 0
 """Depth of meshscope's DDP comm hook: its collectives are never waited on from Python, so they get a completion
@@ -373,7 +437,7 @@ class _AttentionSpan:
 
     __slots__ = ("handles", "start_mark", "tracker")
 
-    def __init__(self, tracker: Tracker) -> None:
+    def __init__(self, tracker: CaptureSink) -> None:
         self.tracker = tracker
         self.start_mark: Any = None
         self.handles: list[Any] = []
@@ -394,7 +458,7 @@ _FUSED_NODES: dict[type, bool] = {}
 """Autograd node type -> whether it is one fused attention kernel's backward (decided once per type by its name)."""
 
 
-def _attention_backward_hooks(t: Tracker, args: tuple[Any, ...], out: Any) -> None:
+def _attention_backward_hooks(t: CaptureSink, args: tuple[Any, ...], out: Any) -> None:
     node = out.grad_fn
     if node is None:
         return
@@ -477,8 +541,8 @@ def _set(owner: Any, name: str, value: Any) -> None:
     setattr(owner, name, value)
 
 
-def install(tracker: Tracker) -> None:
-    """Put every patch in place and route them to ``tracker``. Idempotent for the same tracker."""
+def install(tracker: CaptureSink) -> None:
+    """Put every patch in place and route them to ``tracker`` (its sink). Idempotent for the same sink."""
     global ACTIVE  # noqa: PLW0603 - the wrappers read one process-wide pointer
     if _saved:
         ACTIVE = tracker

@@ -1,0 +1,443 @@
+"""The operations of a rank's open step as the capture patches report them: collectives, sends, waits, attention.
+
+Why it exists: :mod:`meshscope.sdk.capture` sees every ``ProcessGroup`` call, functional collective, ``Work.wait``,
+DDP bucket and attention call; something must turn each into an entry of the open step (its group, axis, sequence
+number, bytes, issue and end marks) and know which ``Work`` or output tensor ends it. That is :class:`Operations`,
+the :class:`~meshscope.sdk.capture.CaptureSink` the patches call. The tracker (:mod:`meshscope.sdk.tracker`) owns the
+steps and phases and sets :attr:`Operations.step` when a step opens and closes; records are built from the step's
+entries after it ends (:mod:`meshscope.sdk.steps`).
+
+Hot path, per captured operation: one dict lookup for the group (cached per ProcessGroup object or group name), one
+``next()`` for its sequence number, one small list (``steps``' op layout) appended to the step, one dict entry keyed
+by the id of what ends it, and two clock reads; a wait adds one window tuple. No per-op dicts, objects or keyword
+calls. It must not import torch at module level (the tracker hands it ``torch.distributed``) and must not raise into
+the training loop (the patches wrap every call; failures go to ``fault``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import re
+import time
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any, Final
+
+from meshscope.sdk.clocks import HostClock
+from meshscope.sdk.groups import GroupInfo, axis_of_name, infer_from_layout, make_group, p2p_axis, p2p_group_id
+from meshscope.sdk.steps import END, HANDLE, ISSUED, START, OpMeta
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterator
+    from contextlib import AbstractContextManager
+
+    from torch import Tensor
+    from torch.distributed import ProcessGroup, Work
+    from torch.futures import Future
+
+    from meshscope.sdk.clocks import CudaClock, Mark
+    from meshscope.sdk.settings import TrackerSettings
+    from meshscope.sdk.steps import StepState
+    from meshscope.topology import MeshAxis
+
+_perf_ns = time.perf_counter_ns
+
+_SEQUENCES: Final = (list, tuple)
+
+SYNC_GAP_NS: Final = 100_000
+"""A wait that starts within this many ns of its operation's issue makes the whole issue..return span blocked."""
+
+
+class _Group:
+    """A process group as the hot path sees it: attribution, sequence counter, and one :class:`OpMeta` per op."""
+
+    __slots__ = ("axis", "counter", "info", "metas", "pg", "size")
+
+    def __init__(self, pg: object, info: GroupInfo, counter: Iterator[int]) -> None:
+        self.pg = pg
+        self.info = info
+        self.axis = info.axis.value if info.axis is not None else None
+        """The axis' name; ``None``: unattributed (counted, not recorded)."""
+        self.size = info.size
+        """Members."""
+        self.counter = counter
+        """Sequence numbers of the group id (shared by every road that reaches the group)."""
+        self.metas: dict[str, OpMeta] = {}
+
+    def meta(self, op: str) -> OpMeta:
+        """The interval meta of ``op`` on this (attributed) group."""
+        meta = self.metas.get(op)
+        if meta is None:
+            info = self.info
+            meta = OpMeta(kind="comm", axis=str(self.axis), op=op, group=info.group_id, group_size=info.size, peer=None)
+            self.metas[op] = meta
+        return meta
+
+
+class Operations:
+    """The capture patches' sink: every operation of the open step, and what ends it.
+
+    Thread-safety: the callbacks run on the training thread, autograd's and backend threads; they only append to
+    lists, set attributes and add or pop dict entries.
+    """
+
+    def __init__(
+        self,
+        settings: TrackerSettings,
+        dist: Any,  # noqa: ANN401 - torch.distributed, typed loosely to keep torch lazy
+        *,
+        phase: Callable[[str], AbstractContextManager[None]],
+        fault: Callable[[str, BaseException], None],
+    ) -> None:
+        """An empty log on the host clock; the tracker sets :attr:`step` and may switch to a device clock.
+
+        Args:
+            settings: who this rank is (rank and layout attribute groups and sends).
+            dist: ``torch.distributed``.
+            phase: the tracker's :meth:`~meshscope.sdk.Tracker.phase` (the pipelining patches open phases).
+            fault: counts a failure inside meshscope (the tracker's :meth:`~meshscope.sdk.Tracker.fault`).
+        """
+        self.settings = settings
+        self._dist = dist
+        self.phase = phase
+        self.fault = fault
+        self.step: StepState | None = None
+        """The open step (the tracker sets it); ``None``: operations are counted in their groups, not recorded."""
+        self.clock: HostClock = HostClock()
+        self.on_device = False
+        """Whether marks of device work are CUDA events (``False``: everything is host time)."""
+        self.mark_end: Callable[[], Mark] = time.perf_counter_ns
+        """How a completion callback marks an operation's end (the CUDA clock's event recorder on GPU)."""
+        self.unattributed = 0
+        """Operations on groups that map to no axis (or receives from any source): counted, not recorded."""
+        self._groups: dict[int, _Group] = {}
+        """By ``id()`` of the ProcessGroup object (checked against :attr:`_Group.pg`)."""
+        self._by_name: dict[str, _Group] = {}
+        """By c10d group name (the functional collectives' road)."""
+        self._p2p: dict[tuple[str, str, int], OpMeta] = {}
+        self._registered: dict[str, tuple[str, MeshAxis | None]] = {}
+        self._ids: dict[str, str] = {}
+        self._seq: dict[str, Iterator[int]] = {}
+        self._by_work: dict[int, list[Any]] = {}
+        """Operations in flight by ``id()`` of their ``Work`` (held in the operation, so the id stays unique)."""
+        self._by_storage: dict[int, list[Any]] = {}
+        """Functional collectives in flight by the storage address of their outputs (held in the operation, so the
+        address stays theirs). The storage, as in c10d's own registry, so that a wait on a view finds them too."""
+
+    @property
+    def in_step(self) -> bool:
+        """Whether a step is open."""
+        return self.step is not None
+
+    # ------------------------------------------------------------------ marks
+
+    def device_mark(self, host_ns: int) -> Mark:
+        """A mark for device work: ``host_ns`` itself on CPU, a CUDA event on GPU (``host_ns`` if recording fails)."""
+        if self.on_device:
+            try:
+                return self.clock.device_mark()
+            except Exception as exc:  # noqa: BLE001 - a host mark is a valid mark on the CUDA clock too
+                self.fault("device mark", exc)
+        return host_ns
+
+    def use_device_clock(self, clock: CudaClock) -> None:
+        """Mark device work with CUDA events of ``clock`` from now on."""
+        self.clock = clock
+        self.on_device = True
+        self.mark_end = clock.device_mark
+
+    # ------------------------------------------------------------------ groups
+
+    def register(self, group: object, name: str, axis: MeshAxis | None) -> None:
+        """Attribute ``group`` (a ``ProcessGroup`` or a 1-D ``DeviceMesh``) to ``axis`` under ``name``."""
+        try:
+            pg: Any = group
+            if hasattr(group, "get_group") and not hasattr(group, "group_name"):  # a 1-D DeviceMesh
+                pg = pg.get_group()
+            self._registered[pg.group_name] = (name, axis)
+            self._groups.pop(id(pg), None)
+            self._by_name.pop(pg.group_name, None)
+            self._p2p.clear()
+            self._group_of_pg(pg)
+        except Exception as exc:  # noqa: BLE001
+            self.fault("register_groups", exc)
+
+    def _group_of_pg(self, pg: ProcessGroup) -> _Group:
+        group = self._groups.get(id(pg))
+        if group is not None and group.pg is pg:
+            return group
+        info = self._resolve(pg)
+        counter = self._seq.get(info.group_id)
+        if counter is None:
+            counter = self._seq.setdefault(info.group_id, itertools.count())
+        group = _Group(pg, info, counter)
+        self._groups[id(pg)] = group
+        self._by_name[pg.group_name] = group
+        return group
+
+    def _group_of_name(self, group_name: object) -> _Group:
+        group: _Group | None = self._by_name.get(group_name)  # type: ignore[call-overload]
+        if group is None:
+            resolve = getattr(self._dist.distributed_c10d, "_resolve_process_group")  # noqa: B009 - private API
+            group = self._group_of_pg(resolve(str(group_name)))
+            self._by_name[group_name] = group  # type: ignore[index]
+        return group
+
+    def _resolve(self, pg: ProcessGroup) -> GroupInfo:
+        ranks = tuple(int(r) for r in self._dist.get_process_group_ranks(pg))
+        pg_name = str(pg.group_name)
+        registered = self._registered.get(pg_name)
+        if registered is not None:
+            name, axis = registered
+        else:
+            desc = str(getattr(pg, "group_desc", "") or "")
+            axis = axis_of_name(desc) if desc else None
+            name = re.sub(r"^mesh_", "", desc) if axis is not None else (desc or "group")
+            layout = self.settings.layout
+            if axis is None and layout is not None:
+                inferred = infer_from_layout(layout, ranks)
+                if inferred is not None:
+                    name, axis = inferred
+            if len(ranks) < 2:
+                axis = None
+        info = make_group(name, axis, ranks)
+        owner = self._ids.setdefault(info.group_id, pg_name)
+        if owner != pg_name:  # two distinct groups of one name and first rank on this rank: keep ids apart
+            info = replace(info, group_id=f"{info.group_id}~{pg_name}")
+        return info
+
+    def _next_seq(self, group_id: str) -> int:
+        counter = self._seq.get(group_id)
+        if counter is None:
+            counter = self._seq.setdefault(group_id, itertools.count())
+        return next(counter)
+
+    # ------------------------------------------------------------------ the patches' callbacks (hot path)
+    #
+    # Per captured operation: one dict lookup for the group (cached per ProcessGroup object or group name), one
+    # ``next()`` for its sequence number, one small list (steps.new_op's layout) appended to the step, one dict entry
+    # keyed by the id of what ends it, and two clock reads; the wait adds one window tuple. No per-op dicts, objects
+    # or keyword calls: records are assembled after the step (meshscope.sdk.steps).
+
+    def on_collective(  # noqa: PLR0917 - the hot path passes positionals, no keyword dict
+        self,
+        pg: ProcessGroup,
+        op: str,
+        size_of: Callable[[tuple[Any, ...], int], int],
+        args: tuple[Any, ...],
+        work: Work | None,
+        start: Mark,
+        completion: bool,  # noqa: FBT001
+    ) -> None:
+        """A ``ProcessGroup`` collective issued at mark ``start`` was accepted by the backend, which returned ``work``.
+
+        Args:
+            pg: the group.
+            op: the recorded op (``all_reduce`` ...).
+            size_of: its bytes from ``(args, group size)``.
+            args: the positional arguments of the call.
+            work: what the backend returned (a ``Work`` or ``None`` for a call that already completed).
+            start: the issue mark.
+            completion: mark the end at completion now (``Future.then``), for operations never waited on from Python
+                (DDP's buckets). Otherwise the end is the return of its wait (or a completion callback attached when
+                its step ends unwaited).
+        """
+        group = self._groups.get(id(pg))
+        if group is None or group.pg is not pg:
+            group = self._group_of_pg(pg)
+        if group.axis is None:
+            if group.size > 1:
+                self.unattributed += 1
+            return
+        seq = next(group.counter)
+        st = self.step
+        if st is None:
+            return
+        meta = group.metas.get(op) or group.meta(op)
+        rec = [start, None, meta, seq, size_of(args, group.size), work, _perf_ns()]
+        st.ops.append(rec)
+        if work is None:
+            rec[END] = self.mark_end()
+            return
+        self._by_work[id(work)] = rec
+        if completion:
+            _on_completion(work, rec, self.mark_end)
+
+    def on_p2p(  # noqa: PLR0917 - positionals on the hot path
+        self, pg: ProcessGroup, op: str, peer_in_group: int | None, nbytes: int | None, work: Work | None, start: Mark
+    ) -> None:
+        """A ``send``/``recv`` issued at mark ``start`` was accepted by the backend, which returned ``work``.
+
+        ``peer_in_group`` is the other side's rank in ``pg`` (``None`` for a receive from any source: unattributed).
+        """
+        group = self._groups.get(id(pg))
+        if group is None or group.pg is not pg:
+            group = self._group_of_pg(pg)
+        if peer_in_group is None:  # recv_anysource: no peer to join with
+            self.unattributed += 1
+            return
+        peer = group.info.global_rank(peer_in_group)
+        key = (op, group.info.group_id, peer)
+        meta = self._p2p.get(key)
+        if meta is None:
+            rank = self.settings.rank
+            axis = group.info.axis if group.info.axis is not None else p2p_axis(self.settings.layout, rank, peer)
+            if axis is None:
+                self.unattributed += 1
+                return
+            src, dst = (rank, peer) if op == "send" else (peer, rank)
+            gid = p2p_group_id(axis, src, dst)
+            meta = OpMeta(kind="p2p", axis=axis.value, op=op, group=gid, group_size=None, peer=peer)
+            self._p2p[key] = meta
+        seq = self._next_seq(meta.group)
+        st = self.step
+        if st is None:
+            return
+        rec = [start, None, meta, seq, nbytes, work, _perf_ns()]
+        st.ops.append(rec)
+        if work is None:
+            rec[END] = self.mark_end()
+        else:
+            self._by_work[id(work)] = rec
+
+    def on_wait(self, work: Work, t0: int, m0: Mark) -> None:
+        """A ``Work.wait`` that started at ``t0`` (host ns) / ``m0`` (mark) returned now."""
+        t1 = _perf_ns()
+        m1 = self.device_mark(t1) if self.on_device else t1
+        rec = self._by_work.pop(id(work), None) if self._by_work else None
+        if rec is not None and rec[HANDLE] is work:
+            rec[HANDLE] = None
+            if rec[END] is None:
+                rec[END] = m1
+            if t0 - rec[ISSUED] < SYNC_GAP_NS:  # a synchronous call: blocked from its issue
+                m0 = rec[START]
+        st = self.step
+        if st is not None:
+            st.windows.append((m0, m1))
+
+    def on_tensor_wait(self, tensor: Tensor | None, t0: int, m0: Mark) -> None:
+        """A functional ``wait_tensor`` that started at ``t0`` / ``m0`` returned now."""
+        t1 = _perf_ns()
+        m1 = self.device_mark(t1) if self.on_device else t1
+        by_storage = self._by_storage
+        if by_storage and tensor is not None:
+            # The output itself first (its address is its storage's: no storage object to build); then, for a view,
+            # the storage's address. A view's own address lies inside its storage, which it keeps alive, so it is
+            # never the key of another held output.
+            rec = by_storage.pop(tensor.data_ptr(), None)
+            if rec is None:
+                rec = by_storage.pop(tensor.untyped_storage().data_ptr(), None)
+            if rec is not None:
+                if isinstance(rec[HANDLE], _SEQUENCES):  # a coalesced op: its other outputs are done too
+                    self._forget_outputs(rec)
+                else:
+                    rec[HANDLE] = None
+                if rec[END] is None:
+                    rec[END] = m1
+                if t0 - rec[ISSUED] < SYNC_GAP_NS:
+                    m0 = rec[START]
+        st = self.step
+        if st is not None:
+            st.windows.append((m0, m1))
+
+    def _forget_outputs(self, rec: list[Any]) -> None:
+        """Drop a functional collective's outputs (held since issue) and their lookup entries."""
+        outs = rec[HANDLE]
+        rec[HANDLE] = None
+        by_storage = self._by_storage
+        for out in outs if isinstance(outs, _SEQUENCES) else (outs,):
+            key = _storage_key(out)
+            if by_storage.get(key) is rec:
+                del by_storage[key]
+
+    def on_functional(
+        self, op: str, group_name: object, nbytes: int | None, out: Tensor | list[Tensor], start: Mark
+    ) -> None:
+        """A functional collective (``torch.ops._c10d_functional``) on ``group_name``, issued at ``start``, returned.
+
+        ``out`` is its output; the first ``wait_tensor`` on it ends the operation.
+        """
+        group = self._by_name.get(group_name)  # type: ignore[call-overload]
+        if group is None:
+            group = self._group_of_name(group_name)
+        if group.axis is None:
+            if group.size > 1:
+                self.unattributed += 1
+            return
+        seq = next(group.counter)
+        st = self.step
+        if st is None:
+            return
+        meta = group.metas.get(op) or group.meta(op)
+        rec = [start, None, meta, seq, nbytes, out, _perf_ns()]
+        st.ops.append(rec)
+        for tensor in out if isinstance(out, _SEQUENCES) else (out,):
+            self._by_storage[_storage_key(tensor)] = rec
+
+    def on_ddp_last_bucket(self, future: Future[object]) -> None:
+        """DDP issued its last bucket: backward now waits until that bucket's reduction completes."""
+        st = self.step
+        if st is None:
+            return
+        window: list[Mark] = [self.device_mark(_perf_ns()), None]
+        st.windows.append(window)
+        mark = self.mark_end
+
+        def closed(_fut: Future[object]) -> None:
+            window[1] = mark()
+
+        future.then(closed)
+
+    def on_attention_forward(self, m0: Mark) -> None:
+        """An attention call that started at ``m0`` returned now."""
+        st = self.step
+        if st is not None:
+            st.attention.append((m0, self.device_mark(_perf_ns())))
+
+    def on_attention_backward(self, start: Mark) -> None:
+        """An attention backward that started at ``start`` finished now."""
+        st = self.step
+        if st is not None and start is not None:
+            st.attention.append((start, self.device_mark(_perf_ns())))
+
+    def release(self, st: StepState) -> None:
+        """Forget the step's operations: what ends them is no longer held, nor looked up."""
+        by_work = self._by_work
+        for rec in st.ops:
+            handle = rec[HANDLE]
+            if handle is None:
+                continue
+            if by_work.get(id(handle)) is rec:
+                del by_work[id(handle)]
+                rec[HANDLE] = None
+            else:
+                self._forget_outputs(rec)
+
+    def end_unwaited(self, st: StepState) -> None:
+        """Let their completion end the step's asynchronous operations nobody waited on (the step just closed)."""
+        work_type = self._dist.Work
+        for rec in st.ops:
+            if rec[END] is None and isinstance(rec[HANDLE], work_type):
+                _on_completion(rec[HANDLE], rec, self.mark_end)
+
+
+def _storage_key(tensor: Tensor) -> int:
+    """The address of ``tensor``'s storage, the key of a functional collective's output in flight.
+
+    Its own address when it starts the storage: ``untyped_storage()`` builds a Python object per call, which costs
+    several times more than ``data_ptr()`` inside a job.
+    """
+    if tensor.storage_offset():
+        return tensor.untyped_storage().data_ptr()
+    return tensor.data_ptr()
+
+
+def _on_completion(work: Work, rec: list[Any], mark: Callable[[], Mark]) -> None:
+    """End ``rec`` when ``work`` completes (at once if it has); backends without futures (gloo p2p) end at wait."""
+
+    def done(_future: Future[object]) -> None:  # runs on a backend thread: the first end wins
+        if rec[END] is None:
+            rec[END] = mark()
+
+    with contextlib.suppress(RuntimeError):
+        work.get_future().then(done)
