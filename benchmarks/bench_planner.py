@@ -65,6 +65,23 @@ def main() -> None:
         f"median {median:.3f} s (target < 1 s)"
     )
 
+    # 2b. Start-up of the command line as whole processes: a command loads only its own modules (docs/architecture.md).
+    # Beside them, the same interpreter importing every command's modules: what each of these cost before the CLI
+    # loaded commands lazily (meshscope --version took 0.5 s on this kind of machine).
+    small = ROOT / "examples" / "llama3-8b-h100.yaml"
+    everything = "import meshscope.cli, meshscope.local, meshscope.simulation, meshscope.reports, meshscope.analysis"
+    for label, argv, target in (
+        ("meshscope --version", ["-m", "meshscope", "--version"], "< 0.15 s"),
+        ("meshscope --help", ["-m", "meshscope", "--help"], "< 0.15 s"),
+        (f"meshscope plan {small.name} --json", ["-m", "meshscope", "plan", str(small), "--json"], "well < 0.5 s"),
+        (f"meshscope plan {example.name} --json", ["-m", "meshscope", "plan", str(example), "--json"], "well < 0.5 s"),
+        ("python -c 'import every command's modules'", ["-c", everything], "the eager CLI's floor"),
+    ):
+        best, median = best_of(
+            lambda argv=argv: subprocess.run([sys.executable, *argv], check=True, capture_output=True), 5
+        )
+        print(f"{label}, whole process: best {best:.3f} s, median {median:.3f} s ({target})")
+
     # 3. Layout search over 16,384 H100s for llama3-405b.
     request = SearchRequest(
         model=lookup_model("llama3-405b"), hardware=default_hardware("H100", nodes=2048), global_batch_size=2048
