@@ -66,9 +66,6 @@ MAX_DEFERRED_STEPS: Final = 4
 """Steps a record may wait for its operations to complete before they are left out (and counted)."""
 ACTIVATION_STEPS: Final = 2
 """Steps (the first ones) in which :meth:`Tracker.saved_activations` scopes count; later scopes cost nothing."""
-_SEQUENCES: Final = (list, tuple)
-SYNC_GAP_NS: Final = 100_000
-"""A wait that starts within this many ns of its operation's issue makes the whole issue..return span blocked."""
 
 PHASES: Final[dict[str, tuple[str, str | None]]] = {
     "data": ("data", None),
