@@ -200,6 +200,7 @@ def test_to_dict_has_exactly_the_documented_keys() -> None:
         "category",
         "label",
         "expected_seconds",
+        "expected_basis",
         "measured_median_seconds",
         "measured_p95_seconds",
         "worst_rank",

@@ -17,7 +17,7 @@ from meshscope.analysis.diagnosis import (
 )
 from meshscope.analysis.grouping import distinct, grouped_quantile
 from meshscope.jobs.loading import load_spec_text
-from meshscope.plan import Severity, plan_job
+from meshscope.plan import PlanAssumptions, Severity, plan_job
 from meshscope.records import (
     AXIS_CODE,
     KIND_CODE,
@@ -27,6 +27,7 @@ from meshscope.records import (
     RecordTable,
     StepColumns,
 )
+from meshscope.simulation import Noise, simulate
 from meshscope.topology.layout import AXES, ParallelLayout
 
 # ---------------------------------------------------------------------------- a small job, built from arrays
@@ -448,12 +449,73 @@ spec:
     assert f.evidence["measured_seconds"] == pytest.approx(bubble_us / 1e6)
     # Expected per rank-step: its stage's bubble (stage 0 also waits for the slower last stage) and exposed pp
     # transfer; two stages, the midpoint of the two.
-    per_stage = [stage_expected(plan, r)["bubble"] + stage_expected(plan, r)["comm.pp.transfer"] for r in (0, 1)]
-    assert stage_expected(plan, 1)["bubble"] == pytest.approx(expected_us / 1e6)
-    assert f.evidence["expected_seconds"] == pytest.approx(sum(per_stage) / 2)
+    # Like for like: the plan's bubble fraction x the measured compute (both stages compute the same, so neither
+    # waits for the other), plus the stage's planned exposed pp transfer; two stages, the midpoint of the two.
+    measured_compute_s = (step_us - bubble_us) / 1e6
+    transfer = [stage_expected(plan, r)["comm.pp.transfer"] for r in (0, 1)]
+    assert f.evidence["expected_seconds"] == pytest.approx(
+        plan.bubble_fraction * measured_compute_s + sum(transfer) / 2
+    )
+    assert f.evidence["compute_scale"] == pytest.approx(measured_compute_s / plan.expected_step_time.compute_seconds)
+    assert f.evidence["planned_bubble_seconds"] == pytest.approx(expected_us / 1e6)
     assert f.evidence["plan_bubble_fraction"] == plan.bubble_fraction
     # Without a spec there is no plan to compare with.
     assert all(f.code != "bubble-above-plan" for f in analyze(table).findings)
+
+
+PIPELINE_SPEC = """
+apiVersion: meshscope.io/v1alpha1
+kind: TrainingJob
+metadata: {name: pipeline}
+spec:
+  model: {preset: llama3-8b}
+  parallelism: {pp: 4, dp: 2}
+  training: {microBatchSize: 1, globalBatchSize: 16}
+  hardware: {gpu: H100, nodes: 1, gpusPerNode: 8}
+"""
+
+
+@pytest.mark.parametrize(
+    "efficiency",
+    [0.25, 0.35, 1.0],
+    ids=["computes-2x-slower-than-planned", "computes-1.4x-slower", "computes-2x-faster"],
+)
+def test_a_clean_pipeline_computing_off_plan_expects_its_own_bubble(efficiency: float) -> None:
+    # The job runs at another compute efficiency than the plan assumes (0.5): its bubble is the plan's fraction of
+    # *its* compute. Compared with the plan's absolute bubble, a 2x slower job would show twice the bubble planned.
+    spec = load_spec_text(PIPELINE_SPEC)
+    plan = plan_job(spec)
+    result = simulate(
+        spec, steps=8, seed=3, faults=[Noise(sigma=0.03)], assumptions=PlanAssumptions(compute_efficiency=efficiency)
+    )
+    analysis = analyze(result.table, spec=spec)
+    assert analysis.findings == ()
+    bubble = next(r for r in analysis.rows if r.category == "bubble")
+    assert bubble.expected_basis is not None
+    assert "bubble fraction" in bubble.expected_basis
+    # The expectation scales with the run's compute: the plan's own per-stage bubble x how far compute is off.
+    off = PlanAssumptions().compute_efficiency / efficiency
+    as_planned = float(np.median([stage_expected(plan, r)["bubble"] for r in (0, 1, 2, 3)]))
+    assert bubble.expected_seconds == pytest.approx(as_planned * off, rel=0.05)
+    # The simulated schedule's bubble stays within its closed form's reach (the closed form is an upper bound).
+    assert 0.6 * bubble.expected_seconds <= bubble.measured_median_seconds <= bubble.expected_seconds
+    if off >= 2:
+        # Against the plan's absolute bubble the measurement would have looked 1.5x too long: a false finding.
+        assert bubble.measured_median_seconds >= 1.5 * as_planned
+
+
+def test_a_bubble_beyond_the_schedule_is_found_at_any_compute_speed() -> None:
+    # The job ran 4 micro-batches per step where its spec says 16: its bubble is (pp - 1)/4 of its compute, four
+    # times what the spec's schedule allows on that same compute, however fast the job computes.
+    spec = load_spec_text(PIPELINE_SPEC.replace("globalBatchSize: 16", "globalBatchSize: 32"))
+    few = load_spec_text(PIPELINE_SPEC.replace("globalBatchSize: 16", "globalBatchSize: 8"))
+    for efficiency in (0.25, 1.0):
+        result = simulate(few, steps=6, seed=1, assumptions=PlanAssumptions(compute_efficiency=efficiency))
+        found = [f for f in analyze(result.table, spec=spec).findings if f.code == "bubble-above-plan"]
+        assert len(found) == 1, efficiency
+        f = found[0]
+        assert f.evidence["measured_seconds"] >= 1.5 * f.evidence["expected_seconds"]
+        assert "bubble fraction 0.188" in f.message
 
 
 # ---------------------------------------------------------------------------- ordering and severity

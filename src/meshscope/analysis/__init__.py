@@ -53,9 +53,11 @@ from meshscope.analysis.commands import AnalyzeInputError, analyze_command
 from meshscope.analysis.costs import (
     CostRow,
     MemoryComparison,
+    PipelineExpectation,
     RankSteps,
     Summary,
     Suspect,
+    expected_pipeline,
     index_rank_steps,
 )
 from meshscope.analysis.diagnosis import Finding, diagnose
@@ -82,6 +84,7 @@ __all__ = [
     "Finding",
     "MemoryComparison",
     "P2PBandwidth",
+    "PipelineExpectation",
     "RankSteps",
     "StageTraffic",
     "Summary",
@@ -94,6 +97,7 @@ __all__ = [
     "compare_collectives",
     "diagnose",
     "estimate_clock_offsets",
+    "expected_pipeline",
     "index_rank_steps",
     "render_analysis",
     "stage_of_rows",

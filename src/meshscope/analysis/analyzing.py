@@ -394,4 +394,5 @@ def _render_rows(a: Analysis) -> str:
     body = [*table[:2], table[2].ljust(width) + "  top suspect", table[3]]
     for line, r in zip(table[4:], a.rows, strict=True):
         body.append(line.ljust(width) + "  " + ("" if r.suspect is None else r.suspect.message))
+    body.extend(f"  {r.label} expected: {r.expected_basis}" for r in a.rows if r.expected_basis)
     return "\n".join(body)

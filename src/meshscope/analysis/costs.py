@@ -63,6 +63,7 @@ __all__ = [
     "CollectiveComparison",
     "CostRow",
     "MemoryComparison",
+    "PipelineExpectation",
     "RankSteps",
     "Summary",
     "Suspect",
@@ -74,6 +75,7 @@ __all__ = [
     "compare_memory",
     "cost_rows",
     "expected_by_category",
+    "expected_pipeline",
     "grouped_mean",
     "grouped_median",
     "grouped_quantile",
@@ -345,6 +347,9 @@ class CostRow:
     """Top suspect; ``None`` when the category is zero everywhere."""
     partial: bool = False
     """Computed on partial data (see the analysis' notes)."""
+    expected_basis: str | None = None
+    """How :attr:`expected_seconds` was scaled to the run's own measurements (like for like); ``None``: the plan's
+    number as planned."""
 
     def to_dict(self) -> dict[str, Any]:
         """The row's JSON form (docs/cost-table.md)."""
@@ -352,6 +357,7 @@ class CostRow:
             "category": self.category,
             "label": self.label,
             "expected_seconds": self.expected_seconds,
+            "expected_basis": self.expected_basis,
             "measured_median_seconds": self.measured_median_seconds,
             "measured_p95_seconds": self.measured_p95_seconds,
             "worst_rank": self.worst_rank,
@@ -424,6 +430,71 @@ def expected_by_category(plan: Plan | None, pp_of_row: NDArray[np.int64] | None 
     return out
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PipelineExpectation:
+    """Pipeline waiting expected of every rank-step, on the run's own measured compute (like for like).
+
+    The plan's bubble is an absolute time computed from the plan's compute; when the job computes slower or faster
+    than planned (another GPU, a host's own CPU work, an emulated accelerator on shared cores), the bubble scales
+    with it. So the expectation keeps the plan's *shape* and takes the times from the measurement: per rank-step,
+    the plan's bubble fraction x the measured compute of the step's slowest stage, plus the measured wait for the
+    slowest stage (its compute + optimizer minus this stage's, in the same step), plus the plan's exposed pp
+    transfer of the stage (bytes over the spec's link, the same bandwidth the breakdown splits transfer off with).
+    """
+
+    bubble_us: NDArray[np.float64]
+    """Expected pipeline bubble of every rank-step, µs."""
+    transfer_us: NDArray[np.float64]
+    """The plan's exposed pp transfer of every rank-step's stage, µs."""
+    compute_scale: float
+    """Median over steps of the slowest stage's measured compute ÷ the plan's compute of its critical stage."""
+    planned_bubble_seconds: float
+    """The plan's own bubble (absolute, on the plan's compute), seconds."""
+
+    @property
+    def waiting_us(self) -> NDArray[np.float64]:
+        """Expected bubble + exposed pp transfer of every rank-step, µs."""
+        return self.bubble_us + self.transfer_us
+
+    def basis(self, plan: Plan) -> str:
+        """How the expectation was made, for people (the cost table's note, the finding's evidence)."""
+        return (
+            f"the plan's bubble fraction {plan.bubble_fraction:.3g} x the measured compute of the slowest stage "
+            f"({self.compute_scale:.2f}x the plan's), plus each stage's measured wait for the slowest stage; the "
+            f"plan alone expects {human_seconds(self.planned_bubble_seconds)}"
+        )
+
+
+def expected_pipeline(rs: RankSteps, plan: Plan | None) -> PipelineExpectation | None:
+    """The like-for-like pipeline expectation (:class:`PipelineExpectation`); ``None`` without a pipeline."""
+    if plan is None or plan.layout.pp < 2 or not plan.stages:
+        return None
+    n_stages = len(plan.stages)
+    stage = np.clip(rs.breakdown.table.steps.coord[:, AXES.index("pp")], 0, n_stages - 1).astype(np.int64)
+    key = rs.step_index.astype(np.int64) * n_stages + stage
+    n_groups = rs.n_steps * n_stages
+    compute = rs.us(COMPUTE)
+    busy = compute + rs.us(OPTIMIZER)
+    stage_compute = grouped_median(key, compute, n_groups).reshape(rs.n_steps, n_stages)
+    stage_busy = grouped_median(key, busy, n_groups)
+    with np.errstate(all="ignore"):
+        slowest_compute = np.nanmax(stage_compute, axis=1)
+        slowest_busy = np.nanmax(stage_busy.reshape(rs.n_steps, n_stages), axis=1)
+    step = rs.step_index
+    bubble = plan.bubble_fraction * slowest_compute[step] + np.maximum(0.0, slowest_busy[step] - stage_busy[key])
+    pp_transfer = comm_category("pp", TRANSFER)
+    per_stage = np.array([stage_expected(plan, r)[pp_transfer] or 0.0 for r in range(n_stages)])
+    critical = plan.expected_step_time
+    planned_us = critical.compute_seconds * 1e6
+    scale = float(np.median(slowest_compute)) / planned_us if planned_us > 0 else math.nan
+    return PipelineExpectation(
+        bubble_us=bubble,
+        transfer_us=per_stage[stage] * 1e6,
+        compute_scale=scale,
+        planned_bubble_seconds=critical.bubble_seconds,
+    )
+
+
 def _weighted_median(values: NDArray[np.float64], weights: NDArray[np.int64]) -> float:
     """Median of ``values`` repeated ``weights`` times (the midpoint of the two middle ones for an even count)."""
     order = np.argsort(values, kind="stable")
@@ -460,6 +531,11 @@ def cost_rows(
         partial: categories computed on partial data (:func:`partial_categories`).
     """
     expected = expected_by_category(plan, rs.breakdown.table.steps.coord[:, AXES.index("pp")])
+    basis: dict[str, str] = {}
+    pipeline = expected_pipeline(rs, plan)
+    if pipeline is not None and plan is not None:
+        expected[BUBBLE] = float(np.median(pipeline.bubble_us)) / 1e6
+        basis[BUBBLE] = pipeline.basis(plan)
     in_use = axes_in_use(rs, plan)
     median_step = rs.median_step_us
     stats = np.percentile(rs.category_us, [50.0, 95.0], axis=0)
@@ -490,6 +566,7 @@ def cost_rows(
                 gpu_hours_per_day=share * world_size * HOURS_PER_DAY,
                 suspect=_suspect(rs, k, worst_index, worst_us) if worst_us > 0 else None,
                 partial=category in partial,
+                expected_basis=basis.get(category),
             )
         )
     return tuple(rows)

@@ -42,11 +42,11 @@ from meshscope.analysis.breakdown import (
 from meshscope.analysis.costs import (
     Suspect,
     Transfers,
+    expected_pipeline,
     grouped_median,
     grouped_quantile,
     measure_transfers,
     place_of_rows,
-    stage_expected,
 )
 from meshscope.analysis.grouping import distinct
 from meshscope.formatting import human_bytes, human_seconds, percent
@@ -733,26 +733,24 @@ def _axis_bytes_per_step(rs: RankSteps, axis: int) -> float:
 
 
 def _bubble(ctx: _Context, *, plan: Plan | None, explained_seconds: float) -> list[Finding]:
-    """Measured pipeline waiting vs each rank-step's own stage's expectation (:func:`stage_expected`).
+    """Measured pipeline waiting vs what the plan's schedule implies on the run's own compute.
 
     Pipeline waiting is the bubble plus the exposed pp transfer: where the planner's overlap model and the
-    breakdown's bytes/bandwidth split draw the line between them differently, their sum still compares. A bubble
-    that root causes found here (stragglers, imbalance, slow links) can explain — at most twice their cost — is
-    their symptom and not reported again.
+    breakdown's bytes/bandwidth split draw the line between them differently, their sum still compares. The
+    expectation is like for like (:func:`~meshscope.analysis.costs.expected_pipeline`): the plan's bubble fraction
+    times the measured compute of the slowest stage, plus each stage's measured wait for the slowest stage, plus the
+    plan's exposed pp transfer; a job computing 1.4x slower than planned expects a 1.4x longer bubble, not a finding.
+    A bubble that root causes found here (stragglers, imbalance, slow links) can explain — at most twice their cost
+    — is their symptom and not reported again.
     """
-    if plan is None or plan.layout.pp < 2:
+    if plan is None:
+        return []
+    pipeline = expected_pipeline(ctx.rs, plan)
+    if pipeline is None:
         return []
     rs = ctx.rs
-    pp = rs.breakdown.table.steps.coord[:, AXES.index("pp")]
-    pp_transfer = comm_category("pp", TRANSFER)
-    per_stage = np.array(
-        [
-            (e[BUBBLE] or 0.0) + (e[pp_transfer] or 0.0)
-            for e in (stage_expected(plan, r) for r in range(len(plan.stages)))
-        ]
-    )
-    expected_us = per_stage[np.clip(pp, 0, len(plan.stages) - 1)] * 1e6
-    waiting = rs.us(BUBBLE) + rs.us(pp_transfer)
+    expected_us = pipeline.waiting_us
+    waiting = rs.us(BUBBLE) + rs.us(comm_category("pp", TRANSFER))
     measured_s = float(np.median(waiting)) / 1e6
     expected_s = float(np.median(expected_us)) / 1e6
     excess_s = float(np.median(waiting - expected_us)) / 1e6
@@ -763,11 +761,10 @@ def _bubble(ctx: _Context, *, plan: Plan | None, explained_seconds: float) -> li
     step_s = ctx.step_us / 1e6
     message = (
         f"pipeline waiting (bubble + exposed pp transfer) is {human_seconds(measured_s)} per step "
-        f"({percent(measured_s / step_s)} of the step) against {human_seconds(expected_s)} planned (a bubble of "
-        f"{percent(plan.bubble_fraction)} of compute for pp {plan.layout.pp}, {plan.micro_batches} micro-batches, "
-        f"{plan.schedule.value}, the stage's exposed pp transfer and its wait for the slowest stage); the excess "
-        f"costs {human_seconds(excess_s)} per step ({percent(share)}): more micro-batches, interleaving (vpp) or "
-        f"balancing the stages would cut it"
+        f"({percent(measured_s / step_s)} of the step) against {human_seconds(expected_s)} expected of pp "
+        f"{plan.layout.pp}, {plan.micro_batches} micro-batches, {plan.schedule.value} on this run's compute "
+        f"({pipeline.basis(plan)}; plus the stage's exposed pp transfer); the excess costs {human_seconds(excess_s)} "
+        f"per step ({percent(share)}): more micro-batches, interleaving (vpp) or balancing the stages would cut it"
     )
     return [
         Finding(
@@ -777,6 +774,8 @@ def _bubble(ctx: _Context, *, plan: Plan | None, explained_seconds: float) -> li
             evidence={
                 "measured_seconds": measured_s,
                 "expected_seconds": expected_s,
+                "planned_bubble_seconds": pipeline.planned_bubble_seconds,
+                "compute_scale": pipeline.compute_scale,
                 "measured_bubble_seconds": float(np.median(rs.us(BUBBLE))) / 1e6,
                 "measured_share_of_step": measured_s / step_s,
                 "plan_bubble_fraction": plan.bubble_fraction,

@@ -31,7 +31,16 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from meshscope.analysis import BUBBLE, COMPUTE, OPTIMIZER, SYNC_WAIT, TRANSFER, comm_category, stage_traffic
+from meshscope.analysis import (
+    BUBBLE,
+    COMPUTE,
+    OPTIMIZER,
+    SYNC_WAIT,
+    TRANSFER,
+    comm_category,
+    expected_pipeline,
+    stage_traffic,
+)
 from meshscope.formatting import human_bytes, human_seconds, percent, render_table
 from meshscope.jobs import PipelineSchedule
 from meshscope.records import OP_CODE, OPS, P2P_CODE
@@ -706,6 +715,7 @@ def _median_step_bytes(measured: Mapping[str, Any], part: str) -> float | None:
 def _step_time(analysis: Analysis, plan: Plan, notes: list[str], *, emulated: bool) -> tuple[TimeCheck, ...]:
     rs = analysis.rank_steps
     stage_of_row = _stage_of_row(analysis)
+    pipeline = expected_pipeline(rs, plan)
     out: list[TimeCheck] = []
     for stage in plan.stages:
         mine = stage_of_row == stage.pp_rank
@@ -720,8 +730,9 @@ def _step_time(analysis: Analysis, plan: Plan, notes: list[str], *, emulated: bo
                              measured_seconds=median(COMPUTE)))  # fmt: skip
         out.append(TimeCheck(pp_rank=stage.pp_rank, category="optimizer", expected_seconds=t.optimizer_seconds,
                              measured_seconds=median(OPTIMIZER)))  # fmt: skip
-        if plan.layout.pp > 1:
-            out.append(TimeCheck(pp_rank=stage.pp_rank, category="bubble", expected_seconds=t.bubble_seconds,
+        if pipeline is not None:
+            bubble = float(np.median(pipeline.bubble_us[mine])) / 1e6
+            out.append(TimeCheck(pp_rank=stage.pp_rank, category="bubble", expected_seconds=bubble,
                                  measured_seconds=median(BUBBLE)))  # fmt: skip
         for axis in plan.layout.enabled_axes:
             exposed = rs.us(comm_category(axis, TRANSFER))[mine] + rs.us(comm_category(axis, SYNC_WAIT))[mine]
@@ -733,6 +744,8 @@ def _step_time(analysis: Analysis, plan: Plan, notes: list[str], *, emulated: bo
                     measured_seconds=float(np.median(exposed)) / 1e6,
                 )
             )
+    if pipeline is not None and out:
+        notes.append(f"step time: the bubble expected is {pipeline.basis(plan)}")
     if emulated and out:
         compute = [t for t in out if t.category == "compute"]
         extra = [t.measured_seconds - t.expected_seconds for t in compute]
@@ -740,7 +753,7 @@ def _step_time(analysis: Analysis, plan: Plan, notes: list[str], *, emulated: bo
             "step time: expected compute is the emulated accelerator time the trainer sleeps (FLOPs ÷ the emulated "
             "peak, backward 2x); measured compute adds the host's own CPU work for the real tensors, shared by every "
             f"rank on this machine's cores ({human_seconds(min(extra))} to {human_seconds(max(extra))} per step here). "
-            "Collectives, the optimizer step and the bubble are not emulated: their expectations use the emulated "
-            "hardware's nominal link and memory bandwidths and are indicative only"
+            "Collectives and the optimizer step are not emulated: their expectations use the emulated hardware's "
+            "nominal link and memory bandwidths and are indicative only"
         )
     return tuple(out)

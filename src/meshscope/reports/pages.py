@@ -390,10 +390,15 @@ def _cost_table(analysis: Mapping[str, Any]) -> str:
         if planned
         else "no plan to compare with (meshscope report --spec FILE adds the expected numbers)"
     )
+    bases = "".join(
+        f'<p class="muted">{_e(r.get("label") or r.get("category"))} expected: {_e(r["expected_basis"])}</p>'
+        for r in rows
+        if r.get("expected_basis")
+    )
     return (
         '<section><h2>Cost table</h2><p class="muted">Per step and per GPU, measured over every rank-step; '
         f"{expected}; cost = GPU-hours per day the category takes across the whole job.</p>"
-        f'<table class="cost"><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table></section>'
+        f'<table class="cost"><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table>{bases}</section>'
     )
 
 
