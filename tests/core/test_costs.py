@@ -177,6 +177,7 @@ def test_to_dict_has_exactly_the_documented_keys() -> None:
         "job",
         "world_size",
         "ranks_seen",
+        "device",
         "steps",
         "partial_data",
         "summary",

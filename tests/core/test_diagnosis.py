@@ -296,7 +296,49 @@ def test_stragglers_on_one_node_are_one_finding_naming_the_node() -> None:
     f = only(findings(Job(dp=8, slow={4: 1.3, 5: 1.25, 6: 1.3, 7: 1.28})), "straggler")
     assert {s.rank for s in f.suspects} == {4, 5, 6, 7}
     assert {s.node for s in f.suspects} == {"node-1"}
-    assert f.message.startswith("4 ranks on node-1")
+    assert f.message.startswith("node-1 (all its 4 ranks: 4, 5, 6 and 7")
+
+
+def test_slow_steps_spread_over_every_rank_are_noise_not_stragglers() -> None:
+    # Shared cores: each of the 4 ranks of the only node gets a few steps 1.6x slow, different steps for each. Every
+    # rank's amortised excess is alike, so none stands out, and "4 ranks on node-0 are slow" would be the stage
+    # slower than itself.
+    rng = np.random.default_rng(5)
+    spikes = {(r, int(k)): 1.6 for r in range(4) for k in rng.choice(31, size=4, replace=False)}
+    assert findings(Job(tp=1, dp=4, gpus_per_node=4, steps=31, slow_in_step=spikes)) == ()
+
+
+def test_two_slow_ranks_of_a_stage_are_each_compared_with_the_rest() -> None:
+    # Two of four ranks are 1.3x slow: against a median that they pull up they look 15 % slow; against the rest of
+    # the stage, 30 %.
+    f = only(findings(Job(tp=1, dp=4, gpus_per_node=4, slow={1: 1.3, 2: 1.3})), "straggler")
+    assert {s.rank for s in f.suspects} == {1, 2}
+    assert f.message.startswith("ranks 1 and 2 on node-0 (worst: rank ")
+    assert "are each slow in compute" in f.message
+    assert f.evidence["excess_ratio"] == pytest.approx(0.30, abs=0.03)
+
+
+def test_most_of_a_stage_cannot_be_slower_than_the_stage() -> None:
+    # Three of four ranks at 1.3x: the odd one is the fast one; a finding naming three quarters of a stage as
+    # slower than "its peers" would be the stage slower than itself.
+    assert [f.code for f in findings(Job(tp=1, dp=4, gpus_per_node=4, slow={0: 1.3, 1: 1.3, 2: 1.3}))] == []
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_a_straggler_finding_names_no_healthy_rank_beside_it(seed: int) -> None:
+    # One real straggler among noisy ranks (8 % jitter on every phase): only the straggler is named.
+    f = only(findings(Job(slow={5: 1.5}, steps=12, noise=0.08, seed=seed)), "straggler")
+    assert [s.rank for s in f.suspects] == [5]
+
+
+def test_a_straggler_says_what_its_wait_costs_in_the_tables_own_words() -> None:
+    analysis = analyze(Job(slow={5: 1.3}).table())
+    f = only(analysis.findings, "straggler")
+    row = next(r for r in analysis.rows if r.category == "comm.dp.sync_wait")
+    assert row.suspect is not None
+    assert row.suspect.rank == 5
+    assert row.suspect.message in f.message
+    assert "GPU time" in f.message
 
 
 def test_small_slowdown_within_the_noise_is_not_a_straggler() -> None:
@@ -315,6 +357,22 @@ def test_imbalance_is_slow_with_more_work() -> None:
     assert f.evidence["median_tokens"] == 4096
     assert f.evidence["attention_work"] / f.evidence["median_attention_work"] == pytest.approx(1.96, rel=1e-3)
     assert "5,734 tokens vs a median 4,096" in f.message
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_noisy_imbalance_counts_every_step_and_costs_what_the_table_says(seed: int) -> None:
+    # 5 % jitter on every rank (a busy host): the busy replica computes 40 % more in every step; the threshold is the
+    # jitter of the ranks with the usual work, not of a median the busy one pulls up.
+    analysis = analyze(Job(tp=1, dp=4, gpus_per_node=4, steps=10, noise=0.05, work={1: 1.4}, seed=seed).table())
+    f = only(analysis.findings, "data-imbalance")
+    assert f.suspects[0].rank == 1
+    assert f.evidence["steps_affected"] >= 9
+    row = next(r for r in analysis.rows if r.category == "comm.dp.sync_wait")
+    assert row.suspect is not None
+    assert row.suspect.rank == 1
+    assert row.suspect.message in f.message
+    per_member = f.evidence["wait_per_member_seconds_per_step"]
+    assert f.cost_seconds_per_step == pytest.approx(per_member, rel=0.2)
 
 
 def test_without_stats_a_busy_rank_reads_as_a_straggler() -> None:

@@ -96,6 +96,7 @@ class Analysis:
             "job": self.job,
             "world_size": self.world_size,
             "ranks_seen": self.ranks_seen,
+            "device": self.rank_steps.device,
             "steps": {"first": self.first_step, "last": self.last_step, "count": self.step_count},
             "partial_data": [{"code": n.code, "message": n.message, "count": n.count} for n in self.partial_data],
             "summary": self.summary.to_dict(),
@@ -170,7 +171,7 @@ def analyze(
         rows=cost_rows(rs, plan=plan, world_size=world, partial=partial_categories(rs, partial)),
         collectives=compare_collectives(rs.breakdown.table, plan) if plan is not None else (),
         memory=compare_memory(rs, plan) if plan is not None else (),
-        findings=diagnose(rs, plan=plan, spec=spec),
+        findings=diagnose(rs, plan=plan, spec=spec, notes=partial),
         rank_steps=rs,
         plan=plan,
     )
@@ -372,7 +373,8 @@ def render_analysis(analysis: Analysis) -> str:
 
 
 def _render_rows(a: Analysis) -> str:
-    headers = ["category", "expected", "median", "p95", "worst rank", "worst", "share", "delta", "GPU-h/day"]
+    device = a.rank_steps.device
+    headers = ["category", "expected", "median", "p95", "worst rank", "worst", "share", "delta", f"{device}-h/day"]
     rows = [
         [
             r.label,
@@ -383,11 +385,12 @@ def _render_rows(a: Analysis) -> str:
             human_seconds(r.worst_seconds),
             percent(r.share_of_step),
             _signed_seconds(r.delta_seconds),
-            f"{r.gpu_hours_per_day:,.1f} GPU-h",
+            f"{r.gpu_hours_per_day:,.1f} {device}-h",
         ]
         for r in a.rows
     ]
-    title = f"\nCost table (per step; median over rank-steps; GPU-hours per day at {a.world_size} GPUs)"
+    units = "GPUs" if device == "GPU" else "ranks"
+    title = f"\nCost table (per step; median over rank-steps; {device}-hours per day at {a.world_size} {units})"
     table = render_table(headers, rows, title=title).split("\n")
     # Top suspects go after the numbers, left-aligned: title, header and rule lines come first.
     width = max(len(line) for line in table[2:])

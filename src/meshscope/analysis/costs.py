@@ -68,6 +68,7 @@ __all__ = [
     "Summary",
     "Suspect",
     "Transfers",
+    "WaitCaused",
     "axes_in_use",
     "bus_factor",
     "category_label",
@@ -87,6 +88,7 @@ __all__ = [
     "place_of_rows",
     "stage_expected",
     "summarise",
+    "wait_caused",
 ]
 
 HOURS_PER_DAY = 24.0
@@ -144,6 +146,13 @@ class RankSteps:
     """Shape ``(ranks, 5)``: a collective group code of each rank on each axis, -1 if none."""
     median_step_us: float
     """Median step time over rank-steps, µs."""
+    on_gpu: bool = True
+    """Whether the records come from GPUs (a GPU index or a reported utilisation on any record)."""
+
+    @property
+    def device(self) -> str:
+        """``GPU``, or ``rank`` for a run without GPUs: the word before "time" and "-hours" in every message."""
+        return "GPU" if self.on_gpu else "rank"
 
     @property
     def n_ranks(self) -> int:
@@ -211,6 +220,7 @@ def index_rank_steps(breakdown: Breakdown) -> RankSteps:
         caused_per_step_us=caused / per_rank,
         group_of_rank=_group_of_rank(breakdown, rank_index, n_ranks),
         median_step_us=float(np.median(step_us)),
+        on_gpu=bool((s.gpu >= 0).any() or np.isfinite(s.gpu_util).any()),
     )
 
 
@@ -602,35 +612,73 @@ def _suspect(rs: RankSteps, k: int, worst_index: int, worst_us: float) -> Suspec
     )
 
 
-def _wait_suspect(rs: RankSteps, axis: int) -> Suspect | None:
-    """The rank that caused most of ``axis``' sync wait, the group it made wait most, and how long per step."""
-    caused = rs.caused_per_step_us[:, axis]
-    top = int(np.argmax(caused))
-    if caused[top] <= 0:
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WaitCaused:
+    """The sync wait one rank caused on one axis by arriving last: one definition for the table and the findings."""
+
+    rank: int
+    """The late rank."""
+    node: str
+    """Its node."""
+    axis: str
+    """The axis of the collectives it was late to."""
+    group: str
+    """The group it made wait most."""
+    groups: int
+    """Groups of that axis it made wait."""
+    total_seconds: float
+    """Sync wait of all the members it made wait, per step of the late rank (what the job lost), seconds."""
+    waiting_ranks: int
+    """Members that waited for it (median over the instances it was late to)."""
+    device: str
+    """``GPU`` or ``rank`` (a run without GPUs)."""
+
+    @property
+    def per_member_seconds(self) -> float:
+        """What each waiting member waited per step, seconds."""
+        return self.total_seconds / max(self.waiting_ranks, 1)
+
+    def sentence(self) -> str:
+        """``rank 2 on node-0 makes its dp group dp:2 wait 26.00 ms per step (182.00 ms of GPU time over 7 ...)``."""
+        whom = f"its {self.axis} group {self.group}" if self.groups == 1 else f"{self.groups} {self.axis} groups"
+        return (
+            f"rank {self.rank} on {self.node} makes {whom} wait {human_seconds(self.per_member_seconds)} per step "
+            f"({human_seconds(self.total_seconds)} of {self.device} time over {self.waiting_ranks} waiting ranks)"
+        )
+
+
+def wait_caused(rs: RankSteps, rank_index: int, axis: int) -> WaitCaused | None:
+    """The sync wait the rank at ``rank_index`` caused on ``axis``; ``None`` if it never made anyone wait."""
+    caused = float(rs.caused_per_step_us[rank_index, axis])
+    if caused <= 0:
         return None
-    rank = int(rs.ranks[top])
-    node = rs.node_name(top)
+    rank = int(rs.ranks[rank_index])
     join = rs.breakdown.collectives
     mine = np.flatnonzero((join.axis == axis) & (join.last_rank == rank) & (join.wait_caused_us > 0))
-    table = rs.breakdown.table
-    axis_name = AXES[axis].value
     if mine.size == 0:  # pragma: no cover - caused > 0 implies charged instances
         return None
     groups, inverse = np.unique(join.group[mine], return_inverse=True)
     per_group = np.bincount(inverse.reshape(-1), weights=join.wait_caused_us[mine])
-    group = table.group_name(int(groups[int(np.argmax(per_group))]))
     waiting = join.members[mine] - join.n_last[mine]
-    per_member = float(caused[top]) / max(float(np.median(waiting)), 1.0)
-    whom = f"its {axis_name} group {group}" if groups.size == 1 else f"{groups.size} {axis_name} groups"
-    return Suspect(
+    return WaitCaused(
         rank=rank,
-        node=node,
-        group=group,
-        message=(
-            f"rank {rank} on {node} makes {whom} wait {human_seconds(per_member / 1e6)} per step "
-            f"({human_seconds(float(caused[top]) / 1e6)} of GPU time over {int(np.median(waiting))} waiting ranks)"
-        ),
+        node=rs.node_name(rank_index),
+        axis=AXES[axis].value,
+        group=rs.breakdown.table.group_name(int(groups[int(np.argmax(per_group))])),
+        groups=int(groups.size),
+        total_seconds=caused / 1e6,
+        waiting_ranks=max(int(np.median(waiting)), 1),
+        device=rs.device,
     )
+
+
+def _wait_suspect(rs: RankSteps, axis: int) -> Suspect | None:
+    """The rank that caused most of ``axis``' sync wait, the group it made wait most, and how long per step."""
+    top = int(np.argmax(rs.caused_per_step_us[:, axis]))
+    caused = wait_caused(rs, top, axis)
+    if caused is None:
+        return None
+    return Suspect(rank=caused.rank, node=caused.node, group=caused.group, message=caused.sentence())
 
 
 # ====================================================================== summary

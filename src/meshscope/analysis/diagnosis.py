@@ -24,7 +24,7 @@ anything but the numbers it is given.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -47,6 +47,7 @@ from meshscope.analysis.costs import (
     grouped_quantile,
     measure_transfers,
     place_of_rows,
+    wait_caused,
 )
 from meshscope.analysis.grouping import distinct
 from meshscope.formatting import human_bytes, human_seconds, percent
@@ -55,13 +56,14 @@ from meshscope.records import COMM_CODE, OPS, CommOp
 from meshscope.topology import AXES
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping
+    from collections.abc import Mapping, Sequence
 
     from numpy.typing import NDArray
 
     from meshscope.analysis.costs import RankSteps
     from meshscope.jobs import JobSpec
     from meshscope.plan import Plan
+    from meshscope.records import Note
 
 # ---------------------------------------------------------------------------------------------- thresholds
 
@@ -71,6 +73,11 @@ NOISE_SIGMAS = 6.0
 """An outlier must stand this many robust standard deviations (1.4826 x MAD) above its peers."""
 STRAGGLER_MIN_EXCESS = 0.05
 """A straggler's phase is at least this much longer than its stage peers' (relative)."""
+STRAGGLER_CONSISTENCY = 0.75
+"""A persistent straggler is above the rest of its stage in at least this share of its steps ..."""
+JITTER_SIGMAS = 3.0
+"""... by at least this many robust standard deviations of the rest's own step-to-step jitter (their rank-steps'
+distance from their median): thresholds follow the run's measured noise, not a fixed share."""
 WORK_RATIO = 1.10
 """Work (attention work, tokens, longest sequence) at or above this x the peers' median counts as "more work"."""
 IMBALANCE_MIN_EXCESS = 0.05
@@ -104,6 +111,9 @@ SEVERITY_WARNING_SHARE = 0.05
 """... at least this share a warning, below it info."""
 MAX_STRAGGLER_FINDINGS = 5
 """At most this many straggler findings (one per node, the costliest first)."""
+
+CPU_CONTENTION = "cpu_contention"
+"""Code of the note ``meshscope run`` adds when ranks outnumber the CPU cores they run on."""
 
 _MAD_TO_SIGMA = 1.4826
 _NON_PLACEMENT_AXES = frozenset({"dp", "pp"})
@@ -148,18 +158,22 @@ def severity_for(share: float) -> Severity:
     return Severity.INFO
 
 
-def diagnose(rs: RankSteps, *, plan: Plan | None = None, spec: JobSpec | None = None) -> tuple[Finding, ...]:
+def diagnose(
+    rs: RankSteps, *, plan: Plan | None = None, spec: JobSpec | None = None, notes: Sequence[Note] = ()
+) -> tuple[Finding, ...]:
     """Every finding for the indexed breakdown ``rs``, most costly first.
 
     Args:
         rs: the indexed breakdown.
         plan: the plan (enables ``bubble-above-plan``, placement from the spec's placement, link efficiencies).
         spec: the job spec (link bandwidths: the plan's link model for slow links, the placement evidence).
+        notes: the analysis' partial-data notes; a ``cpu_contention`` note (ranks outnumbered their cores) makes
+            every timing finding say so.
 
     Returns:
         Findings sorted by cost per step, largest first; empty for a clean run.
     """
-    ctx = _Context.build(rs)
+    ctx = _Context.build(rs, notes)
     transfers = measure_transfers(rs, spec=spec, plan=plan)
     findings: list[Finding] = []
     findings += _stragglers(ctx)
@@ -170,6 +184,11 @@ def diagnose(rs: RankSteps, *, plan: Plan | None = None, spec: JobSpec | None = 
     findings += _bubble(ctx, plan=plan, explained_seconds=root_cost)
     findings += _data_starved(ctx)
     findings += _checkpoint(ctx)
+    clause = ctx.contention_clause()
+    if clause:
+        findings = [
+            replace(f, message=f.message + clause, evidence={**f.evidence, "cpu_contention": 1}) for f in findings
+        ]
     return tuple(sorted(findings, key=lambda f: -f.cost_seconds_per_step))
 
 
@@ -187,9 +206,17 @@ class _Context:
     work_ratio: NDArray[np.float64] | None
     """Per rank-step: its work ÷ its (step, stage) peers' median work; ``None`` when no work is measured."""
     work_name: str
+    contention: Note | None = None
+    """The run's ``cpu_contention`` note (ranks outnumbered the cores they ran on), if any."""
+
+    def contention_clause(self) -> str:
+        """What every timing finding of a contended run must say."""
+        if self.contention is None:
+            return ""
+        return f" (timings include CPU contention: {self.contention.message})"
 
     @classmethod
-    def build(cls, rs: RankSteps) -> _Context:
+    def build(cls, rs: RankSteps, notes: Sequence[Note] = ()) -> _Context:
         s = rs.breakdown.table.steps
         pp = s.coord[:, AXES.index("pp")]
         stages = int(pp.max()) + 1
@@ -215,6 +242,7 @@ class _Context:
             n_peer_groups=n_groups,
             work_ratio=work_ratio,
             work_name=work_name,
+            contention=next((n for n in notes if n.code == CPU_CONTENTION), None),
         )
 
     def peer_median(self, values: NDArray[np.float64]) -> NDArray[np.float64]:
@@ -255,29 +283,57 @@ class _Slow:
     """What the job waits for it per step: its median excess, or (transient) its excess summed and amortised."""
     phase_us: float
     peer_us: float
+    """The rest of its stage (its peers that are not suspects), same steps."""
     steps: int
     """Steps it was slow in."""
 
 
+def _stage_sizes(rs: RankSteps) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
+    """Each rank's pipeline stage, and the ranks seen per stage."""
+    stage = rs.coord_of_rank[:, AXES.index("pp")].astype(np.int64)
+    stage = np.where(stage >= 0, stage, 0)
+    return stage, np.bincount(stage)
+
+
+def _minority(rs: RankSteps, suspects: NDArray[np.intp], excess: NDArray[np.float64]) -> NDArray[np.intp]:
+    """The worst suspects of each stage, at most half of its ranks: a stage is never slower than itself.
+
+    ``excess`` is indexed by rank index; the rest of a stage's suspects (the mildest) go back to the reference.
+    """
+    if suspects.size == 0:
+        return suspects
+    stage, sizes = _stage_sizes(rs)
+    order = suspects[np.lexsort((-excess[suspects], stage[suspects]))]
+    st = stage[order]
+    first = np.searchsorted(st, st, side="left")
+    place = np.arange(order.size) - first
+    return np.sort(order[2 * (place + 1) <= sizes[st]])
+
+
+def _rest_reference(ctx: _Context, values: NDArray[np.float64], suspects: NDArray[np.intp]) -> NDArray[np.float64]:
+    """Per rank-step, the median of its (step, stage) peers that are not suspects; NaN where there is none."""
+    rest = ~np.isin(ctx.rs.rank_index, suspects)
+    ref = np.full(ctx.n_peer_groups, np.nan)
+    if rest.any():
+        ref = grouped_median(ctx.peer_key[rest], values[rest], ctx.n_peer_groups)
+    return ref[ctx.peer_key]
+
+
 def _stragglers(ctx: _Context) -> list[Finding]:
-    """Persistent stragglers (median excess over their steps), then transient ones (a few slow steps that add up)."""
+    """Persistent stragglers (median excess over their steps), then transient ones (a few slow steps that add up).
+
+    A suspect is confirmed against the *rest* of its stage (its peers that are not suspects themselves), never
+    against a median it pulls up; suspects are at most half of their stage; a persistent straggler is above the rest
+    in :data:`STRAGGLER_CONSISTENCY` of its steps by more than :data:`JITTER_SIGMAS` x the rest's own step-to-step
+    jitter; a transient one's amortised excess stands out from its stage peers' (noise gives every rank a few slow
+    steps).
+    """
     rs = ctx.rs
     best: dict[int, _Slow] = {}
     for phase in (COMPUTE, DATA, OPTIMIZER):
-        values = rs.us(phase)
-        peers = ctx.peer_median(values)
-        excess = grouped_median(rs.rank_index, values - peers, rs.n_ranks)
-        peer_rank = grouped_median(rs.rank_index, peers, rs.n_ranks)
-        floor = max(MIN_COST_SHARE * ctx.step_us, NOISE_SIGMAS * _robust_sigma(excess))
-        hit = (excess >= floor) & (excess >= STRAGGLER_MIN_EXCESS * peer_rank)
-        if phase == COMPUTE and ctx.work_ratio is not None:
-            # More work than the peers is an imbalance, not a straggler.
-            hit &= grouped_median(rs.rank_index, ctx.work_ratio, rs.n_ranks) < WORK_RATIO
-        for i in np.flatnonzero(hit).tolist():
-            steps = int(rs.steps_per_rank[i])
-            slow = _Slow(i, phase, float(excess[i]), float(peer_rank[i] + excess[i]), float(peer_rank[i]), steps)
-            if i not in best or slow.excess_us > best[i].excess_us:
-                best[i] = slow
+        for slow in _persistent(ctx, phase):
+            if slow.rank_index not in best or slow.excess_us > best[slow.rank_index].excess_us:
+                best[slow.rank_index] = slow
     for phase in (COMPUTE, DATA, OPTIMIZER):
         for i, slow in _transient(ctx, phase, exclude=best).items():
             if i not in best or slow.excess_us > best[i].excess_us:
@@ -292,8 +348,55 @@ def _stragglers(ctx: _Context) -> list[Finding]:
     return findings[:MAX_STRAGGLER_FINDINGS]
 
 
+def _persistent(ctx: _Context, phase: str) -> list[_Slow]:
+    """Ranks whose ``phase`` is longer than the rest of their stage's in (nearly) every step.
+
+    Candidates are the ranks above their (step, stage) median by the cost floor; the worst half of a stage at most
+    is confirmed against the median of the others (the rest), by more than the rest's own spread between ranks
+    (:data:`NOISE_SIGMAS`) and step to step (:data:`JITTER_SIGMAS`), in :data:`STRAGGLER_CONSISTENCY` of its steps.
+    """
+    rs = ctx.rs
+    values = rs.us(phase)
+    peers = ctx.peer_median(values)
+    excess = grouped_median(rs.rank_index, values - peers, rs.n_ranks)
+    peer_rank = grouped_median(rs.rank_index, peers, rs.n_ranks)
+    floor = MIN_COST_SHARE * ctx.step_us
+    hit = (excess >= floor) & (excess >= STRAGGLER_MIN_EXCESS * peer_rank)
+    if phase == COMPUTE and ctx.work_ratio is not None:
+        # More work than the peers is an imbalance, not a straggler.
+        hit &= grouped_median(rs.rank_index, ctx.work_ratio, rs.n_ranks) < WORK_RATIO
+    suspects = _minority(rs, np.flatnonzero(hit), excess)
+    if suspects.size == 0:
+        return []
+    ref = _rest_reference(ctx, values, suspects)
+    gap = values - ref
+    known = np.isfinite(gap)
+    is_rest = ~np.isin(rs.rank_index, suspects)
+    rest_rows = known & is_rest
+    rest_excess = grouped_median(rs.rank_index[rest_rows], gap[rest_rows], rs.n_ranks)
+    spread = NOISE_SIGMAS * _robust_sigma(rest_excess[np.isfinite(rest_excess)])
+    jitter = JITTER_SIGMAS * _robust_sigma(gap[rest_rows])
+    out = []
+    for i in suspects.tolist():
+        mine = (rs.rank_index == i) & known
+        if not mine.any():
+            continue
+        over = float(np.median(gap[mine]))
+        rest = float(np.median(ref[mine]))
+        above = float(np.mean(gap[mine] > 0))
+        if over < max(floor, spread, jitter, STRAGGLER_MIN_EXCESS * rest) or above < STRAGGLER_CONSISTENCY:
+            continue
+        out.append(_Slow(i, phase, over, rest + over, rest, int(np.count_nonzero(mine))))
+    return out
+
+
 def _transient(ctx: _Context, phase: str, *, exclude: dict[int, _Slow]) -> dict[int, _Slow]:
-    """Ranks slow in some steps only: rank-steps above the same thresholds, their excess amortised over the steps."""
+    """Ranks slow in some steps only: rank-steps above the same thresholds, their excess amortised over the steps.
+
+    Under noise (shared cores, a busy host) every rank has a few slow steps; a transient straggler's amortised
+    excess must stand out from the other ranks' of its stage by the floor and by :data:`NOISE_SIGMAS` x their
+    spread.
+    """
     rs = ctx.rs
     values = rs.us(phase)
     peers = ctx.peer_median(values)
@@ -311,8 +414,14 @@ def _transient(ctx: _Context, phase: str, *, exclude: dict[int, _Slow]) -> dict[
         return {}
     who = rs.rank_index[rows]
     amortised = np.bincount(who, weights=excess[rows], minlength=rs.n_ranks) / rs.steps_per_rank
+    stage, _ = _stage_sizes(rs)
+    typical = grouped_median(stage, amortised, int(stage.max()) + 1)[stage]
+    spread = NOISE_SIGMAS * _robust_sigma(amortised)
+    stands_out = (amortised - typical >= max(MIN_COST_SHARE * ctx.step_us, spread)) & (
+        amortised >= MIN_COST_SHARE * ctx.step_us
+    )
     out = {}
-    for i in np.flatnonzero(amortised >= MIN_COST_SHARE * ctx.step_us).tolist():
+    for i in _minority(rs, np.flatnonzero(stands_out), amortised).tolist():
         mine = rows[who == i]
         out[i] = _Slow(
             i,
@@ -325,32 +434,49 @@ def _transient(ctx: _Context, phase: str, *, exclude: dict[int, _Slow]) -> dict[
     return out
 
 
+def _ranks_text(ranks: list[int]) -> str:
+    """``1``, ``1 and 2``, ``1, 2 and 5``."""
+    text = [str(r) for r in sorted(ranks)]
+    return text[0] if len(text) == 1 else ", ".join(text[:-1]) + " and " + text[-1]
+
+
 def _straggler_finding(ctx: _Context, slow: list[_Slow]) -> Finding:
     rs = ctx.rs
     top = slow[0]
     i = top.rank_index
-    caused_us = float(rs.caused_per_step_us[[s.rank_index for s in slow]].sum())
     cost_s = top.excess_us / 1e6
     share = ctx.share(cost_s)
     node = rs.node_name(i)
+    node_code = int(rs.node_of_rank[i])
     s = rs.breakdown.table.steps
     tokens = _stat(rs, s.tokens.astype(np.float64), i)
     peer_tokens = float(np.median(s.tokens[s.tokens >= 0])) if (s.tokens >= 0).any() else None
     gap_us = top.phase_us - top.peer_us
     relative = f" (+{percent(gap_us / top.peer_us)})" if top.peer_us >= gap_us / 100 else ""
     phase_word = {COMPUTE: "compute", DATA: "data loading", OPTIMIZER: "the optimizer step"}[top.phase]
-    who = ctx.where(i) if len(slow) == 1 else f"{len(slow)} ranks on {node} (worst: rank {int(rs.ranks[i])})"
+    on_node = int(np.count_nonzero(rs.node_of_rank == node_code))
+    other_nodes = int(np.unique(rs.node_of_rank).size) > 1
+    ranks = [int(rs.ranks[x.rank_index]) for x in slow]
+    if len(slow) == 1:
+        who = f"{ctx.where(i)} is"
+    elif len(slow) == on_node and other_nodes:
+        # Every rank of the node is slower than the rest of its stage, which lives on other nodes: the node is.
+        who = f"{node} (all its {on_node} ranks: {_ranks_text(ranks)}; worst rank {int(rs.ranks[i])}) is"
+    else:
+        who = f"ranks {_ranks_text(ranks)} on {node} (worst: rank {int(rs.ranks[i])}) are each"
     work = "" if top.phase != COMPUTE or tokens is None else f" with the same work ({tokens:,.0f} tokens)"
     total_steps = int(rs.steps_per_rank[i])
     when = "" if top.steps >= total_steps else f" in {top.steps} of its {total_steps} steps"
     message = (
-        f"{who} is slow in {phase_word}{when}: {human_seconds(top.phase_us / 1e6)} per {'slow ' * bool(when)}step vs "
-        f"{human_seconds(top.peer_us / 1e6)} on its stage's peers{relative}"
+        f"{who} slow in {phase_word}{when}: {human_seconds(top.phase_us / 1e6)} per {'slow ' * bool(when)}step vs "
+        f"{human_seconds(top.peer_us / 1e6)} on the rest of its stage{relative}"
         f"{work}; every rank waits about {human_seconds(cost_s)} per step for it ({percent(share)} of the step"
         f"{', amortised' if when else ''})"
     )
-    if caused_us > 0:
-        message += f", {human_seconds(caused_us / 1e6)} of GPU time in sync wait it caused"
+    axis = int(np.argmax(rs.caused_per_step_us[i]))
+    caused = wait_caused(rs, i, axis)
+    if caused is not None:
+        message += f"; {caused.sentence()}"
     evidence: dict[str, float | int | None] = {
         "rank": int(rs.ranks[i]),
         "phase_seconds": top.phase_us / 1e6,
@@ -360,10 +486,12 @@ def _straggler_finding(ctx: _Context, slow: list[_Slow]) -> Finding:
         "phase_is_compute": int(top.phase == COMPUTE),
         "phase_is_data": int(top.phase == DATA),
         "phase_is_optimizer": int(top.phase == OPTIMIZER),
-        "wait_caused_seconds_per_step": caused_us / 1e6,
+        "wait_caused_seconds_per_step": None if caused is None else caused.total_seconds,
+        "wait_per_member_seconds_per_step": None if caused is None else caused.per_member_seconds,
         "tokens": tokens,
         "median_tokens": peer_tokens,
         "slow_ranks_on_node": len(slow),
+        "ranks_on_node": on_node,
         "steps_slow": top.steps,
         "share_of_step": share,
     }
@@ -385,14 +513,20 @@ def _imbalance(ctx: _Context) -> list[Finding]:
     if ctx.work_ratio is None:
         return []
     compute = rs.us(COMPUTE)
-    peers = ctx.peer_median(compute)
+    more = ctx.work_ratio >= WORK_RATIO
+    if not more.any() or more.all():
+        return []
+    # Compare with the (step, stage) peers that carry the usual work, never with a median the busy ranks pull up;
+    # the threshold is those peers' own jitter, so that shared cores or a busy host raise it and a quiet GPU does not.
+    ref = grouped_median(ctx.peer_key[~more], compute[~more], ctx.n_peer_groups)[ctx.peer_key]
     with np.errstate(invalid="ignore", divide="ignore"):
-        rel = np.where(peers > 0, compute / peers - 1.0, 0.0)
-    floor = max(IMBALANCE_MIN_EXCESS, NOISE_SIGMAS * _robust_sigma(rel))
-    flagged = np.flatnonzero((rel >= floor) & (ctx.work_ratio >= WORK_RATIO))
+        rel = np.where(ref > 0, compute / ref - 1.0, np.nan)
+    normal = ~more & np.isfinite(rel)
+    floor = max(IMBALANCE_MIN_EXCESS, JITTER_SIGMAS * _robust_sigma(rel[normal]))
+    flagged = np.flatnonzero(more & np.isfinite(rel) & (rel >= floor))
     if flagged.size == 0:
         return []
-    excess = compute[flagged] - peers[flagged]
+    excess = compute[flagged] - ref[flagged]
     per_step = np.zeros(rs.n_steps)
     np.maximum.at(per_step, rs.step_index[flagged], excess)
     cost_s = float(per_step.sum()) / rs.n_steps / 1e6
@@ -402,9 +536,53 @@ def _imbalance(ctx: _Context) -> list[Finding]:
     by_rank = np.bincount(rs.rank_index[flagged], weights=excess, minlength=rs.n_ranks)
     i = int(np.argmax(by_rank))
     mine = flagged[rs.rank_index[flagged] == i]
-    s = rs.breakdown.table.steps
+    (tokens, peer_tokens), (longest, peer_longest), (work, peer_work), parts = _work_of(ctx, mine)
+    steps_hit = int(np.unique(rs.step_index[flagged]).size)
+    message = (
+        f"step time follows the busiest rank's work: in {steps_hit} of {rs.n_steps} steps a rank with more work "
+        f"computes {percent(float(np.median(rel[flagged])))} longer than its stage peers with the usual work; worst "
+        f"is {ctx.where(i)} ({', '.join(parts) or ctx.work_name}, {mine.size} steps); it costs every rank about "
+        f"{human_seconds(cost_s)} per step ({percent(share)} of the step)"
+    )
+    caused = wait_caused(rs, i, int(np.argmax(rs.caused_per_step_us[i])))
+    if caused is not None:
+        message += f"; {caused.sentence()}"
+    evidence: dict[str, float | int | None] = {
+        "rank": int(rs.ranks[i]),
+        "tokens": tokens,
+        "median_tokens": peer_tokens,
+        "longest_sequence": longest,
+        "median_longest_sequence": peer_longest,
+        "attention_work": work,
+        "median_attention_work": peer_work,
+        "compute_excess_ratio": float(np.median(rel[mine])),
+        "steps_affected": steps_hit,
+        "rank_steps_affected": int(flagged.size),
+        "cost_seconds_per_step": cost_s,
+        "wait_caused_seconds_per_step": None if caused is None else caused.total_seconds,
+        "wait_per_member_seconds_per_step": None if caused is None else caused.per_member_seconds,
+        "share_of_step": share,
+    }
+    return [
+        Finding(
+            code="data-imbalance",
+            severity=severity_for(share),
+            message=message,
+            evidence=evidence,
+            suspects=(ctx.suspect(i),),
+            cost_seconds_per_step=cost_s,
+        )
+    ]
 
-    def ratio_of(column: NDArray[np.float64]) -> tuple[float | None, float | None]:
+
+_Pair = tuple[float | None, float | None]
+
+
+def _work_of(ctx: _Context, mine: NDArray[np.intp]) -> tuple[_Pair, _Pair, _Pair, list[str]]:
+    """(tokens, longest sequence, attention work) of the rank-steps ``mine`` and their peers' medians, and words."""
+    s = ctx.rs.breakdown.table.steps
+
+    def ratio_of(column: NDArray[np.float64]) -> _Pair:
         if not (np.isfinite(column) & (column >= 0)).all():
             return None, None
         return float(np.median(column[mine])), float(np.median(ctx.peer_median(column)[mine]))
@@ -419,37 +597,7 @@ def _imbalance(ctx: _Context) -> list[Finding]:
         parts.append(f"longest sequence {longest:,.0f} vs {peer_longest:,.0f}")
     if work is not None and peer_work:
         parts.append(f"attention work {work / peer_work:.2f}x the median")
-    steps_hit = int(np.unique(rs.step_index[flagged]).size)
-    message = (
-        f"step time follows the busiest rank's work: in {steps_hit} of {rs.n_steps} steps a rank with more work "
-        f"computes {percent(float(np.median(rel[flagged])))} longer than its stage peers; worst is {ctx.where(i)} "
-        f"({', '.join(parts) or ctx.work_name}, {mine.size} steps); it costs every rank about "
-        f"{human_seconds(cost_s)} per step ({percent(share)} of the step)"
-    )
-    evidence: dict[str, float | int | None] = {
-        "rank": int(rs.ranks[i]),
-        "tokens": tokens,
-        "median_tokens": peer_tokens,
-        "longest_sequence": longest,
-        "median_longest_sequence": peer_longest,
-        "attention_work": work,
-        "median_attention_work": peer_work,
-        "compute_excess_ratio": float(np.median(rel[mine])),
-        "steps_affected": steps_hit,
-        "rank_steps_affected": int(flagged.size),
-        "cost_seconds_per_step": cost_s,
-        "share_of_step": share,
-    }
-    return [
-        Finding(
-            code="data-imbalance",
-            severity=severity_for(share),
-            message=message,
-            evidence=evidence,
-            suspects=(ctx.suspect(i),),
-            cost_seconds_per_step=cost_s,
-        )
-    ]
+    return (tokens, peer_tokens), (longest, peer_longest), (work, peer_work), parts
 
 
 # ---------------------------------------------------------------------------------------------- slow link

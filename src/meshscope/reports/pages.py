@@ -248,10 +248,11 @@ def _summary(table: RecordTable, analysis: Mapping[str, Any]) -> str:
         f'<div class="tile"><div class="k">{_e(k)}</div><div class="v">{v}</div><div class="n">{n}</div></div>'
         for k, v, n in tiles
     )
-    return f'<section><h2>Summary</h2><div class="tiles">{cards}{_util_tile(s)}</div>{_step_bar(analysis)}</section>'
+    util = _util_tile(s, str(analysis.get("device") or "GPU"))
+    return f'<section><h2>Summary</h2><div class="tiles">{cards}{util}</div>{_step_bar(analysis)}</section>'
 
 
-def _util_tile(s: Mapping[str, Any]) -> str:
+def _util_tile(s: Mapping[str, Any], device: str) -> str:
     """Useful compute beside reported GPU utilisation: a spinning NCCL kernel reads as busy."""
     useful, util = _num(s.get("useful_compute_share")), _num(s.get("reported_gpu_util"))
 
@@ -267,7 +268,7 @@ def _util_tile(s: Mapping[str, Any]) -> str:
     if useful is not None and util is not None and util > useful:
         gap = f"{percent(util - useful)} of the step reads busy but is not useful compute"
     return (
-        '<div class="tile wide"><div class="k">GPU time: useful vs reported</div>'
+        f'<div class="tile wide"><div class="k">{_e(device)} time: useful vs reported</div>'
         f"{bar('useful compute', useful, COLORS['backward'])}{bar('reported GPU util', util, '#9aa3ad')}"
         f'<div class="n">{_e(gap)}</div></div>'
     )
@@ -351,6 +352,7 @@ def _cost_table(analysis: Mapping[str, Any]) -> str:
         return ""
     # Without a plan every expected value is null: drop the expected and delta columns rather than print dashes.
     planned = any(_num(r.get("expected_seconds")) is not None for r in rows)
+    device = _e(analysis.get("device") or "GPU")
     max_share = max((_num(r.get("share_of_step")) or 0.0 for r in rows), default=0.0) or 1.0
     body = []
     for r in rows:
@@ -370,7 +372,7 @@ def _cost_table(analysis: Mapping[str, Any]) -> str:
             f'<td class="num">{worst}</td>',
             f'<td class="num share"><span class="sbar" style="width:{bar_w:.1f}px"></span>{_pct(share)}</td>',
             _delta_cell(_num(r.get("delta_seconds"))) if planned else "",
-            f'<td class="num">{"–" if gpu_h is None else f"{gpu_h:,.1f} GPU·h"}</td>',
+            f'<td class="num">{"–" if gpu_h is None else f"{gpu_h:,.1f} {device}·h"}</td>',
             f'<td class="sus">{_suspect_cell(r.get("suspect"))}</td>',
         ]
         body.append(f"<tr>{''.join(cells)}</tr>")
@@ -396,8 +398,8 @@ def _cost_table(analysis: Mapping[str, Any]) -> str:
         if r.get("expected_basis")
     )
     return (
-        '<section><h2>Cost table</h2><p class="muted">Per step and per GPU, measured over every rank-step; '
-        f"{expected}; cost = GPU-hours per day the category takes across the whole job.</p>"
+        f'<section><h2>Cost table</h2><p class="muted">Per step and per {device}, measured over every rank-step; '
+        f"{expected}; cost = {device}-hours per day the category takes across the whole job.</p>"
         f'<table class="cost"><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table>{bases}</section>'
     )
 
