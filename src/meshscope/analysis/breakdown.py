@@ -45,6 +45,7 @@ from typing import Any, TypeAlias
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
+from meshscope.analysis.chains import paying_rows, received_from_rows, waited_for_rows
 from meshscope.errors import ParseError
 from meshscope.records import (
     COMM_CODE,
@@ -198,6 +199,11 @@ class CollectiveJoin:
     """How many members share the last arrival time (the wait caused is split between them)."""
     wait_caused_us: NDArray[np.float64]
     """Exposed sync wait of all members in this instance: what the late member(s) cost the group, µs."""
+    paying_rank: NDArray[np.int64]
+    """The rank charged with the wait: the last arrival, or the rank at the end of the chain of waits that made it
+    late (:mod:`meshscope.analysis.chains`); -1 for incomplete instances."""
+    paying_row: NDArray[np.int64]
+    """Its rank-step row; -1 for incomplete instances."""
 
     def __len__(self) -> int:
         """Number of collective instances."""
@@ -215,6 +221,10 @@ class Breakdown:
     wait_caused_us: NDArray[np.float64]
     """Shape ``(rows, 5)``, axes in :data:`meshscope.topology.layout.AXES` order: sync wait this rank-step caused other
     members of its collectives by arriving last, µs."""
+    wait_paid_us: NDArray[np.float64]
+    """Shape ``(rows, 5)``: the sync wait this rank-step is charged with, µs: what it caused by arriving last, unless
+    it arrived last because it waited (then the rank-step it waited for pays, :mod:`meshscope.analysis.chains`),
+    plus what was passed on to it. The cost table, the findings and the report charge this."""
     collectives: CollectiveJoin
     """Per collective instance."""
     clock: ClockOffsets
@@ -254,8 +264,8 @@ class Breakdown:
     def to_rows(self) -> list[dict[str, Any]]:
         """One dict per rank-step, for small inputs, tests and debugging.
 
-        Keys: rank, step, node, step_us, every category in µs, ``wait_caused.<axis>`` in µs, gpu_util and
-        compute_share.
+        Keys: rank, step, node, step_us, every category in µs, ``wait_caused.<axis>`` and ``wait_paid.<axis>`` in µs,
+        gpu_util and compute_share.
         """
         t, s = self.table, self.table.steps
         share, util, step_us = self.compute_share, self.gpu_util, self.step_us
@@ -269,6 +279,7 @@ class Breakdown:
             }
             row.update({c: float(self.ticks[i, k]) / TICKS_PER_US for k, c in enumerate(CATEGORIES)})
             row.update({f"wait_caused.{a.value}": float(self.wait_caused_us[i, k]) for k, a in enumerate(AXES)})
+            row.update({f"wait_paid.{a.value}": float(self.wait_paid_us[i, k]) for k, a in enumerate(AXES)})
             row["gpu_util"] = None if math.isnan(util[i]) else float(util[i])
             row["compute_share"] = None if math.isnan(share[i]) else float(share[i])
             rows.append(row)
@@ -420,6 +431,8 @@ def _join(table: RecordTable, ins: _Instances, clock: ClockOffsets, notes: list[
             last_arrival_us=empty_i,
             last_rank=empty_i,
             last_row=empty_i,
+            paying_rank=empty_i,
+            paying_row=empty_i,
             n_last=empty_i,
             wait_caused_us=np.zeros(0, dtype=np.float64),
         )
@@ -458,6 +471,8 @@ def _join(table: RecordTable, ins: _Instances, clock: ClockOffsets, notes: list[
         last_arrival_us=last,
         last_rank=np.where(complete, table.steps.rank[rows[last_pos]], -1),
         last_row=last_row,
+        paying_rank=np.where(complete, table.steps.rank[rows[last_pos]], -1),
+        paying_row=last_row,
         n_last=n_last,
         wait_caused_us=np.zeros(n_inst, dtype=np.float64),  # filled once the sweep knows what was exposed
     )
@@ -651,14 +666,20 @@ def break_down(
     joined = _join(table, ins, clock, notes)
     events, waits = _events(table, base=base, ins=ins, joined=joined, bandwidth=p2p_bandwidth_bytes_per_s, notes=notes)
     ticks, wait_attr = _sweep(events, base=base, n=n, waits=waits, n_comm=ins.idx.size)
+    pay = _paying(table, ins, joined, ticks, wait_attr)
+    last = joined.join.last_row
+    paying_row = np.where(last >= 0, pay[np.maximum(last, 0)], -1) if n else last
     join = replace(
         joined.join,
         wait_caused_us=np.bincount(ins.inst, weights=wait_attr, minlength=len(joined.join)) / TICKS_PER_US,
+        paying_row=paying_row,
+        paying_rank=np.where(paying_row >= 0, s.rank[np.maximum(paying_row, 0)], -1) if n else last,
     )
     return Breakdown(
         table=table,
         ticks=ticks,
-        wait_caused_us=_charge(table, ins, joined, wait_attr),
+        wait_caused_us=_charge(table, ins, joined, wait_attr, np.arange(n, dtype=np.int64)),
+        wait_paid_us=_charge(table, ins, joined, wait_attr, pay),
         collectives=join,
         clock=clock,
         notes=(*table.notes, *notes),
@@ -936,10 +957,40 @@ def _aggregate(
     return out
 
 
+def _paying(
+    table: RecordTable, ins: _Instances, joined: _Joined, ticks: NDArray[np.int64], wait_attr: NDArray[np.float64]
+) -> NDArray[np.int64]:
+    """Per rank-step, who pays for a wait it caused: itself, or the end of its chain of waits (module chains)."""
+    s = table.steps
+    if table.n_rows == 0:
+        return np.zeros(0, dtype=np.int64)
+    _, step_index = np.unique(s.step, return_inverse=True)
+    step_index = step_index.reshape(-1)
+    stage = np.maximum(s.coord[:, AXES.index("pp")].astype(np.int64), 0)
+    _, peer_key = np.unique(step_index.astype(np.int64) * (int(stage.max()) + 1) + stage, return_inverse=True)
+    us = ticks / float(TICKS_PER_US)
+    member_rows = table.intervals.row[ins.idx].astype(np.int64)
+    waited_for = waited_for_rows(
+        member_rows,
+        table.intervals.axis[ins.idx].astype(np.int64),
+        wait_attr,
+        joined.join.last_row[ins.inst] if ins.idx.size else np.zeros(0, dtype=np.int64),
+        table.n_rows,
+    )
+    return paying_rows(
+        peer_key=peer_key.reshape(-1).astype(np.int64),
+        step_us=(s.end_us - s.start_us).astype(np.float64),
+        bubble_us=us[:, CATEGORY_INDEX[BUBBLE]],
+        sync_wait_us=np.column_stack([us[:, CATEGORY_INDEX[comm_category(a, SYNC_WAIT)]] for a in AXES]),
+        waited_for=waited_for,
+        received_from=received_from_rows(table, step_index),
+    )
+
+
 def _charge(
-    table: RecordTable, ins: _Instances, joined: _Joined, wait_attr: NDArray[np.float64]
+    table: RecordTable, ins: _Instances, joined: _Joined, wait_attr: NDArray[np.float64], pay: NDArray[np.int64]
 ) -> NDArray[np.float64]:
-    """Charge each instance's total exposed sync wait to its last member(s), per rank-step and axis (µs)."""
+    """Charge each instance's total exposed sync wait to who pays for its last member(s), per rank-step and axis."""
     n, n_axes = table.n_rows, len(AXES)
     if ins.idx.size == 0:
         return np.zeros((n, n_axes), dtype=np.float64)
@@ -947,7 +998,7 @@ def _charge(
     charged = np.flatnonzero(joined.is_charged)
     inst = ins.inst[charged]
     share = per_inst[inst] / joined.join.n_last[inst] / TICKS_PER_US
-    rows = table.intervals.row[ins.idx[charged]].astype(np.int64)
+    rows = pay[table.intervals.row[ins.idx[charged]].astype(np.int64)]
     axis = table.intervals.axis[ins.idx[charged]].astype(np.int64)
     caused = np.bincount(rows * n_axes + axis, weights=share, minlength=n * n_axes).astype(np.float64, copy=False)
     return caused.reshape(n, n_axes)

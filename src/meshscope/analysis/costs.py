@@ -141,7 +141,8 @@ class RankSteps:
     rank_mean_us: NDArray[np.float64]
     """Shape ``(ranks, len(CATEGORIES))``: each rank's mean over its steps, µs."""
     caused_per_step_us: NDArray[np.float64]
-    """Shape ``(ranks, 5)``: sync wait each rank caused others per axis, summed over members, per step of that rank."""
+    """Shape ``(ranks, 5)``: sync wait each rank is charged with per axis (it caused it, directly or through ranks that
+    waited for it: ``Breakdown.wait_paid_us``), summed over members, per step of that rank."""
     group_of_rank: NDArray[np.int64]
     """Shape ``(ranks, 5)``: a collective group code of each rank on each axis, -1 if none."""
     median_step_us: float
@@ -201,7 +202,7 @@ def index_rank_steps(breakdown: Breakdown) -> RankSteps:
     )
     per_rank = steps_per_rank[:, None].astype(np.float64)
     caused = np.stack(
-        [np.bincount(rank_index, weights=breakdown.wait_caused_us[:, a], minlength=n_ranks) for a in range(len(AXES))],
+        [np.bincount(rank_index, weights=breakdown.wait_paid_us[:, a], minlength=n_ranks) for a in range(len(AXES))],
         axis=1,
     )
     step_us = (s.end_us - s.start_us).astype(np.float64)
@@ -629,9 +630,11 @@ class WaitCaused:
     total_seconds: float
     """Sync wait of all the members it made wait, per step of the late rank (what the job lost), seconds."""
     waiting_ranks: int
-    """Members that waited for it (median over the instances it was late to)."""
+    """Members that waited for it: per group, the median over the instances it was late to; summed over groups."""
     device: str
     """``GPU`` or ``rank`` (a run without GPUs)."""
+    through_rank: int | None = None
+    """A rank that arrived last only because it waited for this one (the wait was passed on), if any."""
 
     @property
     def per_member_seconds(self) -> float:
@@ -641,9 +644,15 @@ class WaitCaused:
     def sentence(self) -> str:
         """``rank 2 on node-0 makes its dp group dp:2 wait 26.00 ms per step (182.00 ms of GPU time over 7 ...)``."""
         whom = f"its {self.axis} group {self.group}" if self.groups == 1 else f"{self.groups} {self.axis} groups"
+        through = (
+            ""
+            if self.through_rank is None
+            else f"; through ranks that arrived last because they waited for it, e.g. rank {self.through_rank}"
+        )
         return (
             f"rank {self.rank} on {self.node} makes {whom} wait {human_seconds(self.per_member_seconds)} per step "
-            f"({human_seconds(self.total_seconds)} of {self.device} time over {self.waiting_ranks} waiting ranks)"
+            f"({human_seconds(self.total_seconds)} of {self.device} time over {self.waiting_ranks} waiting ranks"
+            f"{through})"
         )
 
 
@@ -654,12 +663,15 @@ def wait_caused(rs: RankSteps, rank_index: int, axis: int) -> WaitCaused | None:
         return None
     rank = int(rs.ranks[rank_index])
     join = rs.breakdown.collectives
-    mine = np.flatnonzero((join.axis == axis) & (join.last_rank == rank) & (join.wait_caused_us > 0))
+    mine = np.flatnonzero((join.axis == axis) & (join.paying_rank == rank) & (join.wait_caused_us > 0))
     if mine.size == 0:  # pragma: no cover - caused > 0 implies charged instances
         return None
     groups, inverse = np.unique(join.group[mine], return_inverse=True)
-    per_group = np.bincount(inverse.reshape(-1), weights=join.wait_caused_us[mine])
-    waiting = join.members[mine] - join.n_last[mine]
+    inverse = inverse.reshape(-1)
+    per_group = np.bincount(inverse, weights=join.wait_caused_us[mine])
+    waiting = (join.members[mine] - join.n_last[mine]).astype(np.float64)
+    waiting_ranks = round(float(np.nansum(grouped_median(inverse, waiting, int(groups.size)))))
+    passed = mine[join.last_rank[mine] != rank]
     return WaitCaused(
         rank=rank,
         node=rs.node_name(rank_index),
@@ -667,8 +679,9 @@ def wait_caused(rs: RankSteps, rank_index: int, axis: int) -> WaitCaused | None:
         group=rs.breakdown.table.group_name(int(groups[int(np.argmax(per_group))])),
         groups=int(groups.size),
         total_seconds=caused / 1e6,
-        waiting_ranks=max(int(np.median(waiting)), 1),
+        waiting_ranks=max(waiting_ranks, 1),
         device=rs.device,
+        through_rank=int(join.last_rank[passed[int(np.argmax(join.wait_caused_us[passed]))]]) if passed.size else None,
     )
 
 

@@ -403,6 +403,9 @@ def _step_slice(table: RecordTable, bd: Breakdown, row: int, shift: int) -> _Sli
         caused = float(bd.wait_caused_us[row, k])
         if caused > 0:
             args[f"wait_caused.{axis.value}_us"] = round(caused, 1)
+        paid = float(bd.wait_paid_us[row, k])
+        if paid != caused:
+            args[f"wait_paid.{axis.value}_us"] = round(paid, 1)
     return _Slice(
         start=int(s.start_us[row]) - shift,
         end=int(s.end_us[row]) - shift,

@@ -347,6 +347,7 @@ class _Engine:
         self.dp_grid = model.spec.layout.coords_array(grid.ranks.ravel())[MeshAxis.DP].reshape(self.p, self.n)
         self.alpha = np.array([s.attention_fraction for s in model.stages])[:, None]
         self.peers = {key: grid.ranks[key[1]] for key in grid.pp_forward}
+        """The receiving side of each (source stage, destination stage) message: a send's peer."""
         self.cp_peers = {r: grid.ranks[r][s.peer_cols] for r, s in grid.cp_ring.items()}
         self.slow_masks, self.slowed_groups = self._slow_link_masks()
 
@@ -573,7 +574,7 @@ class _Engine:
         end: NDArray[np.int64] = np.maximum(posted, clock.avail.pop((r, op)))
         ctx.blocks.add(
             ctx.step, r, _P2P, posted, end, axis=_PP_AXIS, op=_RECV, group=self.grid.pp_forward[src, r].codes,
-            seq=self._next_seq((f"pp:{src}-{r}", 0)), size=self._pp_bytes(ctx.state, r), peer=self.peers[src, r],
+            seq=self._next_seq((f"pp:{src}-{r}", 0)), size=self._pp_bytes(ctx.state, r), peer=self.grid.ranks[src],
         )  # fmt: skip
         start: NDArray[np.int64] = np.maximum(clock.free[r], end)
         return start
