@@ -18,7 +18,7 @@ from meshscope.analysis.breakdown import BUBBLE, CHECKPOINT, COMPUTE, DATA, OPTI
 from meshscope.analysis.breakdown import comm_category as cat
 from meshscope.cli import main
 from meshscope.errors import ParseError, SpecError
-from meshscope.jobs.loading import spec_from_manifest
+from meshscope.jobs.loading import load_spec_text, spec_from_manifest
 from meshscope.plan import plan_job
 from meshscope.plan.timing import stage_compute
 from meshscope.records import AXIS_CODE, KIND_CODE, OP_CODE, PHASE_CODE, read_table, write_records
@@ -767,3 +767,33 @@ def test_context_parallel_traffic_is_split_between_forward_and_backward_as_its_c
     assert set(moved) == {Slot.IN_FORWARD, Slot.IN_BACKWARD}
     assert moved[Slot.IN_FORWARD] > 0
     assert moved[Slot.IN_FORWARD] / moved[Slot.IN_BACKWARD] == pytest.approx(forward_units / backward_units)
+
+
+PEERS_SPEC = """
+apiVersion: meshscope.io/v1alpha1
+kind: TrainingJob
+metadata: {name: peers}
+spec:
+  model: {preset: llama3-8b}
+  parallelism: {pp: 4, dp: 2, tp: 2}
+  training: {microBatchSize: 1, globalBatchSize: 16}
+  hardware: {gpu: H100, nodes: 2, gpusPerNode: 8}
+"""
+
+
+def test_pipeline_sends_and_receives_name_the_other_stage_as_peer() -> None:
+    spec = load_spec_text(PEERS_SPEC)
+    table = simulate(spec, steps=2, seed=0).table
+    iv, s = table.intervals, table.steps
+    p2p = np.flatnonzero((iv.kind == KIND_CODE["p2p"]) & (iv.axis == AXIS_CODE["pp"]))
+    assert p2p.size
+    me = s.rank[iv.row[p2p]].astype(np.int64)
+    peer = iv.peer[p2p].astype(np.int64)
+    mine, theirs = spec.layout.coords_array(me), spec.layout.coords_array(peer)
+    assert (peer != me).all()
+    assert (np.abs(mine[MeshAxis.PP] - theirs[MeshAxis.PP]) == 1).all()
+    for axis in (MeshAxis.DP, MeshAxis.TP):
+        assert (mine[axis] == theirs[axis]).all()
+    recv = iv.op[p2p] == OP_CODE["recv"]
+    assert recv.any()
+    assert (recv & (mine[MeshAxis.PP] == 0)).any()  # stage 0 receives gradients from stage 1 in backward
