@@ -11,6 +11,7 @@ from collections import Counter, defaultdict
 from pathlib import Path
 
 import pytest
+from invariants import check_records_file
 
 from meshscope.errors import LayoutError
 from meshscope.local.running import RunError, RunSettings, layout_text, rank_env, settings_from_args
@@ -115,6 +116,7 @@ def test_the_exec_launcher_runs_any_command_and_reports_a_killed_rank(tmp_path: 
 def _check_job_records(out: Path, layout: ParallelLayout, steps: int) -> dict[str, Counter[str]]:
     records = read_records(out / "records.jsonl")  # every line valid under the shared schema
     assert records.job == "tiny"
+    assert check_records_file(out / "records.jsonl", every_step=("optimizer",)) == len(records.records)
     got = sorted((r.rank, r.step) for r in records)
     assert got == [(rank, step) for rank in range(layout.world_size) for step in range(steps)]
     seen: dict[str, Counter[str]] = defaultdict(Counter)
