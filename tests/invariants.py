@@ -39,7 +39,9 @@ def record_violations(record: dict[str, Any], *, every_step: Iterable[str] = ())
     """
     where = f"rank {record['rank']} step {record['step']}"
     intervals = record["intervals"]
-    busy = sorted((iv["start_us"], iv["end_us"], iv["kind"], iv.get("phase")) for iv in intervals if iv["kind"] in BUSY_KINDS)
+    busy = sorted(
+        (iv["start_us"], iv["end_us"], iv["kind"], iv.get("phase")) for iv in intervals if iv["kind"] in BUSY_KINDS
+    )
     problems = []
     for iv in intervals:
         if iv["kind"] not in NET_KINDS or "wait_us" not in iv:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import pytest
+
 from invariants import check_records_file
 
 if TYPE_CHECKING:

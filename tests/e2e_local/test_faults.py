@@ -11,8 +11,8 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import pytest
-from invariants import check_records_file
 
+from invariants import check_records_file
 from meshscope.topology.layout import ParallelLayout
 
 if TYPE_CHECKING:

@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
-from invariants import check_records_file
 
+from invariants import check_records_file
 from meshscope.sdk.transport import RecordCollector
 
 try:

@@ -11,8 +11,8 @@ from collections import Counter, defaultdict
 from pathlib import Path
 
 import pytest
-from invariants import check_records_file
 
+from invariants import check_records_file
 from meshscope.errors import LayoutError
 from meshscope.local.running import RunError, RunSettings, layout_text, rank_env, settings_from_args
 from meshscope.records import IntervalKind, read_records

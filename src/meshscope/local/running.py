@@ -505,8 +505,8 @@ def _say_uncaptured(collector: RecordCollector) -> None:
     models = sum(collector.ranks[r].counters["uncaptured_ddp"] for r in ranks)
     shown = ", ".join(str(r) for r in ranks[:8]) + (", ..." if len(ranks) > 8 else "")
     _say(
-        f"{models} DDP models on ranks {shown} had a comm hook of their own before the tracker started: their "
-        "gradient all-reduces are not in the records (start the tracker before registering the hook)"
+        f"{models} DDP models on ranks {shown} got a comm hook before the tracker started: their gradient "
+        "reductions are captured only in part (start the tracker before registering the hook; see the ranks' logs)"
     )
 
 

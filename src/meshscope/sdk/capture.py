@@ -401,8 +401,9 @@ def _ddp_hook(holder, bucket):  # type: ignore[no-untyped-def] # noqa: ANN001, A
 def _hook_ddp(ddp: Any, register: Callable[..., Any]) -> str | None:
     """Register meshscope's comm hook on ``ddp`` with DDP's own ``register``; why it cannot be, or ``None``.
 
-    A reducer takes one comm hook, once: a DDP whose user registered a hook (or a builtin one) before the tracker
-    started keeps it, and its bucket all-reduces stay invisible (they leave from C++).
+    A reducer takes one comm hook, once: a DDP whose user registered a hook before the tracker started keeps it. A
+    Python hook's collectives still reach the patched ``ProcessGroup`` methods, but its buckets' issue and the
+    reducer's wait are not seen; a builtin hook's all-reduces leave from C++ and are not seen at all.
     """
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks  # noqa: PLC0415
 
@@ -410,13 +411,19 @@ def _hook_ddp(ddp: Any, register: Callable[..., Any]) -> str | None:
         return None
     if getattr(ddp, "_comm_hooks", None):
         names = ", ".join(getattr(h, "__qualname__", repr(h)) for h, _ in ddp._comm_hooks)  # noqa: SLF001
-        return f"it has a comm hook of its own ({names}), registered before the tracker started"
+        return (
+            f"it got a comm hook of the user's ({names}) before the tracker started: the hook's collectives are "
+            "captured, but not the reducer's wait for them at the end of backward (it reads as compute)"
+        )
     try:
         builtin = ddp._get_ddp_logging_data().get("comm_hook")  # noqa: SLF001
     except Exception:  # noqa: BLE001 - only a hint; registering below tells for sure
         builtin = None
     if builtin:
-        return f"it has a builtin comm hook ({builtin}), registered before the tracker started"
+        return (
+            f"it got a builtin comm hook ({builtin}) before the tracker started: its gradient all-reduces leave "
+            "from C++ and are not captured"
+        )
     holder = _HookHolder(ddp.process_group, default_hooks.allreduce_hook)
     try:
         register(ddp, holder, _ddp_hook)
@@ -436,7 +443,7 @@ def _hook_live_ddp(sink: CaptureSink, ddp_type: type, register: Callable[..., An
         if isinstance(obj, ddp_type):
             why = _hook_ddp(obj, register)
             if why is not None:
-                sink.uncaptured("ddp", f"a DistributedDataParallel model's gradient all-reduces: {why}")
+                sink.uncaptured("ddp", f"a DistributedDataParallel model: {why}")
 
 
 def _patch_ddp() -> tuple[type, Callable[..., Any]]:
@@ -456,7 +463,7 @@ def _patch_ddp() -> tuple[type, Callable[..., Any]]:
         try:
             why = _hook_ddp(self, orig_register)
             if why is not None:
-                t.uncaptured("ddp", f"a DistributedDataParallel model's gradient all-reduces: {why}")
+                t.uncaptured("ddp", f"a DistributedDataParallel model: {why}")
         except Exception as exc:  # noqa: BLE001
             t.fault("ddp comm hook", exc)
 

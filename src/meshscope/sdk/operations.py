@@ -113,7 +113,7 @@ class Operations:
         self.unattributed = 0
         """Operations on groups that map to no axis (or receives from any source): counted, not recorded."""
         self.uncaptured_ddp = 0
-        """DDP models whose bucket all-reduces cannot be captured (each logged once)."""
+        """DDP models that kept a comm hook of the user's (each logged): their buckets are not fully captured."""
         self._groups: dict[int, _Group] = {}
         """By ``id()`` of the ProcessGroup object (checked against :attr:`_Group.pg`)."""
         self._by_name: dict[str, _Group] = {}
@@ -422,7 +422,7 @@ class Operations:
         """Count (and log) something whose communication the patches cannot see: ``what`` = ``ddp``."""
         if what == "ddp":
             self.uncaptured_ddp += 1
-        log.warning("meshscope: cannot capture %s; its communication is missing from the records", why)
+        log.warning("meshscope: cannot capture all the communication of %s", why)
 
     def release(self, st: StepState) -> None:
         """Forget the step's operations: what ends them is no longer held, nor looked up."""

@@ -97,8 +97,8 @@ class TrackerCounters:
     phases_outside_step: int = 0
     """Phases entered while no step was open (not recorded)."""
     uncaptured_ddp: int = 0
-    """DDP models whose gradient all-reduces cannot be captured: a comm hook of the user's was registered before the
-    tracker started (a reducer takes one hook); their dp traffic is missing from the records."""
+    """DDP models that got a comm hook of the user's before the tracker started (a reducer takes one hook, once): the
+    reducer's wait for their buckets is not timed, and a builtin hook's all-reduces are not captured at all."""
 
     def as_dict(self) -> dict[str, int]:
         """The counters as a plain mapping (the ``sdk`` object of a record)."""
