@@ -281,8 +281,8 @@ def partial_notes(rs: RankSteps, *, world_size: int | None, extra: Sequence[Note
 
 _MISSING_CAUSES = {
     "dp": (
-        "the model was wrapped in DDP with a comm hook of its own before the tracker started (the run's "
-        "uncaptured_ddp counter says so), or the dp groups were neither registered nor inferable from the layout"
+        "the model was wrapped in DDP with a builtin comm hook before the tracker started (the ranks' uncaptured_ddp "
+        "counter says so), or the dp groups were neither registered nor inferable from the layout"
     ),
     "pp": "the stages' sends and receives ran on groups the SDK could not attribute to pp",
 }
@@ -299,12 +299,12 @@ def missing_traffic_notes(rs: RankSteps, plan: Plan | None) -> tuple[Note, ...]:
     iv = table.intervals
     if plan is not None:
         degrees = {a.value: plan.layout.degree(a) for a in AXES}
-        source = "the layout"
+        source = "the layout enables"
     else:
         coord = table.steps.coord
         top = coord.max(axis=0) if coord.size else np.zeros(len(AXES), dtype=np.int64)
         degrees = {a.value: int(top[i]) + 1 for i, a in enumerate(AXES)}
-        source = "the records' coords"
+        source = "the records' coords enable"
     net = iv.kind >= COMM_CODE
     seen = {AXES[a].value for a in np.unique(iv.axis[net]).tolist() if a >= 0}
     notes = []
@@ -317,7 +317,7 @@ def missing_traffic_notes(rs: RankSteps, plan: Plan | None) -> tuple[Note, ...]:
                 code="missing_axis_traffic",
                 count=table.n_rows,
                 message=(
-                    f"{source} enables {axis} ({size}) but no record holds a {axis} collective: its communication was "
+                    f"{source} {axis} ({size}) but no record holds a {axis} collective: its communication was "
                     f"not captured and its rows read zero; likely cause: {_MISSING_CAUSES.get(axis, _DEFAULT_CAUSE)}"
                 ),
             )
