@@ -12,8 +12,11 @@ Why it exists: collectives reach the backend along four roads, and each needs it
    ``torch.ops._c10d_functional`` operators directly; those op packets are replaced by thin wrappers on the namespace,
    and ``wait_tensor`` marks their end.
 3. **DDP**'s C++ reducer talks to the backend directly. A comm hook equal to the default (``allreduce_hook``) is
-   registered at construction, so its bucket all-reduces take road 1; a user's later ``register_comm_hook`` replaces
-   the inner hook instead of failing. The last bucket also marks DDP's tail wait (backward blocked on the reduction).
+   registered at construction -- or, for models wrapped before the tracker started, at install (found once among the
+   live objects) -- so its bucket all-reduces take road 1, starting at the bucket's issue; a user's later
+   ``register_comm_hook`` replaces the inner hook instead of failing. The last bucket queues autograd final callbacks
+   around the reducer's wait for its buckets (backward blocked on the reduction): that window is exact, and no bucket
+   ends after it. A model that got a hook of the user's before the tracker started is reported to the sink.
 4. ``torch.nn.functional.scaled_dot_product_attention`` is wrapped to time attention (forward by the call, backward
    between gradient hooks on its output and on its first input).
 
