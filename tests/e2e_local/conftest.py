@@ -76,8 +76,9 @@ def run_demo_job(
     out_dir.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "PYTHONWARNINGS": "ignore"}
     done = subprocess.run(command, capture_output=True, text=True, timeout=TIMEOUT_S, env=env, check=False)
-    # every record train_tiny sent steps the optimizer, and no waiting sits inside compute (tests/invariants.py)
-    check_records_file(out_dir / "records.jsonl", every_step=("optimizer",))
+    # no waiting sits inside compute (tests/invariants.py), and every step of a job that ran through stepped the
+    # optimizer (ranks stopped after a rank died send the step they were in, cut short)
+    check_records_file(out_dir / "records.jsonl", every_step=("optimizer",) if done.returncode == 0 else ())
     return Run(code=done.returncode, out=done.stdout + done.stderr, out_dir=out_dir)
 
 
