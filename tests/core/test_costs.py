@@ -256,6 +256,48 @@ def test_complete_data_has_no_partial_notes() -> None:
     assert not any(r.partial for r in a.rows)
 
 
+def test_an_axis_the_coords_enable_without_any_traffic_is_noted() -> None:
+    """dp = 4 by the records' coords, yet no dp collective anywhere (e.g. DDP's all-reduces never captured)."""
+    table = RecordTable.from_records(
+        [
+            StepRecord(
+                job=r.job, step=r.step, rank=r.rank, coord=r.coord, node=r.node, start_us=r.start_us,
+                end_us=r.end_us, intervals=tuple(iv for iv in r.intervals if iv.kind != "comm"), stats=r.stats,
+            )
+            for r in straggler_records()
+        ]
+    )  # fmt: skip
+    notes = {n.code: n for n in analyze(table).partial_data}
+    assert list(notes) == ["missing_axis_traffic"]
+    assert notes["missing_axis_traffic"].message.startswith(
+        "the records' coords enable dp (dp >= 4) but no record holds a dp collective"
+    )
+    assert "DDP" in notes["missing_axis_traffic"].message
+
+
+def test_an_axis_the_plan_enables_without_any_traffic_is_noted() -> None:
+    """dp2 tp2 pp2 records with dp and tp collectives but no pipeline transfer; then without tp either."""
+    spec = load_spec_text(SPEC)
+    notes = analyze(RecordTable.from_records(spec_records()), spec=spec).partial_data
+    assert [n.message.split(" but")[0] for n in notes if n.code == "missing_axis_traffic"] == [
+        "the layout enables pp (pp=2)"
+    ]
+    bare = RecordTable.from_records(
+        [
+            StepRecord(
+                job=r.job, step=r.step, rank=r.rank, coord=r.coord, node=r.node, start_us=r.start_us,
+                end_us=r.end_us, intervals=tuple(iv for iv in r.intervals if iv.axis != "tp"), stats=r.stats,
+            )
+            for r in spec_records()
+        ]
+    )  # fmt: skip
+    notes = [n for n in analyze(bare, spec=spec).partial_data if n.code == "missing_axis_traffic"]
+    assert [n.message.split(" but")[0] for n in notes] == [
+        "the layout enables tp (tp=2)",
+        "the layout enables pp (pp=2)",
+    ]
+
+
 def test_empty_table_is_an_input_error() -> None:
     empty = RecordTable.from_records([])
     with pytest.raises(ParseError, match="no step records"):

@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from invariants import check_records_file
+
 if TYPE_CHECKING:
     from collections.abc import Callable
     from pathlib import Path
@@ -61,7 +63,8 @@ def run_demo_job(
     extra: tuple[str, ...] = (),
 ) -> Run:
     """``meshscope run`` of the demo job (``--report`` keeps the loss rank's losses) in a subprocess; ``cp`` and
-    ``ep`` select the demo's context- and expert-parallel variants."""
+    ``ep`` select the demo's context- and expert-parallel variants. Every record it collected is checked against
+    the invariants of real jobs (``tests/invariants.py``)."""
     from meshscope.local.running import demo_settings, layout_text  # noqa: PLC0415
 
     settings = demo_settings(out_dir, steps=steps, straggler=straggler, imbalance=imbalance, cp=cp, ep=ep)
@@ -73,6 +76,9 @@ def run_demo_job(
     out_dir.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "PYTHONWARNINGS": "ignore"}
     done = subprocess.run(command, capture_output=True, text=True, timeout=TIMEOUT_S, env=env, check=False)
+    # no waiting sits inside compute (tests/invariants.py), and every step of a job that ran through stepped the
+    # optimizer (ranks stopped after a rank died send the step they were in, cut short)
+    check_records_file(out_dir / "records.jsonl", every_step=("optimizer",) if done.returncode == 0 else ())
     return Run(code=done.returncode, out=done.stdout + done.stderr, out_dir=out_dir)
 
 

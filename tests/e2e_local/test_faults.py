@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
+from invariants import check_records_file
 from meshscope.topology.layout import ParallelLayout
 
 if TYPE_CHECKING:
@@ -77,6 +78,7 @@ def test_a_stalled_collector_drops_records_the_job_is_unchanged_and_the_loss_is_
     capfd.readouterr()
     code, losses = run(tmp_path / "stalled", {})
     out = capfd.readouterr().out
+    check_records_file(tmp_path / "stalled" / "records.jsonl", every_step=("optimizer",))
     assert code == code_off == 0
     assert losses == losses_off  # the job computed exactly what it computes without meshscope
     assert len(losses) == 12

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from invariants import check_records_file
 from meshscope.sdk.transport import RecordCollector
 
 try:
@@ -76,8 +77,13 @@ def _rank_main(
     env: dict[str, str],
     out: Path,
     collector: RecordCollector | None,
+    *,
+    init: bool,
 ) -> None:
-    """Body of a forked rank: become the rank, run ``fn``, leave its value in ``out``; never returns into pytest."""
+    """Body of a forked rank: become the rank, run ``fn``, leave its value in ``out``; never returns into pytest.
+
+    ``init``: join the gloo process group before ``fn`` (else ``fn`` does, e.g. after starting its tracker).
+    """
     code = 1
     try:
         if collector is not None:
@@ -85,9 +91,11 @@ def _rank_main(
         warnings.simplefilter("ignore")
         os.environ.update(env)
         torch.set_num_threads(1)
-        dist.init_process_group("gloo", rank=rank, world_size=world)
+        if init:
+            dist.init_process_group("gloo", rank=rank, world_size=world)
         out.write_text(json.dumps(fn(rank, world)))
-        dist.destroy_process_group()
+        if dist.is_initialized():
+            dist.destroy_process_group()
         code = 0
     except BaseException:  # noqa: BLE001 - reported through the exit code
         traceback.print_exc()
@@ -117,7 +125,11 @@ def _wait(pids: list[int], timeout_s: float) -> dict[int, int]:
 
 @pytest.fixture
 def fork_job(tmp_path: Path) -> Callable[..., Job]:
-    """Run ``fn(rank, world)`` on ``world`` forked gloo ranks; returns their values and the collected records."""
+    """Run ``fn(rank, world)`` on ``world`` forked gloo ranks; returns their values and the collected records.
+
+    Every collected record is checked against the invariants of real jobs (``tests/invariants.py``; ``every_step``:
+    interval kinds each record must hold); ``init=False`` leaves ``init_process_group`` to ``fn``.
+    """
 
     def run(
         fn: Callable[[int, int], Any],
@@ -126,6 +138,8 @@ def fork_job(tmp_path: Path) -> Callable[..., Job]:
         env: dict[str, str] | None = None,
         collect: bool = True,
         timeout_s: float = 60.0,
+        every_step: tuple[str, ...] = (),
+        init: bool = True,
     ) -> Job:
         port = _free_port()
         sock_dir = Path(tempfile.mkdtemp(prefix="ms-t-"))  # AF_UNIX paths must stay short
@@ -146,7 +160,7 @@ def fork_job(tmp_path: Path) -> Callable[..., Job]:
             }
             pid = os.fork()
             if pid == 0:
-                _rank_main(fn, rank, world, rank_env, tmp_path / f"result-{rank}.json", collector)
+                _rank_main(fn, rank, world, rank_env, tmp_path / f"result-{rank}.json", collector, init=init)
             pids.append(pid)
         if collector is not None:
             collector.start()
@@ -161,6 +175,7 @@ def fork_job(tmp_path: Path) -> Callable[..., Job]:
         failed = {r: c for r, c in codes.items() if c}
         assert not failed, f"ranks failed with exit codes {failed} (tracebacks above)"
         results = [json.loads((tmp_path / f"result-{r}.json").read_text()) for r in range(world)]
+        check_records_file(records, every_step=every_step)  # waiting never inside compute (tests/invariants.py)
         return Job(results=results, records_path=records, collector=collector)
 
     return run

@@ -11,8 +11,10 @@ import torch
 import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 from torch import nn
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: N817
 
+from invariants import read_lines
 from meshscope import sdk
 from meshscope.records import IntervalKind, read_records
 
@@ -258,3 +260,186 @@ def test_an_asynchronous_collective_never_waited_in_its_step_is_ended_by_its_com
     records = read_records(job.records_path)
     ops = {(r.rank, r.step): [(str(iv.op), iv.size_bytes, iv.seq) for iv in r.intervals if iv.axis] for r in records}
     assert ops == {(0, 0): [("all_reduce", 16 * F32, 0)], (1, 0): [("all_reduce", 16 * F32, 0)], (0, 1): [], (1, 1): []}
+
+
+# ---------------------------------------------------------------------- DDP windows and order-free start
+
+
+class _SlowBackward(torch.autograd.Function):
+    """Identity; its backward sleeps, so that this rank's buckets become ready late and its peers wait for them."""
+
+    @staticmethod
+    def forward(ctx, x, delay_s):  # type: ignore[no-untyped-def]
+        ctx.delay_s = delay_s
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, g):  # type: ignore[no-untyped-def]
+        time.sleep(ctx.delay_s)
+        return g, None
+
+
+def _ddp_windows_job(rank: int, world: int) -> dict[str, object]:
+    tracker = sdk.tracker_from_env()
+    clock = tracker._ops.clock
+    now_us = lambda: clock.host_ns_to_us(time.perf_counter_ns())  # noqa: E731
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 512), nn.Linear(512, 512))
+    ddp = DDP(model)  # the last layer's 1 MiB fills DDP's first bucket: two buckets (from the second backward on)
+    entered: list[int] = []
+
+    def slow_hook(state, bucket):  # type: ignore[no-untyped-def]
+        entered.append(now_us())  # the bucket's issue, as the user's hook sees it
+        time.sleep(0.03)  # Python before the collective (the default hook divides first)
+        return default_hooks.allreduce_hook(state, bucket)
+
+    ddp.register_comm_hook(dist.group.WORLD, slow_hook)  # replaces meshscope's inner hook
+    optimizer = torch.optim.SGD(ddp.parameters(), lr=0.1)
+    x = torch.full((3, 8), float(rank + 1))
+    marks: list[dict[str, int]] = []
+    for step in range(2):
+        dist.barrier()
+        with tracker.step(step):
+            with tracker.phase("forward"):
+                loss = _SlowBackward.apply(ddp(x), 0.3 if rank == 1 else 0.0).sum()
+            with tracker.phase("backward"):
+                loss.backward()
+                backward_returned = now_us()
+            with tracker.phase("optimizer"):
+                optimizer.step()
+                optimizer.zero_grad()
+        marks.append({"backward_returned": backward_returned})
+    counters = tracker.counters().as_dict()
+    tracker.close()
+    return {"entered": entered, "marks": marks, "counters": counters}
+
+
+@pytest.mark.slow
+def test_ddp_windows_start_at_the_bucket_issue_and_end_before_backward_returns(fork_job) -> None:
+    job = fork_job(_ddp_windows_job, 2, env={"MESHSCOPE_LAYOUT": "dp=2"}, every_step=("optimizer",))
+    records = {(r["rank"], r["step"]): r for r in read_lines(job.records_path)}
+    assert sorted(records) == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    for rank, result in enumerate(job.results):
+        assert result["counters"]["hook_errors"] == 0
+        entered = iter(result["entered"])
+        for step, marks in enumerate(result["marks"]):
+            rec = records[(rank, step)]
+            buckets = [iv for iv in rec["intervals"] if iv["kind"] == "comm"]
+            # DDP reduces in one bucket first, then in the buckets it rebuilt from the first backward's order
+            assert [(iv["axis"], iv["op"]) for iv in buckets] == [("dp", "all_reduce")] * (step + 1)
+            optimizer = next(iv for iv in rec["intervals"] if iv["kind"] == "optimizer")
+            for iv in buckets:
+                assert iv["start_us"] <= next(entered)  # from the issue, not from the collective 30 ms later
+                assert iv["end_us"] <= marks["backward_returned"] <= optimizer["start_us"]
+            # rank 0 waits at the end of backward for rank 1's late buckets; that wait is not compute
+            if rank == 0:
+                assert max(iv["wait_us"] for iv in buckets) > 0
+    # the same reductions on both ranks, in the same order
+    seqs = {rank: [(iv["group"], iv["seq"]) for s in (0, 1) for iv in records[(rank, s)]["intervals"]
+                   if iv["kind"] == "comm"] for rank in (0, 1)}  # fmt: skip
+    assert seqs[0] == seqs[1]
+
+
+def _late_tracker_job(rank: int, world: int) -> dict[str, object]:
+    torch.manual_seed(0)
+    model = nn.Linear(8, 4)  # one 144-byte bucket
+    ddp = DDP(model)  # wrapped before the tracker starts ...
+    x = torch.full((3, 8), float(rank + 1))
+    ddp(x).sum().backward()  # ... and already through one iteration
+    python_hooked = DDP(nn.Linear(8, 2))  # 18 floats, a hook of the user's: its collectives leave from Python
+    python_hooked.register_comm_hook(None, default_hooks.allreduce_hook)
+    builtin_hooked = DDP(nn.Linear(8, 3))  # 27 floats, a builtin hook: its all-reduce leaves from C++
+    builtin_hooked._register_builtin_comm_hook(dist.BuiltinCommHookType.ALLREDUCE)
+    tracker = sdk.tracker_from_env()
+    hello = tracker.counters().as_dict()
+    with tracker.step(0):
+        with tracker.phase("forward"):
+            loss = ddp(x).sum() + python_hooked(x).sum() + builtin_hooked(x).sum()
+        with tracker.phase("backward"):
+            loss.backward()
+    counters = tracker.counters().as_dict()
+    tracker.close()
+    return {"hello": hello, "counters": counters}
+
+
+@pytest.mark.slow
+def test_ddp_wrapped_before_the_tracker_started_is_captured_and_a_user_hook_is_reported(fork_job) -> None:
+    job = fork_job(_late_tracker_job, 2, env={"MESHSCOPE_LAYOUT": "dp=2"})
+    for result in job.results:
+        # the two models with hooks of their own, known from the start: their reducer's wait cannot be timed
+        assert result["hello"]["uncaptured_ddp"] == result["counters"]["uncaptured_ddp"] == 2
+        assert result["counters"]["hook_errors"] == 0
+    records = read_records(job.records_path)
+    comm = {r.rank: sorted(iv.size_bytes for iv in r.intervals if iv.axis == "dp") for r in records}
+    # the model hooked late and the user's Python hook; the builtin hook's all-reduce is invisible
+    assert comm[0] == comm[1] == [18 * F32, 36 * F32]
+    late = [iv for r in records for iv in r.intervals if iv.size_bytes == 36 * F32]
+    assert all(iv.op == "all_reduce" for iv in late)
+
+
+def _early_tracker_job(rank: int, world: int) -> dict[str, object]:
+    tracker = sdk.tracker_from_env()  # before init_process_group: no group exists yet
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    pair = dist.new_group([0, 1])
+    tracker.register_groups({"tp": pair})
+    torch.manual_seed(0)
+    ddp = DDP(nn.Linear(8, 4))
+    x = torch.full((3, 8), float(rank + 1))
+    with tracker.step(0):
+        with tracker.phase("forward"):
+            y = torch.ones(4)
+            dist.all_reduce(y, group=pair)
+            loss = ddp(x).sum()
+        with tracker.phase("backward"):
+            loss.backward()
+    counters = tracker.counters().as_dict()
+    tracker.close()
+    return {"counters": counters, "sum": y[0].item()}
+
+
+@pytest.mark.slow
+def test_a_tracker_started_before_init_process_group_sees_the_groups_created_later(fork_job) -> None:
+    job = fork_job(_early_tracker_job, 2, env={"MESHSCOPE_LAYOUT": "dp=2"}, init=False)
+    assert [r["sum"] for r in job.results] == [2.0, 2.0]
+    assert all(r["counters"]["hook_errors"] == r["counters"]["uncaptured_ddp"] == 0 for r in job.results)
+    records = read_records(job.records_path)
+    comm = {
+        r.rank: [(str(iv.axis), str(iv.op), iv.size_bytes, iv.group) for iv in r.intervals if iv.axis] for r in records
+    }
+    assert comm[0] == comm[1] == [("tp", "all_reduce", 4 * F32, "tp:0"), ("dp", "all_reduce", 36 * F32, "dp:0")]
+
+
+def _fsdp_dtensor_before_tracker_job(rank: int, world: int) -> dict[str, object]:
+    from torch.distributed.device_mesh import init_device_mesh  # noqa: PLC0415
+    from torch.distributed.fsdp import fully_shard  # noqa: PLC0415
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor  # noqa: PLC0415
+
+    mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("dp",))
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 4))
+    fully_shard(model, mesh=mesh)  # FSDP2 and a DTensor, both before the tracker starts
+    sharded = distribute_tensor(torch.arange(8.0).reshape(4, 2), mesh, [Shard(0)])
+    tracker = sdk.tracker_from_env()
+    x = torch.full((3, 8), float(rank + 1))
+    with tracker.step(0):
+        with tracker.phase("forward"):
+            whole = sharded.redistribute(mesh, [Replicate()]).to_local()  # a functional all-gather
+            loss = model(x).sum()
+        with tracker.phase("backward"):
+            loss.backward()
+    counters = tracker.counters().as_dict()
+    tracker.close()
+    return {"counters": counters, "whole": whole.sum().item()}
+
+
+@pytest.mark.slow
+def test_fsdp2_and_dtensor_set_up_before_the_tracker_are_captured(fork_job) -> None:
+    job = fork_job(_fsdp_dtensor_before_tracker_job, 2, env={"MESHSCOPE_LAYOUT": "dp=2"})
+    assert [r["whole"] for r in job.results] == [28.0, 28.0]
+    assert all(r["counters"]["hook_errors"] == 0 for r in job.results)
+    records = read_records(job.records_path)
+    for rec in records:
+        ops = [(str(iv.axis), str(iv.op)) for iv in rec.intervals if iv.axis]
+        assert ops[0] == ("dp", "all_gather")  # the DTensor's redistribution (functional road)
+        assert ops.count(("dp", "all_gather")) >= 2  # ... and FSDP2's parameter gathers
+        assert ("dp", "reduce_scatter") in ops  # FSDP2's gradient reduction

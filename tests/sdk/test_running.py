@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from invariants import check_records_file
 from meshscope.errors import LayoutError
 from meshscope.local.running import RunError, RunSettings, layout_text, rank_env, settings_from_args
 from meshscope.records import IntervalKind, read_records
@@ -115,6 +116,7 @@ def test_the_exec_launcher_runs_any_command_and_reports_a_killed_rank(tmp_path: 
 def _check_job_records(out: Path, layout: ParallelLayout, steps: int) -> dict[str, Counter[str]]:
     records = read_records(out / "records.jsonl")  # every line valid under the shared schema
     assert records.job == "tiny"
+    assert check_records_file(out / "records.jsonl", every_step=("optimizer",)) == len(records.records)
     got = sorted((r.rank, r.step) for r in records)
     assert got == [(rank, step) for rank in range(layout.world_size) for step in range(steps)]
     seen: dict[str, Counter[str]] = defaultdict(Counter)
@@ -173,3 +175,62 @@ def test_train_tiny_with_context_expert_parallelism_and_checkpoints(tmp_path: Pa
     assert seen["dp"]["all_gather"] > 0
     assert seen["checkpoint"]["checkpoint"] == 8  # every rank, at step 1
     assert seen["data"]["data"] == 8 * steps
+
+
+@pytest.mark.slow
+def test_train_tiny_with_ddp_keeps_bucket_reductions_inside_backward(tmp_path: Path) -> None:
+    steps = 3
+    result = _meshscope(
+        "run", "--nproc", "4", "--layout", "pp=2,dp=2", "--job", "tiny", "--out", str(tmp_path),
+        "--", sys.executable, str(TRAIN_TINY), "--steps", str(steps), "--dp", "ddp", "--emulate", "2",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    seen = _check_job_records(tmp_path, ParallelLayout(pp=2, dp=2), steps)  # the record invariants included
+    assert seen["dp"]["all_reduce"] > 0  # DDP's buckets, through meshscope's comm hook
+    for rec in read_records(tmp_path / "records.jsonl"):
+        optimizer = min(iv.start_us for iv in rec.intervals if iv.kind is IntervalKind.OPTIMIZER)
+        buckets = [iv for iv in rec.intervals if iv.axis == "dp" and iv.op == "all_reduce"]
+        # no bucket's reduction ends after backward, in the optimizer (DDP's reducer waits for them all)
+        assert all(iv.end_us <= optimizer for iv in buckets), (rec.rank, rec.step)
+
+
+LATE_TRACKER = """
+import torch, torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+from meshscope import sdk
+dist.init_process_group("gloo")
+ddp = DDP(nn.Linear(8, 4))
+ddp._register_builtin_comm_hook(dist.BuiltinCommHookType.ALLREDUCE)  # all-reduces from C++, before the tracker
+tracker = sdk.tracker_from_env()
+optimizer = torch.optim.SGD(ddp.parameters(), lr=0.1)
+for step in range(3):
+    with tracker.step(step):
+        with tracker.phase("forward"):
+            loss = ddp(torch.ones(2, 8)).sum()
+        with tracker.phase("backward"):
+            loss.backward()
+        with tracker.phase("optimizer"):
+            optimizer.step()
+            optimizer.zero_grad()
+tracker.close()
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.slow
+def test_a_layout_axis_whose_traffic_was_not_captured_is_said_and_noted(tmp_path: Path) -> None:
+    result = _meshscope(
+        "run", "--nproc", "2", "--layout", "dp=2", "--out", str(tmp_path), "--", sys.executable, "-c", LATE_TRACKER
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = [line for line in result.stderr.splitlines() if "DDP models" in line]
+    said = (
+        "meshscope run: 2 DDP models on ranks 0, 1 got a comm hook before the tracker started: their gradient "
+        "reductions are captured only in part (start the tracker before registering the hook; see the ranks' logs)"
+    )
+    assert lines == [said]
+    assert check_records_file(tmp_path / "records.jsonl", every_step=("optimizer",)) == 6
+    notes = {n["code"]: n for n in json.loads((tmp_path / "analysis.json").read_text())["partial_data"]}
+    assert "no record holds a dp collective" in notes["missing_axis_traffic"]["message"]
+    assert "PARTIAL DATA" in result.stdout

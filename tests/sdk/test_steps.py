@@ -11,6 +11,7 @@ import pytest
 from meshscope.records import _parse_record
 from meshscope.sdk.clocks import HostClock
 from meshscope.sdk.steps import (
+    WAIT,
     OpMeta,
     RecordHeader,
     RssPeak,
@@ -156,9 +157,12 @@ def _random_step(rng: random.Random) -> StepState:
     for seq in range(rng.randint(0, 15)):
         s = 10**9 + rng.randint(0, 4900) * US + rng.randint(0, 999)
         end = None if rng.random() < 0.1 else s + rng.randint(-5, 80) * US  # incomplete, or ending "before" start
-        st.ops.append(new_op(rng.choice(metas), seq, rng.choice([None, 0, 4096]), s, end))
+        op = new_op(rng.choice(metas), seq, rng.choice([None, 0, 4096]), s, end)
+        st.ops.append(op)
         if end is not None and rng.random() < 0.7:
-            st.windows.append((s, end))
+            wait = s + rng.randint(0, 100) * US  # waited from its issue (a synchronous call) or later, maybe after it
+            op[WAIT] = wait
+            st.windows.append((wait, end))
     st.windows.append([10**9 + 4000 * US, None])  # DDP's tail, never completed: not a window
     if rng.random() < 0.5:
         st.tokens, st.sequences, st.longest, st.work = 96, 3, 64, 4096.5
@@ -181,6 +185,28 @@ def test_the_encoded_record_is_the_json_of_the_reference_record(clock: HostClock
         assert data == json.dumps({**reference, "sdk": sdk}, separators=(",", ":"), ensure_ascii=False).encode()
         assert intervals.incomplete == incomplete == sum(op[1] is None for op in st.ops)
         _parse_record(json.loads(data), "encoded")  # and it is a valid record
+
+
+def test_waiting_is_cut_out_of_compute_and_an_optimizer_phase_is_never_lost(clock: HostClock) -> None:
+    st = StepState(0, 100 * US, 100 * US)
+    st.end_ns = 400 * US
+    st.segments = [("compute", "backward", 100 * US, 250 * US), ("optimizer", None, 250 * US, 260 * US)]
+    sync = new_op(TP0, 0, 8, 120 * US, 150 * US, wait=120 * US)  # a synchronous call: blocked throughout
+    late = new_op(TP0, 1, 8, 160 * US, 262 * US, wait=200 * US)  # issued, then waited from 200 µs (into the optimizer)
+    background = new_op(TP0, 2, 8, 210 * US, 240 * US)  # never waited on: runs under compute
+    st.ops = [sync, late, background]
+    st.windows = [(120 * US, 150 * US), (200 * US, 262 * US)]
+    record, _ = build_record(st, clock=clock, header={"step": 0}, device=False)
+    us = clock.to_us
+    busy = [(iv["kind"], iv["start_us"], iv["end_us"]) for iv in record["intervals"] if iv["kind"] != "comm"]
+    # the optimizer sat in the wait throughout: its interval stays, of length 0, where the phase ended
+    assert busy == [
+        ("compute", us(100 * US), us(120 * US)),
+        ("compute", us(150 * US), us(200 * US)),
+        ("optimizer", us(260 * US), us(260 * US)),
+    ]
+    waits = [iv.get("wait_us") for iv in record["intervals"] if iv["kind"] == "comm"]
+    assert waits == [us(150 * US) - us(120 * US), us(262 * US) - us(200 * US), None]
 
 
 def test_peak_rss_follows_the_process_and_resets() -> None:

@@ -31,6 +31,7 @@ from meshscope.analysis.costs import (
     compare_memory,
     cost_rows,
     index_rank_steps,
+    missing_traffic_notes,
     partial_categories,
     partial_notes,
     summarise,
@@ -158,7 +159,7 @@ def analyze(
     rs = index_rank_steps(bd)
     planned_world = spec.world_size if spec is not None else (plan.world_size if plan is not None else None)
     world = planned_world if planned_world is not None else rs.n_ranks
-    partial = partial_notes(rs, world_size=planned_world, extra=notes)
+    partial = (*partial_notes(rs, world_size=planned_world, extra=notes), *missing_traffic_notes(rs, plan))
     return Analysis(
         job=table.job,
         world_size=world,

@@ -82,6 +82,7 @@ __all__ = [
     "grouped_quantile",
     "index_rank_steps",
     "measure_transfers",
+    "missing_traffic_notes",
     "own_time_us",
     "partial_categories",
     "partial_notes",
@@ -288,6 +289,52 @@ def partial_notes(rs: RankSteps, *, world_size: int | None, extra: Sequence[Note
         )
     seen = {n.code for n in notes}
     notes.extend(n for n in rs.breakdown.notes if n.code not in seen)
+    return tuple(notes)
+
+
+_MISSING_CAUSES = {
+    "dp": (
+        "the model was wrapped in DDP with a builtin comm hook before the tracker started (the ranks' uncaptured_ddp "
+        "counter says so), or the dp groups were neither registered nor inferable from the layout"
+    ),
+    "pp": "the stages' sends and receives ran on groups the SDK could not attribute to pp",
+}
+_DEFAULT_CAUSE = "its process groups were neither registered (tracker.register_groups) nor inferable from the layout"
+
+
+def missing_traffic_notes(rs: RankSteps, plan: Plan | None) -> tuple[Note, ...]:
+    """One note per axis the layout enables whose traffic appears in no record: its comm rows read zero, wrongly.
+
+    The layout is the plan's when there is one, else what the records' coords show (an axis on which some rank sits
+    at index 1 or more has a degree above 1).
+    """
+    table = rs.breakdown.table
+    iv = table.intervals
+    if plan is not None:
+        degrees = {a.value: plan.layout.degree(a) for a in AXES}
+        source = "the layout enables"
+    else:
+        coord = table.steps.coord
+        top = coord.max(axis=0) if coord.size else np.zeros(len(AXES), dtype=np.int64)
+        degrees = {a.value: int(top[i]) + 1 for i, a in enumerate(AXES)}
+        source = "the records' coords enable"
+    net = iv.kind >= COMM_CODE
+    seen = {AXES[a].value for a in np.unique(iv.axis[net]).tolist() if a >= 0}
+    notes = []
+    for axis, degree in degrees.items():
+        if degree <= 1 or axis in seen:
+            continue
+        size = f"{axis}={degree}" if plan is not None else f"{axis} >= {degree}"
+        notes.append(
+            Note(
+                code="missing_axis_traffic",
+                count=table.n_rows,
+                message=(
+                    f"{source} {axis} ({size}) but no record holds a {axis} collective: its communication was "
+                    f"not captured and its rows read zero; likely cause: {_MISSING_CAUSES.get(axis, _DEFAULT_CAUSE)}"
+                ),
+            )
+        )
     return tuple(notes)
 
 

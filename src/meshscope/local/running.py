@@ -435,6 +435,7 @@ def run_job(
     if failed is not None:
         _say(f"rank {failed.rank} {failed.describe()}; stopped the other {len(procs) - 1} ranks")
     _say(_received_line(collector, settings.nproc, wall_s))
+    _say_uncaptured(collector)
     if on_finished is not None and failed is None:
         return on_finished(records_path, settings.spec if settings.spec is not None else settings.layout)
     if report is None:
@@ -494,6 +495,19 @@ def _received_line(collector: RecordCollector, nproc: int, wall_s: float) -> str
     if silent:
         parts.append(f"{silent} ranks sent nothing (no meshscope tracker, or MESHSCOPE_DISABLE=1)")
     return "; ".join(parts)
+
+
+def _say_uncaptured(collector: RecordCollector) -> None:
+    """One line on communication the ranks' SDK could not capture (its ``uncaptured_ddp`` counters), if any."""
+    ranks = sorted(r for r, t in collector.ranks.items() if t.counters.get("uncaptured_ddp", 0))
+    if not ranks:
+        return
+    models = sum(collector.ranks[r].counters["uncaptured_ddp"] for r in ranks)
+    shown = ", ".join(str(r) for r in ranks[:8]) + (", ..." if len(ranks) > 8 else "")
+    _say(
+        f"{models} DDP models on ranks {shown} got a comm hook before the tracker started: their gradient "
+        "reductions are captured only in part (start the tracker before registering the hook; see the ranks' logs)"
+    )
 
 
 def _write_collector_report(

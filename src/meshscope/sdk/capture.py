@@ -12,8 +12,11 @@ Why it exists: collectives reach the backend along four roads, and each needs it
    ``torch.ops._c10d_functional`` operators directly; those op packets are replaced by thin wrappers on the namespace,
    and ``wait_tensor`` marks their end.
 3. **DDP**'s C++ reducer talks to the backend directly. A comm hook equal to the default (``allreduce_hook``) is
-   registered at construction, so its bucket all-reduces take road 1; a user's later ``register_comm_hook`` replaces
-   the inner hook instead of failing. The last bucket also marks DDP's tail wait (backward blocked on the reduction).
+   registered at construction -- or, for models wrapped before the tracker started, at install (found once among the
+   live objects) -- so its bucket all-reduces take road 1, starting at the bucket's issue; a user's later
+   ``register_comm_hook`` replaces the inner hook instead of failing. The last bucket queues autograd final callbacks
+   around the reducer's wait for its buckets (backward blocked on the reduction): that window is exact, and no bucket
+   ends after it. A model that got a hook of the user's before the tracker started is reported to the sink.
 4. ``torch.nn.functional.scaled_dot_product_attention`` is wrapped to time attention (forward by the call, backward
    between gradient hooks on its output and on its first input).
 
@@ -96,8 +99,11 @@ class CaptureSink(Protocol):
     ) -> None:
         """A functional collective on ``group_name``, issued at ``start``, returned ``out``."""
 
-    def on_ddp_last_bucket(self, future: Future[object]) -> None:
-        """DDP issued its last bucket: backward now waits until that bucket's reduction completes."""
+    def on_ddp_last_bucket(self, future: Future[object], queue_callback: Callable[[Callable[[], None]], None]) -> None:
+        """DDP issued its last bucket; ``queue_callback`` queues an autograd final callback (before DDP's wait)."""
+
+    def uncaptured(self, what: str, why: str) -> None:
+        """Something whose communication cannot be captured: ``what`` (e.g. ``ddp``) and why, for people."""
 
     def on_attention_forward(self, m0: Mark) -> None:
         """An attention call that started at ``m0`` returned now."""
@@ -114,6 +120,9 @@ ACTIVE: CaptureSink | None = None
 _in_ddp_hook = 0
 """Depth of meshscope's DDP comm hook: its collectives are never waited on from Python, so they get a completion
 callback at once (every other asynchronous operation gets one only if it is still unwaited when its step ends)."""
+_ddp_issue: list[Any] = [None]
+"""The mark at which DDP issued the bucket whose hook runs now, taken before the inner hook's own Python: the first
+collective the hook issues starts there."""
 _saved: list[tuple[Any, str, Any]] = []
 """(owner, attribute, original) of every patch in place, for :func:`uninstall`."""
 _pipelining_patched = False
@@ -234,7 +243,10 @@ def _collective_wrapper(orig: Any, op: str, size_of: Callable[[tuple[Any, ...], 
         m0 = t.device_mark(t0) if t.on_device else t0
         work = orig(self, *args, **kwargs)
         try:
-            t.on_collective(self, op, size_of, args, work, m0, _in_ddp_hook > 0)
+            ddp = _in_ddp_hook > 0
+            if ddp and _ddp_issue[0] is not None:  # a bucket's reduction starts at its issue, before the hook's Python
+                m0, _ddp_issue[0] = _ddp_issue[0], None
+            t.on_collective(self, op, size_of, args, work, m0, ddp)
         except Exception as exc:  # noqa: BLE001 - meshscope must never break the training loop
             t.fault("collective capture", exc)
         return work
@@ -358,26 +370,87 @@ class _HookHolder:
         self.hook = hook
 
 
+def _queue_final_callback(callback: Callable[[], None]) -> None:
+    """Run ``callback`` when the current backward pass has finished its graph, after callbacks queued before it."""
+    torch.autograd.Variable._execution_engine.queue_callback(callback)  # noqa: SLF001
+
+
 def _ddp_hook(holder, bucket):  # type: ignore[no-untyped-def] # noqa: ANN001, ANN202 - DDP rejects annotated hooks
     # DDP's _check_comm_hook refuses a ``bucket`` annotation other than GradBucket and a return annotation other
     # than Future[Tensor]; under ``from __future__ import annotations`` every annotation is a string, so none here.
     global _in_ddp_hook  # noqa: PLW0603 - DDP runs its hooks one at a time on the autograd thread
+    t = ACTIVE
+    if t is not None:
+        t0 = _perf_ns()
+        try:
+            _ddp_issue[0] = t.device_mark(t0) if t.on_device else t0
+        except Exception as exc:  # noqa: BLE001
+            t.fault("ddp capture", exc)
     _in_ddp_hook += 1
     try:
         fut = holder.hook(holder.state, bucket)
     finally:
         _in_ddp_hook -= 1
-    t = ACTIVE
+        _ddp_issue[0] = None
     if t is not None:
         try:
             if bucket.is_last():
-                t.on_ddp_last_bucket(fut)
+                t.on_ddp_last_bucket(fut, _queue_final_callback)
         except Exception as exc:  # noqa: BLE001
             t.fault("ddp capture", exc)
     return fut
 
 
-def _patch_ddp() -> None:
+def _hook_ddp(ddp: Any, register: Callable[..., Any]) -> str | None:
+    """Register meshscope's comm hook on ``ddp`` with DDP's own ``register``; why it cannot be, or ``None``.
+
+    A reducer takes one comm hook, once: a DDP whose user registered a hook before the tracker started keeps it. A
+    Python hook's collectives still reach the patched ``ProcessGroup`` methods, but its buckets' issue and the
+    reducer's wait are not seen; a builtin hook's all-reduces leave from C++ and are not seen at all.
+    """
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks  # noqa: PLC0415
+
+    if getattr(ddp, "_meshscope_hook_holder", None) is not None:
+        return None
+    if getattr(ddp, "_comm_hooks", None):
+        names = ", ".join(getattr(h, "__qualname__", repr(h)) for h, _ in ddp._comm_hooks)  # noqa: SLF001
+        return (
+            f"it got a comm hook of the user's ({names}) before the tracker started: the hook's collectives are "
+            "captured, but not the reducer's wait for them at the end of backward (it reads as compute)"
+        )
+    try:
+        builtin = ddp._get_ddp_logging_data().get("comm_hook")  # noqa: SLF001
+    except Exception:  # noqa: BLE001 - only a hint; registering below tells for sure
+        builtin = None
+    if builtin:
+        return (
+            f"it got a builtin comm hook ({builtin}) before the tracker started: its gradient all-reduces leave "
+            "from C++ and are not captured"
+        )
+    holder = _HookHolder(ddp.process_group, default_hooks.allreduce_hook)
+    try:
+        register(ddp, holder, _ddp_hook)
+    except Exception as exc:  # noqa: BLE001 - the reducer refuses (e.g. a hook registered through C++)
+        return f"its reducer refused meshscope's comm hook ({exc})"
+    ddp._meshscope_hook_holder = holder  # noqa: SLF001
+    return None
+
+
+def _hook_live_ddp(sink: CaptureSink, ddp_type: type, register: Callable[..., Any]) -> None:
+    """Give meshscope's comm hook to every DDP built before the tracker started (found once among live objects)."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return  # no process group yet: no DDP can exist
+    import gc  # noqa: PLC0415
+
+    for obj in gc.get_objects():
+        if isinstance(obj, ddp_type):
+            why = _hook_ddp(obj, register)
+            if why is not None:
+                sink.uncaptured("ddp", f"a DistributedDataParallel model: {why}")
+
+
+def _patch_ddp() -> tuple[type, Callable[..., Any]]:
+    """Patch DDP's construction and hook registration; returns the class and its own ``register_comm_hook``."""
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks  # noqa: PLC0415
     from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: N817, PLC0415
 
@@ -387,14 +460,15 @@ def _patch_ddp() -> None:
 
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:  # noqa: N807
         orig_init(self, *args, **kwargs)
-        if ACTIVE is None:
+        t = ACTIVE
+        if t is None:
             return
         try:
-            holder = _HookHolder(self.process_group, default_hooks.allreduce_hook)
-            orig_register(self, holder, _ddp_hook)
-            self._meshscope_hook_holder = holder
+            why = _hook_ddp(self, orig_register)
+            if why is not None:
+                t.uncaptured("ddp", f"a DistributedDataParallel model: {why}")
         except Exception as exc:  # noqa: BLE001
-            ACTIVE.fault("ddp comm hook", exc)
+            t.fault("ddp comm hook", exc)
 
     def register_comm_hook(self: Any, state: Any, hook: Callable[[Any, Any], Any]) -> None:
         holder = getattr(self, "_meshscope_hook_holder", None)
@@ -418,6 +492,7 @@ def _patch_ddp() -> None:
     _set(DDP, "__init__", __init__)
     _set(DDP, "register_comm_hook", register_comm_hook)
     _set(DDP, "_register_builtin_comm_hook", register_builtin)
+    return DDP, orig_register
 
 
 # ====================================================================== attention
@@ -565,7 +640,11 @@ def install(tracker: CaptureSink) -> None:
             _set(ns, name, _FunctionalOp(packet, op, name in _GATHERS))
     functional = torch.ops._c10d_functional  # noqa: SLF001
     _set(functional, "wait_tensor", _WaitTensor(functional.wait_tensor, "wait", gather=False))
-    _patch_ddp()
+    ddp_type, ddp_register = _patch_ddp()
+    try:  # capture must not depend on whether the model was wrapped before the tracker started
+        _hook_live_ddp(tracker, ddp_type, ddp_register)
+    except Exception as exc:  # noqa: BLE001
+        tracker.fault("ddp comm hook on a live model", exc)
     _set(
         torch.nn.functional,
         "scaled_dot_product_attention",

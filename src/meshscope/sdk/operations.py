@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import logging
 import re
 import time
 from dataclasses import replace
@@ -25,7 +26,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from meshscope.sdk.clocks import HostClock
 from meshscope.sdk.groups import GroupInfo, axis_of_name, infer_from_layout, make_group, p2p_axis, p2p_group_id
-from meshscope.sdk.steps import END, HANDLE, ISSUED, START, OpMeta
+from meshscope.sdk.steps import END, HANDLE, ISSUED, START, WAIT, OpMeta
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
@@ -40,6 +41,7 @@ if TYPE_CHECKING:
     from meshscope.sdk.steps import StepState
     from meshscope.topology import MeshAxis
 
+log = logging.getLogger("meshscope.sdk")
 _perf_ns = time.perf_counter_ns
 
 _SEQUENCES: Final = (list, tuple)
@@ -110,10 +112,14 @@ class Operations:
         """How a completion callback marks an operation's end (the CUDA clock's event recorder on GPU)."""
         self.unattributed = 0
         """Operations on groups that map to no axis (or receives from any source): counted, not recorded."""
+        self.uncaptured_ddp = 0
+        """DDP models that kept a comm hook of the user's (each logged): their buckets are not fully captured."""
         self._groups: dict[int, _Group] = {}
         """By ``id()`` of the ProcessGroup object (checked against :attr:`_Group.pg`)."""
         self._by_name: dict[str, _Group] = {}
         """By c10d group name (the functional collectives' road)."""
+        self._ddp_ops: list[list[Any]] = []
+        """DDP's bucket reductions issued since its last bucket of the previous backward (ended by its wait)."""
         self._p2p: dict[tuple[str, str, int], OpMeta] = {}
         self._registered: dict[str, tuple[str, MeshAxis | None]] = {}
         self._ids: dict[str, str] = {}
@@ -254,13 +260,14 @@ class Operations:
         if st is None:
             return
         meta = group.metas.get(op) or group.meta(op)
-        rec = [start, None, meta, seq, size_of(args, group.size), work, _perf_ns()]
+        rec = [start, None, meta, seq, size_of(args, group.size), work, _perf_ns(), None]
         st.ops.append(rec)
         if work is None:
             rec[END] = self.mark_end()
             return
         self._by_work[id(work)] = rec
         if completion:
+            self._ddp_ops.append(rec)
             _on_completion(work, rec, self.mark_end)
 
     def on_p2p(  # noqa: PLR0917 - positionals on the hot path
@@ -293,7 +300,7 @@ class Operations:
         st = self.step
         if st is None:
             return
-        rec = [start, None, meta, seq, nbytes, work, _perf_ns()]
+        rec = [start, None, meta, seq, nbytes, work, _perf_ns(), None]
         st.ops.append(rec)
         if work is None:
             rec[END] = self.mark_end()
@@ -311,6 +318,7 @@ class Operations:
                 rec[END] = m1
             if t0 - rec[ISSUED] < SYNC_GAP_NS:  # a synchronous call: blocked from its issue
                 m0 = rec[START]
+            rec[WAIT] = m0
         st = self.step
         if st is not None:
             st.windows.append((m0, m1))
@@ -336,6 +344,7 @@ class Operations:
                     rec[END] = m1
                 if t0 - rec[ISSUED] < SYNC_GAP_NS:
                     m0 = rec[START]
+                rec[WAIT] = m0
         st = self.step
         if st is not None:
             st.windows.append((m0, m1))
@@ -369,24 +378,33 @@ class Operations:
         if st is None:
             return
         meta = group.metas.get(op) or group.meta(op)
-        rec = [start, None, meta, seq, nbytes, out, _perf_ns()]
+        rec = [start, None, meta, seq, nbytes, out, _perf_ns(), None]
         st.ops.append(rec)
         for tensor in out if isinstance(out, _SEQUENCES) else (out,):
             self._by_storage[_storage_key(tensor)] = rec
 
-    def on_ddp_last_bucket(self, future: Future[object]) -> None:
-        """DDP issued its last bucket: backward now waits until that bucket's reduction completes."""
+    def on_ddp_last_bucket(self, future: Future[object], queue_callback: Callable[[Callable[[], None]], None]) -> None:
+        """DDP issued its last bucket: at the end of backward its reducer waits for every bucket's reduction.
+
+        That wait is DDP's ``finalize_backward``, an autograd final callback queued right after this hook returns.
+        ``queue_callback`` (autograd's ``queue_callback``) puts one callback before it, which marks the start of the
+        wait and queues another, which runs right after it: the end of the wait, before ``backward()`` returns. The
+        window between the two is blocked; every bucket of this backward has its wait start there and ends no later
+        than its end (a completion callback on the backend's thread may run after the waiter woke, even after the
+        optimizer began). Where no final callback can be queued, the window runs from now to the last bucket's
+        completion, as the backend reports it.
+        """
+        ops, self._ddp_ops = self._ddp_ops, []
         st = self.step
         if st is None:
             return
-        window: list[Mark] = [self.device_mark(_perf_ns()), None]
-        st.windows.append(window)
-        mark = self.mark_end
-
-        def closed(_fut: Future[object]) -> None:
-            window[1] = mark()
-
-        future.then(closed)
+        wait = _DdpWait(self, ops, queue_callback)
+        st.windows.append(wait.window)
+        try:
+            queue_callback(wait.started)
+        except Exception:  # noqa: BLE001 - not inside a backward pass (autograd refuses): the backend's completion
+            wait.start(self.device_mark(_perf_ns()))
+            future.then(wait.completed)
 
     def on_attention_forward(self, m0: Mark) -> None:
         """An attention call that started at ``m0`` returned now."""
@@ -399,6 +417,12 @@ class Operations:
         st = self.step
         if st is not None and start is not None:
             st.attention.append((start, self.device_mark(_perf_ns())))
+
+    def uncaptured(self, what: str, why: str) -> None:
+        """Count (and log) something whose communication the patches cannot see: ``what`` = ``ddp``."""
+        if what == "ddp":
+            self.uncaptured_ddp += 1
+        log.warning("meshscope: cannot capture all the communication of %s", why)
 
     def release(self, st: StepState) -> None:
         """Forget the step's operations: what ends them is no longer held, nor looked up."""
@@ -421,6 +445,51 @@ class Operations:
                 _on_completion(rec[HANDLE], rec, self.mark_end)
 
 
+class _DdpWait:
+    """DDP's wait for its buckets at the end of one backward: a blocked window, and the end of every bucket in it."""
+
+    __slots__ = ("ops", "queue", "sink", "window")
+
+    def __init__(self, sink: Operations, ops: list[list[Any]], queue: Callable[[Callable[[], None]], None]) -> None:
+        self.sink = sink
+        self.queue = queue
+        self.ops = ops
+        """The bucket reductions of this backward."""
+        self.window: list[Mark] = [None, None]
+        """The blocked window, as ``StepState.windows`` holds it; its ends are ``None`` until marked."""
+
+    def start(self, mark: Mark) -> None:
+        """The wait starts at ``mark``: every bucket still running is waited on from there."""
+        self.window[0] = mark
+        for rec in self.ops:
+            rec[WAIT] = mark
+
+    def started(self) -> None:
+        """Autograd final callback, right before the reducer's wait: mark it, and queue :meth:`finished` after it."""
+        try:
+            self.start(self.sink.device_mark(_perf_ns()))
+            self.queue(self.finished)
+        except Exception as exc:  # noqa: BLE001 - this runs inside backward: never raise into it
+            self.window[1] = self.window[0]
+            self.sink.fault("ddp wait start", exc)
+
+    def finished(self) -> None:
+        """Autograd final callback, right after the reducer's wait: no bucket's reduction ends later."""
+        try:
+            end = self.sink.mark_end()
+            self.window[1] = end
+            for rec in self.ops:
+                e = rec[END]
+                if e is None or (type(e) is int and type(end) is int and e > end):
+                    rec[END] = end
+        except Exception as exc:  # noqa: BLE001
+            self.sink.fault("ddp wait end", exc)
+
+    def completed(self, _future: Future[object]) -> None:
+        """The last bucket's completion, as the backend reports it (where no final callback could be queued)."""
+        self.window[1] = self.sink.mark_end()
+
+
 def _storage_key(tensor: Tensor) -> int:
     """The address of ``tensor``'s storage, the key of a functional collective's output in flight.
 
@@ -437,7 +506,9 @@ def _on_completion(work: Work, rec: list[Any], mark: Callable[[], Mark]) -> None
 
     def done(_future: Future[object]) -> None:  # runs on a backend thread: the first end wins
         if rec[END] is None:
-            rec[END] = mark()
+            end = mark()
+            if rec[END] is None:  # checked again: DDP's wait may have ended it meanwhile, earlier
+                rec[END] = end
 
     with contextlib.suppress(RuntimeError):
         work.get_future().then(done)

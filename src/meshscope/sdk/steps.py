@@ -26,7 +26,8 @@ if TYPE_CHECKING:
 
 MERGE_GAP_US: Final = 20
 """Blocked windows closer than this many µs are merged (the Python between two waits is not compute)."""
-DEVICE_KINDS: Final = frozenset({"compute", "optimizer"})
+OPTIMIZER: Final = "optimizer"
+DEVICE_KINDS: Final = frozenset({"compute", OPTIMIZER})
 """Interval kinds whose marks are device marks and from which blocked windows are cut."""
 
 # One captured operation is a flat list, the only object the hot path allocates per operation. Its slots:
@@ -45,6 +46,10 @@ HANDLE: Final = 5
 the output tensor (or list) of a functional collective. Holding it keeps its ``id()`` unique while that is a key."""
 ISSUED: Final = 6
 """Host ``perf_counter_ns`` right after the backend accepted the operation (tells a synchronous call by its wait)."""
+WAIT: Final = 7
+"""Mark at which the rank began to wait for it (the issue of a synchronous call, the start of the ``Work.wait`` or
+``wait_tensor`` of an asynchronous one, the start of DDP's wait for its buckets); ``None``: never waited on. From there
+to :data:`END` the rank was blocked on it: the record's ``wait_us``."""
 
 _JSON = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
 _BY_START_END = itemgetter(0, 1)
@@ -78,9 +83,11 @@ class OpMeta:
         """JSON after ``bytes``: ``group_size`` and ``peer`` when known, and the closing brace."""
 
 
-def new_op(meta: OpMeta, seq: int, nbytes: int | None, start: Mark, end: Mark = None) -> list[Any]:
-    """A captured operation as the hot path stores it (slots :data:`START` .. :data:`ISSUED`)."""
-    return [start, end, meta, seq, nbytes, None, 0]
+def new_op(
+    meta: OpMeta, seq: int, nbytes: int | None, start: Mark, end: Mark = None, *, wait: Mark = None
+) -> list[Any]:
+    """A captured operation as the hot path stores it (slots :data:`START` .. :data:`WAIT`)."""
+    return [start, end, meta, seq, nbytes, None, 0, wait]
 
 
 class StepState:
@@ -156,7 +163,8 @@ def subtract_windows(a: int, b: int, windows: list[tuple[int, int]], first: int 
     return pieces
 
 
-_Item = tuple[int, int, str, "str | None", "list[Any] | None"]
+_Item = tuple[int, int, str, "str | int | None", "list[Any] | None"]
+"""``(start_us, end_us, kind, phase, op)``; for an operation (``op`` its list) the fourth slot is its ``wait_us``."""
 
 
 class StepIntervals:
@@ -177,7 +185,9 @@ class StepIntervals:
         items.sort(key=_BY_START_END)  # stable: phase pieces before operations that start and end with them
         self.intervals = items
         """``(start_us, end_us, kind, phase, op)`` sorted by start and end; ``op`` is the operation's list for an
-        operation (``kind``, ``phase`` unused), ``None`` for a phase piece."""
+        operation (``kind`` unused, ``phase`` its ``wait_us``: µs blocked on it at its end, ``None``: never waited),
+        ``None`` for a phase piece. A step with an optimizer phase always has an optimizer piece (of length 0 when
+        the whole phase was blocked in communication or shorter than a µs)."""
         self.incomplete = incomplete
         """Operations left out: not completed (or their marks not yet readable on the device)."""
         stats: dict[str, Any] = {}
@@ -210,25 +220,33 @@ class StepIntervals:
         base = st.start_ns - (st.start_ns + off) % 1000
         base_us = (base + off) // 1000
         start = (st.start_ns - base) // 1000
-        raw = [((a - base) // 1000, (b - base) // 1000) for a, b in st.windows if b is not None]
+        raw = [((a - base) // 1000, (b - base) // 1000) for a, b in st.windows if b is not None and a is not None]
         raw = [(max(start, a), b) for a, b in raw]
         raw.sort()
         windows = merge_windows(raw)
         ends = [w[1] for w in windows]
         items: list[_Item] = []
         add = items.append
+        optimizer_end = None  # the end of the step's last optimizer segment
+        kept = False  # whether any piece of an optimizer segment was kept
         for kind, phase, a_ns, b_ns in st.segments:
             a = (a_ns - base) // 1000
             b = (b_ns - base) // 1000
             b = max(b, a)
             if kind in DEVICE_KINDS:
+                n = len(items)
                 if windows:
                     for p0, p1 in subtract_windows(a, b, windows, bisect_right(ends, a)):
                         add((p0 + base_us, p1 + base_us, kind, phase, None))
                 elif b > a:
                     add((a + base_us, b + base_us, kind, phase, None))
+                if kind == OPTIMIZER:
+                    kept = kept or len(items) > n
+                    optimizer_end = b + base_us
             else:
                 add((a + base_us, b + base_us, kind, phase, None))
+        if optimizer_end is not None and not kept:  # blocked throughout, or too short: the phase is still recorded
+            add((optimizer_end, optimizer_end, OPTIMIZER, None, None))
         incomplete = 0
         for rec in st.ops:
             e = rec[END]
@@ -237,7 +255,10 @@ class StepIntervals:
                 continue
             s_us = (rec[START] - base) // 1000 + base_us
             e_us = (e - base) // 1000 + base_us
-            add((s_us, e_us if e_us > s_us else s_us, "", None, rec))  # noqa: FURB136 - a call per op costs more
+            e_us = e_us if e_us > s_us else s_us  # noqa: FURB136 - a call per op costs more
+            w = rec[WAIT]
+            wait_us = None if w is None else max(0, e_us - max(s_us, (w - base) // 1000 + base_us))
+            add((s_us, e_us, "", wait_us, rec))
         return items, incomplete
 
     @staticmethod
@@ -249,25 +270,35 @@ class StepIntervals:
             sorted(
                 (max(to_us(w[0]), start_us), to_us(w[1]))
                 for w in st.windows
-                if w[1] is not None and ready(w[0]) and ready(w[1])
+                if w[0] is not None and w[1] is not None and ready(w[0]) and ready(w[1])
             )
         )
         items: list[_Item] = []
+        optimizer_end = None
+        kept = False
         for kind, phase, a, b in st.segments:
             a_us = to_us(a)
             b_us = max(a_us, to_us(b))
             if kind in DEVICE_KINDS:
-                items.extend((p0, p1, kind, phase, None) for p0, p1 in subtract_windows(a_us, b_us, windows))
+                pieces = subtract_windows(a_us, b_us, windows)
+                items.extend((p0, p1, kind, phase, None) for p0, p1 in pieces)
+                if kind == OPTIMIZER:
+                    kept = kept or bool(pieces)
+                    optimizer_end = b_us
             else:
                 items.append((a_us, b_us, kind, phase, None))
+        if optimizer_end is not None and not kept:
+            items.append((optimizer_end, optimizer_end, OPTIMIZER, None, None))
         incomplete = 0
         for rec in st.ops:
-            s, e = rec[START], rec[END]
+            s, e, w = rec[START], rec[END], rec[WAIT]
             if e is None or not (ready(s) and ready(e)):
                 incomplete += 1
                 continue
             s_us = to_us(s)
-            items.append((s_us, max(s_us, to_us(e)), "", None, rec))
+            e_us = max(s_us, to_us(e))
+            wait_us = None if w is None or not ready(w) else max(0, e_us - max(s_us, to_us(w)))
+            items.append((s_us, e_us, "", wait_us, rec))
         return items, incomplete
 
 
@@ -302,6 +333,8 @@ def build_record(
             }
             if rec[NBYTES] is not None:
                 iv["bytes"] = rec[NBYTES]
+            if phase is not None:
+                iv["wait_us"] = phase
             if m.group_size is not None:
                 iv["group_size"] = m.group_size
             if m.peer is not None:
@@ -354,13 +387,14 @@ def encode_record(st: StepState, p: StepIntervals, *, header: RecordHeader, sdk:
     add = parts.append
     for s_us, e_us, kind, phase, rec in p.intervals:
         if rec is None:
-            head, tail = _phase_fragments(kind, phase)
+            head, tail = _phase_fragments(kind, phase)  # type: ignore[arg-type] # a phase piece's slot holds its phase
             add(f'{head}{s_us},"end_us":{e_us}{tail}')
         else:
             m: OpMeta = rec[META]
             nbytes = rec[NBYTES]
             size = "" if nbytes is None else f',"bytes":{nbytes}'
-            add(f'{m.head}{s_us},"end_us":{e_us}{m.middle}{rec[SEQ]}{size}{m.tail}')
+            wait = "" if phase is None else f',"wait_us":{phase}'
+            add(f'{m.head}{s_us},"end_us":{e_us}{m.middle}{rec[SEQ]}{size}{wait}{m.tail}')
     stats = f',"stats":{_JSON(p.stats)}' if p.stats else ""
     text = (
         f'{header.before_step}{st.step}{header.after_step},"start_us":{p.start_us},"end_us":{p.end_us},'

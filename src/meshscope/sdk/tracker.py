@@ -96,6 +96,9 @@ class TrackerCounters:
     """Operations left out of a record because they had not completed :data:`MAX_DEFERRED_STEPS` steps later."""
     phases_outside_step: int = 0
     """Phases entered while no step was open (not recorded)."""
+    uncaptured_ddp: int = 0
+    """DDP models that got a comm hook of the user's before the tracker started (a reducer takes one hook, once): the
+    reducer's wait for their buckets is not timed, and a builtin hook's all-reduces are not captured at all."""
 
     def as_dict(self) -> dict[str, int]:
         """The counters as a plain mapping (the ``sdk`` object of a record)."""
@@ -106,6 +109,7 @@ class TrackerCounters:
             "unattributed_ops": self.unattributed_ops,
             "incomplete_ops": self.incomplete_ops,
             "phases_outside_step": self.phases_outside_step,
+            "uncaptured_ddp": self.uncaptured_ddp,
         }
 
 
@@ -441,6 +445,7 @@ class Tracker:
             "unattributed_ops": self._ops.unattributed,
             "incomplete_ops": self._incomplete,
             "phases_outside_step": self._outside,
+            "uncaptured_ddp": self._ops.uncaptured_ddp,
         }
 
     def counters(self) -> TrackerCounters:
@@ -452,6 +457,7 @@ class Tracker:
             unattributed_ops=self._ops.unattributed,
             incomplete_ops=self._incomplete,
             phases_outside_step=self._outside,
+            uncaptured_ddp=self._ops.uncaptured_ddp,
         )
 
     def close(self) -> None:
