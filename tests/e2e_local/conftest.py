@@ -19,7 +19,7 @@ import pytest
 from invariants import check_records_file
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Iterator
     from pathlib import Path
 
 try:
@@ -60,14 +60,18 @@ def run_demo_job(
     imbalance: str | None = None,
     cp: bool = False,
     ep: bool = False,
+    block_ms: float | None = None,
     extra: tuple[str, ...] = (),
 ) -> Run:
     """``meshscope run`` of the demo job (``--report`` keeps the loss rank's losses) in a subprocess; ``cp`` and
-    ``ep`` select the demo's context- and expert-parallel variants. Every record it collected is checked against
+    ``ep`` select the demo's context- and expert-parallel variants, ``block_ms`` the emulated accelerator's speed
+    (forward ms of one block; the demo's default when ``None``). Every record it collected is checked against
     the invariants of real jobs (``tests/invariants.py``)."""
     from meshscope.local.running import demo_settings, layout_text  # noqa: PLC0415
 
-    settings = demo_settings(out_dir, steps=steps, straggler=straggler, imbalance=imbalance, cp=cp, ep=ep)
+    settings = demo_settings(
+        out_dir, steps=steps, straggler=straggler, imbalance=imbalance, cp=cp, ep=ep, block_ms=block_ms
+    )
     command = [
         sys.executable, "-m", "meshscope", "run", "--nproc", str(settings.nproc), "--layout",
         layout_text(settings.layout), "--gpus-per-node", "4", "--job", "demo", "--out", str(out_dir), "--",
@@ -108,3 +112,21 @@ def cp_run(tmp_path_factory: pytest.TempPathFactory) -> Run:
 def ep_run(tmp_path_factory: pytest.TempPathFactory) -> Run:
     """The demo's expert-parallel variant (pp=2, dp=2, tp=2, ep=2 with etp=1, MoE), run once per session."""
     return run_demo_job(tmp_path_factory.mktemp("ep") / "out", ep=True)
+
+
+@pytest.fixture
+def cpu_burner() -> Iterator[int]:
+    """Foreign CPU load: one process spinning on every core this machine has, for the test's duration.
+
+    Yields the number of burners. They run at the same priority as the job, so the ranks get a share of the cores
+    only; timings stretch, and a clean run must still read clean.
+    """
+    n = os.cpu_count() or 2
+    burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
+    try:
+        yield n
+    finally:
+        for p in burners:
+            p.kill()
+        for p in burners:
+            p.wait()
