@@ -287,7 +287,7 @@ def _between_columns(values: list[BetweenFields | None]) -> NDArray[np.int64]:
     if values.count(None) == n:
         return np.full((n, width), UNKNOWN, dtype=np.int64)
     flat = chain.from_iterable(repeat(None, width) if v is None else _between_kinds_of(v) for v in values)
-    col, absent = _ints_or_absent(list(flat))
+    col, _ = _ints_or_absent(list(flat))
     if (col < 0).any():
         raise _SlowPathError
     col = col.reshape(n, width)

@@ -328,7 +328,7 @@ _NO_BETWEEN = [UNKNOWN] * len(BETWEEN_KINDS)
 _NET_FIELDS = ("seq", "size_bytes", "group_size", "peer")
 
 
-def _table_of_records(records: Iterable[StepRecord], *, notes: tuple[Note, ...]) -> RecordTable:
+def _table_of_records(records: Iterable[StepRecord], *, notes: tuple[Note, ...]) -> RecordTable:  # noqa: PLR0915 - one field after another
     """Columns from record objects; names are coded in the order they first appear.
 
     Net fields are kept for comm and p2p intervals only (``peer`` for p2p, ``group_size`` for comm), as the JSON
@@ -603,7 +603,9 @@ def _validate_table(t: RecordTable) -> NDArray[np.intp]:  # noqa: C901, PLR0912,
             raise ParseError(f"{t.where_row(bad)}: {name} = {int(col[bad])} is below 0 (-1 means unknown)")
     # between_us: a row is all -1 (not measured) or every kind >= 0
     given = s.between_us >= 0
-    bad = _first((s.between_us < UNKNOWN).any(axis=1) | (given.any(axis=1) & ~given.all(axis=1)))
+    below = np.any(s.between_us < UNKNOWN, axis=1)
+    mixed = np.any(given, axis=1) & ~np.all(given, axis=1)
+    bad = _first(np.asarray(below | mixed))
     if bad is not None:
         raise ParseError(
             f"{t.where_row(bad)}: between_us = {s.between_us[bad].tolist()} must be all -1 (not measured) or all "

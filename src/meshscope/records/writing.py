@@ -190,11 +190,11 @@ def _table_lines(table: RecordTable) -> Iterator[list[_LineOut]]:
                 intervals=ivs,
                 stats=st,
                 gpu_util=util,
-                user_step=user_step,
+                user_step=user,
                 gap_before_us=gap,
                 between_steps=between,
             )
-            for step, rank, coord, node, domain, tier, gpu, start, end, ivs, st, util, user_step, gap, between in columns
+            for step, rank, coord, node, domain, tier, gpu, start, end, ivs, st, util, user, gap, between in columns
         ]
 
 
