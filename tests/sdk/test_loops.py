@@ -439,3 +439,16 @@ def test_a_plain_ddp_loop_needs_no_registration_and_its_records_analyse(fork_job
         assert one.between_steps is not None
         assert one.between_steps.eval_us == 0
     assert analyze(table).to_dict()
+
+
+def test_data_stats_between_a_fetch_and_its_step_go_to_that_step(listener) -> None:
+    sock, path = listener
+    tracker = _tracker(path)
+    tracker.data_stats(tokens=99)  # no fetch held, no step open: ignored
+    for i, _ in enumerate(tracker.data(SlowLoader(2, 0.0))):
+        tracker.data_stats(sequence_lengths=[3, 4 + i])  # after the fetch, before the step it opens
+        with tracker.step(i):
+            tracker.data_stats(tokens=1)
+    tracker.close()
+    records = _records(sock)
+    assert [(r.stats.tokens, r.stats.sequences, r.stats.longest_sequence) for r in records] == [(8, 2, 4), (9, 2, 5)]

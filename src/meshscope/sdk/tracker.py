@@ -373,6 +373,8 @@ class Tracker:
         self._fed_by: object = None
         """The data iterator whose held fetch the open step took, when :meth:`start_step` opened it."""
         self._unmatched_ends = 0
+        self._held_stats: StepState | None = None
+        """Data statistics given after a held fetch, before its step opened (only the stats fields are used)."""
         self._mesh_coord: dict[str, int] = {}
         self._coord_cache: dict[str, int] | None = None
         self._rss = RssPeak()
@@ -494,6 +496,10 @@ class Tracker:
     ) -> None:
         """Add what the data loader handed this rank in the current step (call once per micro-batch or once).
 
+        Between a :meth:`data` fetch and the step it opens (``for batch in tracker.data(loader):``, then
+        ``data_stats`` before ``with tracker.step()``) the numbers are held for that step; otherwise, outside a step,
+        they are ignored.
+
         Args:
             sequence_lengths: token count of every sequence (a list or a 1-D integer tensor). Gives tokens
                 (the sum), sequences, the longest sequence and the attention work Σ s² (tokens²).
@@ -502,7 +508,11 @@ class Tracker:
         """
         st = self._ops.step
         if st is None:
-            return
+            if self._fetch_ns is None:
+                return
+            if self._held_stats is None:
+                self._held_stats = StepState(0, 0, None)
+            st = self._held_stats
         try:
             if sequence_lengths is not None:
                 lengths = sequence_lengths.tolist() if hasattr(sequence_lengths, "tolist") else list(sequence_lengths)
@@ -711,23 +721,30 @@ class Tracker:
         stack = self._stack
         if stack and stack[-1].step is None:  # a phase open since before the step: its time until now
             self._between_piece(stack[-1], now)
-        start = now if self._fetch_ns is None else self._fetch_ns
-        st = StepState(number, start, ops.device_mark(now))
+        st = StepState(number, now if self._fetch_ns is None else self._fetch_ns, ops.device_mark(now))
         st.user_step = user_step
-        if self._prev_end_ns is not None:
-            st.gap_ns = max(0, start - self._prev_end_ns)
-            st.between_ns = self._between_ns
-        self._between_ns = {}
-        if self._pre_step:  # what ran since the held fetch started belongs to this step (host marks)
-            st.segments.extend((kind, phase, a, b) for _, kind, phase, a, b in self._pre_step)
-            self._pre_step = []
-        self._fed_by = self._fetch_from if explicit and self._fetch_ns is not None else None
-        self._fetch_ns = self._fetch_from = None
+        self._take_between(st, explicit=explicit)
         ops.step = st
         for frame in stack:  # phases opened before the step count from its start
             if frame.step is None:
                 frame.step, frame.seg_start = st, self._mark_for(frame.kind, now)
         return st
+
+    def _take_between(self, st: StepState, *, explicit: bool) -> None:
+        """Give the step opening now what happened since the previous one: its gap, a held fetch and its stats."""
+        if self._prev_end_ns is not None:
+            st.gap_ns = max(0, st.start_ns - self._prev_end_ns)
+            st.between_ns = self._between_ns
+        self._between_ns = {}
+        held = self._held_stats
+        if held is not None:
+            st.tokens, st.sequences, st.longest, st.work = held.tokens, held.sequences, held.longest, held.work
+            self._held_stats = None
+        if self._pre_step:  # what ran since the held fetch started belongs to this step (host marks)
+            st.segments.extend((kind, phase, a, b) for _, kind, phase, a, b in self._pre_step)
+            self._pre_step = []
+        self._fed_by = self._fetch_from if explicit and self._fetch_ns is not None else None
+        self._fetch_ns = self._fetch_from = None
 
     def _end_step(self, now: int | None = None) -> None:
         ops = self._ops
@@ -827,6 +844,7 @@ class Tracker:
                     self._between_ns[between] = self._between_ns.get(between, 0) + (b - a)
                 self._pre_step = []
                 self._fetch_ns = self._fetch_from = None
+                self._held_stats = None
         except Exception as exc:  # noqa: BLE001
             self.fault("data", exc)
 
