@@ -2,9 +2,10 @@
 
 Why it exists: the step breakdown needs, per rank and step, *when* the rank computed, loaded data, stepped the
 optimizer and sat in which collective of which axis. A researcher adds a few lines (``tracker.step`` or
-``tracker.start_step``, ``tracker.data(loader)``, ``tracker.phase``, ``tracker.data_stats``); everything else -- every collective, point-to-point op, attention call,
-DDP's tail wait, pipeline stage phases -- is captured by :mod:`meshscope.sdk.capture` and reported to the tracker's
-operation log (:mod:`meshscope.sdk.operations`), which appends it to the open step.
+``tracker.start_step``, ``tracker.data(loader)``, ``tracker.phase``, ``tracker.data_stats``); everything else --
+every collective, point-to-point op, attention call, DDP's tail wait, pipeline stage phases -- is captured by
+:mod:`meshscope.sdk.capture` and reported to the tracker's operation log (:mod:`meshscope.sdk.operations`), which
+appends it to the open step.
 
 Between steps the tracker keeps time too: each record carries the gap since the rank's previous step ended and the
 phases timed in it (``gap_before_us``, ``between_steps``), and a fetch made before its step opened (``tracker.data``)
