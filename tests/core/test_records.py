@@ -17,10 +17,12 @@ import pytest
 import meshscope.records.reading as records_module
 from meshscope.errors import ParseError
 from meshscope.records import (
+    BETWEEN_KINDS,
     COMM_CODE,
     KIND_CODE,
     OP_CODE,
     SCHEMA,
+    BetweenSteps,
     DataStats,
     Interval,
     IntervalColumns,
@@ -90,6 +92,9 @@ def make_record(rank: int = 0, step: int = 0, *, job: str = "demo", **overrides)
             peak_memory_bytes=123_456_789,
         ),
         "gpu_util": 0.97,
+        "user_step": step % 2,
+        "gap_before_us": 2_500,
+        "between_steps": BetweenSteps(checkpoint_us=1_500, eval_us=500),
     }
     fields.update(overrides)
     return StepRecord(**fields)
@@ -159,6 +164,53 @@ def test_a_table_is_written_as_its_records_json(tmp_path):
     ]
 
 
+def test_loop_fields_read_as_columns_with_minus_one_for_unknown(tmp_path):
+    # user_step, gap_before_us and between_steps: optional; the table holds -1 where a record leaves them out, and a
+    # between_steps object gives 0 for the kinds it leaves out.
+    records = [
+        make_record(0, 0, user_step=None, gap_before_us=None, between_steps=None),
+        make_record(0, 1, user_step=0, gap_before_us=180_000, between_steps=BetweenSteps(checkpoint_us=150_000)),
+        make_record(0, 2, user_step=None, gap_before_us=40, between_steps=BetweenSteps()),
+    ]
+    path = tmp_path / "loop.jsonl"
+    write_records(path, records)
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    assert "user_step" not in lines[0]
+    assert "gap_before_us" not in lines[0]
+    assert "between_steps" not in lines[0]
+    assert lines[1]["between_steps"] == {"checkpoint": 150_000}
+    assert lines[2]["between_steps"] == {}
+    for table in (read_table(path), RecordTable.from_records(records)):
+        s = table.steps
+        assert s.user_step.tolist() == [-1, 0, -1]
+        assert s.gap_before_us.tolist() == [-1, 180_000, 40]
+        checkpoint = BETWEEN_KINDS.index("checkpoint")
+        assert s.between_us.tolist()[0] == [-1] * len(BETWEEN_KINDS)
+        assert s.between_us[1, checkpoint] == 150_000
+        assert s.between_us[1].sum() == 150_000
+        assert s.between_us.tolist()[2] == [0] * len(BETWEEN_KINDS)
+        assert table.to_records() == tuple(records)
+    assert read_records(path).records == tuple(records)
+    write_records(tmp_path / "again.jsonl", read_table(path))  # the table writer writes the same lines
+    assert (tmp_path / "again.jsonl").read_text() == path.read_text()
+
+
+@pytest.mark.parametrize(
+    ("change", "fragment"),
+    [
+        ({"user_step": -1}, "user_step = -1 is below 0"),
+        ({"gap_before_us": -5}, "gap_before_us = -5 is below 0"),
+        ({"gap_before_us": 1.5}, "gap_before_us = 1.5 (float); expected a whole number"),
+        ({"between_steps": {"checkpoint": -2}}, "between_steps: checkpoint = -2 is below 0"),
+        ({"between_steps": [1]}, "between_steps = '[1]' (list); expected a JSON object"),
+    ],
+    ids=["user-step", "gap", "gap-float", "between-negative", "between-list"],
+)
+def test_loop_field_errors_in_both_readers(tmp_path, change, fragment):
+    path = write_lines(tmp_path / "r.jsonl", [good_json(1), good_json(2, **change)])
+    _both_readers_raise(path, f"{path} line 2", fragment)
+
+
 def test_table_columns_hold_codes_and_the_rows_they_belong_to():
     table = RecordTable.from_records(sample_records())
     assert table.n_rows == 8
@@ -222,6 +274,9 @@ def test_from_arrays_builds_the_same_table_as_from_records():
             attention_work=[2.1e8] * 2,
             attention_us=[5100] * 2,
             peak_memory_bytes=[123_456_789] * 2,
+            user_step=[0, 0],
+            gap_before_us=[2_500] * 2,
+            between_us=[[0, 0, 0, 1_500, 500]] * 2,
         ),
         intervals=IntervalColumns.build(
             row=e.row,
@@ -640,6 +695,7 @@ def _mutations():
     yield from (("line", None, key) for key in [*obj, "extra"])
     yield from (("coord", None, key) for key in [*obj["coord"], "extra"])
     yield from (("stats", None, key) for key in obj["stats"])
+    yield from (("between", None, key) for key in [*BETWEEN_KINDS, "extra"])
     for index in range(4):
         assert obj["intervals"][index]["kind"] == ["data", "compute", "comm", "p2p"][index]
         yield from (("interval", index, key) for key in _INTERVAL_FIELDS)
@@ -654,7 +710,7 @@ def _records_or_none(path):
 
 def _mutated(place, index, key, value):
     obj = good_json(1)
-    target = {"line": obj, "coord": obj["coord"], "stats": obj["stats"]}.get(place)
+    target = {"line": obj, "coord": obj["coord"], "stats": obj["stats"], "between": obj["between_steps"]}.get(place)
     if target is None:
         target = obj["intervals"][index]
     if value is _DELETE:

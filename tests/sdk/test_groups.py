@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from meshscope.sdk.groups import axis_of_name, infer_from_layout, make_group, p2p_axis, p2p_group_id
+from meshscope.sdk.groups import (
+    axis_of_name,
+    implied_layout,
+    infer_from_layout,
+    make_group,
+    p2p_axis,
+    p2p_group_id,
+)
 from meshscope.topology.layout import MeshAxis, ParallelLayout
 
 
@@ -67,3 +74,13 @@ def test_group_ids_come_from_the_first_member_and_p2p_ids_from_the_direction() -
     assert p2p_axis(LAYOUT, 1, 5) is MeshAxis.PP
     assert p2p_axis(LAYOUT, 0, 3) is None  # differs along tp and dp
     assert p2p_axis(None, 0, 4) is None
+
+
+def test_a_job_that_says_nothing_implies_dp_over_the_world() -> None:
+    # No MESHSCOPE_LAYOUT and nothing registered (a plain DDP/FSDP script): the world group is the dp group, as the
+    # coords (dp = rank) already say; a smaller group stays unexplained, one process has no groups to explain.
+    layout = implied_layout(4)
+    assert layout is not None
+    assert infer_from_layout(layout, [0, 1, 2, 3]) == ("dp", MeshAxis.DP)
+    assert infer_from_layout(layout, [0, 1]) is None
+    assert implied_layout(1) is None

@@ -8,9 +8,11 @@ import random
 
 import pytest
 
-from meshscope.records import _parse_record
+from meshscope import records
+from meshscope.records import BetweenSteps, _parse_record
 from meshscope.sdk.clocks import HostClock
 from meshscope.sdk.steps import (
+    BETWEEN_KINDS,
     WAIT,
     OpMeta,
     RecordHeader,
@@ -168,6 +170,12 @@ def _random_step(rng: random.Random) -> StepState:
         st.tokens, st.sequences, st.longest, st.work = 96, 3, 64, 4096.5
         st.attention = [(10**9 + 100 * US, 10**9 + 130 * US)]
         st.peak_memory_bytes = 123_456_789
+    if rng.random() < 0.5:
+        st.user_step = rng.randint(0, 50)
+    if rng.random() < 0.7:
+        st.gap_ns = rng.randint(0, 10**9)
+        kinds = ["data", "compute", "optimizer", "checkpoint", "eval"]
+        st.between_ns = {k: rng.randint(0, 3000) for k in rng.sample(kinds, rng.randint(0, 5))}
     return st
 
 
@@ -184,7 +192,16 @@ def test_the_encoded_record_is_the_json_of_the_reference_record(clock: HostClock
         data = encode_record(st, intervals, header=RecordHeader(header), sdk=sdk)
         assert data == json.dumps({**reference, "sdk": sdk}, separators=(",", ":"), ensure_ascii=False).encode()
         assert intervals.incomplete == incomplete == sum(op[1] is None for op in st.ops)
-        _parse_record(json.loads(data), "encoded")  # and it is a valid record
+        record = _parse_record(json.loads(data), "encoded")  # and it is a valid record
+        assert record.user_step == st.user_step
+        assert record.gap_before_us == (None if st.gap_ns is None else st.gap_ns // 1000)
+        if st.gap_ns is not None:
+            between = {f"{k}_us": ns // 1000 for k, ns in st.between_ns.items()}
+            assert record.between_steps == BetweenSteps(**between)
+
+
+def test_the_sdk_writes_the_between_steps_kinds_of_the_schema() -> None:
+    assert BETWEEN_KINDS == records.BETWEEN_KINDS
 
 
 def test_waiting_is_cut_out_of_compute_and_an_optimizer_phase_is_never_lost(clock: HostClock) -> None:

@@ -30,6 +30,7 @@ from meshscope.records.parsing import _parse_record, record_to_json
 from meshscope.records.reading import default_workers, read_records, read_table
 from meshscope.records.schema import (
     AXIS_CODE,
+    BETWEEN_KINDS,
     COMM_CODE,
     COMPUTE_CODE,
     KIND_CODE,
@@ -43,6 +44,7 @@ from meshscope.records.schema import (
     SCHEMA,
     SYMMETRIC_OPS,
     UNKNOWN,
+    BetweenSteps,
     CommOp,
     DataStats,
     Interval,
@@ -57,6 +59,7 @@ from meshscope.records.writing import write_records
 
 __all__ = [
     "AXIS_CODE",
+    "BETWEEN_KINDS",
     "COMM_CODE",
     "COMPUTE_CODE",
     "KINDS",
@@ -70,6 +73,7 @@ __all__ = [
     "SCHEMA",
     "SYMMETRIC_OPS",
     "UNKNOWN",
+    "BetweenSteps",
     "CommOp",
     "DataStats",
     "Interval",

@@ -40,6 +40,7 @@ from meshscope.records.decoding import _decode_batch, _raw_batches
 from meshscope.records.parsing import _parse_record, record_to_json
 from meshscope.records.schema import (
     AXIS_CODE,
+    BETWEEN_KINDS,
     COMM_CODE,
     COMPUTE_CODE,
     KIND_CODE,
@@ -99,6 +100,16 @@ class StatsFields(msgspec.Struct, frozen=True, omit_defaults=True, gc=False):
 
 
 _NO_STATS = StatsFields()
+
+
+class BetweenFields(msgspec.Struct, frozen=True, omit_defaults=True, gc=False):
+    """A record's ``between_steps`` (read and written; kinds of :data:`BETWEEN_KINDS`, absent ones left out)."""
+
+    data: int | None = None
+    compute: int | None = None
+    optimizer: int | None = None
+    checkpoint: int | None = None
+    eval: int | None = None
 
 
 # One type per interval kind, told apart by ``kind`` (a tagged union, decoded in C): each declares only the fields
@@ -170,6 +181,9 @@ class _Line(msgspec.Struct, gc=False):
     gpu: int | None = None
     stats: StatsFields | None = _NO_STATS
     gpu_util: float | None = None
+    user_step: int | None = None
+    gap_before_us: int | None = None
+    between_steps: BetweenFields | None = None
 
 
 _decode_line = msgspec.json.Decoder(_Line).decode
@@ -177,6 +191,8 @@ _decode_line = msgspec.json.Decoder(_Line).decode
 _schema_of, _job_of, _intervals_of, _coord_of = (attrgetter(k) for k in ("schema", "job", "intervals", "coord"))
 _node_of, _domain_of, _tier_of = attrgetter("node"), attrgetter("nvlink_domain"), attrgetter("network_tier")
 _gpu_of, _util_of, _stats_of = attrgetter("gpu"), attrgetter("gpu_util"), attrgetter("stats")
+_user_step_of, _gap_of, _between_of = attrgetter("user_step"), attrgetter("gap_before_us"), attrgetter("between_steps")
+_between_kinds_of = attrgetter(*BETWEEN_KINDS)
 _row_ints_of = attrgetter("rank", "step", "start_us", "end_us")
 _axes_of = attrgetter(*(a.value for a in AXES))
 _start_of, _end_of, _phase_of = attrgetter("start_us"), attrgetter("end_us"), attrgetter("phase")
@@ -258,6 +274,26 @@ def _optional_ints(values: Iterable[int | None]) -> NDArray[np.int64]:
     if (col < 0).any():
         raise _SlowPathError
     return np.where(absent, UNKNOWN, col)
+
+
+def _between_columns(values: list[BetweenFields | None]) -> NDArray[np.int64]:
+    """``between_steps`` as rows of :data:`BETWEEN_KINDS`: -1 throughout where left out, 0 for a kind left out.
+
+    Raises:
+        _SlowPathError: for a negative value (which would read as "unknown").
+    """
+    n = len(values)
+    width = len(BETWEEN_KINDS)
+    if values.count(None) == n:
+        return np.full((n, width), UNKNOWN, dtype=np.int64)
+    flat = chain.from_iterable(repeat(None, width) if v is None else _between_kinds_of(v) for v in values)
+    col, _ = _ints_or_absent(list(flat))
+    if (col < 0).any():
+        raise _SlowPathError
+    col = col.reshape(n, width)
+    missing = np.fromiter(map(_is_none, values), dtype=bool, count=n)
+    col[missing] = UNKNOWN
+    return col
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -415,6 +451,9 @@ class _TableBuilder:
             "network_tier": self._codes("network_tier", list(map(_tier_of, lines)), pending),
             "gpu": gpu.astype(np.int32),
             "gpu_util": util,
+            "user_step": _optional_ints(map(_user_step_of, lines)),
+            "gap_before_us": _optional_ints(map(_gap_of, lines)),
+            "between_us": _between_columns(list(map(_between_of, lines))),
         }
         stats = list(map(_stats_of, lines))
         if None in stats:  # "stats": null

@@ -15,10 +15,12 @@ from typing import Any
 from meshscope.errors import ParseError
 from meshscope.records.schema import (
     AXIS_CODE,
+    BETWEEN_KINDS,
     KIND_CODE,
     OP_CODE,
     PHASE_CODE,
     SCHEMA,
+    BetweenSteps,
     CommOp,
     DataStats,
     Interval,
@@ -159,6 +161,14 @@ def _parse_record(obj: object, where: str) -> StepRecord:
     network_tier = _str(d, "network_tier", where, required=False)
     gpu = _int(d, "gpu", where, required=False, minimum=0)
     gpu_util = _number(d, "gpu_util", where)
+    user_step = _int(d, "user_step", where, required=False, minimum=0)
+    gap_before_us = _int(d, "gap_before_us", where, required=False, minimum=0)
+    between_obj = d.get("between_steps")
+    between = None
+    if between_obj is not None:
+        bo = _object(between_obj, where, "between_steps")
+        bw = f"{where}: between_steps"
+        between = BetweenSteps(**{f"{k}_us": _int(bo, k, bw, required=False, minimum=0) or 0 for k in BETWEEN_KINDS})
     try:
         return StepRecord(
             job=job,
@@ -174,6 +184,9 @@ def _parse_record(obj: object, where: str) -> StepRecord:
             gpu=gpu,
             stats=stats,
             gpu_util=gpu_util,
+            user_step=user_step,
+            gap_before_us=gap_before_us,
+            between_steps=between,
         )
     except ParseError as exc:
         raise ParseError(f"{where}: {exc}") from None
@@ -220,4 +233,10 @@ def record_to_json(record: StepRecord) -> dict[str, Any]:
         out["stats"] = stats
     if record.gpu_util is not None:
         out["gpu_util"] = record.gpu_util
+    if record.user_step is not None:
+        out["user_step"] = record.user_step
+    if record.gap_before_us is not None:
+        out["gap_before_us"] = record.gap_before_us
+    if record.between_steps is not None:
+        out["between_steps"] = record.between_steps.as_dict()
     return out

@@ -81,6 +81,10 @@ OP_CODE: dict[str, int] = {o.value: i for i, o in enumerate(OPS)}
 AXIS_CODE: dict[str, int] = {a.value: i for i, a in enumerate(AXES)}
 """Axis codes are indices into :data:`meshscope.topology.layout.AXES` (dp, tp, pp, cp, ep)."""
 
+BETWEEN_KINDS: tuple[str, ...] = ("data", "compute", "optimizer", "checkpoint", "eval")
+"""Keys of a record's ``between_steps`` in code order (``StepColumns.between_us`` columns): what a rank measured
+between its previous step and this one. ``compute`` holds the compute phases (forward, backward, recompute, compute)."""
+
 COMPUTE_CODE = KIND_CODE["compute"]
 COMM_CODE = KIND_CODE["comm"]
 P2P_CODE = KIND_CODE["p2p"]
@@ -196,6 +200,34 @@ class DataStats:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class BetweenSteps:
+    """What a rank measured between its previous step's end and this step's start, microseconds per kind.
+
+    Phases opened outside a step (``tracker.phase("checkpoint")``, ``"eval"``) are timed, the innermost owning the
+    time; the rest of the gap (``StepRecord.gap_before_us`` minus the sum) is unlabelled host time.
+    """
+
+    data_us: int = 0
+    """Data-loader phases (``tracker.phase("data")``) outside a step."""
+    compute_us: int = 0
+    """Compute phases (forward, backward, recompute, compute) outside a step."""
+    optimizer_us: int = 0
+    """Optimizer phases outside a step."""
+    checkpoint_us: int = 0
+    """Checkpoint save or load outside a step."""
+    eval_us: int = 0
+    """Evaluation (``tracker.phase("eval")``) outside a step."""
+
+    def as_dict(self) -> dict[str, int]:
+        """The non-zero kinds as the ``between_steps`` object on disk (keys of :data:`BETWEEN_KINDS`)."""
+        return {k: v for k in BETWEEN_KINDS if (v := getattr(self, f"{k}_us"))}
+
+    def total_us(self) -> int:
+        """Sum over the kinds, microseconds."""
+        return sum(getattr(self, f"{k}_us") for k in BETWEEN_KINDS)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class StepRecord:
     """One rank's one step (schema ``meshscope.step/1``)."""
 
@@ -225,6 +257,14 @@ class StepRecord:
     """Data-loader statistics."""
     gpu_util: float | None = None
     """Reported GPU utilisation over the step, ratio 0–1 (DCGM ``GPU_UTIL`` / 100); ``None`` if not measured."""
+    user_step: int | None = None
+    """The step number the training loop gave, where it differs from ``step`` (a loop that restarts its count every
+    epoch: the SDK renumbers so that ``(rank, step)`` stays unique); ``None``: the same as ``step``."""
+    gap_before_us: int | None = None
+    """Microseconds between this rank's previous step's end and this step's start (same clock); ``None`` for the
+    first step or when not measured."""
+    between_steps: BetweenSteps | None = None
+    """What that gap was spent on, per kind; ``None`` when not measured."""
 
     def __post_init__(self) -> None:
         """Check the step's own numbers and that no interval lies wholly outside it.
@@ -232,9 +272,9 @@ class StepRecord:
         Raises:
             ParseError: naming the field, its value and what would fit.
         """
-        for name in ("step", "rank"):
+        for name in ("step", "rank", "user_step", "gap_before_us"):
             value = getattr(self, name)
-            if value < 0:
+            if value is not None and value < 0:
                 raise ParseError(f"{name} = {value} is below 0")
         if self.end_us < self.start_us:
             raise ParseError(
@@ -242,6 +282,11 @@ class StepRecord:
             )
         if self.gpu_util is not None and not 0.0 <= self.gpu_util <= 1.0:
             raise ParseError(f"gpu_util = {self.gpu_util} must be a ratio in [0, 1] (DCGM percent / 100)")
+        if self.between_steps is not None:
+            for k in BETWEEN_KINDS:
+                value = getattr(self.between_steps, f"{k}_us")
+                if value < 0:
+                    raise ParseError(f"between_steps.{k} = {value} is below 0")
         for i, iv in enumerate(self.intervals):
             if iv.end_us < self.start_us or iv.start_us > self.end_us:
                 raise ParseError(

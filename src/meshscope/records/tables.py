@@ -21,6 +21,7 @@ import numpy as np
 from meshscope.errors import ParseError
 from meshscope.records.schema import (
     AXIS_CODE,
+    BETWEEN_KINDS,
     COMM_CODE,
     COMPUTE_CODE,
     KIND_CODE,
@@ -32,6 +33,7 @@ from meshscope.records.schema import (
     PHASE_CODE,
     PHASES,
     UNKNOWN,
+    BetweenSteps,
     DataStats,
     Interval,
     IntervalKind,
@@ -87,6 +89,14 @@ class StepColumns:
     attention_work: NDArray[np.float64]
     attention_us: NDArray[np.int64]
     peak_memory_bytes: NDArray[np.int64]
+    user_step: NDArray[np.int64]
+    """The training loop's own step number where it differs from ``step``, or -1 (the same as ``step``)."""
+    gap_before_us: NDArray[np.int64]
+    """Microseconds since the rank's previous step ended, or -1 (first step, not measured)."""
+    between_us: NDArray[np.int64]
+    """Shape ``(rows, 5)``, columns in :data:`~meshscope.records.schema.BETWEEN_KINDS` order (data, compute,
+    optimizer, checkpoint, eval): microseconds of each kind measured in that gap; -1 where the record has no
+    ``between_steps``, 0 for a kind it leaves out."""
     source_file: NDArray[np.int32]
     """Index into ``RecordTable.source_files`` the row was read from, or -1 (built from arrays)."""
     source_line: NDArray[np.int64]
@@ -112,6 +122,9 @@ class StepColumns:
         attention_work: ArrayLike | None = None,
         attention_us: ArrayLike | None = None,
         peak_memory_bytes: ArrayLike | None = None,
+        user_step: ArrayLike | None = None,
+        gap_before_us: ArrayLike | None = None,
+        between_us: ArrayLike | None = None,
         source_file: ArrayLike | None = None,
         source_line: ArrayLike | None = None,
     ) -> StepColumns:
@@ -125,6 +138,10 @@ class StepColumns:
         c = np.zeros((n, len(AXES)), dtype=np.int64) if coord is None else np.asarray(coord, dtype=np.int64)
         if c.shape != (n, len(AXES)):
             raise ParseError(f"column coord has shape {c.shape}; expected ({n}, {len(AXES)}), axes {AXES}")
+        width = len(BETWEEN_KINDS)
+        b = np.full((n, width), UNKNOWN, dtype=np.int64) if between_us is None else np.asarray(between_us, np.int64)
+        if b.shape != (n, width):
+            raise ParseError(f"column between_us has shape {b.shape}; expected ({n}, {width}), kinds {BETWEEN_KINDS}")
         i64, i32, f64 = np.int64, np.int32, np.float64
         return cls(
             rank=r,
@@ -143,6 +160,9 @@ class StepColumns:
             attention_work=_column(attention_work, n, f64, math.nan, "attention_work"),
             attention_us=_column(attention_us, n, i64, UNKNOWN, "attention_us"),
             peak_memory_bytes=_column(peak_memory_bytes, n, i64, UNKNOWN, "peak_memory_bytes"),
+            user_step=_column(user_step, n, i64, UNKNOWN, "user_step"),
+            gap_before_us=_column(gap_before_us, n, i64, UNKNOWN, "gap_before_us"),
+            between_us=np.ascontiguousarray(b),
             source_file=_column(source_file, n, i32, UNKNOWN, "source_file"),
             source_line=_column(source_line, n, i64, UNKNOWN, "source_line"),
         )
@@ -304,10 +324,11 @@ class RecordTable:
 
 
 _ROW_FIELDS = ("tokens", "sequences", "longest_sequence", "attention_us", "peak_memory_bytes")
+_NO_BETWEEN = [UNKNOWN] * len(BETWEEN_KINDS)
 _NET_FIELDS = ("seq", "size_bytes", "group_size", "peer")
 
 
-def _table_of_records(records: Iterable[StepRecord], *, notes: tuple[Note, ...]) -> RecordTable:
+def _table_of_records(records: Iterable[StepRecord], *, notes: tuple[Note, ...]) -> RecordTable:  # noqa: PLR0915 - one field after another
     """Columns from record objects; names are coded in the order they first appear.
 
     Net fields are kept for comm and p2p intervals only (``peer`` for p2p, ``group_size`` for comm), as the JSON
@@ -327,6 +348,7 @@ def _table_of_records(records: Iterable[StepRecord], *, notes: tuple[Note, ...])
     job: tuple[str, str] | None = None
     rows: dict[str, list[Any]] = {k: [] for k in ("rank", "step", "start_us", "end_us", "coord", "gpu", "gpu_util")}
     rows.update({k: [] for k in ("node", "nvlink_domain", "network_tier", *_ROW_FIELDS, "attention_work")})
+    rows.update({k: [] for k in ("user_step", "gap_before_us", "between_us")})
     ivs: dict[str, list[Any]] = {k: [] for k in ("row", "kind", "start_us", "end_us", "phase", "axis", "op", "group")}
     ivs.update({k: [] for k in _NET_FIELDS})
     for i, rec in enumerate(records):
@@ -348,6 +370,12 @@ def _table_of_records(records: Iterable[StepRecord], *, notes: tuple[Note, ...])
             rows[name].append(UNKNOWN if value is None else value)
         work = rec.stats.attention_work
         rows["attention_work"].append(math.nan if work is None else work)
+        rows["user_step"].append(UNKNOWN if rec.user_step is None else rec.user_step)
+        rows["gap_before_us"].append(UNKNOWN if rec.gap_before_us is None else rec.gap_before_us)
+        between = rec.between_steps
+        rows["between_us"].append(
+            _NO_BETWEEN if between is None else [getattr(between, f"{k}_us") for k in BETWEEN_KINDS]
+        )
         for iv in rec.intervals:
             net = iv.kind in {IntervalKind.COMM, IntervalKind.P2P}
             ivs["row"].append(i)
@@ -369,9 +397,10 @@ def _table_of_records(records: Iterable[StepRecord], *, notes: tuple[Note, ...])
     if big is not None:
         raise ParseError(f"group_size = {int(group_size[big])} is more than {np.iinfo(np.int32).max} ranks")
     coord = np.asarray(rows.pop("coord"), dtype=np.int64).reshape(n, len(AXES))
+    between_us = np.asarray(rows.pop("between_us"), dtype=np.int64).reshape(n, len(BETWEEN_KINDS))
     return RecordTable(
         job=job[0] if job else "",
-        steps=StepColumns.build(coord=coord, **rows),
+        steps=StepColumns.build(coord=coord, between_us=between_us, **rows),
         intervals=IntervalColumns.build(group_size=group_size, **ivs),
         node_names=tuple(codes["node"]),
         nvlink_domain_names=tuple(codes["nvlink_domain"]),
@@ -455,6 +484,11 @@ def _row_record(table: RecordTable, i: int, intervals: list[Interval]) -> StepRe
             peak_memory_bytes=_opt_int(s.peak_memory_bytes[i]),
         ),
         gpu_util=_opt_float(s.gpu_util[i]),
+        user_step=_opt_int(s.user_step[i]),
+        gap_before_us=_opt_int(s.gap_before_us[i]),
+        between_steps=None
+        if s.between_us[i, 0] < 0
+        else BetweenSteps(**{f"{k}_us": int(s.between_us[i, j]) for j, k in enumerate(BETWEEN_KINDS)}),
     )
 
 
@@ -512,6 +546,8 @@ def _validate_table(t: RecordTable) -> NDArray[np.intp]:  # noqa: C901, PLR0912,
         "attention_work",
         "attention_us",
         "peak_memory_bytes",
+        "user_step",
+        "gap_before_us",
         "source_file",
         "source_line",
     ):
@@ -519,6 +555,8 @@ def _validate_table(t: RecordTable) -> NDArray[np.intp]:  # noqa: C901, PLR0912,
             raise ParseError(f"step column {name} has shape {getattr(s, name).shape}; expected ({n},)")
     if s.coord.shape != (n, len(AXES)):
         raise ParseError(f"step column coord has shape {s.coord.shape}; expected ({n}, {len(AXES)})")
+    if s.between_us.shape != (n, len(BETWEEN_KINDS)):
+        raise ParseError(f"step column between_us has shape {s.between_us.shape}; expected ({n}, {len(BETWEEN_KINDS)})")
     m = len(iv)
     for name in ("kind", "start_us", "end_us", "phase", "axis", "op", "group", "seq", "size_bytes"):
         if getattr(iv, name).shape != (m,):
@@ -549,11 +587,30 @@ def _validate_table(t: RecordTable) -> NDArray[np.intp]:  # noqa: C901, PLR0912,
         raise ParseError(
             f"{t.where_row(bad)}: gpu_util = {float(util[bad])} must be a ratio in [0, 1] (DCGM percent / 100)"
         )
-    for name in ("gpu", "tokens", "sequences", "longest_sequence", "attention_us", "peak_memory_bytes"):
+    for name in (
+        "gpu",
+        "tokens",
+        "sequences",
+        "longest_sequence",
+        "attention_us",
+        "peak_memory_bytes",
+        "user_step",
+        "gap_before_us",
+    ):
         col = getattr(s, name)
         bad = _first(col < UNKNOWN)
         if bad is not None:
             raise ParseError(f"{t.where_row(bad)}: {name} = {int(col[bad])} is below 0 (-1 means unknown)")
+    # between_us: a row is all -1 (not measured) or every kind >= 0
+    given = s.between_us >= 0
+    below = np.any(s.between_us < UNKNOWN, axis=1)
+    mixed = np.any(given, axis=1) & ~np.all(given, axis=1)
+    bad = _first(np.asarray(below | mixed))
+    if bad is not None:
+        raise ParseError(
+            f"{t.where_row(bad)}: between_us = {s.between_us[bad].tolist()} must be all -1 (not measured) or all "
+            f">= 0, kinds {BETWEEN_KINDS}"
+        )
     _check_unique_rank_steps(t)
     # -- intervals
     if m == 0:

@@ -19,9 +19,19 @@ from typing import TYPE_CHECKING, Any, BinaryIO, Literal
 import msgspec
 import numpy as np
 
-from meshscope.records.building import CoordFields, StatsFields
+from meshscope.records.building import BetweenFields, CoordFields, StatsFields
 from meshscope.records.parsing import record_to_json
-from meshscope.records.schema import COMM_CODE, KINDS, OPS, P2P_CODE, PHASES, SCHEMA, UNKNOWN, StepRecord
+from meshscope.records.schema import (
+    BETWEEN_KINDS,
+    COMM_CODE,
+    KINDS,
+    OPS,
+    P2P_CODE,
+    PHASES,
+    SCHEMA,
+    UNKNOWN,
+    StepRecord,
+)
 from meshscope.records.tables import RecordTable
 from meshscope.topology import AXES
 
@@ -110,6 +120,9 @@ class _LineOut(msgspec.Struct, kw_only=True, omit_defaults=True, gc=False):
     intervals: list[_IntervalOut]
     stats: StatsFields | None = None
     gpu_util: float | None = None
+    user_step: int | None = None
+    gap_before_us: int | None = None
+    between_steps: BetweenFields | None = None
 
 
 def _named(codes: NDArray[Any], names: Iterable[str]) -> list[str | None]:
@@ -156,6 +169,9 @@ def _table_lines(table: RecordTable) -> Iterator[list[_LineOut]]:
             per_row,
             stats,
             _optional(s.gpu_util[rows], ~np.isnan(s.gpu_util[rows])),
+            _optional(s.user_step[rows], s.user_step[rows] >= 0),
+            _optional(s.gap_before_us[rows], s.gap_before_us[rows] >= 0),
+            _chunk_between(s.between_us[rows]),
             strict=True,
         )
         yield [
@@ -174,8 +190,11 @@ def _table_lines(table: RecordTable) -> Iterator[list[_LineOut]]:
                 intervals=ivs,
                 stats=st,
                 gpu_util=util,
+                user_step=user,
+                gap_before_us=gap,
+                between_steps=between,
             )
-            for step, rank, coord, node, domain, tier, gpu, start, end, ivs, st, util in columns
+            for step, rank, coord, node, domain, tier, gpu, start, end, ivs, st, util, user, gap, between in columns
         ]
 
 
@@ -207,6 +226,17 @@ def _chunk_intervals(iv: Any, sel: NDArray[np.intp], groups: tuple[str, ...]) ->
             net_ints(iv.group_size, least=1),
         )
     )
+
+
+def _chunk_between(between: NDArray[np.int64]) -> list[BetweenFields | None]:
+    """Each row's ``between_steps`` (zero kinds left out, as ``BetweenSteps.as_dict``), ``None`` for a row without."""
+    given = between[:, 0] >= 0
+    if not given.any():
+        return [None] * len(between)
+    return [
+        BetweenFields(**{k: v for k, v in zip(BETWEEN_KINDS, row, strict=True) if v}) if has else None
+        for row, has in zip(between.tolist(), given.tolist(), strict=True)
+    ]
 
 
 def _chunk_stats(table: RecordTable, rows: slice) -> list[StatsFields | None]:

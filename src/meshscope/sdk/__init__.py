@@ -16,6 +16,10 @@ for step in range(steps):
             loss.backward()
         with tracker.phase("optimizer"):
             optimizer.step()
+
+for batch in tracker.data(loader):          # or: each fetch is the data phase of the step that uses the batch
+    tracker.start_step()                    # no re-indenting: ends the previous step, opens the next
+    ...
 ```
 
 Collectives, point-to-point ops, attention time and peak memory are captured without further code (``docs/sdk.md``).

@@ -138,6 +138,15 @@ def infer_from_layout(layout: ParallelLayout, ranks: Sequence[int]) -> tuple[str
     return None
 
 
+def implied_layout(world_size: int) -> ParallelLayout | None:
+    """The layout a job implies when it gives none and registers nothing: data parallelism over the world.
+
+    It matches the coords such a rank reports (``dp = rank``), so the world group (a plain DDP or FSDP script's
+    default group) is the dp group; any smaller group stays unexplained. ``None`` for a single process.
+    """
+    return ParallelLayout(dp=world_size) if world_size > 1 else None
+
+
 def p2p_axis(layout: ParallelLayout | None, rank: int, peer: int) -> MeshAxis | None:
     """The one axis along which ``rank`` and ``peer`` differ, or ``None`` (no layout, or several axes differ)."""
     if layout is None:

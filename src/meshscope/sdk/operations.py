@@ -25,7 +25,15 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Final
 
 from meshscope.sdk.clocks import HostClock
-from meshscope.sdk.groups import GroupInfo, axis_of_name, infer_from_layout, make_group, p2p_axis, p2p_group_id
+from meshscope.sdk.groups import (
+    GroupInfo,
+    axis_of_name,
+    implied_layout,
+    infer_from_layout,
+    make_group,
+    p2p_axis,
+    p2p_group_id,
+)
 from meshscope.sdk.steps import END, HANDLE, ISSUED, START, WAIT, OpMeta
 
 if TYPE_CHECKING:
@@ -160,6 +168,9 @@ class Operations:
             pg: Any = group
             if hasattr(group, "get_group") and not hasattr(group, "group_name"):  # a 1-D DeviceMesh
                 pg = pg.get_group()
+            if not self._registered and self.settings.layout is None:  # resolved under the implied layout: again
+                self._groups.clear()
+                self._by_name.clear()
             self._registered[pg.group_name] = (name, axis)
             self._groups.pop(id(pg), None)
             self._by_name.pop(pg.group_name, None)
@@ -200,6 +211,8 @@ class Operations:
             axis = axis_of_name(desc) if desc else None
             name = re.sub(r"^mesh_", "", desc) if axis is not None else (desc or "group")
             layout = self.settings.layout
+            if layout is None and not self._registered:
+                layout = implied_layout(self.settings.world_size)
             if axis is None and layout is not None:
                 inferred = infer_from_layout(layout, ranks)
                 if inferred is not None:

@@ -29,6 +29,9 @@ MERGE_GAP_US: Final = 20
 OPTIMIZER: Final = "optimizer"
 DEVICE_KINDS: Final = frozenset({"compute", OPTIMIZER})
 """Interval kinds whose marks are device marks and from which blocked windows are cut."""
+BETWEEN_KINDS: Final = ("data", "compute", "optimizer", "checkpoint", "eval")
+"""Keys of a record's ``between_steps``, in the order written (``meshscope.records.BETWEEN_KINDS``; a test holds the
+two equal, the SDK must not import the records package)."""
 
 # One captured operation is a flat list, the only object the hot path allocates per operation. Its slots:
 START: Final = 0
@@ -95,9 +98,11 @@ class StepState:
 
     __slots__ = (
         "attention",
+        "between_ns",
         "end_mark",
         "end_ns",
         "finished_at",
+        "gap_ns",
         "longest",
         "ops",
         "peak_memory_bytes",
@@ -107,6 +112,7 @@ class StepState:
         "start_ns",
         "step",
         "tokens",
+        "user_step",
         "windows",
         "work",
     )
@@ -130,6 +136,22 @@ class StepState:
         self.work: float | None = None
         self.peak_memory_bytes: int | None = None
         self.finished_at = 0
+        self.user_step: int | None = None
+        """The loop's own number where it differs from :attr:`step` (the record's ``user_step``)."""
+        self.gap_ns: int | None = None
+        """Host ns since the rank's previous step ended (``None``: the first step)."""
+        self.between_ns: dict[str, int] = {}
+        """Host ns of the phases timed in that gap, by :data:`BETWEEN_KINDS` key."""
+
+
+def between_us(between_ns: Mapping[str, int]) -> dict[str, int]:
+    """A step's ``between_steps``: whole µs per kind in :data:`BETWEEN_KINDS` order, kinds under 1 µs left out."""
+    out = {}
+    for kind in BETWEEN_KINDS:
+        us = between_ns.get(kind, 0) // 1000
+        if us > 0:
+            out[kind] = us
+    return out
 
 
 def merge_windows(windows: list[tuple[int, int]]) -> list[tuple[int, int]]:
@@ -314,32 +336,7 @@ def build_record(
         device: marks may be CUDA events (left out when not yet completed).
     """
     p = StepIntervals(st, clock, device=device)
-    intervals: list[dict[str, Any]] = []
-    for s_us, e_us, kind, phase, rec in p.intervals:
-        if rec is None:
-            iv: dict[str, Any] = {"kind": kind, "start_us": s_us, "end_us": e_us}
-            if phase is not None:
-                iv["phase"] = phase
-        else:
-            m: OpMeta = rec[META]
-            iv = {
-                "kind": m.kind,
-                "start_us": s_us,
-                "end_us": e_us,
-                "axis": m.axis,
-                "op": m.op,
-                "group": m.group,
-                "seq": rec[SEQ],
-            }
-            if rec[NBYTES] is not None:
-                iv["bytes"] = rec[NBYTES]
-            if phase is not None:
-                iv["wait_us"] = phase
-            if m.group_size is not None:
-                iv["group_size"] = m.group_size
-            if m.peer is not None:
-                iv["peer"] = m.peer
-        intervals.append(iv)
+    intervals = [_interval_dict(*piece) for piece in p.intervals]
     record = dict(header)
     record["step"] = st.step
     record["start_us"] = p.start_us
@@ -348,7 +345,33 @@ def build_record(
     if p.stats:
         record["stats"] = p.stats
     record["gpu_util"] = None
+    if st.user_step is not None:
+        record["user_step"] = st.user_step
+    if st.gap_ns is not None:
+        record["gap_before_us"] = st.gap_ns // 1000
+        record["between_steps"] = between_us(st.between_ns)
     return record, p.incomplete
+
+
+def _interval_dict(s_us: int, e_us: int, kind: str, phase: Any, rec: list[Any] | None) -> dict[str, Any]:  # noqa: ANN401 - a phase piece's slot holds its phase, an operation's its wait
+    """One interval of :func:`build_record`: a phase piece, or an operation from its :class:`OpMeta`."""
+    if rec is None:
+        iv: dict[str, Any] = {"kind": kind, "start_us": s_us, "end_us": e_us}
+        if phase is not None:
+            iv["phase"] = phase
+        return iv
+    m: OpMeta = rec[META]
+    iv = {"kind": m.kind, "start_us": s_us, "end_us": e_us, "axis": m.axis, "op": m.op, "group": m.group}
+    iv["seq"] = rec[SEQ]
+    if rec[NBYTES] is not None:
+        iv["bytes"] = rec[NBYTES]
+    if phase is not None:
+        iv["wait_us"] = phase
+    if m.group_size is not None:
+        iv["group_size"] = m.group_size
+    if m.peer is not None:
+        iv["peer"] = m.peer
+    return iv
 
 
 class RecordHeader:
@@ -396,9 +419,12 @@ def encode_record(st: StepState, p: StepIntervals, *, header: RecordHeader, sdk:
             wait = "" if phase is None else f',"wait_us":{phase}'
             add(f'{m.head}{s_us},"end_us":{e_us}{m.middle}{rec[SEQ]}{size}{wait}{m.tail}')
     stats = f',"stats":{_JSON(p.stats)}' if p.stats else ""
+    loop = "" if st.user_step is None else f',"user_step":{st.user_step}'
+    if st.gap_ns is not None:
+        loop += f',"gap_before_us":{st.gap_ns // 1000},"between_steps":{_JSON(between_us(st.between_ns))}'
     text = (
         f'{header.before_step}{st.step}{header.after_step},"start_us":{p.start_us},"end_us":{p.end_us},'
-        f'"intervals":[{",".join(parts)}]{stats},"gpu_util":null,"sdk":{_JSON(sdk)}}}'
+        f'"intervals":[{",".join(parts)}]{stats},"gpu_util":null{loop},"sdk":{_JSON(sdk)}}}'
     )
     return text.encode()
 

@@ -1,10 +1,16 @@
 """The tracker: turns one rank's training steps into ``meshscope.step/1`` records and hands them to the transport.
 
 Why it exists: the step breakdown needs, per rank and step, *when* the rank computed, loaded data, stepped the
-optimizer and sat in which collective of which axis. A researcher adds a few lines (``tracker.step``,
-``tracker.phase``, ``tracker.data_stats``); everything else -- every collective, point-to-point op, attention call,
-DDP's tail wait, pipeline stage phases -- is captured by :mod:`meshscope.sdk.capture` and reported to the tracker's
-operation log (:mod:`meshscope.sdk.operations`), which appends it to the open step.
+optimizer and sat in which collective of which axis. A researcher adds a few lines (``tracker.step`` or
+``tracker.start_step``, ``tracker.data(loader)``, ``tracker.phase``, ``tracker.data_stats``); everything else --
+every collective, point-to-point op, attention call, DDP's tail wait, pipeline stage phases -- is captured by
+:mod:`meshscope.sdk.capture` and reported to the tracker's operation log (:mod:`meshscope.sdk.operations`), which
+appends it to the open step.
+
+Between steps the tracker keeps time too: each record carries the gap since the rank's previous step ended and the
+phases timed in it (``gap_before_us``, ``between_steps``), and a fetch made before its step opened (``tracker.data``)
+is moved into that step. Step numbers are the loop's while they increase, renumbered (the loop's kept as
+``user_step``) when they repeat, so ``(rank, step)`` stays unique.
 
 The tracker's rooms: steps and phases (here), the operations of a step and their groups
 (:class:`~meshscope.sdk.operations.Operations`), a step's intervals and its encoded record (:mod:`meshscope.sdk.steps`),
@@ -32,10 +38,11 @@ from __future__ import annotations
 import atexit
 import contextlib
 import logging
+import operator
 import os
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, Generic, TypeVar
 
 from meshscope.sdk.groups import axis_of_name
 from meshscope.sdk.measurements import Measurements
@@ -53,7 +60,7 @@ from meshscope.sdk.transport import CONTROL_SCHEMA, RECORD_SCHEMA, RecordSender,
 from meshscope.topology import AXES, MeshAxis
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable, Mapping
+    from collections.abc import Iterable, Iterator, Mapping
     from types import TracebackType
 
     from meshscope.sdk.clocks import Mark
@@ -61,6 +68,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("meshscope.sdk")
 _perf_ns = time.perf_counter_ns
+_T = TypeVar("_T")
 
 MAX_DEFERRED_STEPS: Final = 4
 """Steps a record may wait for its operations to complete before they are left out (and counted)."""
@@ -75,9 +83,21 @@ PHASES: Final[dict[str, tuple[str, str | None]]] = {
     "compute": ("compute", None),
     "optimizer": ("optimizer", None),
     "checkpoint": ("checkpoint", None),
+    "eval": ("compute", None),
 }
 """Phase names :meth:`Tracker.phase` accepts -> (interval kind, compute phase). ``compute`` is compute of unknown
-phase; the innermost phase wins where phases nest."""
+phase, and so is ``eval`` inside a step; the innermost phase wins where phases nest."""
+BETWEEN_KIND_OF_PHASE: Final[dict[str, str]] = {
+    "data": "data",
+    "forward": "compute",
+    "backward": "compute",
+    "recompute": "compute",
+    "compute": "compute",
+    "optimizer": "optimizer",
+    "checkpoint": "checkpoint",
+    "eval": "eval",
+}
+"""Phase name -> its key in a record's ``between_steps`` when the phase runs between two steps."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -95,10 +115,12 @@ class TrackerCounters:
     incomplete_ops: int = 0
     """Operations left out of a record because they had not completed :data:`MAX_DEFERRED_STEPS` steps later."""
     phases_outside_step: int = 0
-    """Phases entered while no step was open (not recorded)."""
+    """Phases entered while no step was open (timed into the next record's ``between_steps``)."""
     uncaptured_ddp: int = 0
     """DDP models that got a comm hook of the user's before the tracker started (a reducer takes one hook, once): the
     reducer's wait for their buckets is not timed, and a builtin hook's all-reduces are not captured at all."""
+    unmatched_end_steps: int = 0
+    """:meth:`Tracker.end_step` calls while no step was open (ignored)."""
 
     def as_dict(self) -> dict[str, int]:
         """The counters as a plain mapping (the ``sdk`` object of a record)."""
@@ -110,17 +132,23 @@ class TrackerCounters:
             "incomplete_ops": self.incomplete_ops,
             "phases_outside_step": self.phases_outside_step,
             "uncaptured_ddp": self.uncaptured_ddp,
+            "unmatched_end_steps": self.unmatched_end_steps,
         }
 
 
 class _Frame:
-    """An open phase on the phase stack."""
+    """An open phase on the phase stack.
 
-    __slots__ = ("kind", "phase", "seg_start", "step")
+    In a step (``step`` set) ``seg_start`` is a mark of the piece the frame owns; between steps (``step`` is
+    ``None``) it is host ``perf_counter_ns``, and the pieces are timed under ``between`` (a ``between_steps`` key).
+    """
 
-    def __init__(self, kind: str, phase: str | None, seg_start: Mark, step: StepState | None) -> None:
+    __slots__ = ("between", "kind", "phase", "seg_start", "step")
+
+    def __init__(self, kind: str, phase: str | None, between: str, seg_start: Mark, step: StepState | None) -> None:
         self.kind = kind
         self.phase = phase
+        self.between = between
         self.seg_start = seg_start
         self.step = step
 
@@ -128,16 +156,17 @@ class _Frame:
 class _PhaseContext:
     """Reusable context manager of one phase name (stateless: the stack lives on the tracker)."""
 
-    __slots__ = ("kind", "phase", "tracker")
+    __slots__ = ("between", "kind", "phase", "tracker")
 
-    def __init__(self, tracker: Tracker, kind: str, phase: str | None) -> None:
+    def __init__(self, tracker: Tracker, kind: str, phase: str | None, between: str) -> None:
         self.tracker = tracker
         self.kind = kind
         self.phase = phase
+        self.between = between
 
     def __enter__(self) -> None:
         try:
-            self.tracker._push(self.kind, self.phase)  # noqa: SLF001 - the context is the tracker's own helper
+            self.tracker._push(self.kind, self.phase, self.between)  # noqa: SLF001 - the context is the tracker's own helper
         except Exception as exc:  # noqa: BLE001
             self.tracker.fault("phase", exc)
 
@@ -149,15 +178,16 @@ class _PhaseContext:
 
 
 class _StepContext:
-    __slots__ = ("step", "tracker")
+    __slots__ = ("opened", "step", "tracker")
 
-    def __init__(self, tracker: Tracker, step: int) -> None:
+    def __init__(self, tracker: Tracker, step: int | None) -> None:
         self.tracker = tracker
         self.step = step
+        self.opened: StepState | None = None
 
     def __enter__(self) -> None:
         try:
-            self.tracker._start_step(self.step)  # noqa: SLF001
+            self.opened = self.tracker._start_step(self.step, explicit=False)  # noqa: SLF001
         except Exception as exc:  # noqa: BLE001
             self.tracker.fault("step start", exc)
 
@@ -165,9 +195,65 @@ class _StepContext:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         try:
-            self.tracker._end_step()  # noqa: SLF001
+            # Only the step this context opened (a nested one that failed to open, or one already ended by
+            # ``start_step`` inside the block, leaves the open step alone).
+            if self.opened is not None and self.tracker._step is self.opened:  # noqa: SLF001
+                self.tracker._end_step()  # noqa: SLF001
         except Exception as err:  # noqa: BLE001
             self.tracker.fault("step end", err)
+        self.opened = None
+
+
+class _DataIterator(Generic[_T]):
+    """Iterates a loader, timing each ``next()`` as the ``data`` phase of the step the batch is for.
+
+    A fetch while no step is open is held and given to the next step that opens: that step starts where the fetch
+    started and carries it as its ``data`` interval (so ``for batch in tracker.data(loader): with tracker.step():``
+    charges every fetch to the step that consumes its batch). A fetch inside an open step is that step's ``data``
+    phase, except in the loop ``for batch in tracker.data(loader): tracker.start_step()``: a step that
+    :meth:`Tracker.start_step` opened right after a fetch of this iterator ends where this iterator's next fetch
+    starts, since that fetch is for the next step (and the loader's end ends the last step).
+    """
+
+    __slots__ = ("_it", "_tracker")
+
+    def __init__(self, tracker: Tracker, it: Iterator[_T]) -> None:
+        self._tracker = tracker
+        self._it = it
+
+    def __iter__(self) -> _DataIterator[_T]:
+        return self
+
+    def __next__(self) -> _T:
+        tracker = self._tracker
+        try:
+            token = tracker._fetch_begin(self)  # noqa: SLF001
+        except Exception as exc:  # noqa: BLE001
+            tracker.fault("data", exc)
+            token = None
+        try:
+            batch = next(self._it)
+        except BaseException:  # StopIteration and the loader's own errors go on to the loop unchanged
+            tracker._fetch_end(token, failed=True)  # noqa: SLF001
+            raise
+        tracker._fetch_end(token, failed=False)  # noqa: SLF001
+        return batch
+
+
+class _Data(Generic[_T]):
+    """What :meth:`Tracker.data` returns: an iterable like the loader (each ``iter()`` starts the loader anew)."""
+
+    __slots__ = ("_loader", "_tracker")
+
+    def __init__(self, tracker: Tracker, loader: Iterable[_T]) -> None:
+        self._tracker = tracker
+        self._loader = loader
+
+    def __iter__(self) -> _DataIterator[_T]:
+        return _DataIterator(self._tracker, iter(self._loader))
+
+    def __len__(self) -> int:
+        return len(self._loader)  # type: ignore[arg-type]  # TypeError, as len() of the loader itself
 
 
 class _NullContext:
@@ -198,9 +284,19 @@ class NullTracker:
     def register_mesh(self, mesh: object) -> None:
         """Do nothing."""
 
-    def step(self, step: int) -> _NullContext:  # noqa: ARG002 - same signature as the real tracker
+    def step(self, step: int | None = None) -> _NullContext:  # noqa: ARG002 - same signature as the real tracker
         """A context that does nothing."""
         return _NULL_CONTEXT
+
+    def start_step(self, step: int | None = None) -> None:
+        """Do nothing."""
+
+    def end_step(self) -> None:
+        """Do nothing."""
+
+    def data(self, loader: Iterable[_T]) -> Iterable[_T]:
+        """The loader itself."""
+        return loader
 
     def phase(self, name: str) -> _NullContext:  # noqa: ARG002
         """A context that does nothing."""
@@ -270,7 +366,25 @@ class Tracker:
         self._stack: list[_Frame] = []
         self._pending: list[StepState] = []
         self._head: RecordHeader | None = None
-        self._phase_contexts = {name: _PhaseContext(self, kind, ph) for name, (kind, ph) in PHASES.items()}
+        self._phase_contexts = {
+            name: _PhaseContext(self, kind, ph, BETWEEN_KIND_OF_PHASE[name]) for name, (kind, ph) in PHASES.items()
+        }
+        self._last_step: int | None = None
+        """The previous record's step number (numbering, :meth:`_number`)."""
+        self._prev_end_ns: int | None = None
+        """Host ns at which the previous step ended (``None`` before the first)."""
+        self._between_ns: dict[str, int] = {}
+        """Phases timed since the previous step ended (before any pending fetch), ns per ``between_steps`` key."""
+        self._pre_step: list[tuple[str, str, str | None, int, int]] = []
+        """Pieces (between key, kind, phase, start ns, end ns) since the first pending fetch: the next step's."""
+        self._fetch_ns: int | None = None
+        """Start of the first fetch held for the next step (:class:`_DataIterator`), host ns."""
+        self._fetch_from: object = None
+        self._fed_by: object = None
+        """The data iterator whose held fetch the open step took, when :meth:`start_step` opened it."""
+        self._unmatched_ends = 0
+        self._held_stats: StepState | None = None
+        """Data statistics given after a held fetch, before its step opened (only the stats fields are used)."""
         self._mesh_coord: dict[str, int] = {}
         self._coord_cache: dict[str, int] | None = None
         self._rss = RssPeak()
@@ -323,13 +437,52 @@ class Tracker:
         except Exception as exc:  # noqa: BLE001
             self.fault("register_mesh", exc)
 
-    def step(self, step: int) -> _StepContext:
+    def step(self, step: int | None = None) -> _StepContext:
         """Context manager around one training step; its record is sent when it ends (one step late on GPU).
 
         Args:
-            step: the step number (>= 0, unique per rank: ``(rank, step)`` names a record).
+            step: the loop's step number (an integer >= 0), or ``None`` for the next one. The record's ``step`` is
+                this number while the numbers increase; a number that repeats or goes backwards (a count that
+                restarts every epoch) gets the next free one, and the loop's number is kept as ``user_step``.
         """
         return _StepContext(self, step)
+
+    def start_step(self, step: int | None = None) -> None:
+        """Start a step without a ``with`` block; a step still open is ended first (the loop's top is enough).
+
+        Same numbering and record as :meth:`step`. ``while True: tracker.start_step(); ...`` records every pass of
+        the body; the last step ends at :meth:`end_step`, the next ``start_step``, the end of a
+        :meth:`data` loop, or :meth:`close`. Never raises.
+        """
+        try:
+            if self._ops.step is not None:
+                self._end_step()
+            self._start_step(step, explicit=True)
+        except Exception as exc:  # noqa: BLE001
+            self.fault("step start", exc)
+
+    def end_step(self) -> None:
+        """End the open step (its record is sent as at the end of a ``with tracker.step()``).
+
+        With no step open it does nothing but count (``unmatched_end_steps``). Never raises.
+        """
+        try:
+            if self._ops.step is None:
+                self._unmatched_ends += 1
+                return
+            self._end_step()
+        except Exception as exc:  # noqa: BLE001
+            self.fault("step end", exc)
+
+    def data(self, loader: Iterable[_T]) -> Iterable[_T]:
+        """Wrap a data loader so that each batch's fetch is the ``data`` phase of the step that consumes it.
+
+        ``for batch in tracker.data(loader):`` with ``with tracker.step():`` or ``tracker.start_step()`` at the top
+        of the body: the fetch happens before the step opens, so it is held and the step opened next starts where
+        the fetch started (:class:`_DataIterator` has the rules). ``len()`` is the loader's; each ``iter()`` iterates
+        the loader anew (one wrapper serves every epoch). The loader's batches and exceptions pass unchanged.
+        """
+        return _Data(self, loader)
 
     def phase(self, name: str) -> _PhaseContext | _NullContext:
         """Context manager around a part of the step, named as in :data:`PHASES`.
@@ -353,6 +506,10 @@ class Tracker:
     ) -> None:
         """Add what the data loader handed this rank in the current step (call once per micro-batch or once).
 
+        Between a :meth:`data` fetch and the step it opens (``for batch in tracker.data(loader):``, then
+        ``data_stats`` before ``with tracker.step()``) the numbers are held for that step; otherwise, outside a step,
+        they are ignored.
+
         Args:
             sequence_lengths: token count of every sequence (a list or a 1-D integer tensor). Gives tokens
                 (the sum), sequences, the longest sequence and the attention work Σ s² (tokens²).
@@ -361,7 +518,11 @@ class Tracker:
         """
         st = self._ops.step
         if st is None:
-            return
+            if self._fetch_ns is None:
+                return
+            if self._held_stats is None:
+                self._held_stats = StepState(0, 0, None)
+            st = self._held_stats
         try:
             if sequence_lengths is not None:
                 lengths = sequence_lengths.tolist() if hasattr(sequence_lengths, "tolist") else list(sequence_lengths)
@@ -446,6 +607,7 @@ class Tracker:
             "incomplete_ops": self._incomplete,
             "phases_outside_step": self._outside,
             "uncaptured_ddp": self._ops.uncaptured_ddp,
+            "unmatched_end_steps": self._unmatched_ends,
         }
 
     def counters(self) -> TrackerCounters:
@@ -458,6 +620,7 @@ class Tracker:
             incomplete_ops=self._incomplete,
             phases_outside_step=self._outside,
             uncaptured_ddp=self._ops.uncaptured_ddp,
+            unmatched_end_steps=self._unmatched_ends,
         )
 
     def close(self) -> None:
@@ -527,15 +690,39 @@ class Tracker:
 
     # ------------------------------------------------------------------ steps and phases
 
-    def _start_step(self, step: int) -> None:
+    def _number(self, step: int | None) -> tuple[int, int | None]:
+        """The record's step number and the loop's own number where it differs (``user_step``).
+
+        The loop's number is kept while the numbers increase (a resumed job may start at 1000); one that repeats or
+        goes backwards gets the previous record's number + 1, so ``(rank, step)`` stays unique. Every rank that makes
+        the same calls gets the same numbers.
+        """
+        last = self._last_step
+        following = 0 if last is None else last + 1
+        if step is None:
+            return following, None
+        try:
+            n = operator.index(step)
+            if n < 0:
+                raise ValueError(f"step {n} is below 0")  # noqa: TRY301 - one handler for every bad number
+        except (TypeError, ValueError) as exc:
+            self.fault("step number", exc)
+            return following, None
+        if last is None or n > last:
+            return n, None
+        return following, n
+
+    def _start_step(self, step: int | None, *, explicit: bool) -> StepState | None:
         if self._closed:
-            return
+            return None
         ops = self._ops
         if ops.step is not None:
             self.fault("step", RuntimeError(f"step {step} opened inside step {ops.step.step}; ignored"))
-            return
+            return None
         if not self._clock_chosen:
             self._choose_clock()
+        number, user_step = self._number(step)
+        self._last_step = number
         self._capture.patch_pipelining_if_loaded()
         ops.clock.on_step_start(self._steps_finished)
         if ops.on_device:
@@ -543,25 +730,50 @@ class Tracker:
         else:
             self._rss.reset()
         now = _perf_ns()
-        st = StepState(int(step), now, ops.device_mark(now))
+        stack = self._stack
+        if stack and stack[-1].step is None:  # a phase open since before the step: its time until now
+            self._between_piece(stack[-1], now)
+        st = StepState(number, now if self._fetch_ns is None else self._fetch_ns, ops.device_mark(now))
+        st.user_step = user_step
+        self._take_between(st, explicit=explicit)
         ops.step = st
-        for frame in self._stack:  # phases opened before the step count from its start
+        for frame in stack:  # phases opened before the step count from its start
             if frame.step is None:
                 frame.step, frame.seg_start = st, self._mark_for(frame.kind, now)
+        return st
 
-    def _end_step(self) -> None:
+    def _take_between(self, st: StepState, *, explicit: bool) -> None:
+        """Give the step opening now what happened since the previous one: its gap, a held fetch and its stats."""
+        if self._prev_end_ns is not None:
+            st.gap_ns = max(0, st.start_ns - self._prev_end_ns)
+            st.between_ns = self._between_ns
+        self._between_ns = {}
+        held = self._held_stats
+        if held is not None:
+            st.tokens, st.sequences, st.longest, st.work = held.tokens, held.sequences, held.longest, held.work
+            self._held_stats = None
+        if self._pre_step:  # what ran since the held fetch started belongs to this step (host marks)
+            st.segments.extend((kind, phase, a, b) for _, kind, phase, a, b in self._pre_step)
+            self._pre_step = []
+        self._fed_by = self._fetch_from if explicit and self._fetch_ns is not None else None
+        self._fetch_ns = self._fetch_from = None
+
+    def _end_step(self, now: int | None = None) -> None:
         ops = self._ops
         st = ops.step
         if st is None:
             return
-        now = _perf_ns()
+        if now is None:
+            now = _perf_ns()
         if self._stack and self._stack[-1].step is st:  # only the innermost open phase owns the time now
             top = self._stack[-1]
             st.segments.append((top.kind, top.phase, top.seg_start, self._mark_for(top.kind, now)))
         for frame in self._stack:
-            if frame.step is st:
-                frame.step = None
+            if frame.step is st:  # still open: timed between steps from now on
+                frame.step, frame.seg_start = None, now
         ops.step = None
+        self._prev_end_ns = now
+        self._fed_by = None
         st.end_ns = now
         st.end_mark = ops.device_mark(now)
         st.peak_memory_bytes = self._peak_memory()
@@ -573,18 +785,29 @@ class Tracker:
         self._pending.append(st)
         self._flush(final=False)
 
-    def _push(self, kind: str, phase: str | None) -> None:
-        now = _perf_ns()
+    def _between_piece(self, frame: _Frame, now: int) -> None:
+        """The piece ``frame`` owned between steps, from its ``seg_start`` (host ns) to ``now``."""
+        if self._fetch_ns is not None:
+            self._pre_step.append((frame.between, frame.kind, frame.phase, frame.seg_start, now))
+        else:
+            self._between_ns[frame.between] = self._between_ns.get(frame.between, 0) + (now - frame.seg_start)
+
+    def _push(self, kind: str, phase: str | None, between: str, now: int | None = None, *, count: bool = True) -> None:
+        if now is None:
+            now = _perf_ns()
         st = self._ops.step
         if st is None:
-            self._outside += 1
-            self._stack.append(_Frame(kind, phase, None, None))
+            if count:
+                self._outside += 1
+            if self._stack and self._stack[-1].step is None:
+                self._between_piece(self._stack[-1], now)
+            self._stack.append(_Frame(kind, phase, between, now, None))
             return
         if self._stack:
             top = self._stack[-1]
             if top.step is st:
                 st.segments.append((top.kind, top.phase, top.seg_start, self._mark_for(top.kind, now)))
-        self._stack.append(_Frame(kind, phase, self._mark_for(kind, now), st))
+        self._stack.append(_Frame(kind, phase, between, self._mark_for(kind, now), st))
 
     def _pop(self) -> None:
         if not self._stack:
@@ -592,12 +815,50 @@ class Tracker:
         now = _perf_ns()
         frame = self._stack.pop()
         st = self._ops.step
+        if frame.step is None:  # between steps
+            if st is None:
+                self._between_piece(frame, now)
+                if self._stack and self._stack[-1].step is None:
+                    self._stack[-1].seg_start = now
+            return
         if st is None or frame.step is not st:
             return
         st.segments.append((frame.kind, frame.phase, frame.seg_start, self._mark_for(frame.kind, now)))
         if self._stack and self._stack[-1].step is st:
             top = self._stack[-1]
             top.seg_start = self._mark_for(top.kind, now)
+
+    # ------------------------------------------------------------------ data loaders
+
+    def _fetch_begin(self, source: object) -> bool | None:
+        """Before a fetch of ``source``: ``None`` (not timed), ``False`` (the open step's phase), ``True`` (held)."""
+        if self._closed:
+            return None
+        now = _perf_ns()
+        if self._ops.step is not None and self._fed_by is source:  # the loop came back for the next batch
+            self._end_step(now)
+        if self._ops.step is not None:
+            self._push("data", None, "data", now)
+            return False
+        self._push("data", None, "data", now, count=False)
+        if self._fetch_ns is None:
+            self._fetch_ns, self._fetch_from = now, source
+        return True
+
+    def _fetch_end(self, token: bool | None, *, failed: bool) -> None:  # noqa: FBT001 - the token _fetch_begin gave
+        """After the fetch begun with ``token``; a failed one (the loader's end, its error) is no step's."""
+        if token is None:
+            return
+        try:
+            self._pop()
+            if token and failed:
+                for between, _, _, a, b in self._pre_step:
+                    self._between_ns[between] = self._between_ns.get(between, 0) + (b - a)
+                self._pre_step = []
+                self._fetch_ns = self._fetch_from = None
+                self._held_stats = None
+        except Exception as exc:  # noqa: BLE001
+            self.fault("data", exc)
 
     def _mark_for(self, kind: str, now: int) -> Mark:
         return self._ops.device_mark(now) if kind in DEVICE_KINDS else now

@@ -1,0 +1,454 @@
+"""Steps that fit real training loops: start_step/end_step, tracker.data(loader), step numbers, time between steps.
+
+One rank in this process, a real tracker sending to a real datagram socket; every record is read back under the
+shared schema (and, where it matters, through a file and the analysis).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import socket
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pytest
+
+from meshscope import sdk
+from meshscope.analysis import analyze
+from meshscope.records import IntervalKind, StepRecord, _parse_record, read_table
+from meshscope.sdk.transport import decode
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+MS = 1000  # µs
+SLACK_US = 250 * MS
+"""Upper margin on a loaded 2-core machine: a measured span is at least what the test slept and at most this more."""
+
+
+@pytest.fixture
+def listener(tmp_path: Path) -> Iterator[tuple[socket.socket, Path]]:
+    path = Path(f"/tmp/ms-loop-{tmp_path.name[-16:]}.sock")
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    path.unlink(missing_ok=True)
+    sock.bind(str(path))
+    sock.setblocking(False)
+    yield sock, path
+    sock.close()
+    path.unlink(missing_ok=True)
+
+
+def _tracker(path: Path, job: str = "loop") -> sdk.Tracker:
+    return sdk.Tracker(sdk.TrackerSettings(collector=f"unix:{path}", job=job, rank=0, world_size=1))
+
+
+def _raw_records(sock: socket.socket) -> list[dict]:
+    out = []
+    while True:
+        try:
+            message = decode(sock.recv(1 << 22))
+        except BlockingIOError:
+            return out
+        if message["schema"] == "meshscope.step/1":
+            out.append(message)
+
+
+def _records(sock: socket.socket) -> list[StepRecord]:
+    return [_parse_record(raw, f"record {i}") for i, raw in enumerate(_raw_records(sock))]
+
+
+def _kinds(rec: StepRecord) -> list[tuple[str, str | None]]:
+    return [(iv.kind.value, iv.phase.value if iv.phase else None) for iv in rec.intervals]
+
+
+def _span_us(rec: StepRecord, kind: IntervalKind) -> int:
+    return sum(iv.end_us - iv.start_us for iv in rec.intervals if iv.kind is kind)
+
+
+class SlowLoader:
+    """A loader whose every ``next()`` sleeps ``fetch_s`` (a deterministic data wait); ``len()`` works."""
+
+    def __init__(self, n: int, fetch_s: float) -> None:
+        self.n = n
+        self.fetch_s = fetch_s
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __iter__(self) -> Iterator[int]:
+        for i in range(self.n):
+            time.sleep(self.fetch_s)
+            yield i
+
+
+def _body(tracker: sdk.Tracker) -> None:
+    with tracker.phase("forward"):
+        time.sleep(0.002)
+    with tracker.phase("optimizer"):
+        pass
+
+
+# ---------------------------------------------------------------------------- start_step / end_step
+
+
+def test_start_step_and_end_step_give_the_records_of_the_context_manager(listener) -> None:
+    sock, path = listener
+    tracker = _tracker(path)
+    for i in range(3):
+        with tracker.step(i):
+            _body(tracker)
+    tracker.close()
+    with_block = _records(sock)
+    tracker = _tracker(path)
+    for i in range(3):
+        tracker.start_step(i)
+        _body(tracker)
+        tracker.end_step()
+    tracker.close()
+    calls = _records(sock)
+    assert [r.step for r in calls] == [r.step for r in with_block] == [0, 1, 2]
+    assert [_kinds(r) for r in calls] == [_kinds(r) for r in with_block]
+    assert [(r.user_step, r.gap_before_us is None) for r in calls] == [(None, True), (None, False), (None, False)]
+    assert [r.between_steps is None for r in calls] == [r.between_steps is None for r in with_block]
+    assert tracker.counters().unmatched_end_steps == 0
+
+
+def test_while_true_with_start_step_at_the_top_records_every_pass(listener) -> None:
+    sock, path = listener
+    tracker = _tracker(path)
+    passes = 0
+    while True:
+        tracker.start_step()  # ends the previous pass's step first
+        _body(tracker)
+        passes += 1
+        if passes == 4:
+            break
+    assert tracker.in_step  # the last one is open until end_step, the next start_step or close
+    tracker.end_step()
+    tracker.end_step()  # nothing open: counted, never raised
+    tracker.close()
+    records = _records(sock)
+    assert [r.step for r in records] == [0, 1, 2, 3]
+    assert all(("compute", "forward") in _kinds(r) for r in records)
+    assert all(r.end_us <= nxt.start_us for r, nxt in itertools.pairwise(records))
+    counters = tracker.counters()
+    assert counters.unmatched_end_steps == 1
+    assert counters.hook_errors == 0
+
+
+def test_bad_step_numbers_are_counted_and_numbered_never_raised(listener) -> None:
+    sock, path = listener
+    tracker = _tracker(path)
+    tracker.start_step(-3)
+    tracker.start_step("seven")  # type: ignore[arg-type]
+    tracker.end_step()
+    with tracker.step(2.5):  # type: ignore[arg-type]
+        pass
+    tracker.close()
+    assert [(r.step, r.user_step) for r in _records(sock)] == [(0, None), (1, None), (2, None)]
+    assert tracker.counters().hook_errors == 3
+
+
+def test_a_with_block_ends_only_the_step_it_opened(listener) -> None:
+    sock, path = listener
+    tracker = _tracker(path)
+    with tracker.step(0):
+        tracker.start_step(1)  # ends step 0, opens step 1: the block's exit leaves step 1 open
+    assert tracker.in_step
+    tracker.end_step()
+    tracker.close()
+    assert [r.step for r in _records(sock)] == [0, 1]
+
+
+# ---------------------------------------------------------------------------- tracker.data(loader)
+
+FETCH_S = 0.03
+
+
+@pytest.mark.parametrize("style", ["with-step", "start-step"])
+def test_each_fetch_is_the_data_phase_of_the_step_that_consumes_the_batch(listener, style: str) -> None:
+    sock, path = listener
+    tracker = _tracker(path)
+    loader = SlowLoader(4, FETCH_S)
+    data = tracker.data(loader)
+    assert len(data) == 4
+    consumed: list[int] = []
+    for batch in data:
+        if style == "with-step":
+            with tracker.step():
+                consumed.append(batch)
+                _body(tracker)
+        else:
+            tracker.start_step()  # the next fetch ends it; the loader's end ends the last one
+            consumed.append(batch)
+            _body(tracker)
+    if style == "start-step":
+        assert not tracker.in_step
+    tracker.close()
+    records = _records(sock)
+    assert consumed == [0, 1, 2, 3]
+    assert [r.step for r in records] == [0, 1, 2, 3]
+    for rec in records:
+        (fetch,) = [iv for iv in rec.intervals if iv.kind is IntervalKind.DATA]
+        assert fetch.start_us == rec.start_us  # the step starts where its batch's fetch started
+        assert FETCH_S * 1e6 <= fetch.end_us - fetch.start_us < FETCH_S * 1e6 + SLACK_US
+        forward = next(iv for iv in rec.intervals if iv.phase is not None)
+        assert forward.start_us >= fetch.end_us  # and the body comes after its fetch, in the same record
+        assert rec.end_us - rec.start_us >= FETCH_S * 1e6 + 2 * MS
+    for prev, rec in itertools.pairwise(records):
+        assert prev.end_us <= rec.start_us
+        assert rec.gap_before_us is not None
+        assert rec.gap_before_us < 20 * MS  # the next fetch is in the next step, not between the two
+    assert tracker.counters().phases_outside_step == 0
+    assert tracker.counters().hook_errors == 0
+
+
+def test_fetches_inside_a_step_are_its_data_phase(listener) -> None:
+    sock, path = listener
+    tracker = _tracker(path)
+    it = iter(tracker.data(SlowLoader(4, 0.01)))
+    for i in range(2):
+        with tracker.step(i):
+            for _ in range(2):  # gradient accumulation: two micro-batches per step
+                next(it)
+                _body(tracker)
+    tracker.close()
+    records = _records(sock)
+    assert [r.step for r in records] == [0, 1]
+    for rec in records:
+        assert [k for k in _kinds(rec) if k[0] == "data"] == [("data", None)] * 2
+        assert _span_us(rec, IntervalKind.DATA) >= 20 * MS
+
+
+def test_loader_errors_reach_the_loop_and_the_tracker_stays_usable(listener) -> None:
+    sock, path = listener
+    tracker = _tracker(path)
+
+    def broken() -> Iterator[int]:
+        yield 0
+        raise OSError("disk gone")
+
+    def loop() -> None:
+        for _ in tracker.data(broken()):
+            tracker.start_step()
+
+    with pytest.raises(OSError, match="disk gone"):
+        loop()
+    tracker.start_step()
+    tracker.close()
+    assert [r.step for r in _records(sock)] == [0, 1]
+    assert tracker.counters().hook_errors == 0
+
+
+def test_null_tracker_hands_the_loader_back_and_ignores_step_calls() -> None:
+    null = sdk.NullTracker()
+    loader = [1, 2, 3]
+    assert null.data(loader) is loader
+    null.start_step()
+    null.start_step(4)
+    null.end_step()
+    with null.step():
+        pass
+    assert null.counters() == sdk.TrackerCounters()
+
+
+# ---------------------------------------------------------------------------- step numbers
+
+
+def test_two_epochs_of_enumerate_give_unique_records_that_keep_the_loops_numbers(listener, tmp_path) -> None:
+    sock, path = listener
+    tracker = _tracker(path, job="epochs")
+    data = tracker.data(SlowLoader(3, 0.0))
+    for _epoch in range(2):
+        for i, _batch in enumerate(data):  # i restarts every epoch
+            with tracker.step(i):
+                _body(tracker)
+    tracker.close()
+    raw = _raw_records(sock)
+    assert [(r["step"], r.get("user_step")) for r in raw] == [
+        (0, None),
+        (1, None),
+        (2, None),
+        (3, 0),
+        (4, 1),
+        (5, 2),
+    ]
+    out = tmp_path / "records.jsonl"
+    out.write_text("".join(json.dumps({k: v for k, v in r.items() if k != "sdk"}) + "\n" for r in raw))
+    table = read_table(out)
+    assert table.steps.user_step.tolist() == [-1, -1, -1, 0, 1, 2]
+    analysis = analyze(table)  # no "rank 0 step 0 appears twice"
+    assert analysis.to_dict()
+
+
+@pytest.mark.parametrize(
+    ("calls", "expected"),
+    [
+        ([1000, 1001, 1002], [(1000, None), (1001, None), (1002, None)]),  # a resumed job keeps its numbers
+        ([0, 2, 4], [(0, None), (2, None), (4, None)]),  # gaps in increasing numbers are kept
+        ([5, 3, 9], [(5, None), (6, 3), (9, None)]),  # backwards: the next free number, the loop's kept
+        ([None, 7, None, 7], [(0, None), (7, None), (8, None), (9, 7)]),
+    ],
+    ids=["resumed", "increasing-gaps", "backwards", "mixed-none"],
+)
+def test_step_numbers_stay_the_loops_while_they_increase(listener, calls, expected) -> None:
+    sock, path = listener
+    tracker = _tracker(path)
+    for n in calls:
+        tracker.start_step(n)
+    tracker.close()
+    assert [(r.step, r.user_step) for r in _records(sock)] == expected
+
+
+# ---------------------------------------------------------------------------- time between steps
+
+
+def test_gap_before_us_is_the_time_between_two_steps(listener) -> None:
+    sock, path = listener
+    tracker = _tracker(path)
+    sleep_s = 0.05
+    outer_us: list[int] = []
+    before_end = 0
+    for i in range(3):
+        if i:
+            time.sleep(sleep_s)
+        with tracker.step(i):
+            if i:  # the test's own clock, from before the previous step ended to after this one started
+                outer_us.append((time.perf_counter_ns() - before_end) // 1000)
+            _body(tracker)
+            before_end = time.perf_counter_ns()
+    tracker.close()
+    records = _records(sock)
+    assert records[0].gap_before_us is None
+    assert records[0].between_steps is None
+    for rec, outer, prev in zip(records[1:], outer_us, records[:-1], strict=True):
+        assert rec.gap_before_us is not None
+        assert sleep_s * 1e6 <= rec.gap_before_us <= outer
+        assert rec.gap_before_us < sleep_s * 1e6 + SLACK_US
+        assert rec.start_us - prev.end_us in {rec.gap_before_us, rec.gap_before_us + 1}  # same clock (µs floors)
+        assert rec.between_steps is not None
+        assert rec.between_steps.total_us() == 0  # nothing labelled in the gap
+
+
+def test_phases_between_steps_are_timed_into_the_next_record(listener) -> None:
+    sock, path = listener
+    tracker = _tracker(path)
+    with tracker.step(0):
+        _body(tracker)
+    with tracker.phase("eval"):
+        time.sleep(0.03)
+        with tracker.phase("checkpoint"):  # the innermost phase owns the time
+            time.sleep(0.04)
+    time.sleep(0.02)  # unlabelled
+    with tracker.step(1):
+        _body(tracker)
+    with tracker.step(2):
+        _body(tracker)
+    tracker.close()
+    records = _records(sock)
+    one = records[1]
+    assert one.gap_before_us is not None
+    assert one.between_steps is not None
+    b = one.between_steps
+    assert 40 * MS <= b.checkpoint_us < 40 * MS + SLACK_US
+    assert 30 * MS <= b.eval_us < 30 * MS + SLACK_US
+    assert b.total_us() + 20 * MS <= one.gap_before_us < 90 * MS + SLACK_US
+    assert not any(iv.kind is IntervalKind.CHECKPOINT for iv in one.intervals)  # between steps, not in step 1
+    assert records[2].between_steps is not None
+    assert records[2].between_steps.total_us() == 0
+    assert tracker.counters().phases_outside_step == 2
+
+
+def test_a_phase_after_the_fetch_lands_in_the_step_that_the_fetch_opened(listener) -> None:
+    # A checkpoint between the fetch and the step: the step starts at its fetch, so the checkpoint is inside it.
+    sock, path = listener
+    tracker = _tracker(path)
+    for i, _ in enumerate(tracker.data(SlowLoader(2, 0.01))):
+        if i == 1:
+            with tracker.phase("checkpoint"):
+                time.sleep(0.03)
+        with tracker.step(i):
+            _body(tracker)
+    tracker.close()
+    records = _records(sock)
+    assert [k for k in _kinds(records[1]) if k[0] in {"data", "checkpoint"}] == [("data", None), ("checkpoint", None)]
+    assert _span_us(records[1], IntervalKind.CHECKPOINT) >= 30 * MS
+    assert records[1].between_steps is not None
+    assert records[1].between_steps.checkpoint_us == 0
+
+
+# ---------------------------------------------------------------------------- a real gloo job
+
+
+def _plain_ddp_loop(rank: int, world: int) -> dict[str, object]:
+    """The "five minutes" script: DDP with no registration, tracker.data, start_step, eval on rank 0 between steps."""
+    import torch  # noqa: PLC0415 - the forked rank's torch, pre-imported by conftest
+    from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: N817, PLC0415
+
+    tracker = sdk.tracker_from_env()  # after init_process_group, before the DDP wrap
+    torch.manual_seed(0)
+    model = DDP(torch.nn.Linear(8, 4))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    loader = [torch.full((2, 8), float(i + rank)) for i in range(3)]
+    for _epoch in range(2):
+        for i, batch in enumerate(tracker.data(loader)):
+            tracker.start_step(i)  # i restarts every epoch: the records renumber, user_step keeps i
+            with tracker.phase("forward"):
+                loss = model(batch).sum()
+            with tracker.phase("backward"):
+                loss.backward()
+            with tracker.phase("optimizer"):
+                optimizer.step()
+                optimizer.zero_grad()
+            if rank == 0 and i == 1:
+                tracker.end_step()
+                with tracker.phase("eval"):
+                    time.sleep(0.1)
+    counters = tracker.counters().as_dict()
+    tracker.close()
+    return {"counters": counters}
+
+
+@pytest.mark.slow
+def test_a_plain_ddp_loop_needs_no_registration_and_its_records_analyse(fork_job) -> None:
+    job = fork_job(_plain_ddp_loop, 2)  # no MESHSCOPE_LAYOUT, nothing registered
+    for result in job.results:
+        assert result["counters"]["hook_errors"] == 0
+        assert result["counters"]["unattributed_ops"] == 0
+    table = read_table(job.records_path)
+    by_rank: dict[int, list[StepRecord]] = {}
+    for rec in table.to_records():
+        by_rank.setdefault(rec.rank, []).append(rec)
+    for rank, records in by_rank.items():
+        records.sort(key=lambda r: r.step)
+        assert [(r.step, r.user_step) for r in records] == [(0, None), (1, None), (2, None), (3, 0), (4, 1), (5, 2)]
+        for rec in records:  # the world group of a plain DDP job is the dp group
+            assert [(str(iv.axis), str(iv.op), iv.group) for iv in rec.intervals if iv.axis] == [
+                ("dp", "all_reduce", "dp:0")
+            ], rank
+            assert any(iv.kind is IntervalKind.DATA for iv in rec.intervals)
+    for step in (2, 5):  # after rank 0's eval
+        (zero,) = [r for r in by_rank[0] if r.step == step]
+        assert zero.between_steps is not None
+        assert zero.between_steps.eval_us >= 100 * MS
+        assert zero.gap_before_us is not None
+        assert zero.gap_before_us >= zero.between_steps.eval_us
+        (one,) = [r for r in by_rank[1] if r.step == step]
+        assert one.between_steps is not None
+        assert one.between_steps.eval_us == 0
+    assert analyze(table).to_dict()
+
+
+def test_data_stats_between_a_fetch_and_its_step_go_to_that_step(listener) -> None:
+    sock, path = listener
+    tracker = _tracker(path)
+    tracker.data_stats(tokens=99)  # no fetch held, no step open: ignored
+    for i, _ in enumerate(tracker.data(SlowLoader(2, 0.0))):
+        tracker.data_stats(sequence_lengths=[3, 4 + i])  # after the fetch, before the step it opens
+        with tracker.step(i):
+            tracker.data_stats(tokens=1)
+    tracker.close()
+    records = _records(sock)
+    assert [(r.stats.tokens, r.stats.sequences, r.stats.longest_sequence) for r in records] == [(8, 2, 4), (9, 2, 5)]
