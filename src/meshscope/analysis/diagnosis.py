@@ -24,6 +24,7 @@ anything but the numbers it is given.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
@@ -75,9 +76,16 @@ STRAGGLER_MIN_EXCESS = 0.05
 """A straggler's phase is at least this much longer than its stage peers' (relative)."""
 STRAGGLER_CONSISTENCY = 0.75
 """A persistent straggler is above the rest of its stage in at least this share of its steps ..."""
+STEP_JITTER_SIGMAS = 1.5
+"""A straggler or slow link must cost at least this many robust standard deviations of the run's own step-to-step
+jitter (the median rank-step time of each step, over steps): on shared cores or a busy host, ranks differ by
+milliseconds for no reason a user can act on; an effect smaller than the run's own noise is not resolved."""
+TRANSIENT_MIN_SHARE = 0.03
+"""A transient straggler (slow in some steps only) costs at least this share of the step, amortised: one slow step
+in fifteen from a busy host is noise, not a rank to chase."""
 JITTER_SIGMAS = 3.0
-"""... by at least this many robust standard deviations of the rest's own step-to-step jitter (their rank-steps'
-distance from their median): thresholds follow the run's measured noise, not a fixed share."""
+"""... by at least this many standard errors of a median over its steps (the robust standard deviation of the
+rest's rank-steps around their median, ÷ √steps): thresholds follow the run's measured noise, not a fixed share."""
 WORK_RATIO = 1.10
 """Work (attention work, tokens, longest sequence) at or above this x the peers' median counts as "more work"."""
 IMBALANCE_MIN_EXCESS = 0.05
@@ -206,6 +214,8 @@ class _Context:
     work_ratio: NDArray[np.float64] | None
     """Per rank-step: its work ÷ its (step, stage) peers' median work; ``None`` when no work is measured."""
     work_name: str
+    step_jitter_us: float = 0.0
+    """Robust standard deviation over steps of each step's median rank-step time, µs."""
     contention: Note | None = None
     """The run's ``cpu_contention`` note (ranks outnumbered the cores they ran on), if any."""
 
@@ -242,6 +252,7 @@ class _Context:
             n_peer_groups=n_groups,
             work_ratio=work_ratio,
             work_name=work_name,
+            step_jitter_us=_robust_sigma(grouped_median(rs.step_index, rs.step_us, rs.n_steps)),
             contention=next((n for n in notes if n.code == CPU_CONTENTION), None),
         )
 
@@ -344,6 +355,7 @@ def _stragglers(ctx: _Context) -> list[Finding]:
     for slow in best.values():
         by_node.setdefault(int(rs.node_of_rank[slow.rank_index]), []).append(slow)
     findings = [_straggler_finding(ctx, sorted(group, key=lambda s: -s.excess_us)) for group in by_node.values()]
+    findings = [f for f in findings if f.cost_seconds_per_step * 1e6 >= STEP_JITTER_SIGMAS * ctx.step_jitter_us]
     findings.sort(key=lambda f: -f.cost_seconds_per_step)
     return findings[:MAX_STRAGGLER_FINDINGS]
 
@@ -375,7 +387,7 @@ def _persistent(ctx: _Context, phase: str) -> list[_Slow]:
     rest_rows = known & is_rest
     rest_excess = grouped_median(rs.rank_index[rest_rows], gap[rest_rows], rs.n_ranks)
     spread = NOISE_SIGMAS * _robust_sigma(rest_excess[np.isfinite(rest_excess)])
-    jitter = JITTER_SIGMAS * _robust_sigma(gap[rest_rows])
+    sigma = _robust_sigma(gap[rest_rows])
     out = []
     for i in suspects.tolist():
         mine = (rs.rank_index == i) & known
@@ -384,6 +396,8 @@ def _persistent(ctx: _Context, phase: str) -> list[_Slow]:
         over = float(np.median(gap[mine]))
         rest = float(np.median(ref[mine]))
         above = float(np.mean(gap[mine] > 0))
+        # The median of n noisy steps wanders by about sigma / sqrt(n): the bar for a median, not for one step.
+        jitter = JITTER_SIGMAS * sigma / math.sqrt(int(np.count_nonzero(mine)))
         if over < max(floor, spread, jitter, STRAGGLER_MIN_EXCESS * rest) or above < STRAGGLER_CONSISTENCY:
             continue
         out.append(_Slow(i, phase, over, rest + over, rest, int(np.count_nonzero(mine))))
@@ -394,8 +408,8 @@ def _transient(ctx: _Context, phase: str, *, exclude: dict[int, _Slow]) -> dict[
     """Ranks slow in some steps only: rank-steps above the same thresholds, their excess amortised over the steps.
 
     Under noise (shared cores, a busy host) every rank has a few slow steps; a transient straggler's amortised
-    excess must stand out from the other ranks' of its stage by the floor and by :data:`NOISE_SIGMAS` x their
-    spread.
+    excess must cost :data:`TRANSIENT_MIN_SHARE` of the step and stand out from the other ranks' of its stage by
+    that much and by :data:`NOISE_SIGMAS` x their spread.
     """
     rs = ctx.rs
     values = rs.us(phase)
@@ -417,8 +431,8 @@ def _transient(ctx: _Context, phase: str, *, exclude: dict[int, _Slow]) -> dict[
     stage, _ = _stage_sizes(rs)
     typical = grouped_median(stage, amortised, int(stage.max()) + 1)[stage]
     spread = NOISE_SIGMAS * _robust_sigma(amortised)
-    stands_out = (amortised - typical >= max(MIN_COST_SHARE * ctx.step_us, spread)) & (
-        amortised >= MIN_COST_SHARE * ctx.step_us
+    stands_out = (amortised - typical >= max(TRANSIENT_MIN_SHARE * ctx.step_us, spread)) & (
+        amortised >= TRANSIENT_MIN_SHARE * ctx.step_us
     )
     out = {}
     for i in _minority(rs, np.flatnonzero(stands_out), amortised).tolist():
@@ -444,7 +458,10 @@ def _straggler_finding(ctx: _Context, slow: list[_Slow]) -> Finding:
     rs = ctx.rs
     top = slow[0]
     i = top.rank_index
-    cost_s = top.excess_us / 1e6
+    # What it costs: the sync wait it made each waiting rank sit through (the cost table's own figure); its phase's
+    # excess where nobody waited on it in a collective (a job without communication).
+    caused = wait_caused(rs, i, int(np.argmax(rs.caused_per_step_us[i])))
+    cost_s = top.excess_us / 1e6 if caused is None else caused.per_member_seconds
     share = ctx.share(cost_s)
     node = rs.node_name(i)
     node_code = int(rs.node_of_rank[i])
@@ -469,20 +486,21 @@ def _straggler_finding(ctx: _Context, slow: list[_Slow]) -> Finding:
     when = "" if top.steps >= total_steps else f" in {top.steps} of its {total_steps} steps"
     message = (
         f"{who} slow in {phase_word}{when}: {human_seconds(top.phase_us / 1e6)} per {'slow ' * bool(when)}step vs "
-        f"{human_seconds(top.peer_us / 1e6)} on the rest of its stage{relative}"
-        f"{work}; every rank waits about {human_seconds(cost_s)} per step for it ({percent(share)} of the step"
-        f"{', amortised' if when else ''})"
+        f"{human_seconds(top.peer_us / 1e6)} on the rest of its stage{relative}{work}; "
     )
-    axis = int(np.argmax(rs.caused_per_step_us[i]))
-    caused = wait_caused(rs, i, axis)
-    if caused is not None:
-        message += f"; {caused.sentence()}"
+    amortised = ", amortised" if when else ""
+    if caused is None:
+        message += f"every rank waits about {human_seconds(cost_s)} per step for it ({percent(share)} of the step"
+        message += f"{amortised})"
+    else:
+        message += f"{caused.sentence()}, {percent(share)} of the step{amortised}"
     evidence: dict[str, float | int | None] = {
         "rank": int(rs.ranks[i]),
         "phase_seconds": top.phase_us / 1e6,
         "peer_median_seconds": top.peer_us / 1e6,
         "excess_seconds": top.excess_us / 1e6,
         "excess_ratio": gap_us / top.peer_us if top.peer_us > 0 else None,
+        "cost_seconds_per_step": cost_s,
         "phase_is_compute": int(top.phase == COMPUTE),
         "phase_is_data": int(top.phase == DATA),
         "phase_is_optimizer": int(top.phase == OPTIMIZER),
@@ -529,24 +547,28 @@ def _imbalance(ctx: _Context) -> list[Finding]:
     excess = compute[flagged] - ref[flagged]
     per_step = np.zeros(rs.n_steps)
     np.maximum.at(per_step, rs.step_index[flagged], excess)
-    cost_s = float(per_step.sum()) / rs.n_steps / 1e6
+    compute_cost_s = float(per_step.sum()) / rs.n_steps / 1e6
+    by_rank = np.bincount(rs.rank_index[flagged], weights=excess, minlength=rs.n_ranks)
+    i = int(np.argmax(by_rank))
+    # What it costs: the sync wait the busiest rank made each waiting rank sit through (the cost table's figure);
+    # the compute excess where nobody waited on it in a collective.
+    caused = wait_caused(rs, i, int(np.argmax(rs.caused_per_step_us[i])))
+    cost_s = compute_cost_s if caused is None else caused.per_member_seconds
     share = ctx.share(cost_s)
     if share < MIN_COST_SHARE:
         return []
-    by_rank = np.bincount(rs.rank_index[flagged], weights=excess, minlength=rs.n_ranks)
-    i = int(np.argmax(by_rank))
     mine = flagged[rs.rank_index[flagged] == i]
     (tokens, peer_tokens), (longest, peer_longest), (work, peer_work), parts = _work_of(ctx, mine)
     steps_hit = int(np.unique(rs.step_index[flagged]).size)
     message = (
         f"step time follows the busiest rank's work: in {steps_hit} of {rs.n_steps} steps a rank with more work "
         f"computes {percent(float(np.median(rel[flagged])))} longer than its stage peers with the usual work; worst "
-        f"is {ctx.where(i)} ({', '.join(parts) or ctx.work_name}, {mine.size} steps); it costs every rank about "
-        f"{human_seconds(cost_s)} per step ({percent(share)} of the step)"
+        f"is {ctx.where(i)} ({', '.join(parts) or ctx.work_name}, {mine.size} steps); "
     )
-    caused = wait_caused(rs, i, int(np.argmax(rs.caused_per_step_us[i])))
-    if caused is not None:
-        message += f"; {caused.sentence()}"
+    if caused is None:
+        message += f"it costs every rank about {human_seconds(cost_s)} per step ({percent(share)} of the step)"
+    else:
+        message += f"{caused.sentence()}, {percent(share)} of the step"
     evidence: dict[str, float | int | None] = {
         "rank": int(rs.ranks[i]),
         "tokens": tokens,
@@ -559,6 +581,7 @@ def _imbalance(ctx: _Context) -> list[Finding]:
         "steps_affected": steps_hit,
         "rank_steps_affected": int(flagged.size),
         "cost_seconds_per_step": cost_s,
+        "compute_excess_seconds_per_step": compute_cost_s,
         "wait_caused_seconds_per_step": None if caused is None else caused.total_seconds,
         "wait_per_member_seconds_per_step": None if caused is None else caused.per_member_seconds,
         "share_of_step": share,
@@ -684,7 +707,23 @@ def _link_verdict(rs: RankSteps, tr: Transfers) -> _LinkVerdict | None:
         if tr.planned_us is not None and np.array_equal(normal[chosen], tr.planned_us[chosen])
         else ("the same transfers elsewhere")
     )
+    if against != "the plan" and not _faster_elsewhere(tr, per_byte, chosen=chosen, through=through):
+        return None
     return _LinkVerdict(nodes=nodes, domain=domain, slowed=chosen, normal_us=normal, against=against)
+
+
+def _faster_elsewhere(
+    tr: Transfers, per_byte: NDArray[np.float64], *, chosen: NDArray[np.bool_], through: NDArray[np.bool_]
+) -> bool:
+    """Whether transfers of the slow ones' classes that do not run through the suspect exist and are faster.
+
+    "Slower than elsewhere" needs an elsewhere: without one (a single node or domain) slowness is the link's jitter
+    or the whole machine, never one place.
+    """
+    outside = ~through & np.isin(tr.cls, np.unique(tr.cls[chosen]))
+    if not outside.any():
+        return False
+    return float(np.median(per_byte[chosen])) >= SLOW_LINK_RATIO * float(np.median(per_byte[outside]))
 
 
 def _through(index: NDArray[np.intp], n: int) -> NDArray[np.bool_]:
@@ -707,7 +746,7 @@ def _slow_link_finding(ctx: _Context, tr: Transfers, verdict: _LinkVerdict) -> l
     np.maximum.at(per_step, rs.step_index, per_row)
     cost_s = float(per_step.mean()) / 1e6
     share = ctx.share(cost_s)
-    if share < MIN_COST_SHARE:
+    if share < MIN_COST_SHARE or cost_s * 1e6 < STEP_JITTER_SIGMAS * ctx.step_jitter_us:
         return []
     table = rs.breakdown.table
     axis = int(np.bincount(tr.axis[slowed], weights=excess[slowed], minlength=len(AXES)).argmax())

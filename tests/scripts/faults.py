@@ -1,0 +1,56 @@
+"""Fault knobs shared by the third-party-style test scripts: the one thing they add to a script as people write it.
+
+``--straggler RANK:FACTOR`` makes that rank's forward and backward take FACTOR x as long, as a GPU FACTOR x slower
+would: after each pass it sleeps (FACTOR - 1) x the pass's own duration (a sleep, not more CPU work, so the slow rank
+does not also slow its neighbours on shared cores). ``--imbalance RANK:FACTOR`` gives that rank FACTOR x the rows
+of every batch (more tokens, more real compute), the way a packed batch of long documents does.
+"""
+
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import argparse
+    from collections.abc import Iterator
+
+
+def rank_factor(text: str, flag: str) -> tuple[int, float] | None:
+    """``"3:1.5"`` -> ``(3, 1.5)``; ``""`` -> ``None``."""
+    if not text:
+        return None
+    try:
+        rank, factor = text.split(":")
+        return int(rank), float(factor)
+    except ValueError:
+        raise SystemExit(f"{flag} {text!r}: expected RANK:FACTOR, e.g. 1:1.5") from None
+
+
+def add_fault_arguments(p: argparse.ArgumentParser) -> None:
+    """``--straggler`` and ``--imbalance``."""
+    p.add_argument("--straggler", default="", help="RANK:FACTOR, that rank's passes take FACTOR x as long")
+    p.add_argument("--imbalance", default="", help="RANK:FACTOR, that rank gets FACTOR x the rows of every batch")
+
+
+class Faults:
+    """What this rank injects."""
+
+    def __init__(self, args: argparse.Namespace, rank: int) -> None:
+        straggler = rank_factor(args.straggler, "--straggler")
+        imbalance = rank_factor(args.imbalance, "--imbalance")
+        self.slow = straggler[1] if straggler and straggler[0] == rank else 1.0
+        self.rows = imbalance[1] if imbalance and imbalance[0] == rank else 1.0
+
+    def batch(self, rows: int) -> int:
+        """This rank's rows for a batch of ``rows``."""
+        return max(1, round(rows * self.rows))
+
+    @contextmanager
+    def slowed(self) -> Iterator[None]:
+        """Stretch the pass inside to ``slow`` x its duration."""
+        t0 = time.perf_counter()
+        yield
+        if self.slow > 1.0:
+            time.sleep((self.slow - 1.0) * (time.perf_counter() - t0))
