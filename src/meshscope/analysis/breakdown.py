@@ -46,6 +46,7 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from meshscope.errors import ParseError
+from meshscope.progress import NO_PROGRESS, Progress
 from meshscope.records import (
     COMM_CODE,
     KIND_CODE,
@@ -621,6 +622,7 @@ def break_down(
     *,
     p2p_bandwidth_bytes_per_s: P2PBandwidth = None,
     align_clocks: bool = True,
+    progress: Progress = NO_PROGRESS,
 ) -> Breakdown:
     """Split every rank-step of ``table`` into :data:`CATEGORIES` (see the module docstring for the rules).
 
@@ -630,6 +632,8 @@ def break_down(
             ``bytes / bandwidth`` of an exposed pp p2p interval is transfer, the rest is bubble.
         align_clocks: estimate per-node clock offsets from collective completions and apply them before the join
             (:func:`estimate_clock_offsets`). Turn off only for data from one host clock.
+        progress: told of the phases "aligning clocks", "joining collectives" and "breaking down" (each runs
+            vectorised: there is nothing to count while it runs).
 
     Returns:
         The breakdown, aligned with ``table.steps``.
@@ -647,18 +651,24 @@ def break_down(
         raise ParseError(f"the steps add up to {int(base[-1])} µs, beyond what the sweep can index (2**57)")
     n_nodes = len(table.node_names) if table.node_names else int(s.node.max(initial=-1)) + 1
     ins = _instances(table)
-    clock = _clock(table, ins, n_nodes, align=align_clocks, notes=notes)
-    joined = _join(table, ins, clock, notes)
-    events, waits = _events(table, base=base, ins=ins, joined=joined, bandwidth=p2p_bandwidth_bytes_per_s, notes=notes)
-    ticks, wait_attr = _sweep(events, base=base, n=n, waits=waits, n_comm=ins.idx.size)
-    join = replace(
-        joined.join,
-        wait_caused_us=np.bincount(ins.inst, weights=wait_attr, minlength=len(joined.join)) / TICKS_PER_US,
-    )
+    with progress.phase(f"aligning clocks of {n_nodes:,} nodes" if align_clocks else "reading clocks as they are"):
+        clock = _clock(table, ins, n_nodes, align=align_clocks, notes=notes)
+    with progress.phase(f"joining collectives ({ins.idx.size:,} entries)"):
+        joined = _join(table, ins, clock, notes)
+    with progress.phase(f"breaking down {n:,} rank-steps ({table.n_intervals:,} intervals)"):
+        events, waits = _events(
+            table, base=base, ins=ins, joined=joined, bandwidth=p2p_bandwidth_bytes_per_s, notes=notes
+        )
+        ticks, wait_attr = _sweep(events, base=base, n=n, waits=waits, n_comm=ins.idx.size)
+        join = replace(
+            joined.join,
+            wait_caused_us=np.bincount(ins.inst, weights=wait_attr, minlength=len(joined.join)) / TICKS_PER_US,
+        )
+        wait_caused_us = _charge(table, ins, joined, wait_attr)
     return Breakdown(
         table=table,
         ticks=ticks,
-        wait_caused_us=_charge(table, ins, joined, wait_attr),
+        wait_caused_us=wait_caused_us,
         collectives=join,
         clock=clock,
         notes=(*table.notes, *notes),

@@ -14,7 +14,7 @@ import multiprocessing
 import os
 import shutil
 import tempfile
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 from os import PathLike
 from pathlib import Path
@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from meshscope.errors import ParseError
+from meshscope.progress import BYTES, NO_PROGRESS
 from meshscope.records.building import _Raw, _table_of, _TableBuilder
 from meshscope.records.decoding import _decoded
 from meshscope.records.memory import mapped_empty
@@ -35,6 +36,7 @@ if TYPE_CHECKING:
 
     from numpy.typing import NDArray
 
+    from meshscope.progress import Progress
     from meshscope.records.tables import RecordTable
 
     StrPath = str | PathLike[str]
@@ -86,7 +88,13 @@ def read_records(paths: StrPath | Sequence[StrPath], *, allow_partial: bool = Fa
     return RecordSet(job=job[0] if job else "", records=tuple(records), notes=tuple(notes))
 
 
-def read_table(paths: StrPath | Sequence[StrPath], *, allow_partial: bool = False, workers: int = 1) -> RecordTable:
+def read_table(
+    paths: StrPath | Sequence[StrPath],
+    *,
+    allow_partial: bool = False,
+    workers: int = 1,
+    progress: Progress = NO_PROGRESS,
+) -> RecordTable:
     """Read JSON-lines step records straight into a :class:`RecordTable` (the fast path for big inputs).
 
     Lines are decoded by ``msgspec`` straight into typed objects (JSON types checked in C, no dict per interval) and
@@ -105,6 +113,8 @@ def read_table(paths: StrPath | Sequence[StrPath], *, allow_partial: bool = Fals
             through files in ``/dev/shm`` (else the temporary directory), removed before this returns. If a worker
             meets bad input, or a truncated last line under ``allow_partial``, the input is read again in this process
             so that the error or note names the right line.
+        progress: told of the phases: "reading records" (bytes of the files read, a batch of lines at a time in
+            this process, a work item at a time from workers), "merging the workers' columns", "checking the table".
 
     Returns:
         The validated table.
@@ -115,15 +125,25 @@ def read_table(paths: StrPath | Sequence[StrPath], *, allow_partial: bool = Fals
     files = _as_paths(paths)
     if workers < 1:
         raise ParseError(f"workers = {workers}; it must be >= 1")
-    if workers > 1 and sum(p.stat().st_size for p in files) >= _PARALLEL_MIN_BYTES:
-        table = _read_parallel(files, allow_partial=allow_partial, workers=workers)
+    total = sum(p.stat().st_size for p in files)
+    if workers > 1 and total >= _PARALLEL_MIN_BYTES:
+        table = _read_parallel(files, allow_partial=allow_partial, workers=workers, progress=progress)
         if table is not None:
             return table
     builder = _TableBuilder()
     notes: list[Note] = []
-    for file_index, path in enumerate(files):
-        builder.read_file(path, file_index, allow_partial, notes)
-    return builder.build(notes=tuple(notes), source_files=tuple(str(p) for p in files))
+    with progress.phase(READING, total=total, unit=BYTES) as phase:
+        for file_index, path in enumerate(files):
+            builder.read_file(path, file_index, allow_partial, notes, phase=phase)
+    with progress.phase(CHECKING):
+        return builder.build(notes=tuple(notes), source_files=tuple(str(p) for p in files))
+
+
+READING = "reading records"
+"""The phase of decoding record files (:mod:`meshscope.progress`), counted in bytes of the files."""
+MERGING = "merging the workers' columns"
+CHECKING = "checking the table"
+"""The phase of the vectorised checks of the finished table."""
 
 
 _MOST_DEFAULT_WORKERS = 8
@@ -244,7 +264,7 @@ def _scratch_dir(need_bytes: int) -> str | None:
     return str(shm) if roomy else None
 
 
-def _read_parallel(files: list[Path], *, allow_partial: bool, workers: int) -> RecordTable | None:
+def _read_parallel(files: list[Path], *, allow_partial: bool, workers: int, progress: Progress) -> RecordTable | None:
     """Decode the work items in worker processes and merge them; ``None`` means "read again in this process"."""
     plan = _chunk_plan(files, workers)
     if len(plan) < 2:
@@ -256,17 +276,34 @@ def _read_parallel(files: list[Path], *, allow_partial: bool, workers: int) -> R
     with tempfile.TemporaryDirectory(prefix="meshscope-read-", dir=_scratch_dir(need)) as scratch:
         outs = [str(Path(scratch) / f"item-{i}.bin") for i in range(len(plan))]
         try:
-            with ProcessPoolExecutor(max_workers=min(workers, len(plan)), mp_context=context) as pool:
-                items = [(*item, allow_partial, out) for item, out in zip(plan, outs, strict=True)]
-                chunks = list(pool.map(_read_chunk, *zip(*items, strict=True)))
+            with (
+                progress.phase(READING, total=sum(p.stat().st_size for p in files), unit=BYTES) as phase,
+                ProcessPoolExecutor(max_workers=min(workers, len(plan)), mp_context=context) as pool,
+            ):
+                futures = {
+                    pool.submit(_read_chunk, *item, allow_partial, out): _item_bytes(item)
+                    for item, out in zip(plan, outs, strict=True)
+                }
+                for done in as_completed(futures):
+                    done.result()  # (raises a worker's failure now)
+                    phase.advance(futures[done])
+                chunks = [future.result() for future in futures]
         except Exception:  # noqa: BLE001 - any failure: the caller reads in-process, which raises the precise error
             return None
         if any(chunk.notes for chunk in chunks):
             return None  # notes would name item-relative lines
         if len({chunk.job for chunk in chunks if chunk.job is not None}) > 1:
             return None  # so would a job mismatch
-        merged = _merge(chunks, [item[1] for item in plan])
-    return _table_of(merged, notes=(), source_files=tuple(str(p) for p in files))
+        with progress.phase(MERGING):
+            merged = _merge(chunks, [item[1] for item in plan])
+    with progress.phase(CHECKING):
+        return _table_of(merged, notes=(), source_files=tuple(str(p) for p in files))
+
+
+def _item_bytes(item: tuple[str, int, tuple[int, int] | None, bool]) -> int:
+    """Bytes of the file a work item reads: its span's, or the whole file's."""
+    path, _, span, _ = item
+    return Path(path).stat().st_size if span is None else span[1] - span[0]
 
 
 def _merge(chunks: list[_Chunk], file_of: list[int]) -> _Raw:
