@@ -14,7 +14,7 @@ import multiprocessing
 import os
 import shutil
 import tempfile
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures import ProcessPoolExecutor, wait
 from dataclasses import dataclass
 from os import PathLike
 from pathlib import Path
@@ -113,8 +113,9 @@ def read_table(
             through files in ``/dev/shm`` (else the temporary directory), removed before this returns. If a worker
             meets bad input, or a truncated last line under ``allow_partial``, the input is read again in this process
             so that the error or note names the right line.
-        progress: told of the phases: "reading records" (bytes of the files read, a batch of lines at a time in
-            this process, a work item at a time from workers), "merging the workers' columns", "checking the table".
+        progress: told of the phases: "reading records" (bytes of the files read, a batch of lines at a time; the
+            workers add theirs to a shared count, looked at every 0.1 s), "merging the workers' columns", "checking
+            the table".
 
     Returns:
         The validated table.
@@ -221,13 +222,17 @@ def _read_chunk(  # noqa: PLR0917 - the pool maps it over positional work items
     The columns go through a file, not back through the pool's pipe: the parent reads each straight into its slice of
     the merged column, where pickling would copy it three times (pickle, receive, concatenate). The cyclic garbage
     collector is off while it decodes: decoded lines hold no cycles, and the collector's passes over millions of fresh
-    objects cost ~5% of the time. (The worker process is this module's own.)
+    objects cost ~5% of the time. (The worker process is this module's own.) The bytes it reads go to the parent's
+    shared count (:func:`_share_bytes_read`), the progress of the read.
     """
     gc.disable()
     try:
         builder = _TableBuilder()
         notes: list[Note] = []
-        lines = builder.read_file(Path(path), file_index, allow_partial, notes, span=span, last=last)
+        phase = _SharedBytes(_BYTES_READ) if _BYTES_READ is not None else None
+        lines = builder.read_file(Path(path), file_index, allow_partial, notes, span=span, last=last, phase=phase)
+        if phase is not None:
+            phase.flush()
         raw = builder.raw(lines=lines)
     finally:
         gc.enable()
@@ -275,18 +280,27 @@ def _read_parallel(files: list[Path], *, allow_partial: bool, workers: int, prog
     need = sum(p.stat().st_size * (5 if p.name.endswith(".gz") else 1) for p in files)
     with tempfile.TemporaryDirectory(prefix="meshscope-read-", dir=_scratch_dir(need)) as scratch:
         outs = [str(Path(scratch) / f"item-{i}.bin") for i in range(len(plan))]
+        shared = context.Value("q", 0)  # bytes the workers have read so far, for the progress
         try:
             with (
                 progress.phase(READING, total=sum(p.stat().st_size for p in files), unit=BYTES) as phase,
-                ProcessPoolExecutor(max_workers=min(workers, len(plan)), mp_context=context) as pool,
+                ProcessPoolExecutor(
+                    max_workers=min(workers, len(plan)),
+                    mp_context=context,
+                    initializer=_share_bytes_read,
+                    initargs=(shared,),
+                ) as pool,
             ):
-                futures = {
-                    pool.submit(_read_chunk, *item, allow_partial, out): _item_bytes(item)
-                    for item, out in zip(plan, outs, strict=True)
-                }
-                for done in as_completed(futures):
-                    done.result()  # (raises a worker's failure now)
-                    phase.advance(futures[done])
+                futures = [
+                    pool.submit(_read_chunk, *item, allow_partial, out) for item, out in zip(plan, outs, strict=True)
+                ]
+                running, told = set(futures), 0
+                while running:
+                    done, running = wait(running, timeout=_POLL_S)
+                    for future in done:
+                        future.result()  # (raises a worker's failure now)
+                    phase.advance(shared.value - told)
+                    told = shared.value
                 chunks = [future.result() for future in futures]
         except Exception:  # noqa: BLE001 - any failure: the caller reads in-process, which raises the precise error
             return None
@@ -300,10 +314,39 @@ def _read_parallel(files: list[Path], *, allow_partial: bool, workers: int, prog
         return _table_of(merged, notes=(), source_files=tuple(str(p) for p in files))
 
 
-def _item_bytes(item: tuple[str, int, tuple[int, int] | None, bool]) -> int:
-    """Bytes of the file a work item reads: its span's, or the whole file's."""
-    path, _, span, _ = item
-    return Path(path).stat().st_size if span is None else span[1] - span[0]
+_POLL_S = 0.1
+"""Seconds between two looks at the workers' count of bytes read (the progress of a parallel read)."""
+_SHARE_EVERY_BYTES = 1 << 20
+"""A worker adds its bytes read to the shared count a MiB at a time (one lock each)."""
+_BYTES_READ: Any = None
+"""In a worker process: the parent's shared count of bytes read (a ``multiprocessing.Value``)."""
+
+
+def _share_bytes_read(counter: Any) -> None:  # noqa: ANN401 - a multiprocessing.Value
+    """Worker initializer: keep the parent's count of bytes read."""
+    global _BYTES_READ  # noqa: PLW0603 - one per worker process, set once when it starts
+    _BYTES_READ = counter
+
+
+class _SharedBytes:
+    """A worker's side of the "reading records" phase: bytes read go to the parent's count, a MiB at a time."""
+
+    __slots__ = ("_counter", "_held")
+
+    def __init__(self, counter: Any) -> None:  # noqa: ANN401 - a multiprocessing.Value
+        self._counter = counter
+        self._held = 0
+
+    def advance(self, amount: int = 1) -> None:
+        self._held += amount
+        if self._held >= _SHARE_EVERY_BYTES:
+            self.flush()
+
+    def flush(self) -> None:
+        if self._held:
+            with self._counter.get_lock():
+                self._counter.value += self._held
+            self._held = 0
 
 
 def _merge(chunks: list[_Chunk], file_of: list[int]) -> _Raw:
