@@ -104,6 +104,11 @@ class _TerminalPhase:
             self._next = now + self._interval_s
             self._show()
 
+    @property
+    def done(self) -> int:
+        """Units counted so far."""
+        return self._done
+
     def finish(self) -> None:
         """Pass on the final count (the display shows where the phase ended, however short it was)."""
         self._show()
@@ -172,7 +177,7 @@ class TerminalProgress:
             yield ticker
             ticker.finish()
             if total is None:  # a phase of unknown length is done when it ends
-                self._bar.update(task, total=max(ticker._done, 1), completed=max(ticker._done, 1))  # noqa: SLF001
+                self._bar.update(task, total=max(ticker.done, 1), completed=max(ticker.done, 1))
         finally:
             self._depth -= 1
             if self._depth == 0:

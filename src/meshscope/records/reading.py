@@ -143,6 +143,7 @@ def read_table(
 READING = "reading records"
 """The phase of decoding record files (:mod:`meshscope.progress`), counted in bytes of the files."""
 MERGING = "merging the workers' columns"
+"""The phase of putting the workers' columns together (large inputs only)."""
 CHECKING = "checking the table"
 """The phase of the vectorised checks of the finished table."""
 
@@ -299,8 +300,9 @@ def _read_parallel(files: list[Path], *, allow_partial: bool, workers: int, prog
                     done, running = wait(running, timeout=_POLL_S)
                     for future in done:
                         future.result()  # (raises a worker's failure now)
-                    phase.advance(shared.value - told)
-                    told = shared.value
+                    now = shared.value
+                    phase.advance(now - told)
+                    told = now
                 chunks = [future.result() for future in futures]
         except Exception:  # noqa: BLE001 - any failure: the caller reads in-process, which raises the precise error
             return None
