@@ -295,6 +295,17 @@ def _print_json(data: object) -> None:
 # runs the command when it is called; an arguments function imports only what its defaults and choices need.
 
 
+QUIET_HELP = (
+    "show no progress: by default, when stderr is a terminal, it shows the phase being run and how far it is "
+    "(bytes or steps done, rate); never when stderr is a file or a pipe. Results and errors are printed either way"
+)
+"""Help of ``--quiet``, the same on every command that has one."""
+
+
+def _quiet_argument(p: argparse.ArgumentParser, *, what: str = "") -> None:
+    p.add_argument("-q", "--quiet", action="store_true", help=QUIET_HELP + what)
+
+
 def _plan_arguments(plan: argparse.ArgumentParser) -> None:
     from meshscope.jobs import PRESETS, Precision, Recompute  # noqa: PLC0415 - choices and help of this command
 
@@ -327,6 +338,7 @@ def _demo_arguments(demo: argparse.ArgumentParser) -> None:
     )
     demo.add_argument("--steps", type=int, default=DEMO_STEPS, help=f"training steps ({DEMO_STEPS})")
     demo.add_argument("--out", default="meshscope-demo", help="output directory (./meshscope-demo)")
+    _quiet_argument(demo, what=" (it applies to the analysis and report after training)")
     demo.set_defaults(handler=_cmd_demo)
 
 
@@ -350,6 +362,7 @@ def _run_arguments(run: argparse.ArgumentParser) -> None:
     )
     run.add_argument("--grace", type=float, default=5.0, help="seconds between SIGTERM and SIGKILL (5)")
     run.add_argument("--gpus-per-node", type=int, help="ranks per emulated node (default: the spec's, else all)")
+    _quiet_argument(run, what=" (it applies to the analysis and report after the ranks exit)")
     run.add_argument("command", nargs=argparse.REMAINDER, help="-- then the training command")
     run.set_defaults(handler=_cmd_run)
 
@@ -369,6 +382,7 @@ def _analyze_arguments(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="skip a truncated last line and files of another job (noted under partial data) instead of failing",
     )
+    _quiet_argument(p)
     p.set_defaults(handler=_cmd_analyze)
 
 
@@ -382,6 +396,7 @@ def _report_arguments(report: argparse.ArgumentParser) -> None:
     report.add_argument("records", nargs="+", help="step-record files (JSON lines, .gz allowed)")
     report.add_argument("--spec", help="TrainingJob manifest the records belong to (for expected numbers)")
     report.add_argument("--out", default="meshscope-report", help="output directory (./meshscope-report)")
+    _quiet_argument(report)
     report.set_defaults(handler=_cmd_report)
 
 
@@ -407,6 +422,7 @@ def _simulate_arguments(sim: argparse.ArgumentParser) -> None:
         help="inject a fault, e.g. straggler:rank=3,factor=1.5 or slow-link:node=1,factor=0.25 (repeatable)",
     )
     sim.add_argument("--prefetch", action="store_true", help="the data loader runs ahead of compute")
+    _quiet_argument(sim)
     sim.set_defaults(handler=_cmd_simulate)
 
 

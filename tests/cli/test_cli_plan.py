@@ -197,12 +197,12 @@ def test_demo_layouts() -> None:
 CLI_SURFACE = {
     "plan": ["--global-batch", "--gpus", "--hardware", "--json", "--model", "--precision", "--recompute", "--search",
              "--seq-length", "--top", "-h", "--help"],
-    "demo": ["--cp", "--ep", "--imbalance", "--out", "--steps", "--straggler", "-h", "--help"],
-    "run": ["--gpus-per-node", "--grace", "--job", "--launcher", "--layout", "--nproc", "--out", "--spec", "-h",
-            "--help"],
-    "analyze": ["--allow-partial", "--json", "--spec", "-h", "--help"],
-    "report": ["--out", "--spec", "-h", "--help"],
-    "simulate": ["--fault", "--out", "--prefetch", "--seed", "--spec", "--steps", "-h", "--help"],
+    "demo": ["--cp", "--ep", "--imbalance", "--out", "--steps", "--straggler", "-q", "--quiet", "-h", "--help"],
+    "run": ["--gpus-per-node", "--grace", "--job", "--launcher", "--layout", "--nproc", "--out", "--spec", "-q",
+            "--quiet", "-h", "--help"],
+    "analyze": ["--allow-partial", "--json", "--spec", "-q", "--quiet", "-h", "--help"],
+    "report": ["--out", "--spec", "-q", "--quiet", "-h", "--help"],
+    "simulate": ["--fault", "--out", "--prefetch", "--seed", "--spec", "--steps", "-q", "--quiet", "-h", "--help"],
 }  # fmt: skip
 
 

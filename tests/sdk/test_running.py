@@ -45,6 +45,7 @@ def _args(**overrides: object) -> argparse.Namespace:
         "launcher": "auto",
         "grace": 5.0,
         "gpus_per_node": None,
+        "quiet": False,
         "command": ["--", "python", "train.py"],
     }
     base.update(overrides)

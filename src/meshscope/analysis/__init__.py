@@ -15,7 +15,8 @@ order, one module each:
 - :mod:`~meshscope.analysis.analyzing`: :func:`analyze`, the one entry point (records + optional spec ->
   :class:`Analysis`), with :func:`render_analysis` for people and ``Analysis.to_dict()`` for machines (what the
   operator's deep tier writes into its ConfigMap);
-- :mod:`~meshscope.analysis.commands`: ``meshscope analyze`` (:func:`analyze_command`).
+- :mod:`~meshscope.analysis.commands`: ``meshscope analyze`` (:func:`analyze_command`), and :func:`read_inputs`
+  (check the records files, load the spec, read the table), which ``meshscope report`` shares.
 
 It computes on numpy columns, vectorised over rank-steps and intervals; it must not read record files (except the
 command), draw, launch, or import torch. Import the names from here (``from meshscope.analysis import analyze``).
@@ -49,7 +50,7 @@ from meshscope.analysis.collectives import (
     stage_of_rows,
     stage_traffic,
 )
-from meshscope.analysis.commands import AnalyzeInputError, analyze_command
+from meshscope.analysis.commands import AnalyzeInputError, Inputs, analyze_command, read_inputs
 from meshscope.analysis.costs import (
     CostRow,
     MemoryComparison,
@@ -82,6 +83,7 @@ __all__ = [
     "CollectiveJoin",
     "CostRow",
     "Finding",
+    "Inputs",
     "MemoryComparison",
     "P2PBandwidth",
     "PipelineExpectation",
@@ -99,6 +101,7 @@ __all__ = [
     "estimate_clock_offsets",
     "expected_pipeline",
     "index_rank_steps",
+    "read_inputs",
     "render_analysis",
     "stage_of_rows",
     "stage_traffic",

@@ -40,6 +40,7 @@ from meshscope.analysis.diagnosis import Finding, diagnose
 from meshscope.errors import ParseError
 from meshscope.formatting import human_bytes, human_seconds, percent, render_table
 from meshscope.plan import PlanAssumptions, plan_job
+from meshscope.progress import NO_PROGRESS
 from meshscope.topology import AXES, Link
 
 if TYPE_CHECKING:
@@ -48,6 +49,7 @@ if TYPE_CHECKING:
     from meshscope.analysis.breakdown import Breakdown, P2PBandwidth
     from meshscope.jobs import JobSpec
     from meshscope.plan import Plan
+    from meshscope.progress import Progress
     from meshscope.records import Note, RecordTable
     from meshscope.topology import ParallelLayout
 
@@ -132,6 +134,7 @@ def analyze(
     spec: JobSpec | None = None,
     plan: Plan | None = None,
     notes: Sequence[Note] = (),
+    progress: Progress = NO_PROGRESS,
 ) -> Analysis:
     """Break ``table`` down and build the cost table, summary, expected vs measured and findings.
 
@@ -141,6 +144,8 @@ def analyze(
             placement findings and the p2p bandwidth that splits pipeline transfer from bubble.
         plan: a plan to compare with; default ``plan_job(spec)`` when a spec is given.
         notes: notes from reading (e.g. files of another job left out); listed first under partial data.
+        progress: told of the phases: those of :func:`break_down`, then "costing" (the cost table, summary and
+            comparisons with the plan) and "diagnosing" (the findings).
 
     Returns:
         The analysis.
@@ -155,11 +160,18 @@ def analyze(
         check_records_match_layout(table, spec.layout, origin=f"spec {spec.name!r}")
     if plan is None and spec is not None:
         plan = plan_job(spec)
-    bd = break_down(table, p2p_bandwidth_bytes_per_s=p2p_bandwidth(spec, plan))
-    rs = index_rank_steps(bd)
-    planned_world = spec.world_size if spec is not None else (plan.world_size if plan is not None else None)
-    world = planned_world if planned_world is not None else rs.n_ranks
-    partial = (*partial_notes(rs, world_size=planned_world, extra=notes), *missing_traffic_notes(rs, plan))
+    bd = break_down(table, p2p_bandwidth_bytes_per_s=p2p_bandwidth(spec, plan), progress=progress)
+    with progress.phase(f"costing {bd.ticks.shape[0]:,} rank-steps"):
+        rs = index_rank_steps(bd)
+        planned_world = spec.world_size if spec is not None else (plan.world_size if plan is not None else None)
+        world = planned_world if planned_world is not None else rs.n_ranks
+        partial = (*partial_notes(rs, world_size=planned_world, extra=notes), *missing_traffic_notes(rs, plan))
+        summary = summarise(rs, plan=plan)
+        rows = cost_rows(rs, plan=plan, world_size=world, partial=partial_categories(rs, partial))
+        collectives = compare_collectives(rs.breakdown.table, plan) if plan is not None else ()
+        memory = compare_memory(rs, plan) if plan is not None else ()
+    with progress.phase("diagnosing"):
+        findings = diagnose(rs, plan=plan, spec=spec, notes=partial)
     return Analysis(
         job=table.job,
         world_size=world,
@@ -168,11 +180,11 @@ def analyze(
         last_step=int(rs.steps[-1]),
         step_count=rs.n_steps,
         partial_data=partial,
-        summary=summarise(rs, plan=plan),
-        rows=cost_rows(rs, plan=plan, world_size=world, partial=partial_categories(rs, partial)),
-        collectives=compare_collectives(rs.breakdown.table, plan) if plan is not None else (),
-        memory=compare_memory(rs, plan) if plan is not None else (),
-        findings=diagnose(rs, plan=plan, spec=spec, notes=partial),
+        summary=summary,
+        rows=rows,
+        collectives=collectives,
+        memory=memory,
+        findings=findings,
         rank_steps=rs,
         plan=plan,
     )

@@ -47,6 +47,7 @@ from numpy.typing import ArrayLike, NDArray
 
 from meshscope.analysis.chains import paying_rows, received_from_rows, waited_for_rows
 from meshscope.errors import ParseError
+from meshscope.progress import NO_PROGRESS, Progress
 from meshscope.records import (
     COMM_CODE,
     KIND_CODE,
@@ -636,6 +637,7 @@ def break_down(
     *,
     p2p_bandwidth_bytes_per_s: P2PBandwidth = None,
     align_clocks: bool = True,
+    progress: Progress = NO_PROGRESS,
 ) -> Breakdown:
     """Split every rank-step of ``table`` into :data:`CATEGORIES` (see the module docstring for the rules).
 
@@ -645,6 +647,8 @@ def break_down(
             ``bytes / bandwidth`` of an exposed pp p2p interval is transfer, the rest is bubble.
         align_clocks: estimate per-node clock offsets from collective completions and apply them before the join
             (:func:`estimate_clock_offsets`). Turn off only for data from one host clock.
+        progress: told of the phases "aligning clocks", "joining collectives" and "breaking down" (each runs
+            vectorised: there is nothing to count while it runs).
 
     Returns:
         The breakdown, aligned with ``table.steps``.
@@ -662,24 +666,32 @@ def break_down(
         raise ParseError(f"the steps add up to {int(base[-1])} µs, beyond what the sweep can index (2**57)")
     n_nodes = len(table.node_names) if table.node_names else int(s.node.max(initial=-1)) + 1
     ins = _instances(table)
-    clock = _clock(table, ins, n_nodes, align=align_clocks, notes=notes)
-    joined = _join(table, ins, clock, notes)
-    events, waits = _events(table, base=base, ins=ins, joined=joined, bandwidth=p2p_bandwidth_bytes_per_s, notes=notes)
-    ticks, wait_attr = _sweep(events, base=base, n=n, waits=waits, n_comm=ins.idx.size)
-    pay = _paying(table, ins, joined, ticks, wait_attr)
-    last = joined.join.last_row
-    paying_row = np.where(last >= 0, pay[np.maximum(last, 0)], -1) if n else last
-    join = replace(
-        joined.join,
-        wait_caused_us=np.bincount(ins.inst, weights=wait_attr, minlength=len(joined.join)) / TICKS_PER_US,
-        paying_row=paying_row,
-        paying_rank=np.where(paying_row >= 0, s.rank[np.maximum(paying_row, 0)], -1) if n else last,
-    )
+    with progress.phase(f"aligning clocks of {n_nodes:,} nodes" if align_clocks else "reading clocks as they are"):
+        clock = _clock(table, ins, n_nodes, align=align_clocks, notes=notes)
+    with progress.phase(f"joining collectives ({ins.idx.size:,} entries)"):
+        joined = _join(table, ins, clock, notes)
+    with progress.phase(f"breaking down {n:,} rank-steps ({table.n_intervals:,} intervals)"):
+        events, waits = _events(
+            table, base=base, ins=ins, joined=joined, bandwidth=p2p_bandwidth_bytes_per_s, notes=notes
+        )
+        ticks, wait_attr = _sweep(events, base=base, n=n, waits=waits, n_comm=ins.idx.size)
+    with progress.phase("following chains of waits"):
+        pay = _paying(table, ins, joined, ticks, wait_attr)
+        last = joined.join.last_row
+        paying_row = np.where(last >= 0, pay[np.maximum(last, 0)], -1) if n else last
+        join = replace(
+            joined.join,
+            wait_caused_us=np.bincount(ins.inst, weights=wait_attr, minlength=len(joined.join)) / TICKS_PER_US,
+            paying_row=paying_row,
+            paying_rank=np.where(paying_row >= 0, s.rank[np.maximum(paying_row, 0)], -1) if n else last,
+        )
+        wait_caused_us = _charge(table, ins, joined, wait_attr, np.arange(n, dtype=np.int64))
+        wait_paid_us = _charge(table, ins, joined, wait_attr, pay)
     return Breakdown(
         table=table,
         ticks=ticks,
-        wait_caused_us=_charge(table, ins, joined, wait_attr, np.arange(n, dtype=np.int64)),
-        wait_paid_us=_charge(table, ins, joined, wait_attr, pay),
+        wait_caused_us=wait_caused_us,
+        wait_paid_us=wait_paid_us,
         collectives=join,
         clock=clock,
         notes=(*table.notes, *notes),

@@ -2,6 +2,9 @@
 
 The command line's arguments are defined in :mod:`meshscope.cli`; this module runs the command. On bad input it
 raises :class:`AnalyzeInputError` (exit 2, one line); it must not compute anything :func:`analyze` does not.
+:func:`read_inputs` is the part ``meshscope report`` shares: check the files, load the spec, read the table. Progress
+goes to stderr on a terminal unless ``--quiet`` (:func:`meshscope.progress.command_progress`); stdout carries only
+the result.
 """
 
 from __future__ import annotations
@@ -10,44 +13,90 @@ import gzip
 import json
 import sys
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from meshscope.analysis.analyzing import analyze, render_analysis
 from meshscope.errors import MeshscopeError, ParseError
 from meshscope.jobs import load_spec
+from meshscope.progress import NO_PROGRESS, command_progress
 from meshscope.records import Note, default_workers, read_table
 
 if TYPE_CHECKING:
     import argparse
+    from collections.abc import Sequence
+
+    from meshscope.jobs import JobSpec
+    from meshscope.progress import Progress
+    from meshscope.records import RecordTable
 
 
 class AnalyzeInputError(MeshscopeError):
     """Records or spec the command cannot use."""
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Inputs:
+    """What a command over records reads before it analyses: the table, the spec, and notes on files left out."""
+
+    table: RecordTable
+    spec: JobSpec | None
+    notes: tuple[Note, ...]
+    """Files of another job left out (``allow_partial``), for :func:`analyze`'s partial data."""
+
+
+def read_inputs(
+    records: Sequence[str],
+    *,
+    spec: str | None,
+    allow_partial: bool | None = None,
+    progress: Progress = NO_PROGRESS,
+    error: type[MeshscopeError] = AnalyzeInputError,
+) -> Inputs:
+    """Check that the records files exist, load the spec, read the records into a table (worker processes if large).
+
+    Args:
+        records: the records files the command line names.
+        spec: the ``--spec`` file, if given.
+        allow_partial: the command's ``--allow-partial``; ``None`` for a command without that flag (a reading error
+            then keeps the reader's own wording).
+        progress: told of the reading phases (:func:`meshscope.records.read_table`).
+        error: what to raise for a missing or unreadable file (each command names its own).
+
+    Raises:
+        MeshscopeError: ``error`` for missing or unreadable records files (and, under ``allow_partial``, records the
+            reader refuses, worded for the command line); the spec's errors as :func:`meshscope.jobs.load_spec`.
+    """
+    paths = [Path(p) for p in records]
+    missing = [str(p) for p in paths if not p.is_file()]
+    if missing:
+        raise error(f"no such records file: {', '.join(missing)}")
+    job_spec = load_spec(spec) if spec else None
+    notes: list[Note] = []
+    if allow_partial:
+        paths, notes = _one_job(paths)
+    try:
+        table = read_table(paths, allow_partial=bool(allow_partial), workers=default_workers(), progress=progress)
+    except OSError as exc:
+        raise error(f"cannot read records: {exc}") from exc
+    except ParseError as exc:
+        if allow_partial is None:
+            raise
+        # The reader speaks to library callers; on the command line the switch is a flag.
+        raise error(str(exc).replace("allow_partial=True", "--allow-partial")) from exc
+    return Inputs(table=table, spec=job_spec, notes=tuple(notes))
+
+
 def analyze_command(args: argparse.Namespace) -> int:
-    """``meshscope analyze RECORDS... [--spec FILE] [--json] [--allow-partial]`` (arguments: :mod:`meshscope.cli`).
+    """``meshscope analyze RECORDS... [--spec FILE] [--json] [--allow-partial] [--quiet]`` (see :mod:`meshscope.cli`).
 
     Raises:
         AnalyzeInputError: for missing or unreadable records files.
     """
-    paths = [Path(p) for p in args.records]
-    missing = [str(p) for p in paths if not p.is_file()]
-    if missing:
-        raise AnalyzeInputError(f"no such records file: {', '.join(missing)}")
-    spec = load_spec(args.spec) if args.spec else None
-    notes: list[Note] = []
-    if args.allow_partial:
-        paths, notes = _one_job(paths)
-    try:
-        table = read_table(paths, allow_partial=args.allow_partial, workers=default_workers())
-    except OSError as exc:
-        raise AnalyzeInputError(f"cannot read records: {exc}") from exc
-    except ParseError as exc:
-        # The reader speaks to library callers; on the command line the switch is a flag.
-        raise AnalyzeInputError(str(exc).replace("allow_partial=True", "--allow-partial")) from exc
-    analysis = analyze(table, spec=spec, notes=notes)
+    progress = command_progress(quiet=args.quiet)
+    inputs = read_inputs(args.records, spec=args.spec, allow_partial=args.allow_partial, progress=progress)
+    analysis = analyze(inputs.table, spec=inputs.spec, notes=inputs.notes, progress=progress)
     if args.json:
         json.dump(analysis.to_dict(), sys.stdout, indent=2)
         sys.stdout.write("\n")

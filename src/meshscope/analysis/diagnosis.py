@@ -47,6 +47,7 @@ from meshscope.analysis.costs import (
     grouped_median,
     grouped_quantile,
     measure_transfers,
+    own_time_us,
     place_of_rows,
     wait_caused,
 )
@@ -78,8 +79,9 @@ STRAGGLER_CONSISTENCY = 0.75
 """A persistent straggler is above the rest of its stage in at least this share of its steps ..."""
 STEP_JITTER_SIGMAS = 1.5
 """A straggler or slow link must cost at least this many robust standard deviations of the run's own step-to-step
-jitter (the median rank-step time of each step, over steps): on shared cores or a busy host, ranks differ by
-milliseconds for no reason a user can act on; an effect smaller than the run's own noise is not resolved."""
+jitter (each step's median own time, i.e. step minus sync wait and bubble, over steps): on shared cores or a busy
+host, ranks differ by milliseconds for no reason a user can act on; an effect smaller than the run's own noise is
+not resolved."""
 TRANSIENT_MIN_SHARE = 0.03
 """A transient straggler (slow in some steps only) costs at least this share of the step, amortised: one slow step
 in fifteen from a busy host is noise, not a rank to chase."""
@@ -215,7 +217,7 @@ class _Context:
     """Per rank-step: its work ÷ its (step, stage) peers' median work; ``None`` when no work is measured."""
     work_name: str
     step_jitter_us: float = 0.0
-    """Robust standard deviation over steps of each step's median rank-step time, µs."""
+    """Robust standard deviation over steps of each step's median own time (step minus sync wait and bubble), µs."""
     contention: Note | None = None
     """The run's ``cpu_contention`` note (ranks outnumbered the cores they ran on), if any."""
 
@@ -252,7 +254,9 @@ class _Context:
             n_peer_groups=n_groups,
             work_ratio=work_ratio,
             work_name=work_name,
-            step_jitter_us=_robust_sigma(grouped_median(rs.step_index, rs.step_us, rs.n_steps)),
+            # The median rank's own time (no waiting): a straggler lengthens everyone's step by their wait for it,
+            # not the median rank's own work, so its own effect never passes for the run's noise.
+            step_jitter_us=_robust_sigma(grouped_median(rs.step_index, own_time_us(rs), rs.n_steps)),
             contention=next((n for n in notes if n.code == CPU_CONTENTION), None),
         )
 

@@ -63,7 +63,13 @@ def demo_command(args: argparse.Namespace) -> int:
             "torch==2.13.0), or run 'make demo'"
         )
     settings = demo_settings(
-        Path(args.out), steps=args.steps, cp=args.cp, ep=args.ep, straggler=straggler, imbalance=imbalance
+        Path(args.out),
+        steps=args.steps,
+        cp=args.cp,
+        ep=args.ep,
+        straggler=straggler,
+        imbalance=imbalance,
+        quiet=args.quiet,
     )
     injected = []
     if straggler:

@@ -90,6 +90,8 @@ class RunSettings:
     """Ranks per emulated node for ``MESHSCOPE_NODE`` names; ``None``: the spec's hardware, else one node."""
     extra_env: dict[str, str] = field(default_factory=dict)
     """More environment for every rank."""
+    quiet: bool = False
+    """``--quiet``: the end-of-run report shows no progress on stderr (:mod:`meshscope.progress`)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -621,6 +623,7 @@ def settings_from_args(args: argparse.Namespace) -> RunSettings:
         launcher=args.launcher,
         grace_s=max(0.0, args.grace),
         gpus_per_node=args.gpus_per_node,
+        quiet=args.quiet,
     )
 
 
@@ -651,6 +654,7 @@ def demo_settings(
     straggler: str | None = None,
     imbalance: str | None = None,
     block_ms: float | None = None,
+    quiet: bool = False,
 ) -> RunSettings:
     """The run ``meshscope demo`` launches: the bundled ``train_tiny`` on 8 local CPU ranks, emulated accelerator.
 
@@ -666,6 +670,7 @@ def demo_settings(
         straggler: ``RANK:FACTOR`` passed to ``--straggler``.
         imbalance: ``RANK:FACTOR`` passed to ``--imbalance``.
         block_ms: emulated forward ms of one block; default :data:`meshscope.local.emulation.DEMO_BLOCK_MS`.
+        quiet: ``--quiet``: no progress of the end-of-run report on stderr.
     """
     from meshscope.local.bundled import data_root  # noqa: PLC0415
     from meshscope.local.emulation import DEMO_BLOCK_MS  # noqa: PLC0415
@@ -686,4 +691,5 @@ def demo_settings(
         job="demo",
         gpus_per_node=4,
         extra_env={"PYTHONWARNINGS": "ignore"},
+        quiet=quiet,
     )

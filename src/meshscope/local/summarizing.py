@@ -24,6 +24,7 @@ from meshscope.errors import MeshscopeError
 from meshscope.local.comparisons import compare_run
 from meshscope.local.emulation import TinyJob, emulated_assumptions, tiny_job_spec
 from meshscope.plan import plan_job
+from meshscope.progress import command_progress
 from meshscope.records import Note, RecordTable, read_records
 from meshscope.reports import trace_steps, write_report, write_trace
 
@@ -34,6 +35,7 @@ if TYPE_CHECKING:
     from meshscope.jobs import JobSpec
     from meshscope.local.comparisons import RunComparison
     from meshscope.local.running import RunOutcome
+    from meshscope.progress import Progress
 
 MIN_STEPS_TO_SKIP_WARMUP = 3
 """With at least this many steps recorded, the first one is left out of the end-of-run analysis as warm-up."""
@@ -189,7 +191,8 @@ def report_run(outcome: RunOutcome) -> int:
         for n in notes:
             print(f"  {n.code} ({n.count:,}): {n.message}")  # noqa: T201
         return 0
-    table = _read(outcome)
+    progress = command_progress(quiet=outcome.settings.quiet)
+    table = _read(outcome, progress)
     if table is None:
         return 0
     planned = _run_spec(outcome)
@@ -200,7 +203,7 @@ def report_run(outcome: RunOutcome) -> int:
         except MeshscopeError as exc:
             why, spec = f"the job's spec cannot be planned: {exc}", None
     try:
-        analysis = analyze(table, spec=spec, plan=plan, notes=notes)
+        analysis = analyze(table, spec=spec, plan=plan, notes=notes, progress=progress)
     except MeshscopeError as exc:
         print(f"cannot analyse the collected records: {exc}")  # noqa: T201
         return 0
@@ -220,17 +223,18 @@ def report_run(outcome: RunOutcome) -> int:
         print(comparison.render())  # noqa: T201
     else:
         print(f"\nNo expected numbers: {why}")  # noqa: T201
-    _write(outcome, table, analysis, comparison)
+    _write(outcome, table, analysis, comparison, progress)
     return 0
 
 
-def _read(outcome: RunOutcome) -> RecordTable | None:
+def _read(outcome: RunOutcome, progress: Progress) -> RecordTable | None:
     """The collected records without the warm-up step (said so), or ``None`` (said why)."""
     try:
-        records = read_records(outcome.records_path, allow_partial=True)
-        seen_steps = sorted({r.step for r in records})
-        warmup = seen_steps[0] if len(seen_steps) >= MIN_STEPS_TO_SKIP_WARMUP else None
-        table = RecordTable.from_records([r for r in records if r.step != warmup], notes=records.notes)
+        with progress.phase("reading the collected records"):
+            records = read_records(outcome.records_path, allow_partial=True)
+            seen_steps = sorted({r.step for r in records})
+            warmup = seen_steps[0] if len(seen_steps) >= MIN_STEPS_TO_SKIP_WARMUP else None
+            table = RecordTable.from_records([r for r in records if r.step != warmup], notes=records.notes)
     except (OSError, MeshscopeError) as exc:
         print(f"cannot read the collected records {outcome.records_path}: {exc}")  # noqa: T201
         return None
@@ -242,7 +246,9 @@ def _read(outcome: RunOutcome) -> RecordTable | None:
     return table
 
 
-def _write(outcome: RunOutcome, table: RecordTable, analysis: Analysis, comparison: RunComparison | None) -> None:
+def _write(
+    outcome: RunOutcome, table: RecordTable, analysis: Analysis, comparison: RunComparison | None, progress: Progress
+) -> None:
     """``analysis.json``, ``plan.json``, ``report.html`` and ``trace.json`` into ``OUT``; print the paths."""
     out_dir = outcome.settings.out_dir
     data = analysis.to_dict()
@@ -254,8 +260,10 @@ def _write(outcome: RunOutcome, table: RecordTable, analysis: Analysis, comparis
         (out_dir / "analysis.json").write_text(json.dumps(data, indent=1) + "\n")
         if analysis.plan is not None:
             (out_dir / "plan.json").write_text(json.dumps(analysis.plan.to_dict(), indent=1) + "\n")
-        report = write_report(out_dir / "report.html", table, analysis.breakdown, html)
-        trace = write_trace(out_dir / "trace.json", table, analysis.breakdown, steps=trace_steps(table))
+        with progress.phase("writing the report"):
+            report = write_report(out_dir / "report.html", table, analysis.breakdown, html)
+        with progress.phase("writing the trace"):
+            trace = write_trace(out_dir / "trace.json", table, analysis.breakdown, steps=trace_steps(table))
     except (OSError, ValueError) as exc:
         print(f"\ncannot write the report into {out_dir}: {exc}")  # noqa: T201
         return

@@ -60,6 +60,8 @@ if TYPE_CHECKING:
 
     from numpy.typing import NDArray
 
+    from meshscope.progress import Phase
+
 _INT32_MAX = int(np.iinfo(np.int32).max)
 _NAMES = ("node", "nvlink_domain", "network_tier", "group")
 """Name-valued fields, coded into ``RecordTable.<field>_names``; all but ``node`` are optional."""
@@ -334,8 +336,9 @@ class _TableBuilder:
         *,
         span: tuple[int, int] | None = None,
         last: bool = True,
+        phase: Phase | None = None,
     ) -> int:
-        """Append every line of ``path`` (or of a byte span of it).
+        """Append every line of ``path`` (or of a byte span of it); tell ``phase`` the bytes read, a batch at a time.
 
         Returns:
             The number of physical lines read.
@@ -344,7 +347,20 @@ class _TableBuilder:
             ParseError: for the first line that breaks a rule checked per line (as the object parser words it).
         """
         counted: list[int] = []
-        for batch, final in _raw_batches(path, allow_partial, notes, span=span, last=last, counted=counted):
+        tally, told = [0], 0  # bytes read, and told to ``phase``
+        batches = _raw_batches(
+            path,
+            allow_partial,
+            notes,
+            span=span,
+            last=last,
+            counted=counted,
+            tally=tally if phase is not None else None,
+        )
+        for batch, final in batches:
+            if phase is not None:
+                phase.advance(tally[0] - told)
+                told = tally[0]
             linenos = [lineno for lineno, _ in batch]
             try:
                 self._add_batch(list(map(_decode_line, [raw for _, raw in batch])), file_index, linenos, path)
@@ -353,6 +369,8 @@ class _TableBuilder:
                 pass
             linenos, objs = _decode_batch(path, batch, final=final, allow_partial=allow_partial, notes=notes)
             self._add_decoded(objs, file_index, linenos, path)
+        if phase is not None:
+            phase.advance(tally[0] - told)
         return counted[0] if counted else 0
 
     def _add_decoded(self, objs: list[Any], file_index: int, linenos: list[int], path: Path) -> None:

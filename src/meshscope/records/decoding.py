@@ -27,15 +27,19 @@ class _TruncatedError(Exception):
     """Internal: the last line of a file does not parse."""
 
 
-def _lines(path: Path, span: tuple[int, int] | None = None) -> Iterator[tuple[int, bytes]]:
+def _lines(
+    path: Path, span: tuple[int, int] | None = None, tally: list[int] | None = None
+) -> Iterator[tuple[int, bytes]]:
     """Yield (line number, raw line); a compressed stream that ends early ends the iteration with _TruncatedError.
 
     ``span`` (plain files only) reads the lines starting in byte range [start, end), numbered from 1 (a worker's
     chunk; ``start`` must be a line start). Gzip is decompressed block by block (not through ``gzip.open``, whose
     buffered reads lose the lines decoded just before a truncation), so ``allow_partial`` keeps every complete line.
+    ``tally[0]``, if given, grows by the bytes of the file read so far (compressed bytes of a gzip file): what the
+    readers' progress counts.
     """
     if not path.name.endswith(".gz"):
-        yield from _plain_lines(path, span)
+        yield from _plain_lines(path, span, tally)
         return
     lineno = 0
     rest = b""
@@ -43,6 +47,8 @@ def _lines(path: Path, span: tuple[int, int] | None = None) -> Iterator[tuple[in
         inflate = zlib.decompressobj(wbits=31)
         try:
             while chunk := f.read(1 << 20):
+                if tally is not None:
+                    tally[0] += len(chunk)
                 data = inflate.decompress(chunk)
                 while inflate.eof and inflate.unused_data:  # concatenated gzip members
                     tail = inflate.unused_data
@@ -65,14 +71,21 @@ _READ_BUFFER_BYTES = 1 << 20
 """Read buffer of plain files: lines of several KiB read through the default 8 KiB buffer cost ~3x more CPU."""
 
 
-def _plain_lines(path: Path, span: tuple[int, int] | None) -> Iterator[tuple[int, bytes]]:
+def _plain_lines(path: Path, span: tuple[int, int] | None, tally: list[int] | None) -> Iterator[tuple[int, bytes]]:
     with path.open("rb", buffering=_READ_BUFFER_BYTES) as f:
         if span is None:
-            yield from enumerate(f, 1)
+            if tally is None:
+                yield from enumerate(f, 1)
+                return
+            for lineno, raw in enumerate(f, 1):
+                tally[0] += len(raw)
+                yield lineno, raw
             return
         f.seek(span[0])
         left = span[1] - span[0]
         for lineno, raw in enumerate(f, 1):
+            if tally is not None:
+                tally[0] += len(raw)
             yield lineno, raw
             left -= len(raw)
             if left <= 0:
@@ -104,6 +117,7 @@ def _raw_batches(
     span: tuple[int, int] | None = None,
     last: bool = True,
     counted: list[int] | None = None,
+    tally: list[int] | None = None,
 ) -> Iterator[tuple[list[tuple[int, bytes]], bool]]:
     """Non-blank lines, a batch of (line number, raw line) at a time, each with whether it holds the file's last line.
 
@@ -111,13 +125,14 @@ def _raw_batches(
     final line of a file (``last``: this span ends the file) is "truncated": skipped and noted under
     ``allow_partial``, else an error; a bad line anywhere else is an error naming it. A compressed stream that ends
     early ends the batches with a ``ParseError`` (or a note under ``allow_partial``) after the lines before it.
-    ``counted`` receives the number of physical lines read.
+    ``counted`` receives the number of physical lines read; ``tally[0]`` grows by the bytes read (see
+    :func:`_lines`).
     """
     held: list[tuple[int, bytes]] = []  # a full batch waits until we know whether more lines follow
     batch: list[tuple[int, bytes]] = []
     lineno = 0
     try:
-        for lineno, raw in _lines(path, span):
+        for lineno, raw in _lines(path, span, tally):
             if not raw or raw.isspace():
                 continue
             if held:

@@ -14,7 +14,7 @@ import multiprocessing
 import os
 import shutil
 import tempfile
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, wait
 from dataclasses import dataclass
 from os import PathLike
 from pathlib import Path
@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from meshscope.errors import ParseError
+from meshscope.progress import BYTES, NO_PROGRESS
 from meshscope.records.building import _Raw, _table_of, _TableBuilder
 from meshscope.records.decoding import _decoded
 from meshscope.records.memory import mapped_empty
@@ -35,6 +36,7 @@ if TYPE_CHECKING:
 
     from numpy.typing import NDArray
 
+    from meshscope.progress import Progress
     from meshscope.records.tables import RecordTable
 
     StrPath = str | PathLike[str]
@@ -86,7 +88,13 @@ def read_records(paths: StrPath | Sequence[StrPath], *, allow_partial: bool = Fa
     return RecordSet(job=job[0] if job else "", records=tuple(records), notes=tuple(notes))
 
 
-def read_table(paths: StrPath | Sequence[StrPath], *, allow_partial: bool = False, workers: int = 1) -> RecordTable:
+def read_table(
+    paths: StrPath | Sequence[StrPath],
+    *,
+    allow_partial: bool = False,
+    workers: int = 1,
+    progress: Progress = NO_PROGRESS,
+) -> RecordTable:
     """Read JSON-lines step records straight into a :class:`RecordTable` (the fast path for big inputs).
 
     Lines are decoded by ``msgspec`` straight into typed objects (JSON types checked in C, no dict per interval) and
@@ -105,6 +113,9 @@ def read_table(paths: StrPath | Sequence[StrPath], *, allow_partial: bool = Fals
             through files in ``/dev/shm`` (else the temporary directory), removed before this returns. If a worker
             meets bad input, or a truncated last line under ``allow_partial``, the input is read again in this process
             so that the error or note names the right line.
+        progress: told of the phases: "reading records" (bytes of the files read, a batch of lines at a time; the
+            workers add theirs to a shared count, looked at every 0.1 s), "merging the workers' columns", "checking
+            the table".
 
     Returns:
         The validated table.
@@ -115,15 +126,26 @@ def read_table(paths: StrPath | Sequence[StrPath], *, allow_partial: bool = Fals
     files = _as_paths(paths)
     if workers < 1:
         raise ParseError(f"workers = {workers}; it must be >= 1")
-    if workers > 1 and sum(p.stat().st_size for p in files) >= _PARALLEL_MIN_BYTES:
-        table = _read_parallel(files, allow_partial=allow_partial, workers=workers)
+    total = sum(p.stat().st_size for p in files)
+    if workers > 1 and total >= _PARALLEL_MIN_BYTES:
+        table = _read_parallel(files, allow_partial=allow_partial, workers=workers, progress=progress)
         if table is not None:
             return table
     builder = _TableBuilder()
     notes: list[Note] = []
-    for file_index, path in enumerate(files):
-        builder.read_file(path, file_index, allow_partial, notes)
-    return builder.build(notes=tuple(notes), source_files=tuple(str(p) for p in files))
+    with progress.phase(READING, total=total, unit=BYTES) as phase:
+        for file_index, path in enumerate(files):
+            builder.read_file(path, file_index, allow_partial, notes, phase=phase)
+    with progress.phase(CHECKING):
+        return builder.build(notes=tuple(notes), source_files=tuple(str(p) for p in files))
+
+
+READING = "reading records"
+"""The phase of decoding record files (:mod:`meshscope.progress`), counted in bytes of the files."""
+MERGING = "merging the workers' columns"
+"""The phase of putting the workers' columns together (large inputs only)."""
+CHECKING = "checking the table"
+"""The phase of the vectorised checks of the finished table."""
 
 
 _MOST_DEFAULT_WORKERS = 8
@@ -201,13 +223,17 @@ def _read_chunk(  # noqa: PLR0917 - the pool maps it over positional work items
     The columns go through a file, not back through the pool's pipe: the parent reads each straight into its slice of
     the merged column, where pickling would copy it three times (pickle, receive, concatenate). The cyclic garbage
     collector is off while it decodes: decoded lines hold no cycles, and the collector's passes over millions of fresh
-    objects cost ~5% of the time. (The worker process is this module's own.)
+    objects cost ~5% of the time. (The worker process is this module's own.) The bytes it reads go to the parent's
+    shared count (:func:`_share_bytes_read`), the progress of the read.
     """
     gc.disable()
     try:
         builder = _TableBuilder()
         notes: list[Note] = []
-        lines = builder.read_file(Path(path), file_index, allow_partial, notes, span=span, last=last)
+        phase = _SharedBytes(_BYTES_READ) if _BYTES_READ is not None else None
+        lines = builder.read_file(Path(path), file_index, allow_partial, notes, span=span, last=last, phase=phase)
+        if phase is not None:
+            phase.flush()
         raw = builder.raw(lines=lines)
     finally:
         gc.enable()
@@ -244,7 +270,7 @@ def _scratch_dir(need_bytes: int) -> str | None:
     return str(shm) if roomy else None
 
 
-def _read_parallel(files: list[Path], *, allow_partial: bool, workers: int) -> RecordTable | None:
+def _read_parallel(files: list[Path], *, allow_partial: bool, workers: int, progress: Progress) -> RecordTable | None:
     """Decode the work items in worker processes and merge them; ``None`` means "read again in this process"."""
     plan = _chunk_plan(files, workers)
     if len(plan) < 2:
@@ -255,18 +281,74 @@ def _read_parallel(files: list[Path], *, allow_partial: bool, workers: int) -> R
     need = sum(p.stat().st_size * (5 if p.name.endswith(".gz") else 1) for p in files)
     with tempfile.TemporaryDirectory(prefix="meshscope-read-", dir=_scratch_dir(need)) as scratch:
         outs = [str(Path(scratch) / f"item-{i}.bin") for i in range(len(plan))]
+        shared = context.Value("q", 0)  # bytes the workers have read so far, for the progress
         try:
-            with ProcessPoolExecutor(max_workers=min(workers, len(plan)), mp_context=context) as pool:
-                items = [(*item, allow_partial, out) for item, out in zip(plan, outs, strict=True)]
-                chunks = list(pool.map(_read_chunk, *zip(*items, strict=True)))
+            with (
+                progress.phase(READING, total=sum(p.stat().st_size for p in files), unit=BYTES) as phase,
+                ProcessPoolExecutor(
+                    max_workers=min(workers, len(plan)),
+                    mp_context=context,
+                    initializer=_share_bytes_read,
+                    initargs=(shared,),
+                ) as pool,
+            ):
+                futures = [
+                    pool.submit(_read_chunk, *item, allow_partial, out) for item, out in zip(plan, outs, strict=True)
+                ]
+                running, told = set(futures), 0
+                while running:
+                    done, running = wait(running, timeout=_POLL_S)
+                    for future in done:
+                        future.result()  # (raises a worker's failure now)
+                    now = shared.value
+                    phase.advance(now - told)
+                    told = now
+                chunks = [future.result() for future in futures]
         except Exception:  # noqa: BLE001 - any failure: the caller reads in-process, which raises the precise error
             return None
         if any(chunk.notes for chunk in chunks):
             return None  # notes would name item-relative lines
         if len({chunk.job for chunk in chunks if chunk.job is not None}) > 1:
             return None  # so would a job mismatch
-        merged = _merge(chunks, [item[1] for item in plan])
-    return _table_of(merged, notes=(), source_files=tuple(str(p) for p in files))
+        with progress.phase(MERGING):
+            merged = _merge(chunks, [item[1] for item in plan])
+    with progress.phase(CHECKING):
+        return _table_of(merged, notes=(), source_files=tuple(str(p) for p in files))
+
+
+_POLL_S = 0.1
+"""Seconds between two looks at the workers' count of bytes read (the progress of a parallel read)."""
+_SHARE_EVERY_BYTES = 1 << 20
+"""A worker adds its bytes read to the shared count a MiB at a time (one lock each)."""
+_BYTES_READ: Any = None
+"""In a worker process: the parent's shared count of bytes read (a ``multiprocessing.Value``)."""
+
+
+def _share_bytes_read(counter: Any) -> None:  # noqa: ANN401 - a multiprocessing.Value
+    """Worker initializer: keep the parent's count of bytes read."""
+    global _BYTES_READ  # noqa: PLW0603 - one per worker process, set once when it starts
+    _BYTES_READ = counter
+
+
+class _SharedBytes:
+    """A worker's side of the "reading records" phase: bytes read go to the parent's count, a MiB at a time."""
+
+    __slots__ = ("_counter", "_held")
+
+    def __init__(self, counter: Any) -> None:  # noqa: ANN401 - a multiprocessing.Value
+        self._counter = counter
+        self._held = 0
+
+    def advance(self, amount: int = 1) -> None:
+        self._held += amount
+        if self._held >= _SHARE_EVERY_BYTES:
+            self.flush()
+
+    def flush(self) -> None:
+        if self._held:
+            with self._counter.get_lock():
+                self._counter.value += self._held
+            self._held = 0
 
 
 def _merge(chunks: list[_Chunk], file_of: list[int]) -> _Raw:

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO, Literal
 import msgspec
 import numpy as np
 
+from meshscope.progress import NO_PROGRESS
 from meshscope.records.building import BetweenFields, CoordFields, StatsFields
 from meshscope.records.parsing import record_to_json
 from meshscope.records.schema import (
@@ -41,6 +42,8 @@ if TYPE_CHECKING:
 
     from numpy.typing import NDArray
 
+    from meshscope.progress import Progress
+
     StrPath = str | PathLike[str]
 
 GZIP_LEVEL = 6
@@ -55,37 +58,51 @@ def _open(path: Path, mode: Literal["rb", "wb"]) -> BinaryIO | gzip.GzipFile:
     return path.open(mode)
 
 
-def write_records(path: StrPath, records: Iterable[StepRecord] | RecordTable) -> int:
+def write_records(
+    path: StrPath, records: Iterable[StepRecord] | RecordTable, *, progress: Progress = NO_PROGRESS
+) -> int:
     """Write records as JSON lines (gzip-compressed when the name ends in ``.gz``).
 
     Args:
         path: file to (over)write.
         records: record objects, or a whole :class:`RecordTable` (converted a chunk of rows at a time).
+        progress: told of the phase "writing records" (records written, a chunk of rows at a time from a table).
 
     Returns:
         Number of lines written.
     """
     encoder = msgspec.json.Encoder()
     count = 0
-    with _open(Path(path), "wb") as f:
+    total = records.n_rows if isinstance(records, RecordTable) else None
+    with _open(Path(path), "wb") as f, progress.phase(WRITING, total=total, unit="records") as phase:
         if isinstance(records, RecordTable):
             # The file write (and gzip's compression) releases the GIL: a thread does it while the next chunk is
             # encoded. At most two chunks are held.
             with ThreadPoolExecutor(max_workers=1) as writer:
                 pending: Future[int] | None = None
+                pending_lines = 0
                 for lines in _table_lines(records):
                     data = encoder.encode_lines(lines)
                     if pending is not None:
                         pending.result()
-                    pending = writer.submit(f.write, data)
+                        phase.advance(pending_lines)
+                    pending, pending_lines = writer.submit(f.write, data), len(lines)
                     count += len(lines)
                 if pending is not None:
                     pending.result()
+                    phase.advance(pending_lines)
             return count
         for record in records:
             f.write(encoder.encode(record_to_json(record)) + b"\n")
             count += 1
+            if not count % _ROWS_PER_CHUNK:
+                phase.advance(_ROWS_PER_CHUNK)
+        phase.advance(count % _ROWS_PER_CHUNK)
     return count
+
+
+WRITING = "writing records"
+"""The phase of :func:`write_records` (:mod:`meshscope.progress`), counted in records."""
 
 
 # Typed objects in the field order of ``record_to_json``; ``None`` (the default) is left out of the JSON.

@@ -1,8 +1,10 @@
 """``meshscope report``: read step records (and a spec), analyse them, write the HTML report and the Perfetto trace.
 
-The command line's arguments are defined in :mod:`meshscope.cli`; this module runs the command. It analyses through
+The command line's arguments are defined in :mod:`meshscope.cli`; this module runs the command. It reads through
+:func:`meshscope.analysis.read_inputs` (shared with ``meshscope analyze``), analyses through
 :func:`meshscope.analysis.analyze` and draws through :mod:`~meshscope.reports.pages` and
-:mod:`~meshscope.reports.traces`; on bad input it raises :class:`ReportInputError` (exit 2, one line).
+:mod:`~meshscope.reports.traces`; on bad input it raises :class:`ReportInputError` (exit 2, one line). Progress goes
+to stderr on a terminal unless ``--quiet`` (:func:`meshscope.progress.command_progress`).
 """
 
 from __future__ import annotations
@@ -11,10 +13,9 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from meshscope.analysis import analyze
+from meshscope.analysis import analyze, read_inputs
 from meshscope.errors import MeshscopeError
-from meshscope.jobs import load_spec
-from meshscope.records import default_workers, read_table
+from meshscope.progress import command_progress
 from meshscope.reports.pages import write_report
 from meshscope.reports.traces import trace_steps, write_trace
 
@@ -27,26 +28,22 @@ class ReportInputError(MeshscopeError):
 
 
 def report_command(args: argparse.Namespace) -> int:
-    """``meshscope report RECORDS... [--spec FILE] [--out DIR]`` (arguments: :mod:`meshscope.cli`).
+    """``meshscope report RECORDS... [--spec FILE] [--out DIR] [--quiet]`` (arguments: :mod:`meshscope.cli`).
 
     Raises:
         ReportInputError: for missing or unreadable records files.
     """
-    paths = [Path(p) for p in args.records]
-    missing = [str(p) for p in paths if not p.is_file()]
-    if missing:
-        raise ReportInputError(f"no such records file: {', '.join(missing)}")
-    spec = load_spec(args.spec) if args.spec else None
-    try:
-        table = read_table(paths, workers=default_workers())
-    except OSError as exc:
-        raise ReportInputError(f"cannot read records: {exc}") from exc
-    result = analyze(table, spec=spec)
+    progress = command_progress(quiet=args.quiet)
+    inputs = read_inputs(args.records, spec=args.spec, progress=progress, error=ReportInputError)
+    table = inputs.table
+    result = analyze(table, spec=inputs.spec, progress=progress)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    report = write_report(out / "report.html", table, result.breakdown, result.to_dict())
+    with progress.phase("writing the report"):
+        report = write_report(out / "report.html", table, result.breakdown, result.to_dict())
     steps = trace_steps(table)
-    trace = write_trace(out / "trace.json", table, result.breakdown, steps=steps)
+    with progress.phase("writing the trace"):
+        trace = write_trace(out / "trace.json", table, result.breakdown, steps=steps)
     which = "every step" if steps is None else f"steps {', '.join(map(str, steps))} (slowest, median)"
     sys.stdout.write(f"report: {report}\ntrace:  {trace} ({which}; open in ui.perfetto.dev or chrome://tracing)\n")
     return 0

@@ -2,12 +2,13 @@
 
 ::
 
-    meshscope simulate SCENARIO.yaml [--out records.jsonl.gz] [--steps N] [--seed S] [--fault ...] [--prefetch]
+    meshscope simulate SCENARIO.yaml [--out records.jsonl.gz] [--steps N] [--seed S] [--fault ...] [--prefetch] [-q]
     meshscope simulate --spec JOB.yaml --steps 20 --fault straggler:rank=3,factor=1.5 --fault noise:sigma=0.02
 
-Prints what it wrote (ranks, steps, intervals, bytes, seconds taken) and the injected faults. Errors are
-:class:`~meshscope.errors.MeshscopeError` (exit code 2 in the CLI). Its arguments are defined in :mod:`meshscope.cli`;
-this module checks them and prints; it must not simulate anything itself.
+Prints what it wrote (ranks, steps, intervals, bytes, seconds taken) and the injected faults; on a terminal, unless
+``--quiet``, stderr shows the progress of simulating and writing (:func:`meshscope.progress.command_progress`).
+Errors are :class:`~meshscope.errors.MeshscopeError` (exit code 2 in the CLI). Its arguments are defined in
+:mod:`meshscope.cli`; this module checks them and prints; it must not simulate anything itself.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import TYPE_CHECKING
 from meshscope.errors import MeshscopeError
 from meshscope.formatting import human_bytes, human_count
 from meshscope.jobs import load_spec
+from meshscope.progress import command_progress
 from meshscope.records import write_records
 from meshscope.simulation.faults import parse_fault
 from meshscope.simulation.scenarios import MAX_STEPS, Scenario, load_scenario
@@ -57,6 +59,7 @@ def simulate_command(args: argparse.Namespace) -> int:
     else:
         spec = load_spec(args.spec)
         scenario = Scenario(spec=spec, job=spec.name, source=str(args.spec))
+    progress = command_progress(quiet=args.quiet)
     began = time.perf_counter()
     result = simulate(
         scenario,
@@ -64,6 +67,7 @@ def simulate_command(args: argparse.Namespace) -> int:
         seed=args.seed,
         faults=faults,
         prefetch=True if args.prefetch else None,
+        progress=progress,
     )
     simulated = time.perf_counter() - began
     table = result.table
@@ -77,7 +81,7 @@ def simulate_command(args: argparse.Namespace) -> int:
     for fault in result.truth.faults:
         _say(f"  fault {fault.kind.value}: {fault.description}")
     began = time.perf_counter()
-    lines = write_records(out, table)
+    lines = write_records(out, table, progress=progress)
     written = time.perf_counter() - began
     size = out.stat().st_size
     _say(f"wrote {out}: {human_count(lines)} records, {human_bytes(size)} in {written:.2f} s")

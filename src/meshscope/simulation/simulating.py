@@ -14,6 +14,7 @@ from meshscope.analysis import break_down
 from meshscope.errors import LayoutError, SpecError
 from meshscope.jobs import JobSpec
 from meshscope.plan import plan_job
+from meshscope.progress import NO_PROGRESS
 from meshscope.simulation.faults import FaultKind, JobShape, Truth, resolve_faults
 from meshscope.simulation.model import JobModel, build_model
 from meshscope.simulation.scenarios import Phases, Scenario
@@ -25,6 +26,7 @@ if TYPE_CHECKING:
 
     from meshscope.analysis import Breakdown
     from meshscope.plan import Plan, PlanAssumptions
+    from meshscope.progress import Progress
     from meshscope.records import RecordTable
     from meshscope.simulation.faults import Fault
 
@@ -78,6 +80,7 @@ def simulate(
     job_name: str | None = None,
     start_us: int = DEFAULT_START_US,
     gpu_util: bool = True,
+    progress: Progress = NO_PROGRESS,
 ) -> SimulationResult:
     """Simulate a job's steps and return the step records with the ground truth of the injected faults.
 
@@ -94,6 +97,8 @@ def simulate(
         start_us: timestamp of the first step, µs.
         gpu_util: write reported GPU utilisation (a spinning collective counts as busy, so it reads ~1.0 while a
             rank waits in a collective; only data waits and checkpoints lower it).
+        progress: told of the phases "simulating" (steps done of the steps asked for) and "building the records
+            table".
 
     Returns:
         The records, the truth, the plan and the model as simulated.
@@ -134,7 +139,7 @@ def simulate(
         gpu_util=gpu_util,
         job=scenario.job,
     )
-    timeline = run_timeline(model, scenario.faults, settings, truth.clock_offset_us)
+    timeline = run_timeline(model, scenario.faults, settings, truth.clock_offset_us, progress=progress)
     resolved = tuple(
         dataclasses.replace(t, groups=timeline.slowed_groups.get(i, ())) if t.kind is FaultKind.SLOW_LINK else t
         for i, t in enumerate(truth.faults)

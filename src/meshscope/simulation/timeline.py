@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from meshscope.jobs import PipelineSchedule
+from meshscope.progress import NO_PROGRESS
 from meshscope.records import AXIS_CODE, KIND_CODE, OP_CODE, PHASE_CODE, IntervalColumns, RecordTable, StepColumns
 from meshscope.simulation.faults import (
     CheckpointStall,
@@ -56,6 +57,7 @@ if TYPE_CHECKING:
 
     from numpy.typing import NDArray
 
+    from meshscope.progress import Progress
     from meshscope.simulation.faults import Fault
     from meshscope.simulation.model import GroupKind, Item, JobModel
 
@@ -697,7 +699,12 @@ class _Engine:
 
 
 def run_timeline(
-    model: JobModel, faults: Sequence[Fault], settings: TimelineSettings, clock_offset_us: NDArray[np.int64]
+    model: JobModel,
+    faults: Sequence[Fault],
+    settings: TimelineSettings,
+    clock_offset_us: NDArray[np.int64],
+    *,
+    progress: Progress = NO_PROGRESS,
 ) -> TimelineResult:
     """Simulate ``settings.steps`` steps of ``model`` with ``faults`` and write the record table.
 
@@ -706,6 +713,8 @@ def run_timeline(
         faults: the faults (already checked against the job).
         settings: steps, seed, prefetch, start time, job name.
         clock_offset_us: per node, added to every timestamp of its ranks.
+        progress: told of the phases "simulating" (steps done of ``settings.steps``, one at a time: each step is
+            vectorised over every rank) and "building the records table".
 
     Returns:
         The records and the groups slow links slowed.
@@ -719,34 +728,37 @@ def run_timeline(
     tokens = np.ones((steps, p, n))
     compute = np.ones((steps, p, n))
     now: Rows = [np.zeros(n, dtype=np.int64) for _ in range(p)]
-    for k in range(steps):
-        start[k] = np.stack(now)
-        now, spent, st = engine.step(k, now)
-        end[k], idle[k] = np.stack(now), np.stack(spent)
-        tokens[k], compute[k] = st.tokens, st.compute
-    offset_of_rank = clock_offset_us[grid.node] + settings.start_us
-    intervals = engine.blocks.columns(offset_of_rank)
-    steps_table = _step_columns(
-        model=model,
-        engine=engine,
-        start=start,
-        end=end,
-        idle=idle,
-        tokens=tokens,
-        compute=compute,
-        offset_of_rank=offset_of_rank,
-        settings=settings,
-    )
-    placement = model.placement
-    table = RecordTable(
-        job=settings.job,
-        steps=steps_table,
-        intervals=intervals,
-        node_names=tuple(placement.node_name(i) for i in range(placement.nodes)),
-        nvlink_domain_names=tuple(f"nvl-{i}" for i in range(int(placement.domain_of_node.max()) + 1)),
-        network_tier_names=tuple(f"block-{i}" for i in range(int(placement.block_of_node.max()) + 1)),
-        group_names=tuple(grid.group_names),
-    )
+    with progress.phase(f"simulating {model.spec.world_size:,} ranks", total=steps, unit="steps") as phase:
+        for k in range(steps):
+            start[k] = np.stack(now)
+            now, spent, st = engine.step(k, now)
+            end[k], idle[k] = np.stack(now), np.stack(spent)
+            tokens[k], compute[k] = st.tokens, st.compute
+            phase.advance()
+    with progress.phase("building the records table"):
+        offset_of_rank = clock_offset_us[grid.node] + settings.start_us
+        intervals = engine.blocks.columns(offset_of_rank)
+        steps_table = _step_columns(
+            model=model,
+            engine=engine,
+            start=start,
+            end=end,
+            idle=idle,
+            tokens=tokens,
+            compute=compute,
+            offset_of_rank=offset_of_rank,
+            settings=settings,
+        )
+        placement = model.placement
+        table = RecordTable(
+            job=settings.job,
+            steps=steps_table,
+            intervals=intervals,
+            node_names=tuple(placement.node_name(i) for i in range(placement.nodes)),
+            nvlink_domain_names=tuple(f"nvl-{i}" for i in range(int(placement.domain_of_node.max()) + 1)),
+            network_tier_names=tuple(f"block-{i}" for i in range(int(placement.block_of_node.max()) + 1)),
+            group_names=tuple(grid.group_names),
+        )
     return TimelineResult(table=table, slowed_groups=engine.slowed_groups)
 
 
