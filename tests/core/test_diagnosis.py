@@ -661,3 +661,94 @@ def test_grouped_quantile_is_numpys_quantile_per_group(n_groups: int) -> None:
                 assert got[g] == pytest.approx(np.quantile(mine, q), abs=1e-12), (g, q)
             else:
                 assert np.isnan(got[g])
+
+
+# ---------------------------------------------------------------------------- time between steps
+
+
+def _between_steps_table(*, gaps_known: bool = True) -> RecordTable:
+    """4 ranks, dp 4, 6 steps: compute 20 ms, then one all-reduce (3 ms once the last member arrives). Before steps
+    2 and 4, rank 0 spends 100 ms between steps (90 ms of it a checkpoint), so it starts them late and the others
+    wait for it in the all-reduce."""
+    ms = 1000
+    rows: dict[str, list] = {k: [] for k in ("rank", "step", "start", "end", "gap", "between")}
+    iv: dict[str, list] = {k: [] for k in ("row", "kind", "start", "end", "axis", "op", "group", "seq", "size")}
+    t, prev_end = 0, None
+    for k in range(6):
+        late = 100 * ms if k in (2, 4) else 0
+        last = t + late + 20 * ms
+        end = last + 3 * ms
+        for r in range(4):
+            start = t + (late if r == 0 else 0)
+            row = len(rows["rank"])
+            rows["rank"].append(r)
+            rows["step"].append(k)
+            rows["start"].append(start)
+            rows["end"].append(end)
+            rows["gap"].append(-1 if prev_end is None or not gaps_known else start - prev_end)
+            ckpt = 90 * ms if (r == 0 and late) else 0
+            rows["between"].append([-1] * 5 if prev_end is None or not gaps_known else [0, 0, 0, ckpt, 0])
+            for kind, s0, e0 in (("compute", start, start + 20 * ms), ("comm", start + 20 * ms, end)):
+                iv["row"].append(row)
+                iv["kind"].append(KIND_CODE[kind])
+                iv["start"].append(s0)
+                iv["end"].append(e0)
+                net = kind == "comm"
+                iv["axis"].append(AXIS_CODE["dp"] if net else -1)
+                iv["op"].append(OP_CODE["all_reduce"] if net else -1)
+                iv["group"].append(0 if net else -1)
+                iv["seq"].append(k if net else -1)
+                iv["size"].append(1 << 20 if net else -1)
+        prev_end = end
+        t = end + 1 * ms
+    n = len(rows["rank"])
+    return RecordTable(
+        job="between",
+        steps=StepColumns.build(
+            rank=rows["rank"],
+            step=rows["step"],
+            start_us=rows["start"],
+            end_us=rows["end"],
+            coord=[[r, 0, 0, 0, 0] for r in rows["rank"]],
+            nvlink_domain=[0] * n,
+            gap_before_us=rows["gap"],
+            between_us=rows["between"],
+        ),
+        intervals=IntervalColumns.build(
+            row=iv["row"],
+            kind=iv["kind"],
+            start_us=iv["start"],
+            end_us=iv["end"],
+            axis=iv["axis"],
+            op=iv["op"],
+            group=iv["group"],
+            seq=iv["seq"],
+            size_bytes=iv["size"],
+        ),
+        group_names=("dp:0",),
+    )
+
+
+def test_time_between_steps_that_the_others_wait_for_is_a_finding_with_its_cause() -> None:
+    analysis = analyze(_between_steps_table())
+    f = only(analysis.findings, "between-steps")
+    assert f.suspects[0].rank == 0
+    assert f.evidence["steps_with_long_gap"] == 2
+    assert f.evidence["gap_seconds"] == pytest.approx(0.101)
+    assert f.evidence["peer_gap_seconds"] == pytest.approx(0.001)
+    # The others wait 100 ms in 2 of 6 steps: 33.3 ms per step each, what the cost table charges rank 0.
+    assert f.cost_seconds_per_step == pytest.approx(0.1 / 3, rel=0.01)
+    assert f.evidence["amortised_excess_seconds_per_step"] == pytest.approx(0.1 / 3, rel=0.01)
+    row = next(r for r in analysis.rows if r.category == "comm.dp.sync_wait")
+    assert row.suspect is not None
+    assert row.suspect.rank == 0
+    assert row.suspect.message in f.message
+    assert "checkpoint 90.00 ms, unlabelled 11.00 ms" in f.message
+
+
+def test_without_the_gap_fields_the_wait_is_charged_but_not_explained() -> None:
+    analysis = analyze(_between_steps_table(gaps_known=False))
+    assert "between-steps" not in [f.code for f in analysis.findings]
+    row = next(r for r in analysis.rows if r.category == "comm.dp.sync_wait")
+    assert row.suspect is not None
+    assert row.suspect.rank == 0

@@ -15,6 +15,8 @@ How causes are told apart:
 * **slow-link**: **transfer** time per byte (after the last member arrived, so never sync wait) is higher on the
   transfers through one node's network (or inside one NVLink domain) than on the same transfers elsewhere;
 * **placement**: an axis whose groups cross NVLink domains spends a real share of the step in exposed transfer;
+* **between-steps**: a rank that spends much longer than its peers between two steps (eval, checkpoint, logging
+  outside a step), which the others wait for in their next collective;
 * **bubble-above-plan**, **data-loader-starved**, **checkpoint-stall**: job-wide categories above the plan or a share.
 
 It is vectorised over rank-steps and collective instances (grouped medians by one sort, per-node sums by
@@ -54,7 +56,7 @@ from meshscope.analysis.costs import (
 from meshscope.analysis.grouping import distinct
 from meshscope.formatting import human_bytes, human_seconds, percent
 from meshscope.plan import Severity
-from meshscope.records import COMM_CODE, OPS, CommOp
+from meshscope.records import BETWEEN_KINDS, COMM_CODE, OPS, CommOp
 from meshscope.topology import AXES
 
 if TYPE_CHECKING:
@@ -135,8 +137,8 @@ class Finding:
     """One diagnosed cause, with numbers."""
 
     code: str
-    """``straggler``, ``data-imbalance``, ``placement``, ``bubble-above-plan``, ``data-loader-starved``,
-    ``checkpoint-stall`` or ``slow-link``."""
+    """``straggler``, ``data-imbalance``, ``between-steps``, ``placement``, ``bubble-above-plan``,
+    ``data-loader-starved``, ``checkpoint-stall`` or ``slow-link``."""
     severity: Severity
     """From the cost share: error ≥ 20 %, warning ≥ 5 %, else info."""
     message: str
@@ -188,6 +190,7 @@ def diagnose(
     findings: list[Finding] = []
     findings += _stragglers(ctx)
     findings += _imbalance(ctx)
+    findings += _between_steps(ctx)
     findings += _slow_link(ctx, transfers)
     findings += _placement(ctx, plan=plan, spec=spec, transfers=transfers)
     root_cost = sum(f.cost_seconds_per_step for f in findings)
@@ -977,6 +980,88 @@ def _bubble(ctx: _Context, *, plan: Plan | None, explained_seconds: float) -> li
             cost_seconds_per_step=excess_s,
         )
     ]
+
+
+def _between_steps(ctx: _Context) -> list[Finding]:
+    """A rank that spends much longer than its peers between two steps (eval, checkpoint, logging outside a step).
+
+    That time is in no step's breakdown, but the other ranks wait for the rank in their next collective: the cost
+    table charges it, and only this finding says why. Per rank-step, the time since the rank's previous step ended
+    (``gap_before_us``) against the median of the same step's ranks; rank-steps above the cost floor and
+    :data:`NOISE_SIGMAS` x the gaps' spread, amortised over the rank's steps, must cost
+    :data:`TRANSIENT_MIN_SHARE` of the step, at most half of the ranks (a whole job that pauses between steps waits
+    for nobody).
+    """
+    rs = ctx.rs
+    s = rs.breakdown.table.steps
+    gap = s.gap_before_us.astype(np.float64)
+    known = gap >= 0
+    if np.count_nonzero(known) < 2:
+        return []
+    typical = grouped_median(rs.step_index[known], gap[known], rs.n_steps)[rs.step_index]
+    excess = np.where(known, gap - typical, 0.0)
+    floor = max(MIN_COST_SHARE * ctx.step_us, NOISE_SIGMAS * _robust_sigma(excess[known]))
+    long = known & (excess >= floor)
+    if not long.any():
+        return []
+    amortised = np.bincount(rs.rank_index[long], weights=excess[long], minlength=rs.n_ranks) / rs.steps_per_rank
+    ranks = np.flatnonzero(amortised >= TRANSIENT_MIN_SHARE * ctx.step_us)
+    if ranks.size == 0 or 2 * ranks.size > rs.n_ranks:
+        return []
+    findings = []
+    for i in ranks[np.argsort(-amortised[ranks])][:MAX_STRAGGLER_FINDINGS].tolist():
+        mine = long & (rs.rank_index == i)
+        caused = wait_caused(rs, i, int(np.argmax(rs.caused_per_step_us[i])))
+        cost_s = float(amortised[i]) / 1e6 if caused is None else caused.per_member_seconds
+        share = ctx.share(cost_s)
+        if share < MIN_COST_SHARE:
+            continue
+        between = s.between_us[mine].astype(np.float64)
+        labelled = between >= 0
+        parts = []
+        for k, kind in enumerate(BETWEEN_KINDS):
+            values = np.where(labelled[:, k], between[:, k], 0.0)
+            if values.any():
+                parts.append(f"{kind} {human_seconds(float(np.median(values)) / 1e6)}")
+        rest = gap[mine] - np.where(labelled, between, 0.0).sum(axis=1)
+        parts.append(f"unlabelled {human_seconds(float(np.median(rest)) / 1e6)}")
+        gap_s = float(np.median(gap[mine])) / 1e6
+        peers_s = float(np.median(typical[mine])) / 1e6
+        n_long, total = int(np.count_nonzero(mine)), int(rs.steps_per_rank[i])
+        message = (
+            f"{ctx.where(i)} spends {human_seconds(gap_s)} between steps before {n_long} of its {total} steps "
+            f"({', '.join(parts)}) where the other ranks spend {human_seconds(peers_s)}: that time is outside every "
+            f"step, so no step's breakdown shows it, but the others wait for it in their next collective; "
+        )
+        if caused is None:
+            message += f"it costs about {human_seconds(cost_s)} per step ({percent(share)} of the step)"
+        else:
+            message += f"{caused.sentence()}, {percent(share)} of the step"
+        message += (
+            "; run eval, checkpoints and logging inside a step (a tracker phase) to see them in the table, and make "
+            "them asynchronous or less frequent to stop the others waiting"
+        )
+        findings.append(
+            Finding(
+                code="between-steps",
+                severity=severity_for(share),
+                message=message,
+                evidence={
+                    "rank": int(rs.ranks[i]),
+                    "gap_seconds": gap_s,
+                    "peer_gap_seconds": peers_s,
+                    "steps_with_long_gap": n_long,
+                    "steps": total,
+                    "amortised_excess_seconds_per_step": float(amortised[i]) / 1e6,
+                    "cost_seconds_per_step": cost_s,
+                    "wait_per_member_seconds_per_step": None if caused is None else caused.per_member_seconds,
+                    "share_of_step": share,
+                },
+                suspects=(ctx.suspect(i),),
+                cost_seconds_per_step=cost_s,
+            )
+        )
+    return findings
 
 
 def _data_starved(ctx: _Context) -> list[Finding]:
