@@ -13,6 +13,7 @@ kept as ``user_step``), the phases, and the checkpoint as a phase.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import tempfile
 
@@ -21,12 +22,12 @@ import torch.distributed as dist
 from faults import Faults, add_fault_arguments
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: N817
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import ConcatDataset, DataLoader, Dataset
 from torch.utils.data.distributed import DistributedSampler
 
 from meshscope import sdk
 
-FEATURES, HIDDEN, CLASSES = 128, 512, 10
+FEATURES, HIDDEN, CLASSES = 256, 1024, 10
 
 
 class Regression(Dataset):
@@ -68,9 +69,11 @@ def main() -> None:
     loss_fn = nn.MSELoss()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     dataset = Regression(args.samples)
+    if faults.rows > 1:  # the same number of batches, each of more rows: this rank's shard is the data repeated
+        dataset = ConcatDataset([dataset] * math.ceil(faults.rows))
     sampler = DistributedSampler(dataset, shuffle=True, seed=0)
     loader = DataLoader(dataset, batch_size=faults.batch(args.batch_size), sampler=sampler, drop_last=True)
-    steps = min(len(loader), len(dataset) // (args.batch_size * dist.get_world_size()))
+    steps = args.samples // (args.batch_size * dist.get_world_size())
     checkpoint = os.path.join(tempfile.gettempdir(), f"ddp-tutorial-{os.getpid()}.pt")
 
     for epoch in range(args.epochs):
