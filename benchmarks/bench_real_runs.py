@@ -1,0 +1,149 @@
+"""How often meshscope reads real training runs right: false findings on clean runs, the right cause and rank on faults.
+
+Issue 9's quality bars: over at least 20 clean real runs (mixed scripts, with and without foreign CPU load) the false
+findings per run (target 0); over at least 30 runs with an injected fault the share whose findings name the right
+cause and rank (target >= 95 %), and how the finding's cost compares with the cost table's own sync-wait figure
+(within 20 %).
+
+Every run is a real ``meshscope run`` of one of the third-party-style scripts in ``tests/scripts/`` (a nanoGPT-style
+DDP loop, a DDP-tutorial-style epoch loop, an FSDP2 loop) on 4 gloo ranks, or of the demo job (``train_tiny`` on 8
+ranks, emulated accelerator). Foreign load, where asked, is one spinning process per core beside the job. Faults:
+``--straggler RANK:2`` (that rank's passes take twice as long) or ``--imbalance RANK:3`` (three times the rows), the
+rank drawn from a seeded generator. A clean run is right when it has no finding; a straggler run when exactly one
+straggler finding names exactly the injected rank; an imbalance run when a data-imbalance finding names it first and
+no straggler finding appears.
+
+    .venv/bin/python benchmarks/bench_real_runs.py                      # 24 clean + 30 fault runs, ~15 min here
+    .venv/bin/python benchmarks/bench_real_runs.py --clean 4 --faults 6  # a quick look
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from timing import machine_reference
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPTS = ROOT / "tests" / "scripts"
+JOBS: dict[str, list[str]] = {
+    "nanogpt-ddp": ["nanogpt_ddp.py", "--iters", "10"],
+    "ddp-tutorial": ["ddp_tutorial.py", "--epochs", "2", "--samples", "768"],
+    "fsdp2": ["fsdp2_loop.py", "--steps", "10"],
+}
+
+
+def run(job: str, out: Path, extra: list[str]) -> dict[str, Any]:
+    """One ``meshscope run``; its analysis (``{}`` when it failed)."""
+    if job == "demo":
+        command = [sys.executable, "-m", "meshscope", "demo", "--out", str(out), "--steps", "6", *extra]
+    else:
+        script, *args = JOBS[job]
+        command = [sys.executable, "-m", "meshscope", "run", "--nproc", "4", "--out", str(out), "--", sys.executable,
+                   str(SCRIPTS / script), *args, *extra]  # fmt: skip
+    env = {**os.environ, "PYTHONWARNINGS": "ignore", "PYTHONPATH": str(SCRIPTS)}
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600, env=env, check=False)
+    path = out / "analysis.json"
+    if done.returncode != 0 or not path.exists():
+        print(f"    run failed ({done.returncode}): {(done.stdout + done.stderr)[-400:]}", flush=True)
+        return {}
+    result: dict[str, Any] = json.loads(path.read_text())
+    return result
+
+
+def burner(*, on: bool) -> list[subprocess.Popen[bytes]]:
+    """One spinning process per core, or none."""
+    if not on:
+        return []
+    return [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(os.cpu_count() or 2)]
+
+
+def stop(procs: list[subprocess.Popen[bytes]]) -> None:
+    for p in procs:
+        p.kill()
+    for p in procs:
+        p.wait()
+
+
+def verdict(analysis: dict[str, Any], fault: str | None, rank: int | None) -> tuple[bool, str, float | None]:
+    """(right, what was found, the finding's cost ÷ the table's sync-wait figure for the rank)."""
+    findings = analysis.get("findings", [])
+    found = "; ".join(f"{f['code']}({','.join(str(s['rank']) for s in f['suspects'])})" for f in findings) or "none"
+    if fault is None:
+        return not findings, found, None
+    code = "straggler" if fault == "straggler" else "data-imbalance"
+    hits = [f for f in findings if f["code"] == code]
+    right = len(hits) == 1 and hits[0]["suspects"][0]["rank"] == rank
+    if fault == "straggler":
+        right = right and [s["rank"] for s in hits[0]["suspects"]] == [rank]
+    else:
+        right = right and not any(f["code"] == "straggler" for f in findings)
+    ratio = None
+    if hits:
+        suspect = next((r.get("suspect") or {} for r in analysis["rows"] if r["category"] == "comm.dp.sync_wait"), {})
+        cost = hits[0]["evidence"].get("cost_seconds_per_step")
+        per_member = hits[0]["evidence"].get("wait_per_member_seconds_per_step")
+        if cost and per_member and suspect.get("rank") == rank and suspect.get("message", "") in hits[0]["message"]:
+            ratio = cost / per_member
+    return right, found, ratio
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    p.add_argument("--clean", type=int, default=24, help="clean runs (half beside a CPU burner)")
+    p.add_argument("--faults", type=int, default=30, help="runs with an injected fault")
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args()
+    print(machine_reference())
+    rng = random.Random(args.seed)
+    jobs = [*JOBS, "demo"]
+    plan: list[tuple[str, bool, str | None, int | None]] = [
+        (jobs[i % len(jobs)], i % 2 == 1, None, None) for i in range(args.clean)
+    ]
+    for i in range(args.faults):
+        job = list(JOBS)[i % len(JOBS)]
+        fault = "straggler" if (i // len(JOBS)) % 2 == 0 else "imbalance"
+        plan.append((job, i % 3 == 2, fault, rng.randrange(4)))
+    results = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for k, (job, load, fault, rank) in enumerate(plan):
+            extra = [] if fault is None else [f"--{fault}", f"{rank}:{2 if fault == 'straggler' else 3}"]
+            procs = burner(on=load)
+            t0 = time.perf_counter()
+            try:
+                analysis = run(job, Path(tmp) / f"run-{k}", extra)
+            finally:
+                stop(procs)
+            right, found, ratio = verdict(analysis, fault, rank) if analysis else (False, "run failed", None)
+            wall = time.perf_counter() - t0
+            what = "clean" if fault is None else f"{fault} on rank {rank}"
+            load_text = " + CPU burner" if load else ""
+            print(f"{k + 1:3d}. {job:13s} {what:22s}{load_text:15s} {wall:6.1f} s  {'ok ' if right else 'BAD'} {found}",
+                  flush=True)  # fmt: skip
+            results.append((fault, right, found, ratio, load))
+    clean = [r for r in results if r[0] is None]
+    faulty = [r for r in results if r[0] is not None]
+    false = sum(0 if r[2] == "none" else r[2].count(";") + 1 for r in clean)
+    print(
+        f"\nclean runs: {len(clean)} ({sum(r[4] for r in clean)} beside a CPU burner); false findings: {false} "
+        f"({false / max(len(clean), 1):.2f} per run); clean runs with any finding: {sum(not r[1] for r in clean)}"
+    )
+    right = sum(r[1] for r in faulty)
+    print(f"fault runs: {len(faulty)}; right cause and rank: {right} ({100 * right / max(len(faulty), 1):.1f} %)")
+    ratios = [r[3] for r in faulty if r[3] is not None]
+    if ratios:
+        inside = sum(0.8 <= x <= 1.2 for x in ratios)
+        print(f"finding cost / the table's sync-wait figure for the rank: {len(ratios)} runs, {inside} within 20 % "
+              f"(min {min(ratios):.3f}, max {max(ratios):.3f})")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
