@@ -37,7 +37,7 @@ class CpuCapacity:
 
     def describe(self) -> str:
         """``2 CPU cores`` or ``1.5 CPU cores (cgroup quota; 8 in the affinity mask)``."""
-        text = f"{self.cores:g} CPU cores"
+        text = f"{self.cores:g} CPU core" + ("" if self.cores == 1 else "s")
         if self.quota_cores is not None and self.quota_cores < self.affinity:
             text += f" (cgroup quota; {self.affinity} in the affinity mask)"
         return text

@@ -217,7 +217,8 @@ def _python_line(given: str, python: str | None) -> str:
         same = on_path is not None and os.path.abspath(on_path) == os.path.abspath(python)  # noqa: PTH100
         where = "" if same or on_path is None else f"; {given!r} on PATH is {on_path}"
         return f"python = {python} (meshscope's own interpreter{where})"
-    return f"python = {python} (as given)"
+    own = os.path.abspath(python) == os.path.abspath(sys.executable)  # noqa: PTH100
+    return f"python = {python} (as given: meshscope's own interpreter)" if own else f"python = {python} (as given)"
 
 
 def _preimport_torch() -> None:
@@ -490,9 +491,10 @@ def run_job(
     failed: RankExit | None = None
     stopped = 0
     interrupted = False
-    started = time.monotonic()
+    started = launched = time.monotonic()
     try:
         procs = _launch(settings, envs, collector, tails)
+        launched = time.monotonic()  # after the fork launcher's import of torch: the ranks' own time starts here
         collector.start()  # after forking: the children must not inherit a running thread
         tails.start()
         failed, stopped = _monitor(procs, settings.grace_s)
@@ -507,13 +509,12 @@ def run_job(
         with contextlib.suppress(OSError):
             sock_dir.rmdir()
     wall_s = time.monotonic() - started
-    use = replace(use, wall_s=wall_s, cpu_s=_cpu_seconds(procs))
-    _write_collector_report(settings, collector, procs, wall_s, use)
-    _write_tails(settings.out_dir, tails)
+    use = replace(use, wall_s=time.monotonic() - launched, cpu_s=_cpu_seconds(procs))
+    _write_run_files(settings, collector, procs, wall_s, use, tails)
     if interrupted:
         _say(f"interrupted; stopped {len(procs)} ranks")
         return 130
-    _say_end(settings, stopped, failed, collector, use)
+    _say_end(settings, stopped, failed, collector, use, wall_s)
     _explain_failure(settings, procs=procs, failed=failed, collector=collector, tails=tails, python=python)
     if on_finished is not None and failed is None:
         return on_finished(records_path, settings.spec if settings.spec is not None else settings.layout)
@@ -565,13 +566,13 @@ def _call_report(report: Callable[[RunOutcome], int], outcome: RunOutcome) -> in
         return 1
 
 
-def _say_end(
-    settings: RunSettings, stopped: int, failed: RankExit | None, collector: RecordCollector, use: CpuUse
+def _say_end(  # noqa: PLR0917 - private, one caller
+    settings: RunSettings, stopped: int, failed: RankExit | None, collector: RecordCollector, use: CpuUse, wall_s: float
 ) -> None:
     """The lines that end a run: the failed rank, what was received, the CPU the ranks used."""
     if failed is not None:
         _say(f"rank {failed.rank} {failed.describe()}" + (f"; stopped the other {stopped} ranks" if stopped else ""))
-    _say(_received_line(collector, settings.nproc, use.wall_s, failed=failed is not None))
+    _say(_received_line(collector, settings.nproc, wall_s, failed=failed is not None))
     if use.usage():
         _say(use.usage())
     _say_uncaptured(collector)
@@ -638,6 +639,19 @@ def _explain_failure(
 def _ranks_text(ranks: Sequence[int]) -> str:
     shown = ", ".join(str(r) for r in ranks[:8]) + (", ..." if len(ranks) > 8 else "")
     return f"rank {shown}" if len(ranks) == 1 else f"ranks {shown}"
+
+
+def _write_run_files(  # noqa: PLR0917 - private, one caller
+    settings: RunSettings,
+    collector: RecordCollector,
+    procs: list[_RankProcess],
+    wall_s: float,
+    cpu: CpuUse,
+    tails: StderrTails,
+) -> None:
+    """``OUT/collector.json``, ``OUT/measurements.json`` and the ranks' stderr tails."""
+    _write_collector_report(settings, collector, procs, wall_s, cpu)
+    _write_tails(settings.out_dir, tails)
 
 
 def _write_tails(out_dir: Path, tails: StderrTails) -> None:

@@ -245,8 +245,7 @@ def _no_analysis(outcome: RunOutcome, what: str, exc: Exception) -> None:
     else:
         fix = "fix the script's tracker calls (docs/sdk.md)"
     print(  # noqa: T201
-        f"meshscope run: no analysis: {what}: {text}; fix: {fix}; the records are kept in {outcome.records_path} "
-        f"(meshscope analyze {outcome.records_path} --allow-partial reads what it can)",
+        f"meshscope run: no analysis: {what}: {text}; fix: {fix}; the records are kept in {outcome.records_path}",
         file=sys.stderr,
     )
 
