@@ -39,6 +39,7 @@ from meshscope.local.cpus import CpuCapacity, CpuUse, measure_capacity
 from meshscope.local.tails import StderrTails, fix_for, shown_tail
 from meshscope.sdk import (
     ENV_COLLECTOR,
+    ENV_DISABLE,
     ENV_JOB,
     ENV_LAYOUT,
     ENV_NETWORK_TIER,
@@ -624,8 +625,8 @@ def _explain_failure(
         _say(f"rank {first} wrote nothing to stderr")
     fix = fix_for(tail, python=python)
     if fix is None and not bad:
-        if os.environ.get("MESHSCOPE_DISABLE", "") not in ("", "0") or "MESHSCOPE_DISABLE" in settings.extra_env:
-            fix = "MESHSCOPE_DISABLE is set in the environment: unset it"
+        if {**os.environ, **settings.extra_env}.get(ENV_DISABLE, "").strip().lower() in {"1", "true", "yes", "on"}:
+            fix = f"{ENV_DISABLE} is set in the environment: unset it"
         else:
             fix = (
                 "the script never started meshscope's tracker: call meshscope.sdk.tracker_from_env() and wrap each "
