@@ -14,7 +14,7 @@ import pytest
 from meshscope.local.cpus import CpuCapacity, CpuUse, measure_capacity
 from meshscope.local.running import EXIT_NO_ANALYSIS, RunSettings, resolve_python, run_job
 from meshscope.local.summarizing import report_run
-from meshscope.local.tails import fix_for, shown_tail
+from meshscope.local.tails import TAIL_BYTES, StderrTails, fix_for, shown_tail
 from meshscope.topology.layout import ParallelLayout
 
 if TYPE_CHECKING:
@@ -171,3 +171,20 @@ def test_the_interpreter_and_the_fix_named_for_a_tail() -> None:
     assert "has no meshscope" in str(fix_for("ModuleNotFoundError: No module named 'meshscope'", python=None))
     assert fix_for("RuntimeError: boom", python=None) is None
     assert shown_tail("\n".join(str(i) for i in range(100)), lines=3) == "97\n98\n99"
+
+
+def test_a_ranks_stderr_goes_through_unchanged_and_only_its_tail_is_kept(tmp_path: Path) -> None:
+    through = tmp_path / "through"
+    with through.open("wb") as sink:
+        tails = StderrTails(2, out_fd=sink.fileno())
+        w = tails.write_fd(1)
+        tails.start()
+        payload = b"".join(b"line %d\n" % i for i in range(20000))  # > TAIL_BYTES, and more than a pipe holds
+        os.write(w, payload[:70000])
+        os.write(w, payload[70000:])
+        tails.launched(0)  # the writers are gone: the pipes end
+        tails.launched(1)
+        tails.stop()
+    assert through.read_bytes() == payload
+    assert tails.tail(1).encode() == payload[-TAIL_BYTES:]
+    assert tails.tail(0) == ""

@@ -395,11 +395,12 @@ def _launch(
     if use_fork and form is not None:
         _preimport_torch()
 
-        def close_inherited() -> None:
-            collector.close_inherited()
-            tails.close_in_child()
-
         for rank, env in enumerate(envs):
+
+            def close_inherited(rank: int = rank) -> None:
+                collector.close_inherited()
+                tails.close_in_child(rank)
+
             pid = _fork_rank(form, env, close_inherited, tails.write_fd(rank))
             tails.launched(rank)
             procs.append(_RankProcess(rank, pid))

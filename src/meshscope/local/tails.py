@@ -49,11 +49,13 @@ class StderrTails:
             os.close(w)
             self._pipes[rank] = (r, -1)
 
-    def close_in_child(self) -> None:
-        """In a forked rank: close every read end inherited from the launcher."""
-        for r, _ in self._pipes:
-            with contextlib.suppress(OSError):
-                os.close(r)
+    def close_in_child(self, rank: int) -> None:
+        """In forked ``rank``: close every pipe end inherited from the launcher but its own write end."""
+        for other, (r, w) in enumerate(self._pipes):
+            for fd in (r,) if other == rank else (r, w):
+                if fd >= 0:
+                    with contextlib.suppress(OSError):
+                        os.close(fd)
 
     def start(self) -> None:
         """Start the reader (after forking: children must not inherit a running thread)."""
