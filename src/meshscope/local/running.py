@@ -608,6 +608,10 @@ def _explain_failure(
     silent = [r for r in range(settings.nproc) if r not in collector.ranks or not collector.ranks[r].records]
     if not bad and not silent:
         return
+    disabled = {**os.environ, **settings.extra_env}.get(ENV_DISABLE, "").strip().lower() in {"1", "true", "yes", "on"}
+    if not bad and disabled:
+        _say(f"{_ranks_text(silent)} sent no step record: {ENV_DISABLE} is set (the SDK is off)")
+        return
     if bad:
         by_code: dict[str, list[int]] = {}
         for rank, code in bad.items():
@@ -626,14 +630,10 @@ def _explain_failure(
         _say(f"rank {first} wrote nothing to stderr")
     fix = fix_for(tail, python=python)
     if fix is None and not bad:
-        if {**os.environ, **settings.extra_env}.get(ENV_DISABLE, "").strip().lower() in {"1", "true", "yes", "on"}:
-            fix = f"{ENV_DISABLE} is set in the environment: unset it"
-        else:
-            fix = (
-                "the script never started meshscope's tracker: call meshscope.sdk.tracker_from_env() and wrap each "
-                "step in 'with tracker.step(n):' (docs/sdk.md §1)"
-            )
-        fix = f"{_ranks_text(silent)} sent no step record: {fix}"
+        fix = (
+            f"{_ranks_text(silent)} sent no step record: the script never started meshscope's tracker: call "
+            "meshscope.sdk.tracker_from_env() and wrap each step in 'with tracker.step(n):' (docs/sdk.md §1)"
+        )
     if fix is not None:
         _say(f"fix: {fix}")
 
