@@ -43,7 +43,7 @@ def test_ranks_dying_of_a_missing_module_exit_non_zero_with_their_stderr_tail_an
     out = tmp_path / "out"
     result = _meshscope("run", "--nproc", "2", "--out", str(out), "--", "python", "train.py", cwd=tmp_path)
     assert result.returncode == 1, result.stderr
-    assert f"meshscope run: 2 ranks, python = {sys.executable} (meshscope's own interpreter" in result.stderr
+    assert f"meshscope run: python = {sys.executable} (meshscope's own interpreter" in result.stderr
     assert "exited with code 1" in result.stderr
     assert "meshscope run: failed: rank" in result.stderr
     assert "  | ModuleNotFoundError: No module named 'torch'" in result.stderr  # the tail, shown again at the end

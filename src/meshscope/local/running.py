@@ -212,7 +212,7 @@ def resolve_python(command: Sequence[str]) -> tuple[tuple[str, ...], str | None]
 def _python_line(given: str, python: str | None) -> str:
     """What the start line says about the interpreter."""
     if python is None:
-        return f"command {given!r}"
+        return f"running {given!r}"
     if given in BARE_PYTHONS:
         on_path = shutil.which(given)
         same = on_path is not None and os.path.abspath(on_path) == os.path.abspath(python)  # noqa: PTH100
@@ -488,7 +488,7 @@ def run_job(
         rank_env(settings, r, port=port, collector=str(paths[r]), placement=placement) for r in range(settings.nproc)
     ]
     use = CpuUse(ranks=settings.nproc, capacity=cpu, wall_s=0.0)
-    _say(f"{settings.nproc} ranks, {_python_line(given, python)}; {use.headline()}")
+    _say(f"{_python_line(given, python)}; {use.headline()}")
     procs: list[_RankProcess] = []
     failed: RankExit | None = None
     stopped = 0
