@@ -7,18 +7,25 @@ import json
 import os
 import subprocess
 import sys
-from typing import TYPE_CHECKING
+from pathlib import Path
 
 import pytest
 
+from meshscope.errors import ParseError
 from meshscope.local.cpus import CpuCapacity, CpuUse, measure_capacity
-from meshscope.local.running import EXIT_NO_ANALYSIS, RunSettings, resolve_python, run_job
+from meshscope.local.running import (
+    EXIT_NO_ANALYSIS,
+    RankReceipt,
+    RunOutcome,
+    RunSettings,
+    resolve_python,
+    run_job,
+)
 from meshscope.local.summarizing import report_run
 from meshscope.local.tails import TAIL_BYTES, StderrTails, fix_for, shown_tail
 from meshscope.topology.layout import ParallelLayout
 
-if TYPE_CHECKING:
-    from pathlib import Path
+DATA = Path(__file__).resolve().parents[1] / "data"
 
 
 def _meshscope(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -114,24 +121,34 @@ def test_more_ranks_than_cores_is_measured_and_noted(tmp_path: Path, capfd: pyte
     assert json.loads((out / "analysis.json").read_text())["cpu"] == cpu
 
 
-def test_analysis_that_fails_exits_non_zero_with_the_fix_and_keeps_the_records(
-    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+def test_records_that_cannot_be_analysed_exit_non_zero_with_the_fix_and_are_kept(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    script = tmp_path / "epochs.py"  # step numbers restart every epoch: (rank, step) repeats
-    script.write_text(TRACKED.replace("for step in range(4):", "for step in [0, 1, 0, 1]:"))
-    out = tmp_path / "out"
-    settings = RunSettings(
-        nproc=2, command=(sys.executable, str(script)), layout=ParallelLayout(dp=2), out_dir=out, launcher="exec"
-    )
-    code = run_job(settings, report=report_run, capacity=CpuCapacity(affinity=4))
-    err = capfd.readouterr().err
-    assert code == EXIT_NO_ANALYSIS, err
+    lines = (DATA / "dp8_straggler" / "records.jsonl").read_text().splitlines()
+    records = tmp_path / "records.jsonl"  # step numbers that restart every epoch: a (rank, step) twice
+    records.write_text("\n".join([*lines[:16], *lines[:8]]) + "\n")
+    settings = RunSettings(nproc=8, command=("python", "x.py"), layout=ParallelLayout(dp=8), out_dir=tmp_path)
+    receipt = RankReceipt(records=3, hello=True, closed=True, counters={}, measurements={})
+    outcome = RunOutcome(settings=settings, records_path=records, failed=None, ranks=dict.fromkeys(range(8), receipt))
+    assert report_run(outcome) == EXIT_NO_ANALYSIS
+    err = capsys.readouterr().err
     line = next(x for x in err.splitlines() if x.startswith("meshscope run: no analysis:"))
     assert "appears twice" in line
     assert "fix: number steps across the whole run" in line
-    assert str(out / "records.jsonl") in line
-    assert (out / "records.jsonl").stat().st_size > 0
-    assert "timings include CPU contention" not in err
+    assert line.endswith(f"the records are kept in {records}")
+    assert records.read_text().count("\n") == 24
+
+
+def test_a_report_that_raises_a_meshscope_error_exits_non_zero_in_one_line(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    def report(outcome: RunOutcome) -> int:
+        raise ParseError(f"{outcome.records_path} line 1: bad record")
+
+    settings = RunSettings(nproc=2, command=("sh", "-c", "true"), layout=ParallelLayout(dp=2), out_dir=tmp_path)
+    assert run_job(settings, report=report, capacity=CpuCapacity(affinity=2)) == EXIT_NO_ANALYSIS
+    err = capfd.readouterr().err
+    assert f"meshscope run: no analysis: {tmp_path / 'records.jsonl'} line 1: bad record (the records are kept" in err
 
 
 def test_the_cores_are_the_affinity_capped_by_the_tightest_cgroup_quota(tmp_path: Path) -> None:
