@@ -239,8 +239,8 @@ def _no_analysis(outcome: RunOutcome, what: str, exc: Exception) -> None:
     text = str(exc)
     if "appears twice" in text:
         fix = (
-            "number steps across the whole run (tracker.step(epoch * steps_per_epoch + i), not the step within an "
-            "epoch): each (rank, step) names one record"
+            "number steps across the whole run, not within an epoch (a current SDK does: tracker.step() renumbers "
+            "repeated numbers, docs/sdk.md §1.4): each (rank, step) names one record"
         )
     else:
         fix = "fix the script's tracker calls (docs/sdk.md)"
