@@ -1,8 +1,9 @@
 """The ``meshscope`` command line.
 
 Exit codes: 0 success, 2 invalid input (the message on stderr, no traceback), 1 an internal error (a one-line
-message; ``MESHSCOPE_DEBUG=1`` shows the traceback). Human output carries a unit on every number; ``--json`` prints
-base units (bytes, seconds, FLOPs) for machines.
+message; ``MESHSCOPE_DEBUG=1`` shows the traceback); ``meshscope run`` also exits with a failed rank's code, 4 when
+no analysis could be written, 130 on Ctrl-C (docs/sdk.md §6). Human output carries a unit on every number;
+``--json`` prints base units (bytes, seconds, FLOPs) for machines.
 
 Every command's arguments are defined here, in one place (the surface is frozen by a snapshot test); a command's
 modules are imported only when that command runs, so ``meshscope --version`` and ``meshscope --help`` import

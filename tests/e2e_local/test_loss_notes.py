@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from meshscope.local.running import RankExit, RankReceipt, RunOutcome, RunSettings
+from meshscope.local.running import EXIT_NO_ANALYSIS, RankExit, RankReceipt, RunOutcome, RunSettings
 from meshscope.local.summarizing import loss_notes, report_run
 from meshscope.topology.layout import ParallelLayout
 
@@ -50,5 +50,5 @@ def test_a_failed_rank_and_lost_goodbyes() -> None:
 
 
 def test_a_run_without_records_says_so(capsys) -> None:
-    assert report_run(_outcome({r: _receipt(0) for r in range(4)})) == 0
+    assert report_run(_outcome({r: _receipt(0) for r in range(4)})) == EXIT_NO_ANALYSIS
     assert "no step records to analyse" in capsys.readouterr().out

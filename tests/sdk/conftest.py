@@ -32,7 +32,7 @@ try:
     import torch.distributed._functional_collectives  # pre-imported for the forked ranks
     import torch.nn.parallel
 except ImportError:  # torch is the demo/dev extra: without it only the pure tests run
-    collect_ignore = ["test_capture.py", "test_tracker.py", "test_running.py"]
+    collect_ignore = ["test_capture.py", "test_tracker.py", "test_running.py", "test_run_failures.py"]
     torch = dist = None  # type: ignore[assignment]
 
 if TYPE_CHECKING:

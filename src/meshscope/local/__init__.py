@@ -12,16 +12,22 @@ compares with the plan and reports:
 - :mod:`~meshscope.local.comparisons`: expected vs measured on a real run, stage by stage (:func:`compare_run`);
 - :mod:`~meshscope.local.summarizing`: the end of a run (:func:`report_run`, :func:`loss_notes`);
 - :mod:`~meshscope.local.bundled`: the example files that ship with meshscope;
+- :mod:`~meshscope.local.cpus`: the cores the ranks can run on and the CPU they used (:class:`CpuUse`, the
+  ``cpu_contention`` note);
+- :mod:`~meshscope.local.tails`: every rank's stderr passed through, its tail kept, the likely fix
+  (:func:`fix_for`);
 - :mod:`~meshscope.local.commands`: ``meshscope run`` and ``meshscope demo``.
 
 The launcher must not import the report writers (:mod:`~meshscope.local.commands` ties them), nothing here may
 import torch at module level (the fork launcher imports it in the parent just before forking), and a run's exit code
-is the job's. Import the names from here (``from meshscope.local import run_job``).
+is the job's (or :data:`EXIT_NO_ANALYSIS` when every rank succeeded but no analysis could be written). Import the
+names from here (``from meshscope.local import run_job``).
 """
 
 from meshscope.local.bundled import data_root
 from meshscope.local.commands import DEMO_RANKS, DemoUsageError, demo_command, run_command
 from meshscope.local.comparisons import RunComparison, compare_run
+from meshscope.local.cpus import CONTENTION_CODE, CpuCapacity, CpuUse, measure_capacity
 from meshscope.local.emulation import (
     DEMO_BLOCK_MS,
     TinyJob,
@@ -34,6 +40,7 @@ from meshscope.local.emulation import (
     tiny_model,
 )
 from meshscope.local.running import (
+    EXIT_NO_ANALYSIS,
     RankExit,
     RankReceipt,
     RunError,
@@ -43,14 +50,20 @@ from meshscope.local.running import (
     demo_settings,
     layout_text,
     rank_env,
+    resolve_python,
     run_job,
     settings_from_args,
 )
 from meshscope.local.summarizing import loss_notes, report_run
+from meshscope.local.tails import StderrTails, fix_for
 
 __all__ = [
+    "CONTENTION_CODE",
     "DEMO_BLOCK_MS",
     "DEMO_RANKS",
+    "EXIT_NO_ANALYSIS",
+    "CpuCapacity",
+    "CpuUse",
     "DemoUsageError",
     "RankExit",
     "RankReceipt",
@@ -58,6 +71,7 @@ __all__ = [
     "RunError",
     "RunOutcome",
     "RunSettings",
+    "StderrTails",
     "TinyJob",
     "block_forward_flops_per_gpu",
     "compare_run",
@@ -68,11 +82,14 @@ __all__ = [
     "emulated_assumptions",
     "emulated_hardware",
     "emulated_peak_flops_per_s",
+    "fix_for",
     "layout_text",
     "logits_forward_flops_per_gpu",
     "loss_notes",
+    "measure_capacity",
     "rank_env",
     "report_run",
+    "resolve_python",
     "run_command",
     "run_job",
     "settings_from_args",

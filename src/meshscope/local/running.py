@@ -23,19 +23,23 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import signal
 import socket
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, TypeAlias
 
 from meshscope.errors import LayoutError, MeshscopeError
+from meshscope.local.cpus import CpuCapacity, CpuUse, measure_capacity
+from meshscope.local.tails import StderrTails, fix_for, shown_tail
 from meshscope.sdk import (
     ENV_COLLECTOR,
+    ENV_DISABLE,
     ENV_JOB,
     ENV_LAYOUT,
     ENV_NETWORK_TIER,
@@ -60,6 +64,12 @@ CLOSE_WAIT_S = 2.0
 """How long, after the last rank exits, the collector waits for ranks' goodbye messages, seconds."""
 
 Launcher = Literal["auto", "fork", "exec"]
+
+EXIT_NO_ANALYSIS = 4
+"""``meshscope run``'s exit code when every rank exited 0 but no analysis could be written (no step records, records
+that cannot be read or analysed); the records stay in ``OUT/records.jsonl``."""
+BARE_PYTHONS = frozenset({"python", "python3"})
+"""Command names that mean "a python": they run under meshscope's own interpreter (``sys.executable``)."""
 
 
 class RunError(MeshscopeError):
@@ -131,21 +141,25 @@ class _RankProcess:
         self.pid = pid
         self._popen = popen
         self.code: int | None = None
+        self.cpu_s: float | None = None
+        """User + system CPU seconds of the rank (and the children it waited for), once it has exited."""
 
     def poll(self) -> int | None:
         if self.code is not None:
             return self.code
-        if self._popen is not None:
-            self.code = self._popen.poll()
-            return self.code
-        try:
-            pid, status = os.waitpid(self.pid, os.WNOHANG)
+        try:  # wait4 for both kinds, for the rank's rusage; a Popen is told its returncode below
+            pid, status, usage = os.wait4(self.pid, os.WNOHANG)
         except ChildProcessError:
-            self.code = -signal.SIGKILL
+            self.code = self._popen.returncode if self._popen is not None else None
+            if self.code is None:
+                self.code = -signal.SIGKILL
             return self.code
         if pid == 0:
             return None
         self.code = os.waitstatus_to_exitcode(status)
+        self.cpu_s = usage.ru_utime + usage.ru_stime
+        if self._popen is not None:
+            self._popen.returncode = self.code
         return self.code
 
     def signal_group(self, sig: int) -> None:
@@ -175,6 +189,37 @@ def _python_form(command: Sequence[str]) -> tuple[str, str, list[str]] | None:
     if first.startswith("-"):
         return None
     return "script", first, rest
+
+
+def resolve_python(command: Sequence[str]) -> tuple[tuple[str, ...], str | None]:
+    """The command to launch, and the interpreter it runs under (``None`` for a command that is not a python).
+
+    A bare ``python`` or ``python3`` becomes :data:`sys.executable` (the interpreter meshscope runs under, whose
+    environment has meshscope, and torch with the demo extra), not whatever ``python`` is first on ``PATH``; any other
+    name or path is used as given.
+    """
+    if not command:
+        return (), None
+    first = command[0]
+    if first in BARE_PYTHONS and sys.executable:
+        return (sys.executable, *command[1:]), sys.executable
+    name = os.path.basename(first)  # noqa: PTH119
+    if re.fullmatch(r"python[0-9.]*", name):
+        return tuple(command), (shutil.which(first) or first) if os.sep not in first else first
+    return tuple(command), None
+
+
+def _python_line(given: str, python: str | None) -> str:
+    """What the start line says about the interpreter."""
+    if python is None:
+        return f"running {given!r}"
+    if given in BARE_PYTHONS:
+        on_path = shutil.which(given)
+        same = on_path is not None and os.path.abspath(on_path) == os.path.abspath(python)  # noqa: PTH100
+        where = "" if same or on_path is None else f"; {given!r} on PATH is {on_path}"
+        return f"python = {python} (meshscope's own interpreter{where})"
+    own = os.path.abspath(python) == os.path.abspath(sys.executable)  # noqa: PTH100
+    return f"python = {python} (as given: meshscope's own interpreter)" if own else f"python = {python} (as given)"
 
 
 def _preimport_torch() -> None:
@@ -233,7 +278,7 @@ def _run_in_child(kind: str, target: str, args: list[str], env: dict[str, str]) 
     return code
 
 
-def _fork_rank(form: tuple[str, str, list[str]], env: dict[str, str], close: Callable[[], None]) -> int:
+def _fork_rank(form: tuple[str, str, list[str]], env: dict[str, str], close: Callable[[], None], stderr_fd: int) -> int:
     pid = os.fork()
     if pid:
         return pid
@@ -242,6 +287,8 @@ def _fork_rank(form: tuple[str, str, list[str]], env: dict[str, str], close: Cal
     try:
         os.setsid()
         close()
+        os.dup2(stderr_fd, 2)
+        os.close(stderr_fd)
         signal.signal(signal.SIGINT, signal.default_int_handler)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         code = _run_in_child(*form, env)
@@ -334,7 +381,9 @@ def _stop_all(procs: list[_RankProcess], grace_s: float) -> None:
             time.sleep(POLL_S / 5)
 
 
-def _launch(settings: RunSettings, envs: list[dict[str, str]], collector: RecordCollector) -> list[_RankProcess]:
+def _launch(
+    settings: RunSettings, envs: list[dict[str, str]], collector: RecordCollector, tails: StderrTails
+) -> list[_RankProcess]:
     form = _python_form(settings.command)
     use_fork = settings.launcher == "fork" or (settings.launcher == "auto" and form is not None)
     if use_fork and form is None:
@@ -345,24 +394,38 @@ def _launch(settings: RunSettings, envs: list[dict[str, str]], collector: Record
     procs: list[_RankProcess] = []
     if use_fork and form is not None:
         _preimport_torch()
+
         for rank, env in enumerate(envs):
-            pid = _fork_rank(form, env, collector.close_inherited)
+
+            def close_inherited(rank: int = rank) -> None:
+                collector.close_inherited()
+                tails.close_in_child(rank)
+
+            pid = _fork_rank(form, env, close_inherited, tails.write_fd(rank))
+            tails.launched(rank)
             procs.append(_RankProcess(rank, pid))
         return procs
     import subprocess  # noqa: PLC0415
 
     for rank, env in enumerate(envs):
         try:
-            popen = subprocess.Popen(list(settings.command), env=env, start_new_session=True)  # noqa: S603
+            popen = subprocess.Popen(  # noqa: S603
+                list(settings.command), env=env, start_new_session=True, stderr=tails.write_fd(rank)
+            )
         except OSError as exc:
             _stop_all(procs, settings.grace_s)
             raise RunError(f"cannot start {settings.command[0]!r}: {exc}") from None
+        tails.launched(rank)
         procs.append(_RankProcess(rank, popen.pid, popen))
     return procs
 
 
-def _monitor(procs: list[_RankProcess], grace_s: float) -> RankExit | None:
-    """Wait for every rank; on the first failure stop the others. Returns the first failed rank, or ``None``."""
+def _monitor(procs: list[_RankProcess], grace_s: float) -> tuple[RankExit | None, int]:
+    """Wait for every rank; on the first failure stop the others.
+
+    Returns:
+        The first failed rank (or ``None``) and how many ranks were still running and were stopped.
+    """
     while True:
         running = 0
         for p in procs:
@@ -373,9 +436,9 @@ def _monitor(procs: list[_RankProcess], grace_s: float) -> RankExit | None:
                 failed = RankExit(rank=p.rank, code=code)
                 others = [q for q in procs if q.poll() is None]
                 _stop_all(others, grace_s)
-                return failed
+                return failed, len(others)
         if not running:
-            return None
+            return None, 0
         time.sleep(POLL_S)
 
 
@@ -384,8 +447,14 @@ def run_job(
     *,
     on_finished: Callable[[Path, JobSpec | ParallelLayout], int] | None = None,
     report: Callable[[RunOutcome], int] | None = None,
+    capacity: CpuCapacity | None = None,
 ) -> int:
     """Launch the ranks, collect their records into ``OUT/records.jsonl``, and report.
+
+    A bare ``python`` (or ``python3``) at the start of the command runs under this interpreter
+    (:func:`resolve_python`); the start line names the interpreter and the cores. Every rank's stderr goes through to
+    meshscope's (its tail is kept in ``OUT/ranks/rank-N.stderr``); a failed rank, or ranks that sent no record, end
+    with the tail of the first one's stderr and the likely fix.
 
     Args:
         settings: the run.
@@ -394,57 +463,78 @@ def run_job(
         report: called with the :class:`RunOutcome` when the ranks have exited, also after a failed rank (on what
             was collected); the CLI passes :func:`meshscope.local.summarizing.report_run` (the cost table, findings,
             expected vs measured, report and trace). Without either hook the run only collects.
+        capacity: the cores the ranks can run on; ``None`` measures them (:func:`measure_capacity`).
 
     Returns:
         The exit code: the failed rank's (128 + signal for a killed rank), 130 on Ctrl-C, else the hook's (0
-        without one).
+        without one; :data:`EXIT_NO_ANALYSIS` from ``report_run`` when no analysis could be written).
 
     Raises:
         RunError: when the command cannot be launched.
     """
+    given = settings.command[0] if settings.command else ""
+    command, python = resolve_python(settings.command)
+    settings = replace(settings, command=command)
+    cpu = capacity if capacity is not None else measure_capacity()
     settings.out_dir.mkdir(parents=True, exist_ok=True)
     records_path = settings.out_dir / "records.jsonl"
     sock_dir = Path(tempfile.mkdtemp(prefix="meshscope-"))
     paths = [sock_dir / f"rank-{r}.sock" for r in range(settings.nproc)]
     collector = RecordCollector(paths, records_path)
+    tails = StderrTails(settings.nproc)
     placement = _placement(settings)
     port = _free_port()
     envs = [
         rank_env(settings, r, port=port, collector=str(paths[r]), placement=placement) for r in range(settings.nproc)
     ]
+    use = CpuUse(ranks=settings.nproc, capacity=cpu, wall_s=0.0)
+    _say(f"{_python_line(given, python)}; {use.headline()}")
     procs: list[_RankProcess] = []
     failed: RankExit | None = None
+    stopped = 0
     interrupted = False
-    started = time.monotonic()
+    started = launched = time.monotonic()
     try:
-        procs = _launch(settings, envs, collector)
+        procs = _launch(settings, envs, collector, tails)
+        launched = time.monotonic()  # after the fork launcher's import of torch: the ranks' own time starts here
         collector.start()  # after forking: the children must not inherit a running thread
-        failed = _monitor(procs, settings.grace_s)
+        tails.start()
+        failed, stopped = _monitor(procs, settings.grace_s)
     except KeyboardInterrupt:
         interrupted = True
         _stop_all(procs, settings.grace_s)
     finally:
+        tails.stop()
         if not interrupted and failed is None:
             _wait_for_goodbyes(collector, settings.nproc)
         collector.stop()
         with contextlib.suppress(OSError):
             sock_dir.rmdir()
     wall_s = time.monotonic() - started
-    _write_collector_report(settings, collector, procs, wall_s)
+    use = replace(use, wall_s=time.monotonic() - launched, cpu_s=_cpu_seconds(procs))
+    _write_run_files(settings, collector, procs, wall_s, use, tails)
     if interrupted:
         _say(f"interrupted; stopped {len(procs)} ranks")
         return 130
-    if failed is not None:
-        _say(f"rank {failed.rank} {failed.describe()}; stopped the other {len(procs) - 1} ranks")
-    _say(_received_line(collector, settings.nproc, wall_s))
-    _say_uncaptured(collector)
+    _say_end(settings, stopped, failed, collector, use, wall_s)
+    _explain_failure(settings, procs=procs, failed=failed, collector=collector, tails=tails, python=python)
     if on_finished is not None and failed is None:
         return on_finished(records_path, settings.spec if settings.spec is not None else settings.layout)
     if report is None:
         return failed.shell_code or 1 if failed is not None else 0
-    outcome = RunOutcome(
+    outcome = _outcome(settings, collector, failed, wall_s, use)
+    code = _call_report(report, outcome)
+    if failed is not None:
+        return failed.shell_code or 1
+    return code
+
+
+def _outcome(
+    settings: RunSettings, collector: RecordCollector, failed: RankExit | None, wall_s: float, cpu: CpuUse
+) -> RunOutcome:
+    return RunOutcome(
         settings=settings,
-        records_path=records_path,
+        records_path=settings.out_dir / "records.jsonl",
         failed=failed,
         ranks={
             rank: RankReceipt(
@@ -458,19 +548,123 @@ def run_job(
         },
         unreadable_datagrams=collector.garbage,
         wall_s=wall_s,
+        cpu=cpu,
     )
+
+
+def _call_report(report: Callable[[RunOutcome], int], outcome: RunOutcome) -> int:
+    """The report hook's exit code; a report that raises says so in one line (no analysis: non-zero)."""
     try:
-        code = report(outcome)
+        return report(outcome)
     except Exception as exc:  # noqa: BLE001 - the job's own exit code must survive a failing report
         if os.environ.get("MESHSCOPE_DEBUG"):
             import traceback  # noqa: PLC0415
 
             traceback.print_exc()
+        if isinstance(exc, MeshscopeError):
+            _say(f"no analysis: {exc} (the records are kept in {outcome.records_path})")
+            return EXIT_NO_ANALYSIS
         _say(f"the report failed: {type(exc).__name__}: {exc} (set MESHSCOPE_DEBUG=1 for the traceback)")
-        code = 1
+        return 1
+
+
+def _say_end(  # noqa: PLR0917 - private, one caller
+    settings: RunSettings, stopped: int, failed: RankExit | None, collector: RecordCollector, use: CpuUse, wall_s: float
+) -> None:
+    """The lines that end a run: the failed rank, what was received, the CPU the ranks used."""
     if failed is not None:
-        return failed.shell_code or 1
-    return code
+        _say(f"rank {failed.rank} {failed.describe()}" + (f"; stopped the other {stopped} ranks" if stopped else ""))
+    _say(_received_line(collector, settings.nproc, wall_s, failed=failed is not None))
+    if use.usage():
+        _say(use.usage())
+    _say_uncaptured(collector)
+
+
+def _cpu_seconds(procs: list[_RankProcess]) -> float | None:
+    times = [p.cpu_s for p in procs]
+    return sum(t for t in times if t is not None) if procs and None not in times else None
+
+
+def _failed_ranks(procs: list[_RankProcess], first: RankExit | None) -> dict[int, int]:
+    """Ranks that failed by themselves (not stopped by the launcher's SIGTERM or SIGKILL): rank -> exit status."""
+    stopped = {-signal.SIGTERM, -signal.SIGKILL}
+    out = {p.rank: p.code for p in procs if p.code not in (None, 0) and p.code not in stopped}
+    if first is not None:
+        out[first.rank] = first.code
+    return {r: c for r, c in sorted(out.items()) if c is not None}
+
+
+def _explain_failure(
+    settings: RunSettings,
+    *,
+    procs: list[_RankProcess],
+    failed: RankExit | None,
+    collector: RecordCollector,
+    tails: StderrTails,
+    python: str | None,
+) -> None:
+    """After a failed rank, or ranks that sent no record: which ranks, the first one's stderr tail, the likely fix."""
+    bad = _failed_ranks(procs, failed)
+    silent = [r for r in range(settings.nproc) if r not in collector.ranks or not collector.ranks[r].records]
+    if not bad and not silent:
+        return
+    disabled = {**os.environ, **settings.extra_env}.get(ENV_DISABLE, "").strip().lower() in {"1", "true", "yes", "on"}
+    if not bad and disabled:
+        _say(f"{_ranks_text(silent)} sent no step record: {ENV_DISABLE} is set (the SDK is off)")
+        return
+    if bad:
+        by_code: dict[str, list[int]] = {}
+        for rank, code in bad.items():
+            by_code.setdefault(RankExit(rank=rank, code=code).describe(), []).append(rank)
+        parts = [f"{_ranks_text(ranks)} {how}" for how, ranks in by_code.items()]
+        _say("failed: " + "; ".join(parts))
+        first = failed.rank if failed is not None else next(iter(bad))
+    else:
+        first = next((r for r in silent if tails.tail(r).strip()), silent[0])
+    tail = tails.tail(first)
+    where = settings.out_dir / "ranks" / f"rank-{first}.stderr"
+    if tail.strip():
+        shown = shown_tail(tail)
+        _say(f"the end of rank {first}'s stderr ({where}):\n" + "\n".join(f"  | {line}" for line in shown.splitlines()))
+    else:
+        _say(f"rank {first} wrote nothing to stderr")
+    fix = fix_for(tail, python=python)
+    if fix is None and not bad:
+        fix = (
+            f"{_ranks_text(silent)} sent no step record: the script never started meshscope's tracker: call "
+            "meshscope.sdk.tracker_from_env() and wrap each step in 'with tracker.step(n):' (docs/sdk.md §1)"
+        )
+    if fix is not None:
+        _say(f"fix: {fix}")
+
+
+def _ranks_text(ranks: Sequence[int]) -> str:
+    shown = ", ".join(str(r) for r in ranks[:8]) + (", ..." if len(ranks) > 8 else "")
+    return f"rank {shown}" if len(ranks) == 1 else f"ranks {shown}"
+
+
+def _write_run_files(  # noqa: PLR0917 - private, one caller
+    settings: RunSettings,
+    collector: RecordCollector,
+    procs: list[_RankProcess],
+    wall_s: float,
+    cpu: CpuUse,
+    tails: StderrTails,
+) -> None:
+    """``OUT/collector.json``, ``OUT/measurements.json`` and the ranks' stderr tails."""
+    _write_collector_report(settings, collector, procs, wall_s, cpu)
+    _write_tails(settings.out_dir, tails)
+
+
+def _write_tails(out_dir: Path, tails: StderrTails) -> None:
+    """``OUT/ranks/rank-N.stderr``: the kept tail of every rank that wrote to stderr."""
+    for rank in range(tails.nproc):
+        tail = tails.tail(rank)
+        if not tail:
+            continue
+        with contextlib.suppress(OSError):
+            (out_dir / "ranks").mkdir(exist_ok=True)
+            (out_dir / "ranks" / f"rank-{rank}.stderr").write_text(tail)
 
 
 def _wait_for_goodbyes(collector: RecordCollector, nproc: int) -> None:
@@ -486,7 +680,7 @@ def _dropped(collector: RecordCollector) -> int:
     return sum(t.counters.get("records_dropped", 0) for t in collector.ranks.values())
 
 
-def _received_line(collector: RecordCollector, nproc: int, wall_s: float) -> str:
+def _received_line(collector: RecordCollector, nproc: int, wall_s: float, *, failed: bool = False) -> str:
     silent = nproc - len(collector.ranks)
     parts = [
         f"{collector.lines} records from {len(collector.ranks)} of {nproc} ranks in {wall_s:.1f} s",
@@ -495,7 +689,7 @@ def _received_line(collector: RecordCollector, nproc: int, wall_s: float) -> str
     if collector.garbage:
         parts.append(f"{collector.garbage} unreadable datagrams skipped")
     if silent:
-        parts.append(f"{silent} ranks sent nothing (no meshscope tracker, or MESHSCOPE_DISABLE=1)")
+        parts.append(f"{silent} ranks sent nothing" + (" (ranks failed: below)" if failed else " (below)"))
     return "; ".join(parts)
 
 
@@ -513,7 +707,7 @@ def _say_uncaptured(collector: RecordCollector) -> None:
 
 
 def _write_collector_report(
-    settings: RunSettings, collector: RecordCollector, procs: list[_RankProcess], wall_s: float
+    settings: RunSettings, collector: RecordCollector, procs: list[_RankProcess], wall_s: float, cpu: CpuUse
 ) -> None:
     report = {
         "job": settings.job,
@@ -524,6 +718,7 @@ def _write_collector_report(
         "records": collector.lines,
         "unreadable_datagrams": collector.garbage,
         "exit_codes": {str(p.rank): p.code for p in procs},
+        "cpu": cpu.to_dict(),
         "ranks": {
             str(rank): {"records": t.records, "closed": t.closed, "counters": t.counters}
             for rank, t in sorted(collector.ranks.items())
@@ -571,6 +766,8 @@ class RunOutcome:
     """Datagrams the collector could not read."""
     wall_s: float = 0.0
     """Seconds from launch to the last exit."""
+    cpu: CpuUse | None = None
+    """The cores the ranks ran on and the CPU time they used (``None``: not measured)."""
 
 
 # ====================================================================== the command line

@@ -9,13 +9,15 @@ plan beside the measurements stage by stage (:mod:`meshscope.local.comparisons`)
 ``trace.json``, ``analysis.json`` and ``plan.json`` into ``OUT``.
 
 It sits above :mod:`meshscope.local.running` (which launches and collects, and must not import the report writers) and
-below the CLI, which hands :func:`report_run` to ``run_job``. It must never change the run's exit code: that is the
-job's.
+below the CLI, which hands :func:`report_run` to ``run_job``. It must never hide the job's exit code (a failed
+rank's code wins); when every rank succeeded but no analysis could be written it returns
+:data:`~meshscope.local.running.EXIT_NO_ANALYSIS`, with the fix in one line.
 """
 
 from __future__ import annotations
 
 import json
+import sys
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
@@ -23,6 +25,7 @@ from meshscope.analysis import analyze, render_analysis
 from meshscope.errors import MeshscopeError
 from meshscope.local.comparisons import compare_run
 from meshscope.local.emulation import TinyJob, emulated_assumptions, tiny_job_spec
+from meshscope.local.running import EXIT_NO_ANALYSIS
 from meshscope.plan import plan_job
 from meshscope.progress import command_progress
 from meshscope.records import Note, RecordTable, read_records
@@ -181,20 +184,25 @@ def report_run(outcome: RunOutcome) -> int:
     :func:`~meshscope.analysis.render_analysis` and the per-stage comparison (:mod:`meshscope.local.comparisons`),
     writes ``report.html``, ``trace.json``, ``analysis.json`` and ``plan.json`` into ``OUT`` and prints their paths.
 
+    A run that ran on more ranks than cores gets the ``cpu_contention`` note (:class:`~meshscope.local.cpus.CpuUse`).
+
     Returns:
-        0 (a run without records, or whose records cannot be analysed, says why and still returns 0: the job's own
-        outcome decides the exit code).
+        0 when the analysis was written; :data:`~meshscope.local.running.EXIT_NO_ANALYSIS` when it could not be (no
+        records, records that cannot be read or analysed, an output directory that cannot be written), after one
+        line with the reason and the fix (the records stay in ``OUT/records.jsonl``).
     """
     notes = loss_notes(outcome)
+    if outcome.cpu is not None and (contention := outcome.cpu.note()) is not None:
+        notes.append(contention)
     if not any(t.records for t in outcome.ranks.values()):
         print("no step records to analyse (no meshscope tracker in the script, MESHSCOPE_DISABLE=1, or all lost)")  # noqa: T201
         for n in notes:
             print(f"  {n.code} ({n.count:,}): {n.message}")  # noqa: T201
-        return 0
+        return EXIT_NO_ANALYSIS
     progress = command_progress(quiet=outcome.settings.quiet)
     table = _read(outcome, progress)
     if table is None:
-        return 0
+        return EXIT_NO_ANALYSIS
     planned = _run_spec(outcome)
     spec, why, plan = planned.spec, planned.why, None
     if spec is not None:
@@ -205,8 +213,8 @@ def report_run(outcome: RunOutcome) -> int:
     try:
         analysis = analyze(table, spec=spec, plan=plan, notes=notes, progress=progress)
     except MeshscopeError as exc:
-        print(f"cannot analyse the collected records: {exc}")  # noqa: T201
-        return 0
+        _no_analysis(outcome, "cannot analyse the collected records", exc)
+        return EXIT_NO_ANALYSIS
     measurements = {r: t.measurements for r, t in outcome.ranks.items() if t.measurements}
     comparison = compare_run(analysis, measurements, emulated=planned.emulated) if plan is not None else None
     # The per-stage comparison replaces the job-wide collective and memory tables (it is exact per stage).
@@ -223,8 +231,23 @@ def report_run(outcome: RunOutcome) -> int:
         print(comparison.render())  # noqa: T201
     else:
         print(f"\nNo expected numbers: {why}")  # noqa: T201
-    _write(outcome, table, analysis, comparison, progress)
-    return 0
+    return 0 if _write(outcome, table, analysis, comparison, progress) else EXIT_NO_ANALYSIS
+
+
+def _no_analysis(outcome: RunOutcome, what: str, exc: Exception) -> None:
+    """One line: what failed, the error, the fix, and where the records are."""
+    text = str(exc)
+    if "appears twice" in text:
+        fix = (
+            "number steps across the whole run, not within an epoch (a current SDK does: tracker.step() renumbers "
+            "repeated numbers, docs/sdk.md §1.4): each (rank, step) names one record"
+        )
+    else:
+        fix = "fix the script's tracker calls (docs/sdk.md)"
+    print(  # noqa: T201
+        f"meshscope run: no analysis: {what}: {text}; fix: {fix}; the records are kept in {outcome.records_path}",
+        file=sys.stderr,
+    )
 
 
 def _read(outcome: RunOutcome, progress: Progress) -> RecordTable | None:
@@ -236,7 +259,7 @@ def _read(outcome: RunOutcome, progress: Progress) -> RecordTable | None:
             warmup = seen_steps[0] if len(seen_steps) >= MIN_STEPS_TO_SKIP_WARMUP else None
             table = RecordTable.from_records([r for r in records if r.step != warmup], notes=records.notes)
     except (OSError, MeshscopeError) as exc:
-        print(f"cannot read the collected records {outcome.records_path}: {exc}")  # noqa: T201
+        _no_analysis(outcome, f"cannot read the collected records {outcome.records_path}", exc)
         return None
     if warmup is not None:
         print(  # noqa: T201
@@ -248,10 +271,16 @@ def _read(outcome: RunOutcome, progress: Progress) -> RecordTable | None:
 
 def _write(
     outcome: RunOutcome, table: RecordTable, analysis: Analysis, comparison: RunComparison | None, progress: Progress
-) -> None:
-    """``analysis.json``, ``plan.json``, ``report.html`` and ``trace.json`` into ``OUT``; print the paths."""
+) -> bool:
+    """``analysis.json``, ``plan.json``, ``report.html`` and ``trace.json`` into ``OUT``; print the paths.
+
+    ``analysis.json`` also gets the run's CPU figures (``cpu``: cores, ranks, their CPU seconds). Returns whether
+    everything was written.
+    """
     out_dir = outcome.settings.out_dir
     data = analysis.to_dict()
+    if outcome.cpu is not None:
+        data["cpu"] = outcome.cpu.to_dict()
     html = analysis.to_dict()
     if comparison is not None:
         data["expected_vs_measured"].update(comparison.to_dict())
@@ -265,6 +294,11 @@ def _write(
         with progress.phase("writing the trace"):
             trace = write_trace(out_dir / "trace.json", table, analysis.breakdown, steps=trace_steps(table))
     except (OSError, ValueError) as exc:
-        print(f"\ncannot write the report into {out_dir}: {exc}")  # noqa: T201
-        return
+        print(  # noqa: T201
+            f"meshscope run: no analysis: cannot write the report into {out_dir}: {exc}; fix: give a writable "
+            f"--out; the records are kept in {outcome.records_path}",
+            file=sys.stderr,
+        )
+        return False
     print(f"\nreport: {report}\ntrace:  {trace} (open in ui.perfetto.dev or chrome://tracing)")  # noqa: T201
+    return True

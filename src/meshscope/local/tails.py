@@ -1,0 +1,138 @@
+"""Every rank's stderr, passed through to the terminal as it comes, with its tail kept to explain a failure.
+
+Why it exists: a rank that dies before its tracker starts (a wrong interpreter, a missing module) leaves nothing
+but its stderr, and eight interleaved tracebacks say little. :class:`StderrTails` reads one pipe per rank on one
+thread, writes every byte through to meshscope's own stderr unchanged, and keeps the last :data:`TAIL_BYTES` of each
+rank; :func:`fix_for` names the likely fix for what a tail says. It must never block a rank for long (it reads as soon
+as a pipe is readable) and never import torch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import selectors
+import threading
+import time
+
+TAIL_BYTES = 64 * 1024
+"""Bytes of each rank's stderr kept in memory (and written to ``OUT/ranks/rank-N.stderr``)."""
+SHOWN_LINES = 20
+"""Lines of a failing rank's tail printed at the end of a run."""
+SHOWN_BYTES = 4096
+"""At most this many bytes of them."""
+DRAIN_S = 1.0
+"""After the ranks exit, how long to wait for the end of their pipes (a daemon grandchild may hold one open)."""
+
+
+class StderrTails:
+    """One pipe per rank: read on a thread, passed through to ``out_fd``, the last :data:`TAIL_BYTES` kept."""
+
+    def __init__(self, nproc: int, *, out_fd: int = 2) -> None:
+        """Open the pipes of ``nproc`` ranks; what they write goes through to ``out_fd`` (meshscope's stderr)."""
+        self.nproc = nproc
+        self._pipes = [os.pipe() for _ in range(nproc)]
+        self._tails = [bytearray() for _ in range(nproc)]
+        self._out_fd = out_fd
+        self._thread: threading.Thread | None = None
+        self._stop_at: float | None = None
+
+    def write_fd(self, rank: int) -> int:
+        """The write end of ``rank``'s pipe, to become the rank's stderr."""
+        return self._pipes[rank][1]
+
+    def launched(self, rank: int) -> None:
+        """The rank holds its write end now: close ours (the pipe ends when the rank and its children exit)."""
+        r, w = self._pipes[rank]
+        if w >= 0:
+            os.close(w)
+            self._pipes[rank] = (r, -1)
+
+    def close_in_child(self, rank: int) -> None:
+        """In forked ``rank``: close every pipe end inherited from the launcher but its own write end."""
+        for other, (r, w) in enumerate(self._pipes):
+            for fd in (r,) if other == rank else (r, w):
+                if fd >= 0:
+                    with contextlib.suppress(OSError):
+                        os.close(fd)
+
+    def start(self) -> None:
+        """Start the reader (after forking: children must not inherit a running thread)."""
+        self._thread = threading.Thread(target=self._read, name="meshscope-stderr", daemon=True)
+        self._thread.start()
+
+    def stop(self, drain_s: float = DRAIN_S) -> None:
+        """Read what is left (until every pipe ends, at most ``drain_s``), then close every pipe."""
+        self._stop_at = time.monotonic() + drain_s
+        if self._thread is not None:
+            self._thread.join()
+        for rank in range(len(self._pipes)):
+            self.launched(rank)
+            with contextlib.suppress(OSError):
+                os.close(self._pipes[rank][0])
+
+    def _read(self) -> None:
+        with selectors.DefaultSelector() as sel:
+            for rank, (r, _) in enumerate(self._pipes):
+                sel.register(r, selectors.EVENT_READ, rank)
+            while sel.get_map():
+                if self._stop_at is not None and time.monotonic() > self._stop_at:
+                    return
+                for key, _ in sel.select(timeout=0.1):
+                    rank = int(key.data)
+                    try:
+                        chunk = os.read(key.fd, 65536)
+                    except OSError:
+                        chunk = b""
+                    if not chunk:
+                        sel.unregister(key.fd)
+                        continue
+                    with contextlib.suppress(OSError):
+                        os.write(self._out_fd, chunk)
+                    tail = self._tails[rank]
+                    tail += chunk
+                    if len(tail) > TAIL_BYTES:
+                        del tail[: len(tail) - TAIL_BYTES]
+
+    def tail(self, rank: int) -> str:
+        """The kept tail of ``rank``'s stderr, decoded."""
+        return bytes(self._tails[rank]).decode(errors="replace")
+
+
+def shown_tail(text: str, *, lines: int = SHOWN_LINES, max_bytes: int = SHOWN_BYTES) -> str:
+    """The last ``lines`` lines of ``text``, at most ``max_bytes`` of them (cut at a line start)."""
+    kept = text.rstrip("\n").splitlines()[-lines:]
+    shown = "\n".join(kept)
+    if len(shown.encode()) > max_bytes:
+        shown = shown.encode()[-max_bytes:].decode(errors="replace")
+        shown = shown.split("\n", 1)[-1]
+    return shown
+
+
+_NO_MODULE = re.compile(r"ModuleNotFoundError: No module named '([^'.]+)[^']*'")
+
+
+def fix_for(tail: str, *, python: str | None) -> str | None:
+    """The likely fix for a rank whose stderr ends with ``tail``, or ``None`` when it says nothing known.
+
+    Args:
+        tail: the end of the rank's stderr.
+        python: the interpreter the ranks ran under, ``None`` when the command was not a python one.
+    """
+    found = _NO_MODULE.findall(tail)
+    if not found:
+        return None
+    module = found[-1]
+    where = f"the interpreter {python}" if python else "the ranks' interpreter"
+    if module == "torch":
+        return (
+            f"{where} has no torch: install meshscope's demo extra there (pip install 'meshscope[demo]'), "
+            "or pass the full path of an interpreter that has torch after '--'"
+        )
+    if module == "meshscope":
+        return (
+            f"{where} has no meshscope: install it there, or start the script with 'python' (meshscope's own "
+            "interpreter)"
+        )
+    return f"{where} has no module {module!r}: install it there, or pass the full path of an interpreter that has it"

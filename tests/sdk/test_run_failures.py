@@ -1,0 +1,207 @@
+"""``meshscope run`` failing clearly: the interpreter it used, a failing rank's stderr and the fix, a non-zero exit
+when no analysis could be written, and CPU contention measured and noted. Real runs of tiny 2-rank scripts."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from meshscope.errors import ParseError
+from meshscope.local.cpus import CpuCapacity, CpuUse, measure_capacity
+from meshscope.local.running import (
+    EXIT_NO_ANALYSIS,
+    RankReceipt,
+    RunOutcome,
+    RunSettings,
+    resolve_python,
+    run_job,
+)
+from meshscope.local.summarizing import report_run
+from meshscope.local.tails import TAIL_BYTES, StderrTails, fix_for, shown_tail
+from meshscope.topology.layout import ParallelLayout
+
+DATA = Path(__file__).resolve().parents[1] / "data"
+
+
+def _meshscope(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "meshscope", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONWARNINGS": "ignore", **(env or {})},
+        cwd=cwd,
+        check=False,
+    )
+
+
+MISSING_TORCH = "raise ModuleNotFoundError(\"No module named 'torch'\", name='torch')\n"
+"""What every rank of a script run by an interpreter without torch dies of (raised here, so any machine shows it)."""
+
+
+@pytest.mark.slow
+def test_ranks_dying_of_a_missing_module_exit_non_zero_with_their_stderr_tail_and_the_fix(tmp_path: Path) -> None:
+    (tmp_path / "train.py").write_text("print('starting')\n" + MISSING_TORCH)
+    out = tmp_path / "out"
+    result = _meshscope("run", "--nproc", "2", "--out", str(out), "--", "python", "train.py", cwd=tmp_path)
+    assert result.returncode == 1, result.stderr
+    assert f"meshscope run: python = {sys.executable} (meshscope's own interpreter" in result.stderr
+    assert "exited with code 1" in result.stderr
+    assert "meshscope run: failed: rank" in result.stderr
+    assert "  | ModuleNotFoundError: No module named 'torch'" in result.stderr  # the tail, shown again at the end
+    assert (
+        f"meshscope run: fix: the interpreter {sys.executable} has no torch: install meshscope's demo extra there"
+        in result.stderr
+    )
+    assert "no meshscope tracker" not in result.stderr.split("ranks sent nothing")[1].splitlines()[0]
+    tails = sorted(p.name for p in (out / "ranks").iterdir())
+    assert "rank-0.stderr" in tails or "rank-1.stderr" in tails
+    assert (out / "records.jsonl").exists()
+
+
+WHO = "import os, sys\nopen(f\"python-{os.environ['RANK']}.txt\", 'w').write(sys.executable)\n"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("launcher", ["exec", "auto"], ids=["exec", "fork"])
+def test_a_bare_python_runs_under_meshscopes_interpreter_and_no_records_exit_non_zero(
+    tmp_path: Path, launcher: str
+) -> None:
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "python").write_text("#!/bin/sh\nexit 7\n")  # a wrong 'python' first on PATH is not used
+    (fake / "python").chmod(0o755)
+    (tmp_path / "who.py").write_text(WHO)
+    path = f"{fake}{os.pathsep}{os.environ.get('PATH', '')}"
+    result = _meshscope(
+        "run", "--nproc", "2", "--launcher", launcher, "--out", str(tmp_path / "out"), "--", "python", "who.py",
+        cwd=tmp_path, env={"PATH": path},
+    )  # fmt: skip
+    assert [(tmp_path / f"python-{r}.txt").read_text() for r in range(2)] == [sys.executable] * 2
+    assert f"python = {sys.executable} (meshscope's own interpreter; 'python' on PATH is {fake / 'python'})" in (
+        result.stderr
+    )
+    assert result.returncode == EXIT_NO_ANALYSIS, result.stderr
+    assert "fix: ranks 0, 1 sent no step record: the script never started meshscope's tracker" in result.stderr
+
+
+TRACKED = """import time
+from meshscope import sdk
+tracker = sdk.tracker_from_env()
+for step in range(4):
+    with tracker.step(step):
+        with tracker.phase("forward"):
+            time.sleep(0.02)
+tracker.close()
+"""
+
+
+def test_more_ranks_than_cores_is_measured_and_noted(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    script = tmp_path / "tracked.py"
+    script.write_text(TRACKED)
+    out = tmp_path / "out"
+    settings = RunSettings(
+        nproc=2, command=(sys.executable, str(script)), layout=ParallelLayout(dp=2), out_dir=out, launcher="exec"
+    )
+    code = run_job(settings, report=report_run, capacity=CpuCapacity(affinity=1))
+    captured = capfd.readouterr()
+    assert code == 0, captured.err + captured.out
+    assert "2 ranks on 1 CPU core: timings include CPU contention" in captured.err
+    notes = {n["code"]: n for n in json.loads((out / "analysis.json").read_text())["partial_data"]}
+    assert notes["cpu_contention"]["count"] == 2
+    assert "2 ranks on 1 CPU core: timings include CPU contention" in notes["cpu_contention"]["message"]
+    cpu = json.loads((out / "collector.json").read_text())["cpu"]
+    assert (cpu["ranks"], cpu["cores"], cpu["oversubscribed"]) == (2, 1.0, True)
+    assert cpu["ranks_cpu_seconds"] > 0
+    assert json.loads((out / "analysis.json").read_text())["cpu"] == cpu
+
+
+def test_records_that_cannot_be_analysed_exit_non_zero_with_the_fix_and_are_kept(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    lines = (DATA / "dp8_straggler" / "records.jsonl").read_text().splitlines()
+    records = tmp_path / "records.jsonl"  # step numbers that restart every epoch: a (rank, step) twice
+    records.write_text("\n".join([*lines[:16], *lines[:8]]) + "\n")
+    settings = RunSettings(nproc=8, command=("python", "x.py"), layout=ParallelLayout(dp=8), out_dir=tmp_path)
+    receipt = RankReceipt(records=3, hello=True, closed=True, counters={}, measurements={})
+    outcome = RunOutcome(settings=settings, records_path=records, failed=None, ranks=dict.fromkeys(range(8), receipt))
+    assert report_run(outcome) == EXIT_NO_ANALYSIS
+    err = capsys.readouterr().err
+    line = next(x for x in err.splitlines() if x.startswith("meshscope run: no analysis:"))
+    assert "appears twice" in line
+    assert "fix: number steps across the whole run" in line
+    assert line.endswith(f"the records are kept in {records}")
+    assert records.read_text().count("\n") == 24
+
+
+def test_a_report_that_raises_a_meshscope_error_exits_non_zero_in_one_line(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    def report(outcome: RunOutcome) -> int:
+        raise ParseError(f"{outcome.records_path} line 1: bad record")
+
+    settings = RunSettings(nproc=2, command=("sh", "-c", "true"), layout=ParallelLayout(dp=2), out_dir=tmp_path)
+    assert run_job(settings, report=report, capacity=CpuCapacity(affinity=2)) == EXIT_NO_ANALYSIS
+    err = capfd.readouterr().err
+    assert f"meshscope run: no analysis: {tmp_path / 'records.jsonl'} line 1: bad record (the records are kept" in err
+
+
+def test_the_cores_are_the_affinity_capped_by_the_tightest_cgroup_quota(tmp_path: Path) -> None:
+    (tmp_path / "proc/self").mkdir(parents=True)
+    (tmp_path / "proc/self/cgroup").write_text("0::/job/rank\n")
+    group = tmp_path / "sys/fs/cgroup/job/rank"
+    group.mkdir(parents=True)
+    (tmp_path / "sys/fs/cgroup/cpu.max").write_text("max 100000\n")
+    (tmp_path / "sys/fs/cgroup/job/cpu.max").write_text("150000 100000\n")
+    (group / "cpu.max").write_text("max 100000\n")
+    capacity = measure_capacity(tmp_path)
+    assert capacity.quota_cores == 1.5
+    assert capacity.cores == min(1.5, len(os.sched_getaffinity(0)))
+    assert measure_capacity(tmp_path / "nothing").quota_cores is None
+    few = CpuUse(ranks=2, capacity=CpuCapacity(affinity=4), wall_s=1.0, cpu_s=0.5)
+    assert few.note() is None
+    assert few.headline() == "2 ranks on 4 CPU cores"
+    many = CpuUse(ranks=8, capacity=CpuCapacity(affinity=8, quota_cores=2.0), wall_s=10.0, cpu_s=15.0)
+    note = many.note()
+    assert note is not None
+    assert (note.code, note.count) == ("cpu_contention", 8)
+    assert note.message.startswith("8 ranks on 2 CPU cores (cgroup quota; 8 in the affinity mask): timings include")
+    assert "used 15.0 CPU-s of the 20.0 the cores offered in 10.0 s (75%)" in note.message
+
+
+def test_the_interpreter_and_the_fix_named_for_a_tail() -> None:
+    assert resolve_python(["python", "x.py"]) == ((sys.executable, "x.py"), sys.executable)
+    assert resolve_python(["/opt/py/bin/python3", "x.py"]) == (("/opt/py/bin/python3", "x.py"), "/opt/py/bin/python3")
+    assert resolve_python(["sh", "-c", "true"]) == (("sh", "-c", "true"), None)
+    tail = (
+        "Traceback (most recent call last):\n  File 'x.py'\nModuleNotFoundError: No module named 'torch.distributed'\n"
+    )
+    assert fix_for(tail, python="/usr/bin/python3") == (
+        "the interpreter /usr/bin/python3 has no torch: install meshscope's demo extra there "
+        "(pip install 'meshscope[demo]'), or pass the full path of an interpreter that has torch after '--'"
+    )
+    assert "has no meshscope" in str(fix_for("ModuleNotFoundError: No module named 'meshscope'", python=None))
+    assert fix_for("RuntimeError: boom", python=None) is None
+    assert shown_tail("\n".join(str(i) for i in range(100)), lines=3) == "97\n98\n99"
+
+
+def test_a_ranks_stderr_goes_through_unchanged_and_only_its_tail_is_kept(tmp_path: Path) -> None:
+    through = tmp_path / "through"
+    with through.open("wb") as sink:
+        tails = StderrTails(2, out_fd=sink.fileno())
+        w = tails.write_fd(1)
+        tails.start()
+        payload = b"".join(b"line %d\n" % i for i in range(20000))  # > TAIL_BYTES, and more than a pipe holds
+        os.write(w, payload[:70000])
+        os.write(w, payload[70000:])
+        tails.launched(0)  # the writers are gone: the pipes end
+        tails.launched(1)
+        tails.stop()
+    assert through.read_bytes() == payload
+    assert tails.tail(1).encode() == payload[-TAIL_BYTES:]
+    assert tails.tail(0) == ""
