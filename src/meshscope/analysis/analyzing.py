@@ -36,7 +36,7 @@ from meshscope.analysis.costs import (
     partial_notes,
     summarise,
 )
-from meshscope.analysis.diagnosis import Finding, diagnose
+from meshscope.analysis.diagnosis import CPU_CONTENTION, Finding, diagnose
 from meshscope.errors import ParseError
 from meshscope.formatting import human_bytes, human_seconds, percent, render_table
 from meshscope.plan import PlanAssumptions, plan_job
@@ -336,8 +336,12 @@ def render_analysis(analysis: Analysis) -> str:
     s = a.summary
     steps = f"steps {a.first_step}..{a.last_step} ({a.step_count})"
     out = [f"meshscope analyze: job {a.job!r}: {a.ranks_seen} of {a.world_size} ranks seen, {steps}"]
-    if a.partial_data:
-        out.append(f"PARTIAL DATA ({len(a.partial_data)} notes, listed at the end): rows marked '(partial data)'")
+    # CPU contention is no data missing but a caveat on every timing: said at the top, not counted as partial data.
+    contention = [n for n in a.partial_data if n.code == CPU_CONTENTION]
+    partial = [n for n in a.partial_data if n.code != CPU_CONTENTION]
+    out.extend(f"CPU CONTENTION: {n.message}" for n in contention)
+    if partial:
+        out.append(f"PARTIAL DATA ({len(partial)} notes, listed at the end): rows marked '(partial data)'")
     if a.findings:
         lines = [f"\nFindings ({len(a.findings)}, most costly first)"]
         for i, f in enumerate(a.findings, 1):
@@ -379,9 +383,9 @@ def render_analysis(analysis: Analysis) -> str:
             for m in a.memory
         ]
         out.append(render_table(["stage", "planned", "measured peak"], rows, title="\nMemory per GPU per stage"))
-    if a.partial_data:
+    if partial:
         out.append("\nPartial data")
-        out.extend(f"  {n.code} ({n.count:,}): {n.message}" for n in a.partial_data)
+        out.extend(f"  {n.code} ({n.count:,}): {n.message}" for n in partial)
     return "\n".join(out)
 
 
