@@ -23,6 +23,7 @@ import argparse
 import json
 import os
 import random
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -101,6 +102,7 @@ def main() -> None:
     p.add_argument("--clean", type=int, default=24, help="clean runs (half beside a CPU burner)")
     p.add_argument("--faults", type=int, default=30, help="runs with an injected fault")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--keep", default="", help="copy the output directory of every wrong run here")
     args = p.parse_args()
     print(machine_reference())
     rng = random.Random(args.seed)
@@ -123,6 +125,8 @@ def main() -> None:
             finally:
                 stop(procs)
             right, found, ratio = verdict(analysis, fault, rank) if analysis else (False, "run failed", None)
+            if not right and args.keep:
+                shutil.copytree(Path(tmp) / f"run-{k}", Path(args.keep) / f"run-{k}-{job}", dirs_exist_ok=True)
             wall = time.perf_counter() - t0
             what = "clean" if fault is None else f"{fault} on rank {rank}"
             load_text = " + CPU burner" if load else ""

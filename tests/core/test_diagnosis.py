@@ -309,13 +309,17 @@ def test_slow_steps_spread_over_every_rank_are_noise_not_stragglers() -> None:
 
 
 def test_two_slow_ranks_of_a_stage_are_each_compared_with_the_rest() -> None:
-    # Two of four ranks are 1.3x slow: against a median that they pull up they look 15 % slow; against the rest of
-    # the stage, 30 %.
-    f = only(findings(Job(tp=1, dp=4, gpus_per_node=4, slow={1: 1.3, 2: 1.3})), "straggler")
+    # Two of eight ranks are 1.3x slow: each is compared with the six others, not with a median they pull up.
+    f = only(findings(Job(tp=1, dp=8, gpus_per_node=8, slow={1: 1.3, 2: 1.3})), "straggler")
     assert {s.rank for s in f.suspects} == {1, 2}
     assert f.message.startswith("ranks 1 and 2 on node-0 (worst: rank ")
     assert "are each slow in compute" in f.message
     assert f.evidence["excess_ratio"] == pytest.approx(0.30, abs=0.03)
+
+
+def test_half_of_a_stage_on_one_node_is_not_told_apart_from_the_other_half() -> None:
+    # Two of four ranks on the only node at 1.3x: two slow or two fast? Naming one of them, or both, is a guess.
+    assert [f.code for f in findings(Job(tp=1, dp=4, gpus_per_node=4, slow={1: 1.3, 2: 1.3}))] == []
 
 
 def test_most_of_a_stage_cannot_be_slower_than_the_stage() -> None:

@@ -84,6 +84,9 @@ STEP_JITTER_SIGMAS = 1.5
 jitter (each step's median own time, i.e. step minus sync wait and bubble, over steps): on shared cores or a busy
 host, ranks differ by milliseconds for no reason a user can act on; an effect smaller than the run's own noise is
 not resolved."""
+MINORITY_TIE = 0.8
+"""Suspects beyond the fewer-than-half of a stage that may be named: when the first left out is at least this x as
+slow as the last kept, the stage splits into halves nobody can tell apart, and none is named."""
 TRANSIENT_MIN_SHARE = 0.03
 """A transient straggler (slow in some steps only) costs at least this share of the step, amortised: one slow step
 in fifteen from a busy host is noise, not a rank to chase."""
@@ -314,9 +317,11 @@ def _stage_sizes(rs: RankSteps) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
 
 
 def _minority(rs: RankSteps, suspects: NDArray[np.intp], excess: NDArray[np.float64]) -> NDArray[np.intp]:
-    """The worst suspects of each stage, at most half of its ranks: a stage is never slower than itself.
+    """The worst suspects of each stage, fewer than half of its ranks: a stage is never slower than itself.
 
-    ``excess`` is indexed by rank index; the rest of a stage's suspects (the mildest) go back to the reference.
+    One of two is allowed (two ranks, one slower); exactly half only when the suspects are every rank the stage has
+    on their nodes and the rest of the stage is on other nodes (a slow node). ``excess`` is indexed by rank index;
+    the rest of a stage's suspects (the mildest) go back to the reference.
     """
     if suspects.size == 0:
         return suspects
@@ -325,7 +330,20 @@ def _minority(rs: RankSteps, suspects: NDArray[np.intp], excess: NDArray[np.floa
     st = stage[order]
     first = np.searchsorted(st, st, side="left")
     place = np.arange(order.size) - first
-    return np.sort(order[2 * (place + 1) <= sizes[st]])
+    cap = np.maximum(1, (sizes - 1) // 2)
+    keep = place < cap[st]
+    for s in np.unique(st).tolist():
+        here = st == s
+        mine = order[here]
+        if 2 * mine.size == sizes[s]:
+            nodes = np.unique(rs.node_of_rank[mine])
+            on_nodes = np.isin(rs.node_of_rank[stage == s], nodes)
+            if on_nodes.sum() == mine.size and not on_nodes.all():
+                keep[here] = True  # the whole of their nodes' share of the stage, the rest elsewhere: a slow node
+                continue
+        if mine.size > cap[s] and excess[mine[cap[s]]] >= MINORITY_TIE * excess[mine[cap[s] - 1]]:
+            keep[here] = False  # the first left out is as slow as the last kept: which part is slow is a guess
+    return np.sort(order[keep])
 
 
 def _rest_reference(ctx: _Context, values: NDArray[np.float64], suspects: NDArray[np.intp]) -> NDArray[np.float64]:
@@ -381,8 +399,8 @@ def _persistent(ctx: _Context, phase: str) -> list[_Slow]:
     peer_rank = grouped_median(rs.rank_index, peers, rs.n_ranks)
     floor = MIN_COST_SHARE * ctx.step_us
     hit = (excess >= floor) & (excess >= STRAGGLER_MIN_EXCESS * peer_rank)
-    if phase == COMPUTE and ctx.work_ratio is not None:
-        # More work than the peers is an imbalance, not a straggler.
+    if phase in (COMPUTE, DATA) and ctx.work_ratio is not None:
+        # More work than the peers (more to compute, more to load) is an imbalance, not a straggler.
         hit &= grouped_median(rs.rank_index, ctx.work_ratio, rs.n_ranks) < WORK_RATIO
     suspects = _minority(rs, np.flatnonzero(hit), excess)
     if suspects.size == 0:
@@ -426,7 +444,7 @@ def _transient(ctx: _Context, phase: str, *, exclude: dict[int, _Slow]) -> dict[
         max(MIN_COST_SHARE * ctx.step_us, NOISE_SIGMAS * _robust_sigma(excess)), STRAGGLER_MIN_EXCESS * peers
     )
     flag = excess >= floor
-    if phase == COMPUTE and ctx.work_ratio is not None:
+    if phase in (COMPUTE, DATA) and ctx.work_ratio is not None:
         flag &= ctx.work_ratio < WORK_RATIO
     if exclude:
         flag &= ~np.isin(rs.rank_index, list(exclude))
