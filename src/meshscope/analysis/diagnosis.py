@@ -1006,9 +1006,9 @@ def _between_steps(ctx: _Context) -> list[Finding]:
     That time is in no step's breakdown, but the other ranks wait for the rank in their next collective: the cost
     table charges it, and only this finding says why. Per rank-step, the time since the rank's previous step ended
     (``gap_before_us``) against the median of the same step's ranks; rank-steps above the cost floor and
-    :data:`NOISE_SIGMAS` x the gaps' spread, amortised over the rank's steps, must cost
-    :data:`TRANSIENT_MIN_SHARE` of the step, at most half of the ranks (a whole job that pauses between steps waits
-    for nobody).
+    :data:`NOISE_SIGMAS` x the gaps' spread, amortised over the rank's steps, must stand out from the ranks' median
+    by :data:`TRANSIENT_MIN_SHARE` of the step and :data:`STEP_JITTER_SIGMAS` x the run's jitter, at most half of
+    the ranks (a whole job that pauses between steps waits for nobody). Its cost is that amortised lateness.
     """
     rs = ctx.rs
     s = rs.breakdown.table.steps
@@ -1023,17 +1023,21 @@ def _between_steps(ctx: _Context) -> list[Finding]:
     if not long.any():
         return []
     amortised = np.bincount(rs.rank_index[long], weights=excess[long], minlength=rs.n_ranks) / rs.steps_per_rank
-    ranks = np.flatnonzero(amortised >= TRANSIENT_MIN_SHARE * ctx.step_us)
+    # As for transient stragglers: it must cost a share of the step, stand out from the other ranks' own gaps, and
+    # exceed the run's step-to-step jitter (a scheduler hiccup on shared cores is one long gap on a random rank).
+    bar = max(TRANSIENT_MIN_SHARE * ctx.step_us, STEP_JITTER_SIGMAS * ctx.step_jitter_us)
+    stands_out = amortised - np.median(amortised) >= max(bar, NOISE_SIGMAS * _robust_sigma(amortised))
+    ranks = np.flatnonzero(stands_out)
     if ranks.size == 0 or 2 * ranks.size > rs.n_ranks:
         return []
     findings = []
     for i in ranks[np.argsort(-amortised[ranks])][:MAX_STRAGGLER_FINDINGS].tolist():
         mine = long & (rs.rank_index == i)
+        # What it costs: how late its long gaps made it, amortised (the others wait that long in their next
+        # collective); the sync wait the table charges it may hold other waits too, and is quoted beside.
         caused = wait_caused(rs, i, int(np.argmax(rs.caused_per_step_us[i])))
-        cost_s = float(amortised[i]) / 1e6 if caused is None else caused.per_member_seconds
+        cost_s = float(amortised[i]) / 1e6
         share = ctx.share(cost_s)
-        if share < MIN_COST_SHARE:
-            continue
         between = s.between_us[mine].astype(np.float64)
         labelled = between >= 0
         parts = []
@@ -1051,10 +1055,9 @@ def _between_steps(ctx: _Context) -> list[Finding]:
             f"({', '.join(parts)}) where the other ranks spend {human_seconds(peers_s)}: that time is outside every "
             f"step, so no step's breakdown shows it, but the others wait for it in their next collective; "
         )
-        if caused is None:
-            message += f"it costs about {human_seconds(cost_s)} per step ({percent(share)} of the step)"
-        else:
-            message += f"{caused.sentence()}, {percent(share)} of the step"
+        message += f"it costs about {human_seconds(cost_s)} per step ({percent(share)} of the step, amortised)"
+        if caused is not None:
+            message += f"; the cost table: {caused.sentence()}"
         message += (
             "; run eval, checkpoints and logging inside a step (a tracker phase) to see them in the table, and make "
             "them asynchronous or less frequent to stop the others waiting"
