@@ -77,6 +77,10 @@ NOISE_SIGMAS = 6.0
 """An outlier must stand this many robust standard deviations (1.4826 x MAD) above its peers."""
 STRAGGLER_MIN_EXCESS = 0.05
 """A straggler's phase is at least this much longer than its stage peers' (relative)."""
+CONTENDED_MIN_EXCESS = 0.25
+"""On a run whose ranks outnumbered their CPU cores (the ``cpu_contention`` note), a persistent straggler's phase is
+at least this much longer than the rest's: time-slicing alone made one of 4 ranks on 2 cores up to ~20 % slower in
+compute over a whole clean run (benchmarks/bench_real_runs.py)."""
 STRAGGLER_CONSISTENCY = 0.75
 """A persistent straggler is above the rest of its stage in at least this share of its steps ..."""
 STEP_JITTER_SIGMAS = 1.5
@@ -376,6 +380,9 @@ def _stragglers(ctx: _Context) -> list[Finding]:
                 best[i] = slow
     if not best:
         return []
+    best = _fewer_than_half(rs, best)
+    if not best:
+        return []
     by_node: dict[int, list[_Slow]] = {}
     for slow in best.values():
         by_node.setdefault(int(rs.node_of_rank[slow.rank_index]), []).append(slow)
@@ -383,6 +390,15 @@ def _stragglers(ctx: _Context) -> list[Finding]:
     findings = [f for f in findings if f.cost_seconds_per_step * 1e6 >= STEP_JITTER_SIGMAS * ctx.step_jitter_us]
     findings.sort(key=lambda f: -f.cost_seconds_per_step)
     return findings[:MAX_STRAGGLER_FINDINGS]
+
+
+def _fewer_than_half(rs: RankSteps, best: dict[int, _Slow]) -> dict[int, _Slow]:
+    """Persistent and transient suspects together, held to :func:`_minority` (fewer than half of their stage)."""
+    excess = np.zeros(rs.n_ranks)
+    for i, slow in best.items():
+        excess[i] = slow.excess_us
+    kept = set(_minority(rs, np.array(sorted(best), dtype=np.intp), excess).tolist())
+    return {i: slow for i, slow in best.items() if i in kept}
 
 
 def _persistent(ctx: _Context, phase: str) -> list[_Slow]:
@@ -423,7 +439,8 @@ def _persistent(ctx: _Context, phase: str) -> list[_Slow]:
         above = float(np.mean(gap[mine] > 0))
         # The median of n noisy steps wanders by about sigma / sqrt(n): the bar for a median, not for one step.
         jitter = JITTER_SIGMAS * sigma / math.sqrt(int(np.count_nonzero(mine)))
-        if over < max(floor, spread, jitter, STRAGGLER_MIN_EXCESS * rest) or above < STRAGGLER_CONSISTENCY:
+        relative = CONTENDED_MIN_EXCESS if ctx.contention is not None else STRAGGLER_MIN_EXCESS
+        if over < max(floor, spread, jitter, relative * rest) or above < STRAGGLER_CONSISTENCY:
             continue
         out.append(_Slow(i, phase, over, rest + over, rest, int(np.count_nonzero(mine))))
     return out
