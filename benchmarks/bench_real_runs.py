@@ -60,11 +60,15 @@ def run(job: str, out: Path, extra: list[str]) -> dict[str, Any]:
     return result
 
 
+SPIN = "import os\nparent = os.getppid()\nwhile os.getppid() == parent:\n    for _ in range(1_000_000): pass"
+"""A spinning process that ends when its parent does (a killed benchmark leaves no burner behind)."""
+
+
 def burner(*, on: bool) -> list[subprocess.Popen[bytes]]:
     """One spinning process per core, or none."""
     if not on:
         return []
-    return [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(os.cpu_count() or 2)]
+    return [subprocess.Popen([sys.executable, "-c", SPIN]) for _ in range(os.cpu_count() or 2)]
 
 
 def stop(procs: list[subprocess.Popen[bytes]]) -> None:

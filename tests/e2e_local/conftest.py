@@ -114,6 +114,10 @@ def ep_run(tmp_path_factory: pytest.TempPathFactory) -> Run:
     return run_demo_job(tmp_path_factory.mktemp("ep") / "out", ep=True)
 
 
+SPIN = "import os\nparent = os.getppid()\nwhile os.getppid() == parent:\n    for _ in range(1_000_000): pass"
+"""A spinning process that ends when its parent does (a killed test run leaves no burner behind)."""
+
+
 @pytest.fixture
 def cpu_burner() -> Iterator[int]:
     """Foreign CPU load: one process spinning on every core this machine has, for the test's duration.
@@ -122,7 +126,7 @@ def cpu_burner() -> Iterator[int]:
     only; timings stretch, and a clean run must still read clean.
     """
     n = os.cpu_count() or 2
-    burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
+    burners = [subprocess.Popen([sys.executable, "-c", SPIN]) for _ in range(n)]
     try:
         yield n
     finally:
