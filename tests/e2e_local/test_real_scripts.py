@@ -51,9 +51,10 @@ class Run:
 
 
 def run_script(out_dir: Path, job: str, *extra: str) -> Run:
+    """``meshscope run -- python SCRIPT`` as a user types it: a bare ``python`` runs under meshscope's interpreter."""
     script, *args = JOBS[job]
     command = [sys.executable, "-m", "meshscope", "run", "--nproc", str(NPROC), "--out", str(out_dir), "--",
-               sys.executable, str(SCRIPTS / script), *args, *extra]  # fmt: skip
+               "python", str(SCRIPTS / script), *args, *extra]  # fmt: skip
     env = {
         **os.environ,
         "PYTHONWARNINGS": "ignore",

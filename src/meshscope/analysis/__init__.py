@@ -6,6 +6,8 @@ order, one module each:
 - :mod:`~meshscope.analysis.breakdown`: every rank-step split into categories that add up to the step time
   (:func:`break_down` -> :class:`Breakdown`), collectives joined across their members (:class:`CollectiveJoin`),
   host clocks aligned (:class:`ClockOffsets`);
+- :mod:`~meshscope.analysis.chains`: who pays for a sync wait: the last arrival, or the rank at the end of the chain
+  of waits that made it late (``Breakdown.wait_paid_us``);
 - :mod:`~meshscope.analysis.grouping`: grouped quantiles, medians and means over numpy columns;
 - :mod:`~meshscope.analysis.transfers`: every collective and send measured per byte, against its class and the link
   model;
