@@ -27,7 +27,7 @@ from torch.utils.data.distributed import DistributedSampler
 
 from meshscope import sdk
 
-FEATURES, HIDDEN, CLASSES = 256, 1024, 10
+FEATURES, HIDDEN, CLASSES = 256, 2048, 10
 
 
 class Regression(Dataset):
