@@ -7,16 +7,15 @@ subprocess (which imports torch once and forks the ranks). The clean run is shar
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from invariants import check_records_file
+from runs import Run
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
@@ -30,26 +29,6 @@ except ImportError:
 STEPS = 5
 """Steps of every job: the first is warm-up, four are analysed."""
 TIMEOUT_S = 120.0
-
-
-@dataclass
-class Run:
-    """What one job left: exit code, what meshscope printed, the output directory."""
-
-    code: int
-    out: str
-    out_dir: Path
-
-    @property
-    def analysis(self) -> dict[str, Any]:
-        return json.loads((self.out_dir / "analysis.json").read_text())
-
-    @property
-    def findings(self) -> list[dict[str, Any]]:
-        return self.analysis["findings"]
-
-    def losses(self) -> list[float]:
-        return json.loads((self.out_dir / "losses.json").read_text())["losses"]
 
 
 def run_demo_job(

@@ -10,17 +10,16 @@ is measured as a rate by benchmarks/bench_real_runs.py (the demo's emulated job 
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from invariants import check_records_file
+from runs import Run
 
 pytestmark = pytest.mark.slow
 
@@ -34,23 +33,6 @@ JOBS: dict[str, list[str]] = {
     "ddp-tutorial": ["ddp_tutorial.py", "--epochs", "2", "--samples", "768"],
     "fsdp2": ["fsdp2_loop.py", "--steps", "10"],
 }
-
-
-@dataclass
-class Run:
-    """What one run left: exit code, what meshscope printed, its analysis."""
-
-    code: int
-    out: str
-    out_dir: Path
-
-    @property
-    def analysis(self) -> dict[str, Any]:
-        return json.loads((self.out_dir / "analysis.json").read_text())
-
-    @property
-    def findings(self) -> list[dict[str, Any]]:
-        return self.analysis["findings"]
 
 
 def run_script(out_dir: Path, job: str, *extra: str) -> Run:

@@ -179,3 +179,16 @@ def fork_job(tmp_path: Path) -> Callable[..., Job]:
         return Job(results=results, records_path=records, collector=collector)
 
     return run
+
+
+@pytest.fixture
+def listener(tmp_path: Path) -> Iterator[tuple[socket.socket, Path]]:
+    """A bound datagram socket nobody reads until the test does (its queue fills up)."""
+    path = Path(f"/tmp/ms-l-{tmp_path.name[-20:]}.sock")
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    path.unlink(missing_ok=True)
+    sock.bind(str(path))
+    sock.setblocking(False)
+    yield sock, path
+    sock.close()
+    path.unlink(missing_ok=True)

@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import itertools
 import json
-import socket
 import time
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
@@ -21,23 +19,13 @@ from meshscope.records import IntervalKind, StepRecord, _parse_record, read_tabl
 from meshscope.sdk.transport import decode
 
 if TYPE_CHECKING:
+    import socket
     from collections.abc import Iterator
+    from pathlib import Path
 
 MS = 1000  # µs
 SLACK_US = 250 * MS
 """Upper margin on a loaded 2-core machine: a measured span is at least what the test slept and at most this more."""
-
-
-@pytest.fixture
-def listener(tmp_path: Path) -> Iterator[tuple[socket.socket, Path]]:
-    path = Path(f"/tmp/ms-loop-{tmp_path.name[-16:]}.sock")
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-    path.unlink(missing_ok=True)
-    sock.bind(str(path))
-    sock.setblocking(False)
-    yield sock, path
-    sock.close()
-    path.unlink(missing_ok=True)
 
 
 def _tracker(path: Path, job: str = "loop") -> sdk.Tracker:

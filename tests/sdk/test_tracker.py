@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import socket
-from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 import torch
@@ -15,6 +14,9 @@ from meshscope import sdk
 from meshscope.records import IntervalKind, Phase, _parse_record
 from meshscope.sdk import capture
 from meshscope.sdk.transport import decode
+
+if TYPE_CHECKING:
+    import socket
 
 
 def _patched_objects() -> dict[str, object]:
@@ -56,19 +58,6 @@ def test_real_tracker_patches_every_road_and_close_restores_them() -> None:
     after = _patched_objects()
     assert [k for k in before if after[k] is not before[k]] == []
     assert not capture.installed()
-
-
-@pytest.fixture
-def listener(tmp_path: Path):
-    """A bound datagram socket nobody reads until the test does (its queue fills up)."""
-    path = Path(f"/tmp/ms-l-{tmp_path.name[-20:]}.sock")
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-    path.unlink(missing_ok=True)
-    sock.bind(str(path))
-    sock.setblocking(False)
-    yield sock, path
-    sock.close()
-    path.unlink(missing_ok=True)
 
 
 def _drain(sock: socket.socket) -> list[dict]:
