@@ -2,7 +2,8 @@
 
 Why it exists: the breakdown trusts the SDK on one point above all (DESIGN.md, "The step breakdown"): exposed comm is a
 collective running while no compute runs, so time a rank spends *waiting* for a collective must never sit inside a
-compute (or optimizer) interval, or waiting is counted as compute. And a step that stepped the optimizer must say so.
+compute (or optimizer) interval, or waiting is counted as compute. And a step that stepped the optimizer must say so;
+every step carries the training thread's wait for a CPU.
 Real-job tests (forked gloo ranks, ``meshscope run``) call :func:`check_records_file` on everything they collected.
 
 What "waiting" is comes from the record itself: a ``comm`` or ``p2p`` interval's ``wait_us`` (``docs/records.md``) is
@@ -27,6 +28,8 @@ BUSY_KINDS = frozenset({"compute", "optimizer"})
 """Interval kinds the SDK cuts blocked windows out of."""
 NET_KINDS = frozenset({"comm", "p2p"})
 MAX_SHOWN = 8
+RUNQUEUE_SLACK_US = 10_000
+"""The kernel updates a thread's run delay when it is switched in: a read may lag by about one scheduler tick."""
 
 
 def record_violations(record: dict[str, Any], *, every_step: Iterable[str] = ()) -> list[str]:
@@ -62,6 +65,13 @@ def record_violations(record: dict[str, Any], *, every_step: Iterable[str] = ())
                 )
     kinds = {iv["kind"] for iv in intervals}
     problems.extend(f"{where}: no {kind} interval" for kind in every_step if kind not in kinds)
+    # The training thread's wait for a CPU (Linux schedstat) is measured on every step, within the step.
+    runqueue = record.get("runqueue_wait_us")
+    span = record["end_us"] - record["start_us"]
+    if runqueue is None:
+        problems.append(f"{where}: no runqueue_wait_us (the thread's run delay is readable on Linux)")
+    elif not 0 <= runqueue <= span + RUNQUEUE_SLACK_US:
+        problems.append(f"{where}: runqueue_wait_us = {runqueue} outside the step's {span} us")
     return problems
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import pytest
@@ -276,6 +276,40 @@ def test_straggler_in_compute() -> None:
     assert f.message.startswith("rank 5 on node-1 is slow in compute")
     assert "with the same work (4,096 tokens)" in f.message
     assert f.severity is Severity.ERROR  # 6 ms of a ~26 ms step
+
+
+def host_timed(job: Job, runqueue_us: dict[int, float], *, base_us: float = 0.0) -> RecordTable:
+    """``job``'s table as a CPU run records it: no GPU, and each rank-step's run delay (``base_us`` + the rank's)."""
+    t = job.table()
+    delay = base_us + np.array([runqueue_us.get(int(r), 0.0) for r in t.steps.rank])
+    steps = replace(t.steps, gpu_util=np.full(t.n_rows, np.nan), runqueue_wait_us=np.rint(delay).astype(np.int64))
+    return replace(t, steps=steps)
+
+
+def test_a_rank_slow_only_by_waiting_for_a_cpu_is_no_straggler() -> None:
+    # Rank 5 computes 1.3x as long (6 ms more), and its thread waited 6 ms more per step for a CPU than its peers:
+    # the host's scheduler took the time, not the job. The same run without the run delay names rank 5.
+    job = Job(slow={5: 1.3})
+    assert analyze(host_timed(job, {5: 6_000})).findings == ()
+    assert only(analyze(host_timed(job, {})).findings, "straggler").suspects[0].rank == 5
+
+
+def test_a_straggler_waiting_for_a_cpu_in_proportion_is_still_named() -> None:
+    # Every thread waits a quarter of its compute for a CPU; rank 5 computes twice as long, so it also waits twice as
+    # long (5 ms more): what is left (15 ms more compute) is the job's, and the contention is said.
+    job = Job(slow={5: 2.0})
+    f = only(analyze(host_timed(job, {5: 5_000}, base_us=5_000)).findings, "straggler")
+    assert f.suspects[0].rank == 5
+    assert "waited for a CPU" in f.message
+    assert f.evidence["cpu_contention"] == 1
+
+
+def test_a_gpu_run_does_not_discount_the_hosts_run_delay() -> None:
+    # On a GPU, phases are device times: the host thread's run delay does not lengthen them and is not taken out.
+    job = Job(slow={5: 1.3})
+    t = host_timed(job, {5: 6_000})
+    t = replace(t, steps=replace(t.steps, gpu_util=np.full(t.n_rows, 0.98)))
+    assert only(analyze(t).findings, "straggler").suspects[0].rank == 5
 
 
 def test_straggler_in_data_loading() -> None:

@@ -95,6 +95,7 @@ def make_record(rank: int = 0, step: int = 0, *, job: str = "demo", **overrides)
         "user_step": step % 2,
         "gap_before_us": 2_500,
         "between_steps": BetweenSteps(checkpoint_us=1_500, eval_us=500),
+        "runqueue_wait_us": 700,
     }
     fields.update(overrides)
     return StepRecord(**fields)
@@ -168,9 +169,16 @@ def test_loop_fields_read_as_columns_with_minus_one_for_unknown(tmp_path):
     # user_step, gap_before_us and between_steps: optional; the table holds -1 where a record leaves them out, and a
     # between_steps object gives 0 for the kinds it leaves out.
     records = [
-        make_record(0, 0, user_step=None, gap_before_us=None, between_steps=None),
-        make_record(0, 1, user_step=0, gap_before_us=180_000, between_steps=BetweenSteps(checkpoint_us=150_000)),
-        make_record(0, 2, user_step=None, gap_before_us=40, between_steps=BetweenSteps()),
+        make_record(0, 0, user_step=None, gap_before_us=None, between_steps=None, runqueue_wait_us=None),
+        make_record(
+            0,
+            1,
+            user_step=0,
+            gap_before_us=180_000,
+            between_steps=BetweenSteps(checkpoint_us=150_000),
+            runqueue_wait_us=0,
+        ),
+        make_record(0, 2, user_step=None, gap_before_us=40, between_steps=BetweenSteps(), runqueue_wait_us=31_000),
     ]
     path = tmp_path / "loop.jsonl"
     write_records(path, records)
@@ -178,12 +186,15 @@ def test_loop_fields_read_as_columns_with_minus_one_for_unknown(tmp_path):
     assert "user_step" not in lines[0]
     assert "gap_before_us" not in lines[0]
     assert "between_steps" not in lines[0]
+    assert "runqueue_wait_us" not in lines[0]
+    assert lines[1]["runqueue_wait_us"] == 0
     assert lines[1]["between_steps"] == {"checkpoint": 150_000}
     assert lines[2]["between_steps"] == {}
     for table in (read_table(path), RecordTable.from_records(records)):
         s = table.steps
         assert s.user_step.tolist() == [-1, 0, -1]
         assert s.gap_before_us.tolist() == [-1, 180_000, 40]
+        assert s.runqueue_wait_us.tolist() == [-1, 0, 31_000]
         checkpoint = BETWEEN_KINDS.index("checkpoint")
         assert s.between_us.tolist()[0] == [-1] * len(BETWEEN_KINDS)
         assert s.between_us[1, checkpoint] == 150_000
@@ -201,10 +212,12 @@ def test_loop_fields_read_as_columns_with_minus_one_for_unknown(tmp_path):
         ({"user_step": -1}, "user_step = -1 is below 0"),
         ({"gap_before_us": -5}, "gap_before_us = -5 is below 0"),
         ({"gap_before_us": 1.5}, "gap_before_us = 1.5 (float); expected a whole number"),
+        ({"runqueue_wait_us": -3}, "runqueue_wait_us = -3 is below 0"),
+        ({"runqueue_wait_us": "7"}, "runqueue_wait_us = '7' (str); expected a whole number"),
         ({"between_steps": {"checkpoint": -2}}, "between_steps: checkpoint = -2 is below 0"),
         ({"between_steps": [1]}, "between_steps = '[1]' (list); expected a JSON object"),
     ],
-    ids=["user-step", "gap", "gap-float", "between-negative", "between-list"],
+    ids=["user-step", "gap", "gap-float", "runqueue-negative", "runqueue-str", "between-negative", "between-list"],
 )
 def test_loop_field_errors_in_both_readers(tmp_path, change, fragment):
     path = write_lines(tmp_path / "r.jsonl", [good_json(1), good_json(2, **change)])
@@ -277,6 +290,7 @@ def test_from_arrays_builds_the_same_table_as_from_records():
             user_step=[0, 0],
             gap_before_us=[2_500] * 2,
             between_us=[[0, 0, 0, 1_500, 500]] * 2,
+            runqueue_wait_us=[700] * 2,
         ),
         intervals=IntervalColumns.build(
             row=e.row,

@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import json
 import mmap
+import os
 import random
+import subprocess
+import sys
+import threading
+import time
 
 import pytest
 
@@ -17,6 +22,7 @@ from meshscope.sdk.steps import (
     OpMeta,
     RecordHeader,
     RssPeak,
+    RunQueueWait,
     StepIntervals,
     StepState,
     build_record,
@@ -245,3 +251,54 @@ def test_peak_rss_follows_the_process_and_resets() -> None:
     assert after is not None
     assert during - before >= 60 << 20
     assert during - after >= 60 << 20
+
+
+SPIN_ON_ONE_CPU = """
+import os, sys
+os.sched_setaffinity(0, {int(sys.argv[1])})
+print("spinning", flush=True)
+parent = os.getppid()
+while os.getppid() == parent:
+    for _ in range(100_000): pass
+"""
+
+
+def test_run_delay_is_the_time_the_thread_waited_for_a_cpu() -> None:
+    # A spinning process pinned to this thread's CPU: the two share it, so the thread waits for it while it spins;
+    # the run delay grows by a good part of the wall time, never by more.
+    cpu = min(os.sched_getaffinity(0))
+    old = os.sched_getaffinity(0)
+    burner = subprocess.Popen([sys.executable, "-c", SPIN_ON_ONE_CPU, str(cpu)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert burner.stdout is not None
+        assert burner.stdout.readline() == "spinning\n"
+        os.sched_setaffinity(0, {cpu})
+        delay = RunQueueWait()
+        before = delay.read()
+        t0 = time.perf_counter()
+        while time.perf_counter() - t0 < 0.4:
+            pass
+        wall_ns = (time.perf_counter() - t0) * 1e9
+        after = delay.read()
+        delay.close()
+    finally:
+        os.sched_setaffinity(0, old)
+        burner.kill()
+        burner.wait()
+        if burner.stdout is not None:
+            burner.stdout.close()
+    assert before is not None
+    assert after is not None
+    assert 0.1 * wall_ns < after - before <= wall_ns + 20e6  # schedstat is updated at switches: a tick of slack
+
+
+def test_run_delay_read_from_another_thread_is_unknown() -> None:
+    delay = RunQueueWait()
+    assert delay.read() is not None  # opened here: this thread's
+    seen: list[int | None] = []
+    reader = threading.Thread(target=lambda: seen.append(delay.read()))
+    reader.start()
+    reader.join()
+    assert seen == [None]  # never another thread's numbers
+    assert delay.read() is not None
+    delay.close()

@@ -36,7 +36,7 @@ from meshscope.analysis.costs import (
     partial_notes,
     summarise,
 )
-from meshscope.analysis.diagnosis import CPU_CONTENTION, Finding, diagnose
+from meshscope.analysis.diagnosis import CPU_CONTENTION, Finding, diagnose, runqueue_contention
 from meshscope.errors import ParseError
 from meshscope.formatting import human_bytes, human_seconds, percent, render_table
 from meshscope.plan import PlanAssumptions, plan_job
@@ -166,6 +166,8 @@ def analyze(
         planned_world = spec.world_size if spec is not None else (plan.world_size if plan is not None else None)
         world = planned_world if planned_world is not None else rs.n_ranks
         partial = (*partial_notes(rs, world_size=planned_world, extra=notes), *missing_traffic_notes(rs, plan))
+        measured = None if any(n.code == CPU_CONTENTION for n in partial) else runqueue_contention(rs)
+        partial = partial if measured is None else (*partial, measured)
         summary = summarise(rs, plan=plan)
         rows = cost_rows(rs, plan=plan, world_size=world, partial=partial_categories(rs, partial))
         collectives = compare_collectives(rs.breakdown.table, plan) if plan is not None else ()

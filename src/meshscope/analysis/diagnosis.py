@@ -56,7 +56,7 @@ from meshscope.analysis.costs import (
 from meshscope.analysis.grouping import distinct
 from meshscope.formatting import human_bytes, human_seconds, percent
 from meshscope.plan import Severity
-from meshscope.records import BETWEEN_KINDS, COMM_CODE, OPS, CommOp
+from meshscope.records import BETWEEN_KINDS, COMM_CODE, OPS, CommOp, Note
 from meshscope.topology import AXES
 
 if TYPE_CHECKING:
@@ -67,7 +67,6 @@ if TYPE_CHECKING:
     from meshscope.analysis.costs import RankSteps
     from meshscope.jobs import JobSpec
     from meshscope.plan import Plan
-    from meshscope.records import Note
 
 # ---------------------------------------------------------------------------------------------- thresholds
 
@@ -133,6 +132,10 @@ MAX_STRAGGLER_FINDINGS = 5
 
 CPU_CONTENTION = "cpu_contention"
 """Code of the note ``meshscope run`` adds when ranks outnumber the CPU cores they run on."""
+RUNQUEUE_CONTENTION_SHARE = 0.05
+"""On a run without a GPU whose records carry the training threads' run delay (``runqueue_wait_us``): when the
+median rank-step waited at least this share of its step for a CPU, the run was CPU-contended (foreign load, more
+threads than cores) whatever ``meshscope run`` could see, and its findings say so as an oversubscribed run's do."""
 
 _MAD_TO_SIGMA = 1.4826
 _NON_PLACEMENT_AXES = frozenset({"dp", "pp"})
@@ -215,6 +218,36 @@ def diagnose(
 # ---------------------------------------------------------------------------------------------- shared context
 
 
+def _host_timed_with_runqueue(rs: RankSteps) -> bool:
+    """Whether the run was timed on the host (no GPU) and every record carries the thread's run delay."""
+    runqueue = rs.breakdown.table.steps.runqueue_wait_us
+    return not rs.on_gpu and runqueue.size > 0 and bool((runqueue >= 0).all())
+
+
+def runqueue_contention(rs: RankSteps) -> Note | None:
+    """The ``cpu_contention`` note of a host-timed run whose training threads waited for a CPU, else ``None``.
+
+    Measured from the records (``runqueue_wait_us``), so it holds wherever the run came from: foreign load beside a
+    local run, a busy host in a cluster. Said when the median rank-step waited :data:`RUNQUEUE_CONTENTION_SHARE` of
+    its step or more.
+    """
+    if not _host_timed_with_runqueue(rs):
+        return None
+    s = rs.breakdown.table.steps
+    steps_us = np.maximum((s.end_us - s.start_us).astype(np.float64), 1.0)
+    waited = float(np.median(s.runqueue_wait_us / steps_us))
+    if waited < RUNQUEUE_CONTENTION_SHARE:
+        return None
+    return Note(
+        code=CPU_CONTENTION,
+        count=rs.n_ranks,
+        message=(
+            f"the training threads waited for a CPU {waited:.0%} of the median step (run-queue delay: other work "
+            "on their cores); a rank's extra wait for a CPU is taken out of its time before it is called a straggler"
+        ),
+    )
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class _Context:
     rs: RankSteps
@@ -229,7 +262,12 @@ class _Context:
     step_jitter_us: float = 0.0
     """Robust standard deviation over steps of each step's median own time (step minus sync wait and bubble), µs."""
     contention: Note | None = None
-    """The run's ``cpu_contention`` note (ranks outnumbered the cores they ran on), if any."""
+    """The run's ``cpu_contention`` note (ranks outnumbered the cores they ran on, or the training threads waited for
+    a CPU :data:`RUNQUEUE_CONTENTION_SHARE` of their steps), if any."""
+    runqueue_excess_us: NDArray[np.float64] | None = None
+    """Per rank-step of a run timed on the host (no GPU) whose every record has ``runqueue_wait_us``: its run delay
+    minus its (step, stage) peers' median, µs; ``None`` otherwise. Time the scheduler took from one rank more than
+    from its peers is the host's, not the job's: the straggler detector takes it out of the phase it compares."""
 
     def contention_clause(self) -> str:
         """What every timing finding of a contended run must say."""
@@ -257,6 +295,11 @@ class _Context:
                     ratio = np.where(peers > 0, column / peers, 1.0)
                 work_ratio = ratio if work_ratio is None else np.maximum(work_ratio, ratio)
                 work_name = work_name or name
+        contention = next((n for n in notes if n.code == CPU_CONTENTION), None) or runqueue_contention(rs)
+        excess = None
+        if _host_timed_with_runqueue(rs):
+            rq = s.runqueue_wait_us.astype(np.float64)
+            excess = rq - grouped_median(key, rq, n_groups)[key]
         return cls(
             rs=rs,
             step_us=rs.median_step_us,
@@ -267,8 +310,20 @@ class _Context:
             # The median rank's own time (no waiting): a straggler lengthens everyone's step by their wait for it,
             # not the median rank's own work, so its own effect never passes for the run's noise.
             step_jitter_us=_robust_sigma(grouped_median(rs.step_index, own_time_us(rs), rs.n_steps)),
-            contention=next((n for n in notes if n.code == CPU_CONTENTION), None),
+            contention=contention,
+            runqueue_excess_us=excess,
         )
+
+    def phase_us(self, phase: str) -> NDArray[np.float64]:
+        """A phase's µs per rank-step as the straggler detector compares them: less its excess run delay, if known.
+
+        The excess (:attr:`runqueue_excess_us`) is taken out of the phase whole, at most down to 0: on a host-timed
+        run the thread was waiting for a CPU in one of the step's phases, nearly always the longest.
+        """
+        values = self.rs.us(phase)
+        if self.runqueue_excess_us is None:
+            return values
+        return np.maximum(values - self.runqueue_excess_us, 0.0)
 
     def peer_median(self, values: NDArray[np.float64]) -> NDArray[np.float64]:
         """Each rank-step's (step, stage) peers' median of ``values``."""
@@ -409,7 +464,7 @@ def _persistent(ctx: _Context, phase: str) -> list[_Slow]:
     (:data:`NOISE_SIGMAS`) and step to step (:data:`JITTER_SIGMAS`), in :data:`STRAGGLER_CONSISTENCY` of its steps.
     """
     rs = ctx.rs
-    values = rs.us(phase)
+    values = ctx.phase_us(phase)
     peers = ctx.peer_median(values)
     excess = grouped_median(rs.rank_index, values - peers, rs.n_ranks)
     peer_rank = grouped_median(rs.rank_index, peers, rs.n_ranks)
@@ -454,7 +509,7 @@ def _transient(ctx: _Context, phase: str, *, exclude: dict[int, _Slow]) -> dict[
     that much and by :data:`NOISE_SIGMAS` x their spread.
     """
     rs = ctx.rs
-    values = rs.us(phase)
+    values = ctx.phase_us(phase)
     peers = ctx.peer_median(values)
     excess = values - peers
     floor = np.maximum(

@@ -163,6 +163,7 @@ def _parse_record(obj: object, where: str) -> StepRecord:
     gpu_util = _number(d, "gpu_util", where)
     user_step = _int(d, "user_step", where, required=False, minimum=0)
     gap_before_us = _int(d, "gap_before_us", where, required=False, minimum=0)
+    runqueue_wait_us = _int(d, "runqueue_wait_us", where, required=False, minimum=0)
     between_obj = d.get("between_steps")
     between = None
     if between_obj is not None:
@@ -187,6 +188,7 @@ def _parse_record(obj: object, where: str) -> StepRecord:
             user_step=user_step,
             gap_before_us=gap_before_us,
             between_steps=between,
+            runqueue_wait_us=runqueue_wait_us,
         )
     except ParseError as exc:
         raise ParseError(f"{where}: {exc}") from None
@@ -239,4 +241,6 @@ def record_to_json(record: StepRecord) -> dict[str, Any]:
         out["gap_before_us"] = record.gap_before_us
     if record.between_steps is not None:
         out["between_steps"] = record.between_steps.as_dict()
+    if record.runqueue_wait_us is not None:
+        out["runqueue_wait_us"] = record.runqueue_wait_us
     return out

@@ -265,6 +265,9 @@ class StepRecord:
     first step or when not measured."""
     between_steps: BetweenSteps | None = None
     """What that gap was spent on, per kind; ``None`` when not measured."""
+    runqueue_wait_us: int | None = None
+    """Microseconds the step's training thread was runnable but waiting for a CPU (Linux ``schedstat`` run delay):
+    time the host's scheduler, not the job, took; ``None`` when not measured."""
 
     def __post_init__(self) -> None:
         """Check the step's own numbers and that no interval lies wholly outside it.
@@ -272,7 +275,7 @@ class StepRecord:
         Raises:
             ParseError: naming the field, its value and what would fit.
         """
-        for name in ("step", "rank", "user_step", "gap_before_us"):
+        for name in ("step", "rank", "user_step", "gap_before_us", "runqueue_wait_us"):
             value = getattr(self, name)
             if value is not None and value < 0:
                 raise ParseError(f"{name} = {value} is below 0")

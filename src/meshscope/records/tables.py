@@ -97,6 +97,8 @@ class StepColumns:
     """Shape ``(rows, 5)``, columns in :data:`~meshscope.records.schema.BETWEEN_KINDS` order (data, compute,
     optimizer, checkpoint, eval): microseconds of each kind measured in that gap; -1 where the record has no
     ``between_steps``, 0 for a kind it leaves out."""
+    runqueue_wait_us: NDArray[np.int64]
+    """Microseconds the step's training thread waited for a CPU (run delay), or -1 (not measured)."""
     source_file: NDArray[np.int32]
     """Index into ``RecordTable.source_files`` the row was read from, or -1 (built from arrays)."""
     source_line: NDArray[np.int64]
@@ -125,6 +127,7 @@ class StepColumns:
         user_step: ArrayLike | None = None,
         gap_before_us: ArrayLike | None = None,
         between_us: ArrayLike | None = None,
+        runqueue_wait_us: ArrayLike | None = None,
         source_file: ArrayLike | None = None,
         source_line: ArrayLike | None = None,
     ) -> StepColumns:
@@ -163,6 +166,7 @@ class StepColumns:
             user_step=_column(user_step, n, i64, UNKNOWN, "user_step"),
             gap_before_us=_column(gap_before_us, n, i64, UNKNOWN, "gap_before_us"),
             between_us=np.ascontiguousarray(b),
+            runqueue_wait_us=_column(runqueue_wait_us, n, i64, UNKNOWN, "runqueue_wait_us"),
             source_file=_column(source_file, n, i32, UNKNOWN, "source_file"),
             source_line=_column(source_line, n, i64, UNKNOWN, "source_line"),
         )
@@ -348,7 +352,7 @@ def _table_of_records(records: Iterable[StepRecord], *, notes: tuple[Note, ...])
     job: tuple[str, str] | None = None
     rows: dict[str, list[Any]] = {k: [] for k in ("rank", "step", "start_us", "end_us", "coord", "gpu", "gpu_util")}
     rows.update({k: [] for k in ("node", "nvlink_domain", "network_tier", *_ROW_FIELDS, "attention_work")})
-    rows.update({k: [] for k in ("user_step", "gap_before_us", "between_us")})
+    rows.update({k: [] for k in ("user_step", "gap_before_us", "between_us", "runqueue_wait_us")})
     ivs: dict[str, list[Any]] = {k: [] for k in ("row", "kind", "start_us", "end_us", "phase", "axis", "op", "group")}
     ivs.update({k: [] for k in _NET_FIELDS})
     for i, rec in enumerate(records):
@@ -372,6 +376,7 @@ def _table_of_records(records: Iterable[StepRecord], *, notes: tuple[Note, ...])
         rows["attention_work"].append(math.nan if work is None else work)
         rows["user_step"].append(UNKNOWN if rec.user_step is None else rec.user_step)
         rows["gap_before_us"].append(UNKNOWN if rec.gap_before_us is None else rec.gap_before_us)
+        rows["runqueue_wait_us"].append(UNKNOWN if rec.runqueue_wait_us is None else rec.runqueue_wait_us)
         between = rec.between_steps
         rows["between_us"].append(
             _NO_BETWEEN if between is None else [getattr(between, f"{k}_us") for k in BETWEEN_KINDS]
@@ -489,6 +494,7 @@ def _row_record(table: RecordTable, i: int, intervals: list[Interval]) -> StepRe
         between_steps=None
         if s.between_us[i, 0] < 0
         else BetweenSteps(**{f"{k}_us": int(s.between_us[i, j]) for j, k in enumerate(BETWEEN_KINDS)}),
+        runqueue_wait_us=_opt_int(s.runqueue_wait_us[i]),
     )
 
 
@@ -548,6 +554,7 @@ def _validate_table(t: RecordTable) -> NDArray[np.intp]:  # noqa: C901, PLR0912,
         "peak_memory_bytes",
         "user_step",
         "gap_before_us",
+        "runqueue_wait_us",
         "source_file",
         "source_line",
     ):
@@ -596,6 +603,7 @@ def _validate_table(t: RecordTable) -> NDArray[np.intp]:  # noqa: C901, PLR0912,
         "peak_memory_bytes",
         "user_step",
         "gap_before_us",
+        "runqueue_wait_us",
     ):
         col = getattr(s, name)
         bad = _first(col < UNKNOWN)

@@ -140,6 +140,7 @@ class _LineOut(msgspec.Struct, kw_only=True, omit_defaults=True, gc=False):
     user_step: int | None = None
     gap_before_us: int | None = None
     between_steps: BetweenFields | None = None
+    runqueue_wait_us: int | None = None
 
 
 def _named(codes: NDArray[Any], names: Iterable[str]) -> list[str | None]:
@@ -189,6 +190,7 @@ def _table_lines(table: RecordTable) -> Iterator[list[_LineOut]]:
             _optional(s.user_step[rows], s.user_step[rows] >= 0),
             _optional(s.gap_before_us[rows], s.gap_before_us[rows] >= 0),
             _chunk_between(s.between_us[rows]),
+            _optional(s.runqueue_wait_us[rows], s.runqueue_wait_us[rows] >= 0),
             strict=True,
         )
         yield [
@@ -210,8 +212,11 @@ def _table_lines(table: RecordTable) -> Iterator[list[_LineOut]]:
                 user_step=user,
                 gap_before_us=gap,
                 between_steps=between,
+                runqueue_wait_us=runqueue,
             )
-            for step, rank, coord, node, domain, tier, gpu, start, end, ivs, st, util, user, gap, between in columns
+            for step, rank, coord, node, domain, tier, gpu, start, end, ivs, st, util, user, gap, between, runqueue in (
+                columns
+            )
         ]
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import threading
 from bisect import bisect_right
 from itertools import islice
 from operator import itemgetter
@@ -106,6 +107,8 @@ class StepState:
         "longest",
         "ops",
         "peak_memory_bytes",
+        "runqueue_ns",
+        "runqueue_wait_ns",
         "segments",
         "sequences",
         "start_mark",
@@ -142,6 +145,10 @@ class StepState:
         """Host ns since the rank's previous step ended (``None``: the first step)."""
         self.between_ns: dict[str, int] = {}
         """Host ns of the phases timed in that gap, by :data:`BETWEEN_KINDS` key."""
+        self.runqueue_ns: int | None = None
+        """The training thread's run delay (:class:`RunQueueWait`) when the step started, ns; ``None``: unknown."""
+        self.runqueue_wait_ns: int | None = None
+        """Run delay between the step's start and end, ns (the record's ``runqueue_wait_us``); ``None``: unknown."""
 
 
 def between_us(between_ns: Mapping[str, int]) -> dict[str, int]:
@@ -350,6 +357,8 @@ def build_record(
     if st.gap_ns is not None:
         record["gap_before_us"] = st.gap_ns // 1000
         record["between_steps"] = between_us(st.between_ns)
+    if st.runqueue_wait_ns is not None:
+        record["runqueue_wait_us"] = st.runqueue_wait_ns // 1000
     return record, p.incomplete
 
 
@@ -422,6 +431,8 @@ def encode_record(st: StepState, p: StepIntervals, *, header: RecordHeader, sdk:
     loop = "" if st.user_step is None else f',"user_step":{st.user_step}'
     if st.gap_ns is not None:
         loop += f',"gap_before_us":{st.gap_ns // 1000},"between_steps":{_JSON(between_us(st.between_ns))}'
+    if st.runqueue_wait_ns is not None:
+        loop += f',"runqueue_wait_us":{st.runqueue_wait_ns // 1000}'
     text = (
         f'{header.before_step}{st.step}{header.after_step},"start_us":{p.start_us},"end_us":{p.end_us},'
         f'"intervals":[{",".join(parts)}]{stats},"gpu_util":null{loop},"sdk":{_JSON(sdk)}}}'
@@ -484,3 +495,48 @@ class RssPeak:
                     os.close(fd)
         self._clear = self._status = -1
         self._pid = 0
+
+
+class RunQueueWait:
+    """How long the calling thread has waited for a CPU while runnable: the Linux scheduler's run delay, ns.
+
+    ``/proc/thread-self/schedstat`` holds three numbers: time on a CPU (ns), time runnable on a run queue but not
+    running (ns, the kernel's ``sched_info.run_delay``) and timeslices (Documentation/scheduler/sched-stats.rst). The
+    second, read at a step's start and end, is the time the host's scheduler took from the training thread: on shared
+    or oversubscribed cores it explains a "slow" rank that did no more work than its peers. The file stays open
+    (about 5 µs a read instead of a path lookup under ``/proc``) and belongs to the thread that opened it: read from
+    another thread or a forked child, it answers ``None``, never another thread's numbers.
+    """
+
+    def __init__(self) -> None:
+        """Nothing opened yet: the first :meth:`read` opens the file in the thread that reads."""
+        self._fd = -1
+        self._owner: tuple[int, int] | None = None
+        self._ok = True
+
+    def read(self) -> int | None:
+        """The calling thread's run delay so far, ns; ``None`` where not available (not Linux, another thread)."""
+        if not self._ok:
+            return None
+        owner = (os.getpid(), threading.get_ident())
+        try:
+            if self._owner is None or self._owner[0] != owner[0]:
+                self.close()
+                self._fd = os.open("/proc/thread-self/schedstat", os.O_RDONLY | os.O_CLOEXEC)
+                self._owner = owner
+            elif self._owner != owner:
+                return None
+            fields = os.pread(self._fd, 128, 0).split()
+            return int(fields[1])
+        except (OSError, ValueError, IndexError):
+            self._ok = False
+            self.close()
+            return None
+
+    def close(self) -> None:
+        """Close the file (a later :meth:`read` opens it again, in the thread that reads)."""
+        if self._fd >= 0:
+            with contextlib.suppress(OSError):
+                os.close(self._fd)
+        self._fd = -1
+        self._owner = None

@@ -52,6 +52,7 @@ from meshscope.sdk.steps import (
     END,
     RecordHeader,
     RssPeak,
+    RunQueueWait,
     StepIntervals,
     StepState,
     encode_record,
@@ -388,6 +389,9 @@ class Tracker:
         self._mesh_coord: dict[str, int] = {}
         self._coord_cache: dict[str, int] | None = None
         self._rss = RssPeak()
+        self._runqueue = RunQueueWait()
+        self._fetch_runqueue_ns: int | None = None
+        """The training thread's run delay when the held fetch began (the step that consumes it starts there)."""
         self._closed = False
         self._measurements = Measurements()
         for problem in settings.problems:
@@ -642,6 +646,7 @@ class Tracker:
             self._capture.uninstall()
         self._sender.close()
         self._rss.close()
+        self._runqueue.close()
 
     @property
     def in_step(self) -> bool:
@@ -734,6 +739,7 @@ class Tracker:
         if stack and stack[-1].step is None:  # a phase open since before the step: its time until now
             self._between_piece(stack[-1], now)
         st = StepState(number, now if self._fetch_ns is None else self._fetch_ns, ops.device_mark(now))
+        st.runqueue_ns = self._runqueue.read() if self._fetch_ns is None else self._fetch_runqueue_ns
         st.user_step = user_step
         self._take_between(st, explicit=explicit)
         ops.step = st
@@ -776,6 +782,9 @@ class Tracker:
         self._fed_by = None
         st.end_ns = now
         st.end_mark = ops.device_mark(now)
+        if st.runqueue_ns is not None:
+            delay = self._runqueue.read()
+            st.runqueue_wait_ns = None if delay is None else max(0, delay - st.runqueue_ns)
         st.peak_memory_bytes = self._peak_memory()
         ops.end_unwaited(st)
         self._steps_finished += 1
@@ -843,6 +852,7 @@ class Tracker:
         self._push("data", None, "data", now, count=False)
         if self._fetch_ns is None:
             self._fetch_ns, self._fetch_from = now, source
+            self._fetch_runqueue_ns = self._runqueue.read()
         return True
 
     def _fetch_end(self, token: bool | None, *, failed: bool) -> None:  # noqa: FBT001 - the token _fetch_begin gave
