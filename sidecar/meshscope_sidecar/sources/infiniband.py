@@ -23,6 +23,7 @@ PMA query fails on older kernels, a read error on newer ones; ``rate`` as ``"%d 
 from __future__ import annotations
 
 import logging
+import os
 import re
 import time
 from dataclasses import dataclass
@@ -32,7 +33,6 @@ from typing import TYPE_CHECKING
 from meshscope_sidecar.sources.base import Sample, SourceHealth
 
 if TYPE_CHECKING:
-    import os
     from collections.abc import Callable, Iterable, Mapping
 
 _log = logging.getLogger(__name__)
@@ -224,8 +224,9 @@ class InfinibandSource:
             for port_dir in _port_dirs(device):
                 info = self._read_port(device.name, int(port_dir.name), pci, port_dir, readings)
                 ports.append((pci, info))
-            for name in (*_CONGESTION_COUNTERS, *_HW_ERROR_COUNTERS):
-                self._read_counter(device / "hw_counters" / name, (device.name, "", name), None, readings)
+            hw_dir = device / "hw_counters"
+            for name in _present(hw_dir, _HW_NAMES):
+                self._read_counter(hw_dir / name, (device.name, "", name), None, readings)
         ports.sort(key=lambda item: (item[0] or "~", _natural_key(item[1].device), item[1].port))
         infos = self._assign_rails([info for _, info in ports])
         interval = None if self._previous_time is None else now - self._previous_time
@@ -256,7 +257,7 @@ class InfinibandSource:
         readings: dict[tuple[str, str, str], _Reading],
     ) -> None:
         try:
-            text = path.read_text(errors="replace")
+            text = _read_small(path)
         except FileNotFoundError:
             return
         except OSError as exc:
@@ -292,15 +293,17 @@ class InfinibandSource:
         readings: dict[tuple[str, str, str], _Reading],
     ) -> PortInfo:
         port_text = str(port)
-        counters = port_dir / "counters"
-        for name in (*_WIDTH_BITS, "port_rcv_discards"):
+        # One directory listing each instead of a failed open per absent file (most ports lack most of them).
+        counters, ext_dir, hw_dir = port_dir / "counters", port_dir / "counters_ext", port_dir / "hw_counters"
+        ext_present = _present(ext_dir, frozenset(_EXT_FILES.values()))
+        for name in _present(counters, _PORT_NAMES) | {n for n, e in _EXT_FILES.items() if e in ext_present}:
             ext = _EXT_FILES.get(name)
-            if ext is not None and (port_dir / "counters_ext" / ext).exists():
-                self._read_counter(port_dir / "counters_ext" / ext, (device, port_text, name), None, readings)
+            if ext is not None and ext in ext_present:
+                self._read_counter(ext_dir / ext, (device, port_text, name), None, readings)
             else:
                 self._read_counter(counters / name, (device, port_text, name), _WIDTH_BITS.get(name), readings)
-        for name in (*_CONGESTION_COUNTERS, *_HW_ERROR_COUNTERS):
-            self._read_counter(port_dir / "hw_counters" / name, (device, port_text, name), None, readings)
+        for name in _present(hw_dir, _HW_NAMES):
+            self._read_counter(hw_dir / name, (device, port_text, name), None, readings)
         state = self._read_text(port_dir / "state")
         state_match = _STATE.fullmatch(state or "")
         if state is not None and state_match is None:
@@ -322,7 +325,7 @@ class InfinibandSource:
 
     def _read_text(self, path: Path) -> str | None:
         try:
-            return path.read_text(errors="replace")
+            return _read_small(path)
         except FileNotFoundError:
             return None
         except OSError as exc:
@@ -410,6 +413,30 @@ class InfinibandSource:
             samples.append(Sample(metric=metric, value=float(total), labels=own))
         self._totals = totals
         return samples
+
+
+_PORT_NAMES = frozenset((*_WIDTH_BITS, "port_rcv_discards"))
+_HW_NAMES = frozenset((*_CONGESTION_COUNTERS, *_HW_ERROR_COUNTERS))
+
+
+def _present(directory: Path, wanted: frozenset[str]) -> frozenset[str]:
+    """The wanted names that ``directory`` holds (none when it is absent or unreadable)."""
+    try:
+        return wanted.intersection(os.listdir(directory))  # noqa: PTH208 - names only, no Path per entry
+    except OSError:
+        return frozenset()
+
+
+_MAX_FILE_BYTES = 4096  # a sysfs attribute is at most one page
+
+
+def _read_small(path: Path) -> str:
+    """One sysfs attribute, read with one ``read`` (cheaper than ``Path.read_text``; these are read every second)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        return os.read(fd, _MAX_FILE_BYTES).decode(errors="replace")
+    finally:
+        os.close(fd)
 
 
 def _pci_address(device: Path) -> str:
