@@ -363,8 +363,9 @@ def test_junk_answer_is_counted_not_fatal() -> None:
     with serve(reply(junk)) as (url, _):
         source = DcgmSource(url=url, timeout_seconds=5.0)
         source.poll()
-    assert source.health.up
+    assert not source.health.up  # nothing but junk: not an exporter's answer
     assert source.health.parse_errors_total >= 2
+    assert "unreadable line" in (source.health.last_error or "")
     assert list(source.samples()) == []
 
 
@@ -497,5 +498,6 @@ def test_fuzz_source_reads_every_gpu_despite_junk(scrape: tuple[str, dict[int, i
 def test_fuzz_source_never_raises_on_bytes(data: bytes) -> None:
     source = DcgmSource()
     source.ingest(data.decode("utf-8", errors="replace"))
-    assert source.health.up
-    assert all(isinstance(s, object) for s in source.samples())
+    parsed = parse_exposition(data.decode("utf-8", errors="replace"))
+    assert source.health.up is (bool(parsed.samples) or parsed.junk_lines == 0)
+    assert source.health.parse_errors_total == parsed.junk_lines + source.last_stats.bad_series

@@ -341,7 +341,7 @@ def fetch(url: str, *, timeout_seconds: float, max_bytes: int, clock: Callable[[
                     raise ScrapeError(f"answer larger than {max_bytes} bytes")
     except TimeoutError:
         raise ScrapeError(f"no complete answer within {timeout_seconds:g} s") from None
-    except OSError as exc:
+    except (OSError, ValueError) as exc:  # ValueError: a host name IDNA cannot encode
         raise ScrapeError(f"cannot read {url}: {exc}") from None
     return _body(bytes(received), max_bytes=max_bytes)
 
@@ -502,13 +502,15 @@ class DcgmSource:
         self._notes = tuple(notes)
         self.last_stats = stats
         self.health.parse_errors_total += stats.junk_lines + stats.bad_series
-        self.health.up = True
-        self.health.last_success_unix_s = float(self._wall_clock())
         self.health.last_error = (
             f"{stats.junk_lines} unreadable line(s) skipped, first: {exposition.first_junk!r}"
             if exposition.first_junk is not None
             else None
         )
+        # An answer with no sample line and some junk (an HTML error page from a proxy) is not the exporter.
+        self.health.up = bool(exposition.samples) or exposition.junk_lines == 0
+        if self.health.up:
+            self.health.last_success_unix_s = float(self._wall_clock())
 
     def close(self) -> None:
         """Nothing is held between scrapes; idempotent."""
@@ -584,7 +586,7 @@ class DcgmSource:
             "meshscope_gpu_utilization_ratio is absent for it"
             for gpu in mig_gpus
         )
-        for (gpu, instance), entry in sorted(readings.items()):
+        for (gpu, instance), entry in sorted(readings.items(), key=_by_gpu_and_instance):
             labels = (("gpu_instance", instance),)
             values = entry.values
             for field_id, (metric, factor) in _DIRECT.items():
@@ -606,7 +608,7 @@ class DcgmSource:
             elif _FB_USED in values:
                 where = f"GPU {gpu} instance {instance}" if instance else f"GPU {gpu}"
                 notes.append(f"{where}: no memory total (neither FB_TOTAL nor FB_USED + FB_FREE + FB_RESERVED)")
-        devices = tuple(entry.device for _, entry in sorted(readings.items()))
+        devices = tuple(entry.device for _, entry in sorted(readings.items(), key=_by_gpu_and_instance))
         return gauges, devices, notes
 
     def _count_xid(self, readings: Mapping[tuple[int, str], _GpuReadings]) -> None:
@@ -619,6 +621,12 @@ class DcgmSource:
             if previous is not None and value not in {previous, 0.0}:
                 self._xid_total[key] = total + 1
             self._last_xid[key] = value
+
+
+def _by_gpu_and_instance(item: tuple[tuple[int, str], _GpuReadings]) -> tuple[int, int]:
+    """GPU index, then MIG instance as a number (a whole GPU first)."""
+    (gpu, instance), _ = item
+    return gpu, int(instance) if instance.isascii() and instance.isdigit() else -1
 
 
 def _total_mib(values: Mapping[int, float]) -> float | None:
