@@ -90,9 +90,10 @@ class LogFollower:
         self._files: dict[str, _Followed] = {}
         self._over_cap: set[str] = set()
         self._turn = 0
-        # (device, inode) -> offset read, of files rotated away: a rotated file that shows up again under its new
-        # name (nccl.h.p -> nccl.h.p.1 in a followed directory) is read on from there, not twice.
-        self._rotated: dict[tuple[int, int], int] = {}
+        # (device, inode) -> (offset read, first bytes), of files rotated or renamed away: one that shows up again
+        # under its new name (nccl.h.p -> nccl.h.p.1 in a followed directory) is read on from there, not twice. The
+        # first bytes tell it from a new file that got a freed inode.
+        self._rotated: dict[tuple[int, int], tuple[int, bytes]] = {}
 
     @property
     def files(self) -> list[str]:
@@ -156,7 +157,13 @@ class LogFollower:
             self._error(f"opening {path}: {exc}")
             return None
         ident = (st.st_dev, st.st_ino)
-        followed = _Followed(path=path, fd=fd, ident=ident, offset=self._rotated.pop(ident, 0))
+        if any(f.ident == ident for f in self._files.values()):  # followed under its old name until that is gone
+            os.close(fd)
+            return None
+        offset, head = self._rotated.pop(ident, (0, b""))
+        if offset and os.pread(fd, len(head), 0) != head:
+            offset = 0
+        followed = _Followed(path=path, fd=fd, ident=ident, offset=offset)
         self._files[path] = followed
         self.stats.files_opened += 1
         return followed
@@ -168,13 +175,24 @@ class LogFollower:
             os.close(f.fd)
         self._files.pop(f.path, None)
 
+    def _remember(self, f: _Followed) -> None:
+        """Keep where ``f`` was read to, in case it shows up under another name."""
+        if len(self._rotated) >= 4 * self.max_files:
+            self._rotated.pop(next(iter(self._rotated)))
+        try:
+            head = os.pread(f.fd, 64, 0)
+        except OSError:
+            return
+        self._rotated[f.ident] = (f.offset - len(f.pending), head)  # a partial last line is read again there
+
     def _poll_file(self, f: _Followed, budget: int, lines: list[bytes]) -> int:
         """Read up to ``budget`` bytes of one file, handling rotation, truncation and deletion; bytes read."""
         try:
             st = os.stat(f.path)  # noqa: PTH116 - str paths throughout
         except FileNotFoundError:
-            used = self._read(f, budget, lines)  # the open descriptor still reads the deleted file
+            used = self._read(f, budget, lines)  # the open descriptor still reads the deleted (or renamed) file
             self.stats.deletions += 1
+            self._remember(f)
             self._close(f)
             return used
         except OSError as exc:
@@ -183,10 +201,8 @@ class LogFollower:
         if (st.st_dev, st.st_ino) != f.ident:
             used = self._read(f, budget, lines)
             self.stats.rotations += 1
+            self._remember(f)
             self._close(f)
-            if len(self._rotated) >= 4 * self.max_files:
-                self._rotated.pop(next(iter(self._rotated)))
-            self._rotated[f.ident] = f.offset - len(f.pending)  # a partial last line is read again there
             new = self._open(f.path)
             return used + (self._read(new, budget - used, lines) if new is not None and budget > used else 0)
         if st.st_size < f.offset:

@@ -407,6 +407,14 @@ def parse_line(line: bytes | str, hosts: frozenset[str] = frozenset()) -> tuple[
     Returns:
         The events, in line order; empty for a line with nothing to read. Never raises.
     """
+    try:
+        return _parse(line, hosts)
+    except (ValueError, IndexError, UnicodeError) as exc:  # e.g. a 5,000-digit pid: int() refuses it
+        return (Malformed(kind="line", reason=f"{type(exc).__name__}: {str(exc)[:80]}"),)
+
+
+def _parse(line: bytes | str, hosts: frozenset[str]) -> tuple[NcclEvent, ...]:
+    """:func:`parse_line` without its safety net."""
     if isinstance(line, str):
         line = line.encode("utf-8", "surrogateescape")
     line = line.rstrip(b"\r\n")
@@ -452,6 +460,8 @@ def _split(line: bytes, first: int, hosts: frozenset[str]) -> tuple[NcclEvent, .
                 end = p2.start
                 break
             end = m2
+        while end > m + 11 and line[end - 1] == 0x20:  # the space before the next prefix
+            end -= 1
         if p is None:
             events.append(Malformed(kind="prefix", reason="no host:pid:tid [dev] before NCCL INFO"))
             continue

@@ -42,39 +42,62 @@ class Rank:
         start = f"{func} {ids} commId {comm_id:#x} - Init START"
         self.info(f"[Rank {rank}] {start}" if v == "2.30.4" else start)
         self.info("Bootstrap timings total 0.000412 (create 0.000031, send 0.000090, recv 0.000201)")
-        self.info(f"comm {comm:#x} rank {rank} nRanks {nranks} nNodes {shape[0]} localRanks {shape[1]} localRank {shape[2]} MNNVL 0")
+        self.info(
+            f"comm {comm:#x} rank {rank} nRanks {nranks} nNodes {shape[0]} localRanks {shape[1]} localRank {shape[2]} MNNVL 0"
+        )
         self.info(f"Channel 00/02 : {' '.join(str(i) for i in range(nranks))}")
         self.info(f"{func} {ids} commId {comm_id:#x} - Init COMPLETE")
         self.timings(func, rank, nranks)
 
     def split(self, comm: int, rank: int, nranks: int, parent: int, color: int, shape: tuple[int, int, int]) -> None:
         ids, v = self.ids(comm, rank, nranks), self.version
-        tail = {"2.30.4": f"parent {parent:#x} childCount 1 color {color} key {rank}",
-                "2.27.7": f"parent {parent:#x} splitCount 1 color {color} key {rank}"}.get(v)
+        tail = {
+            "2.30.4": f"parent {parent:#x} childCount 1 color {color} key {rank}",
+            "2.27.7": f"parent {parent:#x} splitCount 1 color {color} key {rank}",
+        }.get(v)
         if tail is None:  # 2.21.5 / 2.22.3: parent, color, key and a commId
             tail = f"parent {parent:#x} color {color} key {rank} commId {TP_SPLIT_ID:#x}"
             self.info(f"ncclCommSplit {ids} {tail} - Init START")
         else:
             self.info(f"ncclCommSplit {ids} {tail}- Init START")  # sic: no space before '-' (init.cc 2.23+)
-        self.info(f"comm {comm:#x} rank {rank} nRanks {nranks} nNodes {shape[0]} localRanks {shape[1]} localRank {shape[2]} MNNVL 0")
+        self.info(
+            f"comm {comm:#x} rank {rank} nRanks {nranks} nNodes {shape[0]} localRanks {shape[1]} localRank {shape[2]} MNNVL 0"
+        )
         self.info(f"ncclCommSplit {ids} {tail} - Init COMPLETE")
         self.timings("ncclCommSplit", rank, nranks)
 
     def timings(self, func: str, rank: int, nranks: int) -> None:
         if self.version == "2.22.3":
-            self.info(f"Init timings: rank {rank} nranks {nranks} total 0.91 (kernels 0.20, bootstrap 0.40, allgathers 0.02, topo 0.15, graphs 0.02, connections 0.10, rest 0.02)")
+            self.info(
+                f"Init timings: rank {rank} nranks {nranks} total 0.91 (kernels 0.20, bootstrap 0.40, allgathers 0.02, topo 0.15, graphs 0.02, connections 0.10, rest 0.02)"
+            )
         elif self.version in {"2.27.7", "2.30.4"}:
-            self.info(f"Init timings - {func}: rank {rank} nranks {nranks} total 0.93 (kernels 0.20, alloc 0.01, bootstrap 0.40, allgathers 0.02, topo 0.15, graphs 0.02, connections 0.10, rest 0.03)")
+            self.info(
+                f"Init timings - {func}: rank {rank} nranks {nranks} total 0.93 (kernels 0.20, alloc 0.01, bootstrap 0.40, allgathers 0.02, topo 0.15, graphs 0.02, connections 0.10, rest 0.03)"
+            )
 
-    def coll(self, op: str, comm: int, nranks: int, count: int, dtype: int, root: int = 0, *, single_node: bool = False, red: int = 0) -> str:
+    def coll(
+        self,
+        op: str,
+        comm: int,
+        nranks: int,
+        count: int,
+        dtype: int,
+        root: int = 0,
+        *,
+        single_node: bool = False,
+        red: int = 0,
+    ) -> str:
         n = self.op_counts.get(comm, 0)
         stuck = single_node and self.version in {"2.27.7", "2.30.4"}  # opCount stays 0 (NVIDIA/nccl PR #2021)
         self.op_counts[comm] = n + 1
         buf = f"{0x7F3A4C000000 + self.rank * 0x10000000 + n * 0x400000:#x}"
         send = "(nil)" if op == "Recv" else buf
         recv = "(nil)" if op == "Send" else buf
-        return (f"{op}: opCount {0 if stuck else n:x} sendbuff {send} recvbuff {recv} count {count} datatype {dtype} "
-                f"op {red} root {root} comm {comm:#x} [nranks={nranks}] stream 0x5600001c{self.rank:x}000")
+        return (
+            f"{op}: opCount {0 if stuck else n:x} sendbuff {send} recvbuff {recv} count {count} datatype {dtype} "
+            f"op {red} root {root} comm {comm:#x} [nranks={nranks}] stream 0x5600001c{self.rank:x}000"
+        )
 
     def step(self, *, lose_allgather: bool = False) -> None:
         for _ in range(2):
@@ -110,7 +133,7 @@ def build(r: Rank) -> None:
     r.init(func, r.tmp, r.rank, 8, T1_ID, (2, 4, r.rank))
     r.info(r.coll("AllReduce", r.tmp, 8, 1, 4))
     r.info(r.coll("AllReduce", r.tmp, 8, 1, 4))
-    r.info("comm 0x%x rank %d nranks 8 cudaDev %d busId %x - Destroy COMPLETE" % (r.tmp, r.rank, r.rank, BUS[r.rank]))
+    r.info(f"comm {r.tmp:#x} rank {r.rank} nranks 8 cudaDev {r.rank} busId {BUS[r.rank]:x} - Destroy COMPLETE")
     r.op_counts.pop(r.tmp)
     r.init(func, r.tmp, r.rank, 8, T2_ID, (2, 4, r.rank))
     r.info(r.coll("Broadcast", r.tmp, 8, 1024, 1))
@@ -139,7 +162,12 @@ def write() -> None:
     # rank 3: its NCCL output went to stdout, captured by the container runtime (CRI log format) behind torchrun's
     # prefix, with the proxy thread's line glued into a COLL line, tqdm's carriage returns and raw garbage
     out: list[bytes] = []
-    glued = r3.pre(4190) + "Channel 02/0 : 3[3] -> 7[3] [send] via NET/IB/0/GDRDMA" + r3.pre() + r3.coll("AllReduce", r3.world, 8, 1, 7)
+    glued = (
+        r3.pre(4190)
+        + "Channel 02/0 : 3[3] -> 7[3] [send] via NET/IB/0/GDRDMA"
+        + r3.pre()
+        + r3.coll("AllReduce", r3.world, 8, 1, 7)
+    )
     r3.lines.insert(20, glued)
     for i, line in enumerate(r3.lines):
         out.append(f"2026-07-01T10:00:{i:02d}.000000000Z stdout F [default3]:{line}".encode())
@@ -150,17 +178,43 @@ def write() -> None:
     write_inspector()
 
 
-def record(host_pid: tuple[str, int], comm: tuple[str, int, int, int], kind: str, op: str, sn: int, size: int, us: int, **extra: object) -> str:
+def record(
+    host_pid: tuple[str, int],
+    comm: tuple[str, int, int, int],
+    kind: str,
+    op: str,
+    sn: int,
+    size: int,
+    us: int,
+    **extra: object,
+) -> str:
     host, pid = host_pid
     cid, rank, n, nodes = comm
-    perf = {f"{kind}": op, f"{kind}_sn": sn, **extra, f"{kind}_msg_size_bytes": size, f"{kind}_exec_time_us": us,
-            f"{kind}_timing_source": "kernel_gpu", f"{kind}_algobw_gbs": round(size / us / 1e3, 6), f"{kind}_busbw_gbs": "nan"}
-    return json.dumps({
-        "header": {"id": cid, "comm_name": "unknown", "rank": rank, "n_ranks": n, "nnodes": nodes},
-        "metadata": {"inspector_output_format_version": "v4.0", "git_rev": "", "rec_mechanism": "nccl_profiler_interface",
-                     "dump_timestamp_us": 1782900000000000 + sn, "hostname": host, "pid": pid},
-        f"{kind}_perf": perf,
-    }, separators=(",", ":"))
+    perf = {
+        f"{kind}": op,
+        f"{kind}_sn": sn,
+        **extra,
+        f"{kind}_msg_size_bytes": size,
+        f"{kind}_exec_time_us": us,
+        f"{kind}_timing_source": "kernel_gpu",
+        f"{kind}_algobw_gbs": round(size / us / 1e3, 6),
+        f"{kind}_busbw_gbs": "nan",
+    }
+    return json.dumps(
+        {
+            "header": {"id": cid, "comm_name": "unknown", "rank": rank, "n_ranks": n, "nnodes": nodes},
+            "metadata": {
+                "inspector_output_format_version": "v4.0",
+                "git_rev": "",
+                "rec_mechanism": "nccl_profiler_interface",
+                "dump_timestamp_us": 1782900000000000 + sn,
+                "hostname": host,
+                "pid": pid,
+            },
+            f"{kind}_perf": perf,
+        },
+        separators=(",", ":"),
+    )
 
 
 def write_inspector() -> None:
