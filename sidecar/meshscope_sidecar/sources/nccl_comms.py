@@ -19,6 +19,7 @@ import numpy as np
 
 from meshscope.topology import MeshAxis
 from meshscope_sidecar.sources.nccl_lines import (
+    DATATYPE_BYTES,
     Collective,
     CommShape,
     InitLine,
@@ -162,7 +163,7 @@ class CommRegistry:
             ``None`` for every other event.
         """
         if isinstance(event, Collective):
-            return self._call(event)
+            return self.call(event)
         if isinstance(event, InitLine):
             self._init(event)
         elif isinstance(event, CommShape):
@@ -190,7 +191,12 @@ class CommRegistry:
                     per_gpu[event.bus_id] = domain
         return None
 
-    def _call(self, event: Collective) -> int | None:
+    def call(self, event: Collective) -> int | None:
+        """Count one call (what :meth:`apply` does for a :class:`Collective`, without the dispatch).
+
+        Returns:
+            Its sequence number on its communicator (1-based); ``None`` when the communicator was not kept.
+        """
         key = (event.host, event.pid, event.comm)
         comm = self._live.get(key)
         if comm is None:
@@ -208,11 +214,11 @@ class CommRegistry:
         if totals is None:
             totals = comm.ops[event.op] = OpTotals()
         totals.calls += 1
-        size = event.message_bytes
+        size = DATATYPE_BYTES.get(event.datatype)
         if size is None:
             totals.unknown_datatype_calls += 1
         else:
-            totals.message_bytes += size
+            totals.message_bytes += event.element_count * size
         comm.sequence += 1
         comm.last_op_count = event.op_count
         return comm.sequence

@@ -434,6 +434,10 @@ def _parse(line: bytes | str, hosts: frozenset[str]) -> tuple[NcclEvent, ...]:
             _PREFIXES[head] = prefix
         if prefix is None:
             return (Malformed(kind="prefix", reason="no host:pid:tid [dev] before NCCL INFO"),)
+        body = line[first + 11 :]
+        colon = body.find(b": opCount ")
+        if 0 < colon <= 32:  # the hot path: a COLL line, read without the dispatch
+            return (_collective(body, prefix),)
         event = _message(line, prefix, first + 11, len(line))
         return _NOTHING if event is None else (event,)
     return _split(line, first, hosts)
@@ -529,9 +533,10 @@ def _collective(body: bytes, p: _Prefix) -> Collective | Malformed | Fragment:  
             if t[20:24:2] != _RCCL_WORDS:
                 return Malformed(kind="coll", reason="unknown suffix after stream")
             task, global_rank = int(t[21]), int(t[23])
-        comm = _ptr(t[16])
-        if comm is None:
-            return Malformed(kind="coll", reason="comm (nil)")
+        comm_tok = t[16]
+        if comm_tok[:2] != b"0x":
+            return Malformed(kind="coll", reason="comm is not an address")
+        comm = int(comm_tok, 16)
         send, recv, stream = t[4], t[6], t[19]
         return Collective(
             p.host,

@@ -206,13 +206,13 @@ class NcclLogSource:
             seen = {c.key[0] for c in self.registry.communicators}
             self._hosts = frozenset(seen) if len(seen) <= 256 else frozenset()
             self._hosts_version = self.registry.version
-        hosts, apply, stats = self._hosts, self.registry.apply, self.stats
+        hosts, apply, call, stats = self._hosts, self.registry.apply, self.registry.call, self.stats
         collectives = 0
         for line in lines:
             for event in parse_line(line, hosts):
                 if type(event) is Collective:
                     collectives += 1
-                    apply(event)
+                    call(event)
                 elif isinstance(event, Malformed):
                     stats.malformed[event.kind] = stats.malformed.get(event.kind, 0) + 1
                 elif isinstance(event, Fragment):
