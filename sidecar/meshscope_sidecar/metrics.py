@@ -308,6 +308,33 @@ METRICS: tuple[MetricSpec, ...] = (
         "nccl_log",
         "Communicators the rank belongs to, by the axis their members map to (axis 'unknown' when none fits).",
     ),
+    _m(
+        "meshscope_nccl_inspector_collectives_total",
+        C,
+        "1",
+        "rank",
+        ("axis", "op"),
+        "nccl_log",
+        "NCCL calls NCCL Inspector recorded (its JSON lines), by the axis of their communicator and operation.",
+    ),
+    _m(
+        "meshscope_nccl_inspector_bytes_total",
+        C,
+        "bytes",
+        "rank",
+        ("axis", "op"),
+        "nccl_log",
+        "Message bytes of the calls NCCL Inspector recorded (coll_msg_size_bytes / p2p_msg_size_bytes).",
+    ),
+    _m(
+        "meshscope_nccl_inspector_exec_seconds_total",
+        C,
+        "seconds",
+        "rank",
+        ("axis", "op"),
+        "nccl_log",
+        "Execution time of the calls NCCL Inspector recorded (coll_exec_time_us, GPU-timed by default), summed.",
+    ),
     # --- the network (InfiniBand / RoCE sysfs counters), per port ------------------------------------------------
     _m(
         "meshscope_network_transmit_bytes_per_second",
