@@ -12,7 +12,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
-        if "gpu" in item.keywords and not config.getoption("--with-gpu"):
+        if item.get_closest_marker("gpu") is not None and not config.getoption("--with-gpu"):
             item.add_marker(pytest.mark.skip(reason="needs a CUDA device; run with --with-gpu"))
-        if "e2e" in item.keywords and not config.getoption("--with-e2e"):
+        if item.get_closest_marker("e2e") is not None and not config.getoption("--with-e2e"):
             item.add_marker(pytest.mark.skip(reason="needs a cluster; run with --with-e2e"))
