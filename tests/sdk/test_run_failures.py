@@ -205,3 +205,38 @@ def test_a_ranks_stderr_goes_through_unchanged_and_only_its_tail_is_kept(tmp_pat
     assert through.read_bytes() == payload
     assert tails.tail(1).encode() == payload[-TAIL_BYTES:]
     assert tails.tail(0) == ""
+
+
+HELD_CLASS = """import sys
+class Held:
+    def __del__(self):
+        sys.stderr.write("freed\\n")
+"""
+HELD = """import atexit, os, sys
+from held_class import Held
+held = Held()
+atexit.register(sys.stderr.write, "atexit ran\\n")
+sys.stderr.write(f"as {__name__} from {os.path.basename(globals().get('__file__', '-c'))}\\n")
+"""
+"""A program whose namespace is in no reference cycle (its class lives in another module): freed as soon as nothing
+holds it."""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("form", ["script", "-c"])
+def test_a_ranks_program_runs_as_main_and_its_objects_outlive_it(tmp_path: Path, form: str) -> None:
+    # A rank's objects are never destroyed when its program returns (the launcher's own namespace holds them until
+    # the rank ends with os._exit): freeing a DDP model there deadlocks in gloo's teardown. Its atexit handlers run.
+    script = tmp_path / "held.py"
+    script.write_text(HELD)
+    (tmp_path / "held_class.py").write_text(HELD_CLASS)
+    program = [sys.executable, str(script)] if form == "script" else [sys.executable, "-c", HELD]
+    out = str(tmp_path / "out")
+    result = _meshscope(
+        "run", "--nproc", "1", "--out", out, "--", *program, cwd=tmp_path, env={"PYTHONPATH": str(tmp_path)}
+    )
+    assert result.returncode == 4, result.stderr  # no tracker, no records: nothing to analyse
+    said = (tmp_path / "out" / "ranks" / "rank-0.stderr").read_text()
+    assert f"as __main__ from {'held.py' if form == 'script' else '-c'}\n" in said
+    assert "atexit ran\n" in said
+    assert "freed" not in said

@@ -20,6 +20,7 @@ fork launcher, and never at module level.
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import json
 import os
@@ -30,6 +31,7 @@ import socket
 import sys
 import tempfile
 import time
+import types
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, TypeAlias
@@ -240,6 +242,28 @@ def _preimport_torch() -> None:
             importlib.import_module(name)
 
 
+_KEPT: list[object] = []
+"""The rank program's namespace, kept until the forked rank ends (atexit handlers, then ``os._exit``): the program's
+objects are never destroyed, as in any child that ends with ``os._exit``.
+
+Destroying them when the program returns (as ``runpy`` and a temporary ``exec`` namespace do) hangs ranks: a
+``DistributedDataParallel`` freed after ``destroy_process_group`` destroys its gloo process group, which joins the
+group's worker threads while holding the GIL, while a worker freeing its last work waits for the GIL (a teardown
+deadlock in PyTorch 2.13, seen with and without the SDK: 6 of 12 runs of a DDP script on a loaded 2-core machine,
+none of 10 with the namespace kept)."""
+
+
+def _run_as_main(code: types.CodeType, path: str | None) -> None:
+    """Run ``code`` as ``python path`` (or ``python -c``) would: in a ``__main__`` module that outlives it."""
+    main = types.ModuleType("__main__")
+    main.__dict__["__builtins__"] = builtins
+    if path is not None:
+        main.__file__ = path
+    _KEPT.append(main)
+    sys.modules["__main__"] = main
+    exec(code, main.__dict__)  # noqa: S102 - running the rank's program is this function's job
+
+
 def _run_in_child(kind: str, target: str, args: list[str], env: dict[str, str]) -> int:
     """Body of a forked rank: become the rank and run its program; returns its exit code."""
     import runpy  # noqa: PLC0415
@@ -256,14 +280,19 @@ def _run_in_child(kind: str, target: str, args: list[str], env: dict[str, str]) 
         if kind == "script":
             sys.argv = [target, *args]
             sys.path.insert(0, os.path.dirname(os.path.abspath(target)))  # noqa: PTH120, PTH100 - as python does
-            runpy.run_path(target, run_name="__main__")
+            if os.path.isfile(target):  # noqa: PTH113
+                with open(target, "rb") as f:  # noqa: PTH123 - the program's own file
+                    source = f.read()
+                _run_as_main(compile(source, target, "exec"), target)
+            else:  # a directory or zip file with a __main__.py
+                _KEPT.append(runpy.run_path(target, run_name="__main__"))
         elif kind == "module":
             sys.argv = [target, *args]
             sys.path.insert(0, os.getcwd())  # noqa: PTH109
-            runpy.run_module(target, run_name="__main__", alter_sys=True)
+            _KEPT.append(runpy.run_module(target, run_name="__main__", alter_sys=True))
         else:
             sys.argv = ["-c", *args]
-            exec(compile(target, "<string>", "exec"), {"__name__": "__main__"})  # noqa: S102 - python -c semantics
+            _run_as_main(compile(target, "<string>", "exec"), None)
     except SystemExit as exc:
         if exc.code is None:
             code = 0
