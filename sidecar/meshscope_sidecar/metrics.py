@@ -433,7 +433,7 @@ LABEL_HELP: dict[str, str] = {
 
 # ---- docs/metrics.md ----------------------------------------------------------------------------------------------
 
-_RECORD_LINE = re.compile(r"^\s*- record:\s*(?P<record>\S+)\s*$")
+_RECORD_LINE = re.compile(r"""^\s*- record:\s*(?P<q>["']?)(?P<record>[^"'\s]+)(?P=q)\s*$""")
 _COMMENT_LINE = re.compile(r"^\s*#\s?(?P<text>.*)$")
 
 
@@ -456,6 +456,51 @@ class RecordingRule:
         return tuple(self.record.split(":", 1)[0].split("_"))
 
 
+class RulesFileError(ValueError):
+    """A recording-rules file that is not a Prometheus rule file, or a rule without a comment saying what it means."""
+
+
+def _meanings(text: str) -> dict[str, str]:
+    """Record name -> the comment lines just above its ``- record:`` line, at its indentation, joined.
+
+    A ``#`` line at another indentation (inside an expression's block scalar, a header) is not the rule's comment.
+    """
+    meanings: dict[str, str] = {}
+    comment: list[tuple[int, str]] = []
+    for line in text.splitlines():
+        indent = len(line) - len(line.lstrip())
+        if m := _RECORD_LINE.match(line):
+            own: list[str] = []
+            for at, words in reversed(comment):
+                if at != indent:
+                    break
+                own.insert(0, words)
+            meanings[m["record"]] = " ".join(own)
+        if m := _COMMENT_LINE.match(line):
+            comment.append((indent, m["text"].strip()))
+        else:
+            comment = []
+    return meanings
+
+
+def _rule_groups(text: str) -> list[tuple[str, list[dict[str, object]]]]:
+    """The file's groups as (name, rules), every group a mapping with a ``rules`` list of mappings."""
+    try:
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise RulesFileError(f"not a Prometheus rule file: {e}") from e
+    groups = doc.get("groups") if isinstance(doc, dict) else None
+    if not isinstance(groups, list):
+        raise RulesFileError("not a Prometheus rule file: no top-level 'groups' list")
+    out = []
+    for group in groups:
+        rules = (group.get("rules") or []) if isinstance(group, dict) else None
+        if not isinstance(rules, list) or not all(isinstance(r, dict) for r in rules):
+            raise RulesFileError(f"not a rule group (a mapping with a 'rules' list of mappings): {str(group)[:80]}")
+        out.append((str(group.get("name", "")), rules))
+    return out
+
+
 def read_recording_rules(text: str) -> tuple[RecordingRule, ...]:
     """Read a recording-rules file, with each rule's meaning from the comment lines just above its ``- record:``.
 
@@ -466,32 +511,21 @@ def read_recording_rules(text: str) -> tuple[RecordingRule, ...]:
         The recording rules in file order (alerting rules are skipped).
 
     Raises:
-        ValueError: the file is not a rule file, or a recording rule has no comment saying what it means.
+        RulesFileError: the file is not a rule file, or a recording rule has no comment saying what it means.
     """
-    meanings: dict[str, str] = {}
-    comment: list[str] = []
-    for line in text.splitlines():
-        if m := _RECORD_LINE.match(line):
-            meanings[m["record"]] = " ".join(comment)
-        if m := _COMMENT_LINE.match(line):
-            comment.append(m["text"].strip())
-        else:
-            comment = []
-    doc = yaml.safe_load(text)
-    if not isinstance(doc, dict) or not isinstance(doc.get("groups"), list):
-        raise ValueError("not a Prometheus rule file: no top-level 'groups' list")  # noqa: TRY004 - bad content, not a wrong type
-    rules = []
-    for group in doc["groups"]:
-        for rule in group.get("rules", []):
+    meanings = _meanings(text)
+    out = []
+    for group, rules in _rule_groups(text):
+        for rule in rules:
             if "record" not in rule:
-                continue
+                continue  # an alerting rule
             record = str(rule["record"])
             if not meanings.get(record):
-                raise ValueError(f"recording rule {record} has no comment above it saying what it means")
-            rules.append(
-                RecordingRule(group=str(group["name"]), record=record, expr=str(rule["expr"]), meaning=meanings[record])
+                raise RulesFileError(f"recording rule {record} has no comment above it saying what it means")
+            out.append(
+                RecordingRule(group=group, record=record, expr=str(rule.get("expr", "")), meaning=meanings[record])
             )
-    return tuple(rules)
+    return tuple(out)
 
 
 def _cell(text: str) -> str:
