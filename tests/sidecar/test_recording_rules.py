@@ -364,3 +364,12 @@ def test_vmalert_records_the_rules_into_victoria_metrics(live: Live, name: str) 
             check_value(vm[labels], want, rel=0, what=f"vmalert {name}{dict(labels)}")
         else:
             check_value(vm[labels], prom[labels], rel=VICTORIA_REL_TOL, what=f"vmalert {name}{dict(labels)}")
+
+
+@pytest.mark.parametrize(("name", "package"), [("promtool", "prometheus"), ("vmalert", "victoria-metrics")])
+def test_a_missing_binary_fails_and_says_how_to_install_it(
+    monkeypatch: pytest.MonkeyPatch, name: str, package: str
+) -> None:
+    monkeypatch.setenv("PATH", "/nonexistent")
+    with pytest.raises(pytest.fail.Exception, match=rf"run `make system-deps`.*Debian's `{package}` package"):
+        binary(name)
