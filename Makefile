@@ -16,13 +16,22 @@ $(STAMP): pyproject.toml
 
 venv: $(STAMP)
 
-# Debian packages the tests drive for real: headless Chromium renders the HTML report.
-CHROMIUM := $(shell command -v chromium 2>/dev/null)
+# Debian packages the tests drive for real, each installed only when its binaries are missing: headless Chromium
+# renders the HTML report; Prometheus (`prometheus`, `promtool`) runs and unit-tests the sidecar's recording rules
+# and the dashboard's queries; VictoriaMetrics (`victoria-metrics`, `vmalert`, both in Debian's victoria-metrics
+# package) evaluates the same rules on a store that scales out (tests/sidecar/promstack.py starts them on loopback).
+# --no-install-recommends keeps prometheus-node-exporter out; where systemd runs, the packages' own services start
+# on their default ports (9090, 8428), which the tests never use.
+have = $(shell command -v $(1) 2>/dev/null)
+SYSTEM_PKGS := $(strip \
+  $(if $(call have,chromium),,chromium fonts-liberation) \
+  $(if $(and $(call have,prometheus),$(call have,promtool)),,prometheus) \
+  $(if $(and $(call have,victoria-metrics),$(call have,vmalert)),,victoria-metrics))
 system-deps:
-ifeq ($(CHROMIUM),)
-	@echo "installing Debian's chromium for the report browser tests"
+ifneq ($(SYSTEM_PKGS),)
+	@echo "installing Debian's $(SYSTEM_PKGS) for the tests that drive them for real"
 	apt-get update -qq
-	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium fonts-liberation >/dev/null
+	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $(SYSTEM_PKGS) >/dev/null
 endif
 
 ## make demo: train the bundled tiny job on 8 local CPU ranks and show the cost table, findings and report.

@@ -11,8 +11,13 @@ pointers.
 
 from __future__ import annotations
 
+import re
+import sys
 from dataclasses import dataclass
 from enum import StrEnum
+from pathlib import Path
+
+import yaml
 
 
 class MetricType(StrEnum):
@@ -482,3 +487,233 @@ BREAKDOWN_CATEGORIES: tuple[str, ...] = (
 )
 """Values of ``category`` on ``meshscope_breakdown_seconds_total`` (``axis`` is set on ``exposed_comm`` only, empty
 otherwise): the categories of DESIGN.md's breakdown that need no other node."""
+
+LABEL_HELP: dict[str, str] = {
+    "job": "The training job's name (the TrainingJob, or `meshscope run`'s job name).",
+    "rank": "Global rank of the GPU's process.",
+    "dp": "Index on the data-parallel axis.",
+    "tp": "Index on the tensor-parallel axis.",
+    "pp": "Index on the pipeline-parallel axis: the pipeline stage.",
+    "cp": "Index on the context-parallel axis.",
+    "ep": "Index on the expert-parallel axis (carved out of dp x cp).",
+    "node": "Kubernetes node name (downward API), or the host name.",
+    "nvlink_domain": "NVLink domain of the node (`nvidia.com/gpu.clique`, or the placement file); empty when unknown.",
+    "network_tier": "Network block of the node (topograph's tier labels, or the placement file); empty when unknown.",
+    "gpu": "Local GPU index on the node (nvidia-smi order, dcgm-exporter's `gpu`).",
+    "category": "Breakdown category: " + ", ".join(f"`{c}`" for c in BREAKDOWN_CATEGORIES) + ".",
+    "axis": "Parallelism axis (`dp`, `tp`, `pp`, `cp`, `ep`); `unknown` for an NCCL communicator whose members fit no "
+    "axis; empty on categories other than `exposed_comm`.",
+    "op": "Collective or point-to-point operation (`all_reduce`, `all_gather`, `reduce_scatter`, `all_to_all`, "
+    "`broadcast`, `send`, `recv`, ...).",
+    "source": "The sidecar's input: `train_events`, `dcgm`, `nvml`, `nccl_log`, `infiniband`.",
+    "device": "InfiniBand / RoCE device (`mlx5_0`, ...).",
+    "port": "Port number of the device.",
+    "rail_gpu": "Local GPU index whose rail the port serves; empty when the mapping is unknown.",
+    "counter": "Name of the sysfs counter (`symbol_error`, `np_cnp_sent`, ...).",
+    "version": "The sidecar's version.",
+    "mode": "`full`, or `degraded` when the sidecar cannot tag samples with ranks.",
+}
+"""What each label means: the rank and node labels and every metric's own labels (``docs/metrics.md``)."""
+
+
+# ---- docs/metrics.md ----------------------------------------------------------------------------------------------
+
+_RECORD_LINE = re.compile(r"""^\s*- record:\s*(?P<q>["']?)(?P<record>[^"'\s]+)(?P=q)\s*$""")
+_COMMENT_LINE = re.compile(r"^\s*#\s?(?P<text>.*)$")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RecordingRule:
+    """One recording rule of ``sidecar/monitoring/recording-rules.yaml``, as ``docs/metrics.md`` lists it."""
+
+    group: str
+    """The rule group's name."""
+    record: str
+    """The recorded series' name (``level:metric:operations``)."""
+    expr: str
+    """The PromQL expression."""
+    meaning: str
+    """What the series means: the comment lines just above ``- record:`` in the file, joined."""
+
+    @property
+    def kept_labels(self) -> tuple[str, ...]:
+        """The labels the rule keeps, read from the name's level (``job_pp`` -> ``job, pp``)."""
+        return tuple(self.record.split(":", 1)[0].split("_"))
+
+
+class RulesFileError(ValueError):
+    """A recording-rules file that is not a Prometheus rule file, or a rule without a comment saying what it means."""
+
+
+def _meanings(text: str) -> dict[str, str]:
+    """Record name -> the comment lines just above its ``- record:`` line, at its indentation, joined.
+
+    A ``#`` line at another indentation (inside an expression's block scalar, a header) is not the rule's comment.
+    """
+    meanings: dict[str, str] = {}
+    comment: list[tuple[int, str]] = []
+    for line in text.splitlines():
+        indent = len(line) - len(line.lstrip())
+        if m := _RECORD_LINE.match(line):
+            own: list[str] = []
+            for at, words in reversed(comment):
+                if at != indent:
+                    break
+                own.insert(0, words)
+            meanings[m["record"]] = " ".join(own)
+        if m := _COMMENT_LINE.match(line):
+            comment.append((indent, m["text"].strip()))
+        else:
+            comment = []
+    return meanings
+
+
+def _rule_groups(text: str) -> list[tuple[str, list[dict[str, object]]]]:
+    """The file's groups as (name, rules), every group a mapping with a ``rules`` list of mappings."""
+    try:
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise RulesFileError(f"not a Prometheus rule file: {e}") from e
+    groups = doc.get("groups") if isinstance(doc, dict) else None
+    if not isinstance(groups, list):
+        raise RulesFileError("not a Prometheus rule file: no top-level 'groups' list")
+    out = []
+    for group in groups:
+        rules = (group.get("rules") or []) if isinstance(group, dict) else None
+        if not isinstance(rules, list) or not all(isinstance(r, dict) for r in rules):
+            raise RulesFileError(f"not a rule group (a mapping with a 'rules' list of mappings): {str(group)[:80]}")
+        out.append((str(group.get("name", "")), rules))
+    return out
+
+
+def read_recording_rules(text: str) -> tuple[RecordingRule, ...]:
+    """Read a recording-rules file, with each rule's meaning from the comment lines just above its ``- record:``.
+
+    Args:
+        text: the file's text (Prometheus rule-file YAML).
+
+    Returns:
+        The recording rules in file order (alerting rules are skipped).
+
+    Raises:
+        RulesFileError: the file is not a rule file, or a recording rule has no comment saying what it means.
+    """
+    meanings = _meanings(text)
+    out = []
+    for group, rules in _rule_groups(text):
+        for rule in rules:
+            if "record" not in rule:
+                continue  # an alerting rule
+            record = str(rule["record"])
+            if not meanings.get(record):
+                raise RulesFileError(f"recording rule {record} has no comment above it saying what it means")
+            out.append(
+                RecordingRule(group=group, record=record, expr=str(rule.get("expr", "")), meaning=meanings[record])
+            )
+    return tuple(out)
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", r"\|")
+
+
+def _labels_cell(spec: MetricSpec) -> str:
+    scope = "rank labels" if spec.scope == "rank" else "node labels"
+    return ", ".join([scope, *(f"`{label}`" for label in spec.labels)])
+
+
+def render_markdown(rules: tuple[RecordingRule, ...], *, rules_path: str) -> str:
+    """``docs/metrics.md``: the labels, every metric of :data:`METRICS` and the recording rules, as Markdown.
+
+    Args:
+        rules: the recording rules (:func:`read_recording_rules`).
+        rules_path: the rules file's path as the page names it (relative to the repository).
+
+    Returns:
+        The page, ending with a newline.
+
+    Raises:
+        ValueError: a label of :data:`METRICS` has no entry in :data:`LABEL_HELP`.
+    """
+    used = {*RANK_LABELS, *NODE_LABELS, *(label for m in METRICS for label in m.labels)}
+    if missing := sorted(used - LABEL_HELP.keys()):
+        raise ValueError(f"labels without a meaning in LABEL_HELP: {missing}")
+    own_labels = sorted({label for m in METRICS for label in m.labels})
+    out = [
+        "# Metrics",
+        "",
+        (
+            "<!-- Generated from meshscope_sidecar/metrics.py (METRICS, LABEL_HELP) and "
+            f"{rules_path}: `python -m meshscope_sidecar.metrics {rules_path} > docs/metrics.md`. "
+            "Do not edit by hand; tests/sidecar/test_metrics_doc.py checks that it matches. -->"
+        ),
+        "",
+        (
+            "What the meshscope sidecar exports on `/metrics`, and the recording rules shipped with it. Names follow "
+            "Prometheus' conventions: the `meshscope_` prefix, base units in the name (`_seconds`, `_bytes`, `_ratio` "
+            "for 0-1), `_total` on counters. Every label comes from a closed set: no step numbers, kernel names or "
+            "communicator pointers. Scrape the sidecars with `honor_labels: true`, so that their `job` label (the "
+            "training job) is kept."
+        ),
+        "",
+        "## Labels",
+        "",
+        "Per-rank series carry the **rank labels**, in this order: " + ", ".join(f"`{x}`" for x in RANK_LABELS) + ".",
+        "Node-level series (network ports, the sidecar itself) carry the **node labels**: "
+        + ", ".join(f"`{x}`" for x in NODE_LABELS)
+        + ".",
+        "",
+        "| label | meaning |",
+        "|---|---|",
+        *(f"| `{x}` | {_cell(LABEL_HELP[x])} |" for x in dict.fromkeys((*RANK_LABELS, *NODE_LABELS))),
+        "",
+        "The metrics' own labels:",
+        "",
+        "| label | meaning |",
+        "|---|---|",
+        *(f"| `{x}` | {_cell(LABEL_HELP[x])} |" for x in own_labels),
+        "",
+        "## Metrics",
+        "",
+        "| name | type | unit | labels | source | help |",
+        "|---|---|---|---|---|---|",
+        *(
+            f"| `{m.name}` | {m.type} | {m.unit} | {_labels_cell(m)} | {_cell(m.source.replace('|', ' or '))} "
+            f"| {_cell(m.help)} |"
+            for m in METRICS
+        ),
+        "",
+        "## Recording rules",
+        "",
+        (
+            f"In `{rules_path}`. Names are `level:metric:operations`: the labels kept, the metric, what was done. "
+            "Every per-rank quantity is a ratio of two rates of the same rank (seconds per step, a share of step time) "
+            "taken before aggregating across ranks, so it is exact whatever the store does at the window's edges and "
+            "the same on Prometheus and VictoriaMetrics; every rule reads the sidecars' series only, so any rule can "
+            "be evaluated alone. Windows are 5 minutes."
+        ),
+        "",
+    ]
+    for group in dict.fromkeys(r.group for r in rules):
+        out += [f"### {group}", "", "| record | labels | meaning |", "|---|---|---|"]
+        out += [
+            f"| `{r.record}` | {', '.join(f'`{x}`' for x in r.kept_labels)} | {_cell(r.meaning)} |"
+            for r in rules
+            if r.group == group
+        ]
+        out.append("")
+    return "\n".join(out)
+
+
+def _main(argv: list[str]) -> int:
+    """``python -m meshscope_sidecar.metrics RULES_FILE``: print ``docs/metrics.md``."""
+    if len(argv) != 1:
+        sys.stderr.write("usage: python -m meshscope_sidecar.metrics sidecar/monitoring/recording-rules.yaml\n")
+        return 2
+    path = Path(argv[0])
+    sys.stdout.write(render_markdown(read_recording_rules(path.read_text()), rules_path=path.as_posix()))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(_main(sys.argv[1:]))
