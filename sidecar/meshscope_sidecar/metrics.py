@@ -173,6 +173,16 @@ METRICS: tuple[MetricSpec, ...] = (
         "train_events",
         "Step records the rank's SDK could not send (socket full or absent), as the SDK counts them.",
     ),
+    _m(
+        "meshscope_records_rejected_total",
+        C,
+        "1",
+        "node",
+        ("reason",),
+        "train_events",
+        "Step records received but not kept, by reason: foreign_rank (a rank that does not run on this pod), "
+        "foreign_job, duplicate (a rank-step seen before), late (a step already broken down).",
+    ),
     # --- GPUs (dcgm-exporter or NVML), per rank --------------------------------------------------------------------
     _m(
         "meshscope_gpu_utilization_ratio",
@@ -370,6 +380,17 @@ METRICS: tuple[MetricSpec, ...] = (
         ("source",),
         "sidecar",
         "Time the sidecar spent polling the source: its own overhead, per source.",
+    ),
+    _m(
+        "meshscope_sidecar_untagged_series",
+        G,
+        "1",
+        "node",
+        ("source", "reason"),
+        "sidecar",
+        "Series a source holds that the sidecar does not export because it cannot tag them, by reason "
+        "(foreign_rank, foreign_gpu, ranks_unknown in degraded mode, bad_labels, unknown_metric, no_subject, "
+        "duplicate_series): never exported with a wrong label.",
     ),
     _m(
         "meshscope_sidecar_info",
