@@ -12,7 +12,7 @@ T0_US = 1_700_000_000_000_000
 """A realistic host clock origin for hand-built records, µs."""
 
 
-def make_identity(
+def _make_identity(
     layout: str | None = "tp=2", gpus: str | None = "2", node_rank: str | None = "0", **kw: str
 ) -> Identity:
     """An identity as the pod's environment would give it (job ``j`` on node ``node-a`` unless overridden)."""
@@ -29,7 +29,7 @@ def make_identity(
     )
 
 
-def step_record(
+def _step_record(
     rank: int, step: int, intervals: list[dict[str, Any]], *, end_ms: float = 100.0, **extra: Any
 ) -> dict[str, Any]:
     """A ``meshscope.step/1`` record of job ``j`` whose step starts at ``T0_US + step`` seconds; times in ms from it."""
@@ -64,3 +64,15 @@ def sock_dir(tmp_path_factory: pytest.TempPathFactory) -> Any:
     for p in d.iterdir():
         p.unlink(missing_ok=True)
     d.rmdir()
+
+
+@pytest.fixture
+def make_identity() -> Any:
+    """:func:`_make_identity`: an identity from a few variables."""
+    return _make_identity
+
+
+@pytest.fixture
+def step_record() -> Any:
+    """:func:`_step_record`: a record built by hand, times in ms from its step's start."""
+    return _step_record
