@@ -181,7 +181,7 @@ METRICS: tuple[MetricSpec, ...] = (
         ("reason",),
         "train_events",
         "Step records received but not kept, by reason: foreign_rank (a rank that does not run on this pod), "
-        "foreign_job, duplicate (a rank-step seen before), late (a step already broken down).",
+        "foreign_job, duplicate (a rank-step at or before one the rank sent already).",
     ),
     # --- GPUs (dcgm-exporter or NVML), per rank --------------------------------------------------------------------
     _m(
@@ -379,7 +379,7 @@ METRICS: tuple[MetricSpec, ...] = (
         "node",
         ("source",),
         "sidecar",
-        "Time the sidecar spent polling the source: its own overhead, per source.",
+        "CPU time the sidecar's polling thread spent on the source: its own overhead, per source.",
     ),
     _m(
         "meshscope_sidecar_untagged_series",

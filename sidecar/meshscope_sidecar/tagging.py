@@ -55,9 +55,7 @@ _CLOSED: dict[str, frozenset[str]] = {
     "category": frozenset(BREAKDOWN_CATEGORIES),
     "source": _SOURCES,
     "mode": frozenset(m.value for m in IdentityMode),
-    "reason": frozenset(
-        {*(u.value for u in Untagged), "foreign_job", "late", "duplicate", "invalid", "duplicate_series"}
-    ),
+    "reason": frozenset({*(u.value for u in Untagged), "foreign_job", "duplicate", "duplicate_series"}),
 }
 """Labels whose values form a closed set."""
 _PATTERNS: dict[str, re.Pattern[str]] = {
