@@ -45,12 +45,15 @@ class PollState:
     """Polls finished."""
     started_monotonic_s: float | None = None
     """When the poll now running started (``time.monotonic``); ``None`` between polls."""
+    stall_after_s: float | None = None
+    """A poll running longer than this many seconds means the source is down; ``None``: ten periods, at least 10 s."""
 
     def stalled(self, now_monotonic_s: float) -> bool:
-        """Whether the poll now running has taken longer than ten periods (and at least 10 s): the source is down."""
+        """Whether the poll now running has taken longer than :attr:`stall_after_s`: the source is down."""
         if self.started_monotonic_s is None:
             return False
-        return now_monotonic_s - self.started_monotonic_s > max(10.0, 10 * self.period_s)
+        limit = self.stall_after_s if self.stall_after_s is not None else max(10.0, 10 * self.period_s)
+        return now_monotonic_s - self.started_monotonic_s > limit
 
 
 class SidecarCollector(Collector):
