@@ -122,7 +122,7 @@ def _families(text: str) -> dict[str, list[Any]]:
 @pytest.mark.slow
 def test_a_real_two_rank_gloo_job_sends_to_the_sidecar(tmp_path: Path) -> None:
     steps = 6
-    sock = f"{tmp_path}/records.sock"
+    socks = [f"{tmp_path}/rank-{r}.sock" for r in range(2)]  # one per rank, as sidecar/README.md advises
     layout = parse_layout("dp=2")
     identity = {
         "MESHSCOPE_JOB": "sidecar-e2e",
@@ -131,7 +131,7 @@ def test_a_real_two_rank_gloo_job_sends_to_the_sidecar(tmp_path: Path) -> None:
         "MESHSCOPE_GPUS_PER_NODE": "2",
         "JOB_COMPLETION_INDEX": "0",
     }
-    proc = _sidecar(identity, "--socket", f"unix:{sock}")
+    proc = _sidecar(identity, "--socket", f"unix:{socks[0]}", "--socket", f"unix:{socks[1]}")
     ranks: list[subprocess.Popen[bytes]] = []
     try:
         port, _ = _port(proc)
@@ -141,7 +141,7 @@ def test_a_real_two_rank_gloo_job_sends_to_the_sidecar(tmp_path: Path) -> None:
         placement = Placement.default(2, gpus_per_node=2, nvlink_domain_gpus=2, nodes_per_network_block=1)
         master = _free_port()
         for r in range(2):
-            env = rank_env(settings, r, port=master, collector=sock, placement=placement)
+            env = rank_env(settings, r, port=master, collector=socks[r], placement=placement)
             env = {k: v for k, v in env.items() if not k.startswith("JOB_COMPLETION")}
             env["MESHSCOPE_NODE"] = "node-0"
             ranks.append(subprocess.Popen([sys.executable, str(JOB), str(steps)], env=env, cwd=tmp_path))
@@ -161,6 +161,8 @@ def test_a_real_two_rank_gloo_job_sends_to_the_sidecar(tmp_path: Path) -> None:
                 p.kill()
         assert _stop(proc) == 0
     by_rank = {s.labels["rank"]: s for s in fams["meshscope_steps"] if s.name == "meshscope_steps_total"}
+    dropped = [s.value for s in fams.get("meshscope_records_dropped", []) if s.name.endswith("_total")]
+    assert dropped == [0.0, 0.0]  # the SDK could send every record (else the counts below would be short)
     assert {r: s.value for r, s in by_rank.items()} == {"0": steps, "1": steps}
     for rank in ("0", "1"):
         labels = by_rank[rank].labels

@@ -94,7 +94,11 @@ def _send_steps(sock_dir: Path, step_record, steps: range) -> None:
     sender = RecordSender(f"unix:{sock_dir}/r.sock")
     for s in steps:
         for rank in (0, 1):
-            sender.send({**step_record(rank, s, [{"kind": "compute", "start_us": 0, "end_us": 80}]), "sdk": {}})
+            message = {**step_record(rank, s, [{"kind": "compute", "start_us": 0, "end_us": 80}]), "sdk": {}}
+            deadline = time.monotonic() + 10
+            # the socket queues only a few datagrams (net.unix.max_dgram_qlen): wait until there is room
+            while not sender.send(message) and time.monotonic() < deadline:
+                time.sleep(0.005)
     sender.close()
 
 
@@ -122,8 +126,12 @@ def test_metrics_while_a_source_hangs(served: Served, sock_dir: Path, step_recor
     _wait(lambda: served.polls["train_events"].polls_total > n + 2)
     assert served.polls["train_events"].polls_total > n + 2  # the other source keeps being polled
     assert served.polls["dcgm"].polls_total == 0
-    _wait(lambda: 'source="dcgm"} 0.0' in served.get("/metrics")[2].decode().split("meshscope_source_up")[-1])
-    up = [line for line in served.get("/metrics")[2].decode().splitlines() if line.startswith("meshscope_source_up{")]
+
+    def up_lines() -> list[str]:
+        return [x for x in served.get("/metrics")[2].decode().splitlines() if x.startswith("meshscope_source_up{")]
+
+    _wait(lambda: any('source="dcgm"} 0.0' in line for line in up_lines()))
+    up = up_lines()
     assert any('source="dcgm"} 0.0' in line for line in up)
     assert any('source="train_events"} 1.0' in line for line in up)
     health = json.loads(served.get("/healthz")[2])

@@ -109,7 +109,12 @@ def _values(src: TrainEventsSource) -> dict[tuple[str, int | None, tuple[tuple[s
 def _send(sock_dir: Path, *records: dict[str, Any], dropped: int = 0) -> None:
     sender = RecordSender(f"unix:{sock_dir}/r.sock")
     for r in records:
-        assert sender.send({**r, "sdk": {"records_sent": 1, "records_dropped": dropped}})
+        message = {**r, "sdk": {"records_sent": 1, "records_dropped": dropped}}
+        deadline = time.monotonic() + 10
+        # the socket queues only a few datagrams (net.unix.max_dgram_qlen): wait until there is room
+        while not sender.send(message):
+            assert time.monotonic() < deadline, sender.last_error
+            time.sleep(0.005)
     sender.close()
 
 
@@ -261,12 +266,12 @@ def test_a_restarted_rank_may_repeat_its_step_numbers(sock_dir: Path, step_recor
     sender = RecordSender(f"unix:{sock_dir}/r.sock")
     try:
         hello = {"schema": "meshscope.sdk/1", "event": "hello", "job": "j", "rank": 0, "world_size": 1, "counters": {}}
-        sender.send({**hello, "pid": 100})
-        sender.send({**step_record(0, 0, RANK0), "sdk": {}})
+        assert sender.send({**hello, "pid": 100})
+        assert sender.send({**step_record(0, 0, RANK0), "sdk": {}})
         _poll_until(src, lambda: ("meshscope_steps_total", 0, ()) in _values(src))
-        sender.send({**hello, "pid": 200})  # restarted from a checkpoint: step 0 again
+        assert sender.send({**hello, "pid": 200})  # restarted from a checkpoint: step 0 again
         time.sleep(0.1)
-        sender.send({**step_record(0, 0, RANK0), "sdk": {}})
+        assert sender.send({**step_record(0, 0, RANK0), "sdk": {}})
         _poll_until(src, lambda: _values(src)["meshscope_steps_total", 0, ()] == 2)
         assert _values(src)["meshscope_steps_total", 0, ()] == 2
         assert src._reader is not None
