@@ -178,6 +178,16 @@ METRICS: tuple[MetricSpec, ...] = (
         "train_events",
         "Step records the rank's SDK could not send (socket full or absent), as the SDK counts them.",
     ),
+    _m(
+        "meshscope_records_rejected_total",
+        C,
+        "1",
+        "node",
+        ("reason",),
+        "train_events",
+        "Step records received but not kept, by reason: foreign_rank (a rank that does not run on this pod), "
+        "foreign_job, duplicate (a rank-step at or before one the rank sent already).",
+    ),
     # --- GPUs (dcgm-exporter or NVML), per rank --------------------------------------------------------------------
     # gpu_instance: the MIG GPU instance id (dcgm-exporter's GPU_I_ID) of a series about one MIG instance, "" for a
     # whole GPU; at most 7 per GPU, so bounded.
@@ -459,7 +469,18 @@ METRICS: tuple[MetricSpec, ...] = (
         "node",
         ("source",),
         "sidecar",
-        "Time the sidecar spent polling the source: its own overhead, per source.",
+        "CPU time the sidecar's polling thread spent on the source: its own overhead, per source.",
+    ),
+    _m(
+        "meshscope_sidecar_untagged_series",
+        G,
+        "1",
+        "node",
+        ("source", "reason"),
+        "sidecar",
+        "Series a source holds that the sidecar does not export because it cannot tag them, by reason "
+        "(foreign_rank, foreign_gpu, ranks_unknown in degraded mode, bad_labels, unknown_metric, no_subject, "
+        "duplicate_series): never exported with a wrong label.",
     ),
     _m(
         "meshscope_sidecar_info",

@@ -31,7 +31,8 @@ Its modules: :mod:`~meshscope.sdk.settings` (the ``MESHSCOPE_*`` environment, :c
 intervals and its record), :mod:`~meshscope.sdk.capture` (the torch hooks that call a :class:`CaptureSink`),
 :mod:`~meshscope.sdk.groups`, :mod:`~meshscope.sdk.clocks`, :mod:`~meshscope.sdk.measuring`, and
 :mod:`~meshscope.sdk.transport`: the **wire protocol** between a training rank and whoever collects its records
-(``meshscope run``'s collector, the sidecar): :class:`RecordSender` on the rank's side; :class:`RecordCollector`,
+(``meshscope run``'s collector, the sidecar): :class:`RecordSender` on the rank's side; :class:`RecordReader`
+(the one reader, with a pluggable :class:`RecordSink`), :class:`RecordCollector` (it, writing a file),
 :func:`decode` and :class:`RankTally` on the reader's side; :data:`RECORD_SCHEMA` and :data:`CONTROL_SCHEMA`.
 The launcher and the sidecar set up a rank through the ``ENV_*`` names. Import the names from here.
 """
@@ -54,9 +55,12 @@ from meshscope.sdk.transport import (
     CONTROL_SCHEMA,
     RECORD_SCHEMA,
     AddressError,
+    FileSink,
     RankTally,
     RecordCollector,
+    RecordReader,
     RecordSender,
+    RecordSink,
     decode,
     encode,
     parse_address,
@@ -75,10 +79,13 @@ __all__ = [
     "PHASES",
     "RECORD_SCHEMA",
     "AddressError",
+    "FileSink",
     "NullTracker",
     "RankTally",
     "RecordCollector",
+    "RecordReader",
     "RecordSender",
+    "RecordSink",
     "Tracker",
     "TrackerCounters",
     "TrackerSettings",

@@ -1,10 +1,12 @@
 """The local record transport: one datagram per record, from each training rank to a collector on the same host.
 
-Why it exists: the SDK must hand every rank's step record to someone (``meshscope run``'s in-process collector
-today, the per-pod sidecar later) without ever slowing the training loop. A Unix datagram socket in non-blocking mode
-gives exactly that contract: a send either completes at once or fails at once, so when nobody listens, or the
-listener is behind and its queue is full, the record is **dropped and counted**, never queued in the training process
-and never waited for. Datagrams keep record boundaries, so a reader never sees half a record.
+Why it exists: the SDK must hand every rank's step record to someone (``meshscope run``'s in-process collector, the
+per-pod sidecar's training-loop source) without ever slowing the training loop. A Unix datagram socket in
+non-blocking mode gives exactly that contract: a send either completes at once or fails at once, so when nobody
+listens, or the listener is behind and its queue is full, the record is **dropped and counted**, never queued in the
+training process and never waited for. Datagrams keep record boundaries, so a reader never sees half a record. The
+protocol has one reader, :class:`RecordReader`, with a pluggable :class:`RecordSink`: ``meshscope run`` writes a
+file (:class:`RecordCollector`), the sidecar keeps a bounded buffer of recent steps.
 
 Protocol (``docs/sdk.md``, "Transport"):
 
@@ -18,8 +20,8 @@ Protocol (``docs/sdk.md``, "Transport"):
   messages have ``"schema": "meshscope.sdk/1"`` and an ``"event"`` (``hello`` at start, ``close`` at exit, with the
   final counters; ``measurements`` with the job's description, model-state and activation bytes).
 
-This module is pure standard library: it must not import torch and must not raise into its caller on the sending
-side (every failure becomes a counter).
+This module is pure standard library: it must not import torch, must not raise into its caller on the sending side
+(every failure becomes a counter), and must not parse records beyond the few fields it tallies (the sinks do).
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ import threading
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -188,6 +190,47 @@ class RecordSender:
 # ====================================================================== receiving side
 
 
+class RecordSink(Protocol):
+    """Where a :class:`RecordReader` puts every step record it receives (a file, the sidecar's step buffer)."""
+
+    def write_record(self, rank: int, line: bytes) -> None:
+        """Take one step record of ``rank``, without its ``sdk`` counters: one JSON object and a newline.
+
+        Called by the reading thread, one record at a time; must not block (the kernel queue behind the reader
+        fills, and the ranks' SDKs drop and count, while it does).
+        """
+
+
+class FileSink:
+    """A :class:`RecordSink` that appends every record line to a JSON-lines file (``meshscope run``)."""
+
+    def __init__(self, path: str | Path) -> None:
+        """Create (truncate) ``path``.
+
+        Raises:
+            OSError: if the file cannot be created.
+        """
+        self.path = Path(path)
+        self._out: IO[bytes] = self.path.open("wb")
+
+    def write_record(self, rank: int, line: bytes) -> None:  # noqa: ARG002 - the protocol's signature
+        """Append ``line``."""
+        self._out.write(line)
+
+    def close_inherited(self) -> None:
+        """In a forked child: release the inherited descriptor without flushing the parent's buffer into it."""
+        with contextlib.suppress(OSError):
+            os.close(self._out.fileno())
+
+    def close(self) -> None:
+        """Flush, sync and close the file; idempotent."""
+        if not self._out.closed:
+            with contextlib.suppress(OSError):
+                self._out.flush()
+                os.fsync(self._out.fileno())
+            self._out.close()
+
+
 @dataclass(slots=True)
 class RankTally:
     """What a collector saw from one rank (mutable, updated by the receiving thread)."""
@@ -200,49 +243,97 @@ class RankTally:
     """Whether the rank announced itself."""
     closed: bool = False
     """Whether the rank said goodbye (its tracker closed cleanly)."""
+    pid: int | None = None
+    """The rank's process id, from its latest ``hello`` (a restarted rank says hello again with a new one)."""
     step_times_us: list[int] = field(default_factory=list)
-    """``end_us - start_us`` of every record received, in arrival order."""
+    """``end_us - start_us`` of every record received, in arrival order (empty where the reader keeps none)."""
     measurements: dict[str, Any] = field(default_factory=dict)
     """The rank's latest ``measurements`` message: ``job``, ``model_state``, ``activations`` (``docs/sdk.md``)."""
 
 
-class RecordCollector:
-    """The receiving side: binds one or more datagram sockets and appends every record to a JSON-lines file.
+def _tally_control(tally: RankTally, msg: dict[str, Any]) -> None:
+    """What a control message (``hello``, ``close``, ``measurements``) tells about its rank."""
+    event = msg.get("event")
+    tally.hello = tally.hello or event == "hello"
+    tally.closed = tally.closed or event == "close"
+    pid = msg.get("pid")
+    if event == "hello" and isinstance(pid, int) and not isinstance(pid, bool):
+        tally.pid = pid
+    measured = msg.get("measurements")
+    if event == "measurements" and isinstance(measured, dict):
+        tally.measurements = measured
 
-    ``meshscope run`` binds the sockets before it starts the ranks (so that nothing sent early is lost) and starts the
-    reading thread afterwards. Records are written without their ``sdk`` counters (the record schema is fixed); the
-    counters are kept per rank in :attr:`ranks`. Garbage datagrams are counted in :attr:`garbage` and skipped.
+
+def _bind(address: str | bytes | Path) -> socket.socket:
+    """A non-blocking ``SOCK_DGRAM`` socket bound at a filesystem path (replacing a stale one) or an abstract name."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    try:
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, RECEIVE_BUFFER_BYTES)
+        if isinstance(address, bytes):
+            sock.bind(address)
+        else:
+            with contextlib.suppress(FileNotFoundError):
+                Path(address).unlink()
+            sock.bind(str(address))
+        sock.setblocking(False)  # noqa: FBT003 - the socket API
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+class RecordReader:
+    """The one reader of the wire protocol: binds the sockets, reads datagrams, tallies ranks, hands records on.
+
+    ``meshscope run``'s :class:`RecordCollector` (a file sink) and the sidecar's training-loop source (its step
+    buffer) are this class with different sinks, so the protocol has one reader. The sockets are bound at
+    construction (so that nothing sent early is lost) and read by a thread from :meth:`start` on, which wakes as soon
+    as a datagram arrives: Linux queues only ``net.unix.max_dgram_qlen`` datagrams per socket (10 by default), so a
+    reader that polled on a period would make the ranks drop. A record the SDK wrote takes the fast path
+    (:meth:`_handle_fast`: the rank, the span and the counters are read at the datagram's ends, the rest is passed on
+    as it is); anything else is decoded whole. Datagrams that are not a JSON object with a known schema and a rank
+    are counted in :attr:`garbage` and skipped.
+
+    Memory is bounded by the caller's choices: ``keep_step_times=False`` keeps no per-record list, and
+    ``max_ranks`` bounds the tallies (datagrams of further ranks are counted in :attr:`untallied` and skipped); the
+    sink bounds what it keeps.
     """
 
-    def __init__(self, paths: Sequence[str | Path], records_path: str | Path) -> None:
-        """Bind a ``SOCK_DGRAM`` socket at every path and open ``records_path`` for writing.
+    def __init__(
+        self,
+        addresses: Sequence[str | bytes | Path],
+        sink: RecordSink,
+        *,
+        keep_step_times: bool = True,
+        max_ranks: int | None = None,
+    ) -> None:
+        """Bind a socket at every address (a filesystem path, or an abstract name as ``bytes`` starting with NUL).
 
         Raises:
-            OSError: if a socket cannot be bound or the file cannot be created.
+            OSError: if a socket cannot be bound (the ones already bound are closed).
         """
-        self.records_path = Path(records_path)
         self.ranks: dict[int, RankTally] = {}
         """Per-rank tallies, keyed by rank."""
         self.garbage = 0
-        """Datagrams that were not a JSON object with a known schema."""
+        """Datagrams that were not a JSON object with a known schema and a rank."""
+        self.untallied = 0
+        """Datagrams skipped because they came from a rank beyond ``max_ranks`` distinct ranks."""
         self.lines = 0
-        """Record lines written."""
-        self._lock = threading.Lock()
+        """Record lines handed to the sink."""
+        self.lock = threading.Lock()
+        """Held while a datagram is handled (tallies and the sink); take it to read the tallies from another thread."""
+        self._sink = sink
+        self._keep_step_times = keep_step_times
+        self._max_ranks = max_ranks
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._selector = selectors.DefaultSelector()
         self._socks: list[socket.socket] = []
-        self._paths = [Path(p) for p in paths]
-        self._out: IO[bytes] = self.records_path.open("wb")
+        self._paths = [Path(a) for a in addresses if not isinstance(a, bytes)]
         try:
-            for p in self._paths:
-                sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-                with contextlib.suppress(OSError):
-                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, RECEIVE_BUFFER_BYTES)
-                with contextlib.suppress(FileNotFoundError):
-                    p.unlink()
-                sock.bind(str(p))
-                sock.setblocking(False)  # noqa: FBT003 - the socket API
+            for address in addresses:
+                sock = _bind(address)
                 self._socks.append(sock)
                 self._selector.register(sock, selectors.EVENT_READ)
         except OSError:
@@ -250,7 +341,7 @@ class RecordCollector:
             raise
 
     def start(self) -> None:
-        """Start the reading thread."""
+        """Start the reading thread (after forking ranks: a child must not inherit a running thread)."""
         self._thread = threading.Thread(target=self._run, name="meshscope-collector", daemon=True)
         self._thread.start()
 
@@ -271,8 +362,21 @@ class RecordCollector:
             n += 1
             self.handle(data)
 
+    def drain_now(self) -> int:
+        """Read whatever is queued on every socket, in the calling thread; returns datagrams read."""
+        return sum(self._drain(s) for s in self._socks)
+
+    def _tally(self, rank: int) -> RankTally | None:
+        tally = self.ranks.get(rank)
+        if tally is None:
+            if self._max_ranks is not None and len(self.ranks) >= self._max_ranks:
+                self.untallied += 1
+                return None
+            tally = self.ranks[rank] = RankTally()
+        return tally
+
     def handle(self, datagram: bytes) -> None:
-        """Process one datagram (public for tests and for a sidecar that reads its own sockets)."""
+        """Process one datagram (public for tests and for readers that poll their own sockets)."""
         if self._handle_fast(datagram):
             return
         try:
@@ -287,7 +391,7 @@ class RecordCollector:
             or isinstance(rank, bool)
             or rank < 0
         ):
-            with self._lock:
+            with self.lock:
                 self.garbage += 1
             return
         if schema == RECORD_SCHEMA:
@@ -297,38 +401,23 @@ class RecordCollector:
         else:
             counters = msg.get("counters")
             line = b""
-        with self._lock:
-            tally = self.ranks.setdefault(rank, RankTally())
+        with self.lock:
+            tally = self._tally(rank)
+            if tally is None:
+                return
             if isinstance(counters, dict):
                 tally.counters = {k: v for k, v in counters.items() if isinstance(v, int)}
             if line:
-                self._out.write(line)
+                self._sink.write_record(rank, line)
                 self.lines += 1
                 tally.records += 1
-                if isinstance(start, int) and isinstance(end, int):
+                if self._keep_step_times and isinstance(start, int) and isinstance(end, int):
                     tally.step_times_us.append(end - start)
             else:
-                event = msg.get("event")
-                tally.hello = tally.hello or event == "hello"
-                tally.closed = tally.closed or event == "close"
-                measured = msg.get("measurements")
-                if event == "measurements" and isinstance(measured, dict):
-                    tally.measurements = measured
-
-    def close_inherited(self) -> None:
-        """In a forked child: release the inherited descriptors without touching the parent's sockets or file."""
-        for sock in self._socks:
-            with contextlib.suppress(OSError):
-                os.close(sock.detach())
-        self._socks = []
-        self._paths = []
-        with contextlib.suppress(OSError):
-            self._selector.close()
-        with contextlib.suppress(OSError):
-            os.close(self._out.fileno())
+                _tally_control(tally, msg)
 
     def _handle_fast(self, datagram: bytes) -> bool:
-        """A record exactly as the SDK writes it, stored without decoding it whole; ``False``: take the slow path.
+        """A record exactly as the SDK writes it, passed on without decoding it whole; ``False``: take the slow path.
 
         The SDK writes ``schema``, ``job``, ``step``, ``rank`` first and ``sdk`` last, so the rank, the step span
         and the counters sit at the ends of the datagram. Anything else (another writer, compression) goes through
@@ -346,23 +435,31 @@ class RecordCollector:
             return False
         if not isinstance(counters, dict):
             return False
-        span = _FAST_SPAN.search(datagram, 0, 4096)
-        with self._lock:
-            tally = self.ranks.setdefault(int(head.group(1)), RankTally())
+        span = _FAST_SPAN.search(datagram, 0, 4096) if self._keep_step_times else None
+        with self.lock:
+            tally = self._tally(int(head.group(1)))
+            if tally is None:
+                return True
             tally.counters = {k: v for k, v in counters.items() if isinstance(v, int)}
-            self._out.write(datagram[:cut] + b"}\n")
+            self._sink.write_record(int(head.group(1)), datagram[:cut] + b"}\n")
             self.lines += 1
             tally.records += 1
             if span is not None:
                 tally.step_times_us.append(int(span.group(2)) - int(span.group(1)))
         return True
 
-    def drain_now(self) -> int:
-        """Read whatever is queued on every socket, in the calling thread; returns datagrams read."""
-        return sum(self._drain(s) for s in self._socks)
+    def close_inherited(self) -> None:
+        """In a forked child: release the inherited descriptors without touching the parent's sockets or files."""
+        for sock in self._socks:
+            with contextlib.suppress(OSError):
+                os.close(sock.detach())
+        self._socks = []
+        self._paths = []
+        with contextlib.suppress(OSError):
+            self._selector.close()
 
     def stop(self) -> None:
-        """Stop the thread, read what is still queued, flush and close the file and the sockets."""
+        """Stop the thread, read what is still queued, and close the sockets."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5.0)
@@ -372,20 +469,48 @@ class RecordCollector:
         self.close()
 
     def close(self) -> None:
-        """Close sockets (removing their files) and the records file; idempotent."""
+        """Close the sockets (removing their files); idempotent."""
         for sock in self._socks:
             with contextlib.suppress(KeyError, ValueError):
                 self._selector.unregister(sock)
             with contextlib.suppress(OSError):
                 sock.close()
-        self._socks.clear()
+        self._socks = []
         for p in self._paths:
             with contextlib.suppress(OSError):
                 p.unlink()
+        self._paths = []
         with contextlib.suppress(OSError):
             self._selector.close()
-        if not self._out.closed:
-            with contextlib.suppress(OSError):
-                self._out.flush()
-                os.fsync(self._out.fileno())
-            self._out.close()
+
+
+class RecordCollector(RecordReader):
+    """``meshscope run``'s collector: a :class:`RecordReader` whose sink is a JSON-lines file (:class:`FileSink`).
+
+    Records are written without their ``sdk`` counters (the record schema is fixed); the counters are kept per rank
+    in :attr:`ranks`. Garbage datagrams are counted in :attr:`garbage` and skipped.
+    """
+
+    def __init__(self, paths: Sequence[str | Path], records_path: str | Path) -> None:
+        """Open ``records_path`` for writing and bind a ``SOCK_DGRAM`` socket at every path.
+
+        Raises:
+            OSError: if a socket cannot be bound or the file cannot be created.
+        """
+        self.records_path = Path(records_path)
+        self._file = FileSink(self.records_path)
+        try:
+            super().__init__([Path(p) for p in paths], self._file)
+        except OSError:
+            self._file.close()
+            raise
+
+    def close_inherited(self) -> None:
+        """In a forked child: release the inherited descriptors without touching the parent's sockets or file."""
+        super().close_inherited()
+        self._file.close_inherited()
+
+    def close(self) -> None:
+        """Close sockets (removing their files) and flush and close the records file; idempotent."""
+        super().close()
+        self._file.close()

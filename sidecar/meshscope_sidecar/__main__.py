@@ -1,0 +1,127 @@
+"""The ``meshscope-sidecar`` entry point: settings and identity once, the sources, the pollers and the server.
+
+Exists to wire the parts together in one place (STYLE.md §4: one settings object, built here, passed down) and to
+turn every startup problem into one line on stderr and a non-zero exit (2: bad settings or identity; 1: the port
+cannot be bound), never a traceback. It must not hold logic of its own beyond choosing which sources run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import sys
+from importlib import metadata
+from typing import TYPE_CHECKING
+
+from meshscope_sidecar.collector import PollState, SidecarCollector, make_registry
+from meshscope_sidecar.identity import IdentityError, IdentityMode, resolve_identity
+from meshscope_sidecar.server import Poller, SidecarServer, serve_until
+from meshscope_sidecar.settings import ENV_REQUIRE_RANKS, SettingsError, settings_from
+from meshscope_sidecar.sources.train_events import TrainEventsSource
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping, Sequence
+
+    from meshscope_sidecar.identity import Identity
+    from meshscope_sidecar.settings import SidecarSettings
+    from meshscope_sidecar.sources.base import Source
+
+log = logging.getLogger("meshscope_sidecar")
+
+EXIT_BAD_SETTINGS = 2
+"""Exit status for settings or identity that do not fit (the message names the variable)."""
+EXIT_CANNOT_SERVE = 1
+"""Exit status when the HTTP port cannot be bound."""
+
+
+def version() -> str:
+    """The installed distribution's version (``meshscope_sidecar_info{version}``)."""
+    try:
+        return metadata.version("meshscope")
+    except metadata.PackageNotFoundError:
+        return "0+unknown"
+
+
+def build_sources(settings: SidecarSettings, identity: Identity) -> list[tuple[Source, float]]:
+    """The sources that run, each with its poll period in seconds.
+
+    The training-loop source always runs; the GPU, NCCL and network sources join here as they are added (issue 10).
+    """
+    train = TrainEventsSource(
+        addresses=settings.sockets,
+        job=identity.job,
+        ranks=identity.ranks,
+        max_steps_kept=settings.steps_kept,
+        max_bytes_kept=settings.steps_bytes,
+    )
+    return [(train, settings.train_poll_s)]
+
+
+def _identity(settings: SidecarSettings) -> Identity:
+    identity = resolve_identity(settings.identity)
+    if settings.require_ranks and identity.mode is IdentityMode.DEGRADED:
+        raise SettingsError(f"{ENV_REQUIRE_RANKS} is set but ranks are unknown: {'; '.join(identity.missing)}")
+    return identity
+
+
+def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
+    """Run the sidecar until SIGTERM or SIGINT; returns the exit status.
+
+    Args:
+        argv: the arguments (default ``sys.argv[1:]``).
+        environ: the environment (default ``os.environ``).
+    """
+    try:
+        settings = settings_from(sys.argv[1:] if argv is None else argv, os.environ if environ is None else environ)
+        identity = _identity(settings)
+    except (SettingsError, IdentityError) as exc:
+        sys.stderr.write(f"meshscope-sidecar: error: {exc}\n")
+        return EXIT_BAD_SETTINGS
+    logging.basicConfig(level=settings.log_level.upper(), format="meshscope-sidecar: %(levelname)s: %(message)s")
+    log.info("%s", identity.describe())
+    if identity.mode is IdentityMode.DEGRADED:
+        log.warning("degraded: per-rank series are not exported (%s)", "; ".join(identity.missing))
+    sources = build_sources(settings, identity)
+    polls = {s.name: PollState(period_s=period) for s, period in sources}
+    collector = SidecarCollector([s for s, _ in sources], identity, version=version(), polls=polls)
+    train = next((s for s, _ in sources if isinstance(s, TrainEventsSource)), None)
+    server = SidecarServer(
+        collector=collector,
+        registry=make_registry(collector),
+        train=train,
+        steps_limit=settings.steps_kept,
+        response_bytes=settings.response_bytes,
+    )
+    pollers = [Poller(s, polls[s.name]) for s, _ in sources]
+    for p in pollers:
+        p.start()
+    try:
+        asyncio.run(_serve(server, settings))
+    except OSError as exc:
+        sys.stderr.write(f"meshscope-sidecar: error: cannot serve on {settings.host}:{settings.port}: {exc}\n")
+        return EXIT_CANNOT_SERVE
+    finally:
+        for p in pollers:
+            if not p.stop():
+                log.warning("source %s is still in a poll; leaving it", p.source.name)
+        if train is not None:
+            train.flush()
+        for s, _ in sources:
+            s.close()
+    return 0
+
+
+async def _serve(server: SidecarServer, settings: SidecarSettings) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(ValueError, RuntimeError):  # not the main thread (tests): stop from outside
+            loop.add_signal_handler(sig, stop.set)
+    await serve_until(server, settings.host, settings.port, stop)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
