@@ -533,6 +533,10 @@ LABEL_HELP: dict[str, str] = {
     "counter": "Name of the sysfs counter (`symbol_error`, `np_cnp_sent`, ...).",
     "version": "The sidecar's version.",
     "mode": "`full`, or `degraded` when the sidecar cannot tag samples with ranks.",
+    "gpu_instance": "MIG GPU instance id (dcgm-exporter's `GPU_I_ID`) of a series about one MIG instance; empty for a "
+    "whole GPU (at most 7 per GPU).",
+    "reason": "Why input was not kept or not exported, from a closed set named in the metric's help (`foreign_rank`, "
+    "`foreign_job`, `duplicate`, `foreign_gpu`, `ranks_unknown`, ...).",
 }
 """What each label means: the rank and node labels and every metric's own labels (``docs/metrics.md``)."""
 

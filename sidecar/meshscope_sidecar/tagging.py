@@ -65,6 +65,8 @@ _PATTERNS: dict[str, re.Pattern[str]] = {
     "port": re.compile(r"[1-9][0-9]{0,2}"),
     # The local GPU a NIC is the rail of, or empty when it serves none.
     "rail_gpu": re.compile(r"(?:[0-9]{1,2})?"),
+    # A MIG GPU instance id (dcgm-exporter's GPU_I_ID; NVML allows at most 7 per GPU), empty for a whole GPU.
+    "gpu_instance": re.compile(r"(?:[0-9]{1,2})?"),
     # A counter file name of ports/*/counters or hw_counters (symbol_error, np_cnp_sent).
     "counter": re.compile(r"[a-z][a-z0-9_]{0,47}"),
     "version": re.compile(r"[0-9A-Za-z.+-]{1,32}"),
@@ -141,5 +143,6 @@ def tag(sample: Sample, identity: Identity) -> tuple[MetricSpec, tuple[str, ...]
     )
 
 
-_MAY_BE_EMPTY = frozenset({"axis", "rail_gpu"})
-"""Own labels whose value may be empty (``axis`` off ``exposed_comm``; ``rail_gpu`` of a NIC that serves no GPU)."""
+_MAY_BE_EMPTY = frozenset({"axis", "rail_gpu", "gpu_instance"})
+"""Own labels whose value may be empty (``axis`` off ``exposed_comm``; ``rail_gpu`` of a NIC that serves no GPU;
+``gpu_instance`` of a whole GPU, which is what a sample that does not give one is about)."""

@@ -92,9 +92,10 @@ def test_samples_become_tagged_series_and_health(make_identity) -> None:
         reg.get_sample_value("meshscope_breakdown_seconds_total", {**rank2, "category": "exposed_comm", "axis": "tp"})
         == 0.05
     )
-    assert reg.get_sample_value("meshscope_gpu_utilization_ratio", rank3) == 0.97  # the first source's series wins
-    assert reg.get_sample_value("meshscope_gpu_sm_active_ratio", rank2) == 0.41
-    assert reg.get_sample_value("meshscope_gpu_power_watts", rank2) is None  # a kernel name is not a label
+    whole = {"gpu_instance": ""}  # GPU series: a whole GPU
+    assert reg.get_sample_value("meshscope_gpu_utilization_ratio", {**rank3, **whole}) == 0.97  # the first one wins
+    assert reg.get_sample_value("meshscope_gpu_sm_active_ratio", {**rank2, **whole}) == 0.41
+    assert reg.get_sample_value("meshscope_gpu_power_watts", {**rank2, **whole}) is None  # a kernel name is not a label
     assert reg.get_sample_value("meshscope_source_up", {**node, "source": "train_events"}) == 1
     assert reg.get_sample_value("meshscope_source_up", {**node, "source": "dcgm"}) == 0
     assert reg.get_sample_value("meshscope_source_parse_errors_total", {**node, "source": "train_events"}) == 2

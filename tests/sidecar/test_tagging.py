@@ -42,6 +42,7 @@ def test_a_gpu_sample_gets_the_rank_of_that_gpu() -> None:
     assert dict(zip(label_names(spec), values, strict=True)) == {
         "job": "j", "rank": "7", "dp": "1", "tp": "1", "pp": "1", "cp": "0", "ep": "0",
         "node": "node-a", "nvlink_domain": "nvl-7", "network_tier": "block-2", "gpu": "3",
+        "gpu_instance": "",  # a whole GPU: the sample names no MIG instance
     }  # fmt: skip
 
 
