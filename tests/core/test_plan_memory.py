@@ -520,7 +520,24 @@ def test_total_and_headroom_against_usable_hbm():
     plan = plan_job(job(small_llama(), ParallelLayout(tp=8), reserved_bytes=reserved))
     stage = plan.stages[0]
     mem = stage.memory
-    assert mem.total_bytes == mem.weights_bytes + mem.gradients_bytes + mem.optimizer_bytes + mem.activations_bytes
+    # By hand, tp = 8: a layer keeps (Q, O 2·h·a·d + K, V 2·h·g·d + MLP 3·h·f) / 8 + norms 2h = 69,632 + 512
+    # parameters, four of them 280,576; embedding and output layer V·h/8 = 32,000 each; final norm 256: 344,832.
+    params = 4 * ((2 * H * A * D + 2 * H * G * D + 3 * H * F) // 8 + 2 * H) + 2 * (V * H // 8) + H
+    assert params == 344_832
+    # Megatron, bf16: 2 bytes of weight, 4 of fp32 main gradient, 12 of optimizer (main weight + two moments).
+    assert (mem.weights_bytes, mem.gradients_bytes, mem.optimizer_bytes) == (2 * params, 4 * params, 12 * params)
+    # Activations (one micro-batch in flight, no SP, flash, no dropout, b = 1, s = 128, e = 2):
+    #   per layer: norms, QKV and MLP inputs 4·e·sbh = 262,144; Q and O-input a/t = 1 head, K and V max(g/t, 1) = 1
+    #   head each, e·sb·d·(2 + 2) = 32,768; SwiGLU e·sb·3f/t = 49,152: 344,064, x 4 layers = 1,376,256;
+    #   first stage: token ids 8·sb = 1,024; last stage: final-norm and output-layer inputs 2·e·sbh = 131,072,
+    #   fp32 logits 4·sb·V/t = 64,000, labels 8·sb = 1,024.
+    activations = (
+        4 * (4 * 2 * S * H + 2 * S * D * (2 + 2) + 2 * S * 3 * F // 8) + 8 * S + 2 * 2 * S * H + 4 * S * V // 8
+    )
+    activations += 8 * S
+    assert activations == 1_376_256 + 1_024 + 131_072 + 64_000 + 1_024
+    assert mem.activations_bytes == activations
+    assert mem.total_bytes == 18 * params + activations == 7_780_352
     assert stage.hbm_bytes == 80 * GiB - reserved
     assert stage.headroom_bytes == 80 * GiB - reserved - mem.total_bytes
     data = stage.to_dict()
