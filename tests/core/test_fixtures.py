@@ -11,9 +11,12 @@ import importlib.util
 import json
 import sys
 from pathlib import Path
-from types import ModuleType
+from typing import TYPE_CHECKING
 
 from meshscope.records import read_records, write_records
+
+if TYPE_CHECKING:
+    from types import ModuleType
 
 PP2 = Path(__file__).resolve().parents[1] / "data" / "pp2_tp2_dp2_straggler"
 
