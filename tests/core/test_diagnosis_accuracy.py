@@ -50,7 +50,18 @@ from meshscope.simulation import (
 )
 
 CASES = 240
-MIN_ACCURACY = 0.95
+MIN_ACCURACY = {
+    "straggler": 1.0,
+    "data-imbalance": 1.0,
+    "slow-link": 1.0,
+    "slow-link-domain": 1.0,
+    "slow-loader-all": 1.0,
+    "slow-loader-rank": 1.0,
+    "checkpoint-stall": 1.0,
+    "clean": 1.0,
+}
+"""The gate per fault kind: its measured figure (30 of 30 cases each, 240 of 240 in all, on the deterministic draws
+of this file). The draws are seeded, so any miss is a regression; lower a kind's gate only with the reason."""
 STEPS = 4
 BOUNDS = {
     "noise": (0.005, 0.03),
@@ -237,11 +248,13 @@ def test_diagnosis_accuracy_on_simulated_faults() -> None:
     outcomes = run_all()
     text = summary(outcomes)
     print("\n" + text)  # noqa: T201 - the figure is the point of the test
-    misses = [f"  #{o.case.index} {o.case.layout} {o.truth} -> {o.top}" for o in outcomes if not o.ok]
-    accuracy = sum(o.ok for o in outcomes) / len(outcomes)
-    assert accuracy >= MIN_ACCURACY, text + "\nmisses:\n" + "\n".join(misses)
-    clean = [o for o in outcomes if o.case.kind == "clean"]
-    assert all(o.ok for o in clean), "clean runs with findings:\n" + "\n".join(m for m in misses if "clean" in m)
+    assert set(MIN_ACCURACY) == set(KINDS)
+    for kind in KINDS:
+        mine = [o for o in outcomes if o.case.kind == kind]
+        assert len(mine) >= 20, (kind, len(mine))  # enough cases of every kind for its figure to mean something
+        accuracy = sum(o.ok for o in mine) / len(mine)
+        missed = [f"  #{o.case.index} {o.case.layout} {o.truth} -> {o.top}" for o in mine if not o.ok]
+        assert accuracy >= MIN_ACCURACY[kind], f"{kind}: {accuracy:.1%}\n{text}\nmisses:\n" + "\n".join(missed)
 
 
 if __name__ == "__main__":

@@ -239,3 +239,15 @@ def test_describe_and_enabled_axes() -> None:
     assert layout.enabled_axes == (MeshAxis.DP, MeshAxis.TP, MeshAxis.PP)
     assert layout.world_size == 256
     assert [layout.degree(a) for a in itertools.islice(MeshAxis, 5)] == [8, 8, 4, 1, 1]
+
+
+def test_parse_layout_infers_dp_from_the_ranks_left_after_tp_pp_and_cp() -> None:
+    # 16 ranks, tp=2 and cp=2 take 4 of every group: dp = 16 / (2·2) = 4 (cp counts, as in world = tp·cp·dp·pp).
+    layout = parse_layout("tp=2,cp=2", world_size=16)
+    assert (layout.dp, layout.tp, layout.pp, layout.cp) == (4, 2, 1, 2)
+    # 32 ranks, tp=2, pp=2, cp=4: dp = 32 / 16 = 2.
+    layout = parse_layout("tp=2,pp=2,cp=4", world_size=32)
+    assert (layout.dp, layout.world_size) == (2, 32)
+    # cp=3 leaves no whole dp on 8 ranks.
+    with pytest.raises(LayoutError, match=r"tp\*pp\*cp = 6 does not divide the world size 8"):
+        parse_layout("tp=2,cp=3", world_size=8)

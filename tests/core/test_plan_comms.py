@@ -317,6 +317,28 @@ def test_distributed_optimizer_reduce_scatters_grads_and_gathers_bf16_weights():
     assert ag.bytes_per_gpu_per_step == pytest.approx((d - 1) / d * P_LLAMA * 2)
 
 
+def test_zero2_reduce_scatters_gradients_every_micro_batch_and_gathers_weights_once():
+    # ZeRO-2 shards the gradients, so they cannot accumulate whole across micro-batches: each micro-batch's
+    # backward reduce-scatters them (DeepSpeed stage 2; Rajbhandari et al. 2019 §5.2); the updated bf16 weights are
+    # all-gathered once per step. d = 4 ranks, m = 3 micro-batches, fp32 gradients.
+    d, m = 4, 3
+    plan = plan_job(job(llama(), ParallelLayout(dp=d), global_batch_size=d * m, zero_stage=2))
+    rs = only(plan, axis="dp", op=CollectiveOp.REDUCE_SCATTER)
+    ag = only(plan, axis="dp", op=CollectiveOp.ALL_GATHER)
+    assert rs.message_bytes == P_LLAMA * 4
+    assert rs.count_per_step == m
+    assert rs.bytes_per_gpu_per_step == pytest.approx(m * (d - 1) / d * P_LLAMA * 4)
+    assert ag.count_per_step == 1
+    assert ag.bytes_per_gpu_per_step == pytest.approx((d - 1) / d * P_LLAMA * 2)
+    # P_LLAMA = 2·(2,097,152 + 524,288 + 8,650,752 + 2,048) + 1,024,000 + 1,024 + 1,024,000 = 24,597,504 parameters:
+    # 3 x 3/4 x 98,390,016 bytes reduce-scattered per step.
+    assert P_LLAMA == 24_597_504
+    assert rs.bytes_per_gpu_per_step == pytest.approx(221_377_536)
+    # ZeRO-1 reduces once per step, whatever m.
+    zero1 = plan_job(job(llama(), ParallelLayout(dp=d), global_batch_size=d * m, zero_stage=1))
+    assert only(zero1, axis="dp", op=CollectiveOp.REDUCE_SCATTER).count_per_step == 1
+
+
 LAYER_LLAMA = 2 * H * A * D + 2 * H * G * D + 3 * H * F + 2 * H  # one llama() layer, tp=1
 ROOT_LLAMA = V * H + H + V * H  # embedding, final norm, output layer
 

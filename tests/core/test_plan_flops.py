@@ -212,6 +212,14 @@ def test_expected_time_categories_add_up_and_mfu_stays_below_efficiency():
         step.compute_seconds + sum(step.exposed_comm_seconds.values()) + step.bubble_seconds + step.optimizer_seconds
     )
     assert step.total_seconds == pytest.approx(parts)
+    # The sum holds by construction; its parts are pinned by hand. The bubble: 1F1B with p = 2 stages and
+    # m = 64 / 4 = 16 micro-batches idles (p - 1) / m of the stage's compute (Narayanan et al. 2021 §2.2).
+    assert step.bubble_seconds == pytest.approx(step.compute_seconds * (2 - 1) / 16)
+    # The compute: m x (forward + backward) of the slowest stage, the last one (it adds the logits), whose model
+    # FLOPs per micro-batch (no recompute) run at the efficient bf16 peak of an H100 SXM (989 TFLOP/s dense).
+    last = plan.stages[-1]
+    rate = 989e12 * plan.assumptions.compute_efficiency
+    assert step.compute_seconds == pytest.approx(16 * last.model_flops_per_microbatch / rate)
     assert set(step.exposed_comm_seconds) >= {"tp", "pp", "dp"}
     assert 0 < plan.expected_mfu < plan.assumptions.compute_efficiency
 

@@ -23,7 +23,7 @@ from meshscope.jobs.spec import (
     TrainingConfig,
 )
 from meshscope.plan import plan_job
-from meshscope.plan.memory import layer_activation_bytes, stage_layer_ranges
+from meshscope.plan.memory import attention_widths_per_gpu, layer_activation_bytes, stage_layer_ranges
 from meshscope.topology.hardware import GiB, default_hardware
 from meshscope.topology.layout import ParallelLayout
 
@@ -361,6 +361,30 @@ def test_gqa_swiglu_layer_without_dropout():
     assert got == pytest.approx(2 * 4 * sb * h / t + 2 * sb * d * (2 * a / t + 2 * 1) + 2 * sb * 3 * f / t)
 
 
+def test_gqa_with_more_tensor_parallel_ranks_than_kv_heads_replicates_one_kv_head_per_rank():
+    # g = 2 KV heads over t = 8 ranks: Megatron replicates them, so every rank keeps max(g/t, 1) = 1 K and 1 V head
+    # (not g/t = 1/4). SP, flash, bf16, no dropout, SwiGLU (own derivation, as the test above):
+    #   2·4·sbh/t + 2·sb·d·(2a/t + 2·1) + 2·sb·3f/t
+    h, a, g, d, f, s, t = 2048, 16, 2, 128, 5632, 4096, 8
+    model = ModelConfig(
+        name="gqa",
+        layers=1,
+        hidden_size=h,
+        attention_heads=a,
+        kv_heads=g,
+        ffn_hidden_size=f,
+        vocab_size=1000,
+        seq_length=s,
+    )
+    got = _layer_bytes(model, ParallelLayout(tp=t), sp=True)
+    assert got == pytest.approx(2 * 4 * s * h / t + 2 * s * d * (2 * a / t + 2 * 1) + 2 * s * 3 * f / t)
+    # = 8,388,608 + 6,291,456 + 17,301,504 bytes (written out, so that a changed formula cannot agree by accident)
+    assert got == pytest.approx(8_388_608 + 6_291_456 + 17_301_504)
+    # The per-rank widths: Q and output a/t·d = 256, K and V one head of d = 128 each.
+    assert attention_widths_per_gpu(model, t) == (256.0, 128.0, 128.0, 256.0)
+    assert attention_widths_per_gpu(model, 1) == (16 * 128.0, 2 * 128.0, 2 * 128.0, 16 * 128.0)
+
+
 def test_context_parallel_divides_the_sequence():
     h, a, g, f, s = 4096, 32, 8, 14336, 8192
     model = ModelConfig(
@@ -457,6 +481,19 @@ def test_gpipe_holds_every_micro_batch():
     assert {s.activations.in_flight_microbatches for s in plan.stages} == {12}
 
 
+def test_gpipe_last_stage_keeps_every_micro_batchs_logits():
+    # GPipe runs all m forwards before the first backward, so the last stage holds m micro-batches of its outputs:
+    # m x (final-norm input 2sbh/t + output-layer input 2sbh/t + fp32 logits 4sbV/t + labels 8sb). 1F1B holds one.
+    s, h, t, v, m = 2048, 12288, 8, 51200, 12
+    one = 2 * s * h / t + 2 * s * h / t + 4 * s * v / t + 8 * s  # 12,582,912 + 52,428,800 + 16,384 = 65,028,096
+    assert one == 65_028_096
+    gpipe = plan_job(_gpt3_job(8, m=m, schedule=PipelineSchedule.GPIPE))
+    assert gpipe.stages[-1].activations.output_bytes == pytest.approx(m * one)
+    assert [st.activations.output_bytes for st in gpipe.stages[:-1]] == [0.0] * 7
+    one_f_one_b = plan_job(_gpt3_job(8, m=m))
+    assert one_f_one_b.stages[-1].activations.output_bytes == pytest.approx(one)
+
+
 def test_interleaved_first_stage_pays_megatron_penalty():
     s, h, big_l, t, p, v = 2048, 12288, 96, 8, 8, 2
     plan = plan_job(_gpt3_job(p, vpp=v, m=16, schedule=PipelineSchedule.INTERLEAVED))
@@ -483,7 +520,24 @@ def test_total_and_headroom_against_usable_hbm():
     plan = plan_job(job(small_llama(), ParallelLayout(tp=8), reserved_bytes=reserved))
     stage = plan.stages[0]
     mem = stage.memory
-    assert mem.total_bytes == mem.weights_bytes + mem.gradients_bytes + mem.optimizer_bytes + mem.activations_bytes
+    # By hand, tp = 8: a layer keeps (Q, O 2·h·a·d + K, V 2·h·g·d + MLP 3·h·f) / 8 + norms 2h = 69,632 + 512
+    # parameters, four of them 280,576; embedding and output layer V·h/8 = 32,000 each; final norm 256: 344,832.
+    params = 4 * ((2 * H * A * D + 2 * H * G * D + 3 * H * F) // 8 + 2 * H) + 2 * (V * H // 8) + H
+    assert params == 344_832
+    # Megatron, bf16: 2 bytes of weight, 4 of fp32 main gradient, 12 of optimizer (main weight + two moments).
+    assert (mem.weights_bytes, mem.gradients_bytes, mem.optimizer_bytes) == (2 * params, 4 * params, 12 * params)
+    # Activations (one micro-batch in flight, no SP, flash, no dropout, b = 1, s = 128, e = 2):
+    #   per layer: norms, QKV and MLP inputs 4·e·sbh = 262,144; Q and O-input a/t = 1 head, K and V max(g/t, 1) = 1
+    #   head each, e·sb·d·(2 + 2) = 32,768; SwiGLU e·sb·3f/t = 49,152: 344,064, x 4 layers = 1,376,256;
+    #   first stage: token ids 8·sb = 1,024; last stage: final-norm and output-layer inputs 2·e·sbh = 131,072,
+    #   fp32 logits 4·sb·V/t = 64,000, labels 8·sb = 1,024.
+    activations = (
+        4 * (4 * 2 * S * H + 2 * S * D * (2 + 2) + 2 * S * 3 * F // 8) + 8 * S + 2 * 2 * S * H + 4 * S * V // 8
+    )
+    activations += 8 * S
+    assert activations == 1_376_256 + 1_024 + 131_072 + 64_000 + 1_024
+    assert mem.activations_bytes == activations
+    assert mem.total_bytes == 18 * params + activations == 7_780_352
     assert stage.hbm_bytes == 80 * GiB - reserved
     assert stage.headroom_bytes == 80 * GiB - reserved - mem.total_bytes
     data = stage.to_dict()

@@ -705,6 +705,9 @@ MULTI_AXIS = {
 
 @pytest.mark.parametrize("case", sorted(MULTI_AXIS))
 def test_recorded_bytes_per_axis_are_the_plans(case: str) -> None:
+    # A consistency check: the simulator issues what the plan lists (it builds its records from the plan's
+    # collectives, so it cannot catch a planner error). The bytes themselves are counted by hand in
+    # tests/core/test_collectives.py (test_the_plan_and_the_simulated_records_carry_the_hand_counted_bytes).
     model, parallelism, training = MULTI_AXIS[case]
     spec = spec_from_manifest(job(model=model, nodes=4, parallelism=parallelism, training=training))
     result = simulate(spec, steps=2)

@@ -16,6 +16,7 @@ import pytest
 
 from invariants import check_records_file
 from runs import Run
+from torch_gate import files_without_torch
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
@@ -23,8 +24,10 @@ if TYPE_CHECKING:
 
 try:
     import torch  # noqa: F401 - the demo extra; without it only the pure tests run
-except ImportError:
-    collect_ignore = ["test_faults.py", "test_clean_run.py", "test_variants.py"]
+except ImportError as exc:
+    collect_ignore = files_without_torch(
+        "tests/e2e_local", ["test_faults.py", "test_clean_run.py", "test_variants.py"], exc
+    )
 
 STEPS = 5
 """Steps of every job: the first is warm-up, four are analysed."""

@@ -25,14 +25,17 @@ import pytest
 
 from invariants import check_records_file
 from meshscope.sdk.transport import RecordCollector
+from torch_gate import files_without_torch
 
 try:
     import torch
     import torch.distributed as dist
     import torch.distributed._functional_collectives  # pre-imported for the forked ranks
     import torch.nn.parallel
-except ImportError:  # torch is the demo/dev extra: without it only the pure tests run
-    collect_ignore = ["test_capture.py", "test_tracker.py", "test_running.py", "test_run_failures.py"]
+except ImportError as exc:  # torch is the demo/dev extra: without it only the pure tests run, and say so
+    collect_ignore = files_without_torch(
+        "tests/sdk", ["test_capture.py", "test_tracker.py", "test_running.py", "test_run_failures.py"], exc
+    )
     torch = dist = None  # type: ignore[assignment]
 
 if TYPE_CHECKING:

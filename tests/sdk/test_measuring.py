@@ -93,11 +93,28 @@ def test_scopes_count_in_the_first_steps_only_and_never_outside_a_step(tmp_path:
 
 
 def test_the_null_tracker_measures_nothing() -> None:
+    # The tracker of MESHSCOPE_DISABLE=1: the same calls, and not a hook, a count or a byte sent.
     tracker = sdk.NullTracker()
-    tracker.describe_job({"model": "tiny"})
-    tracker.count_model_state([_mlp()], None)
-    with tracker.saved_activations("layers"):
-        pass
+    model = _mlp()
+    assert tracker.enabled is False
+    assert tracker.describe_job({"model": "tiny"}) is None
+    assert tracker.count_model_state([model], None) is None
+    x = torch.randn(4, 16, requires_grad=True)
+    with tracker.saved_activations("layers", model) as scope:
+        y = model(x)
+    assert scope is None
+    for module in model.modules():  # no hook left behind (the real scope adds saved-tensor hooks while it is open)
+        assert not module._forward_hooks
+        assert not module._forward_pre_hooks
+        assert not module._backward_hooks
+    y.sum().backward()  # the graph works as without meshscope
+    assert x.grad is not None
+    assert x.grad.shape == (4, 16)
+    loader = [1, 2, 3]
+    assert tracker.data(loader) is loader
+    counters = tracker.counters()
+    assert counters == type(counters)()  # all zero
+    assert counters.hook_errors == 0
 
 
 @pytest.mark.parametrize("module", [None, nn.Linear(2, 2)], ids=["no-module", "module"])

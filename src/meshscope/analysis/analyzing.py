@@ -37,7 +37,7 @@ from meshscope.analysis.costs import (
     summarise,
 )
 from meshscope.analysis.diagnosis import CPU_CONTENTION, Finding, diagnose, runqueue_contention
-from meshscope.errors import ParseError
+from meshscope.errors import ParseCode, ParseError
 from meshscope.formatting import human_bytes, human_seconds, percent, render_table
 from meshscope.plan import PlanAssumptions, plan_job
 from meshscope.progress import NO_PROGRESS
@@ -155,7 +155,7 @@ def analyze(
         PlanError: if the spec cannot be planned.
     """
     if table.n_rows == 0:
-        raise ParseError("no step records to analyse (the input is empty)")
+        raise ParseError("no step records to analyse (the input is empty)", code=ParseCode.INVALID)
     if spec is not None:
         check_records_match_layout(table, spec.layout, origin=f"spec {spec.name!r}")
     if plan is None and spec is not None:
@@ -207,7 +207,8 @@ def check_records_match_layout(table: RecordTable, layout: ParallelLayout, *, or
         first = int(ranks[beyond][0])
         raise ParseError(
             f"the records hold rank {first} but {origin} has {layout.world_size} ranks ({layout.describe()}): "
-            f"they come from another job or layout; drop --spec or give the job's own spec"
+            f"they come from another job or layout; drop --spec or give the job's own spec",
+            code=ParseCode.INCONSISTENT,
         )
     known = (table.steps.coord >= 0).all(axis=1)
     if not known.any():
@@ -223,7 +224,8 @@ def check_records_match_layout(table: RecordTable, layout: ParallelLayout, *, or
         want = " ".join(f"{a.value}={int(v)}" for a, v in zip(AXES, expected[i], strict=True))
         raise ParseError(
             f"rank {rank} was recorded at {got} but {origin} ({layout.describe()}) puts it at {want}: the records "
-            f"come from another layout; drop --spec or give the job's own spec"
+            f"come from another layout; drop --spec or give the job's own spec",
+            code=ParseCode.INCONSISTENT,
         )
 
 

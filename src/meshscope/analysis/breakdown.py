@@ -46,7 +46,7 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from meshscope.analysis.chains import paying_rows, received_from_rows, waited_for_rows
-from meshscope.errors import ParseError
+from meshscope.errors import ParseCode, ParseError
 from meshscope.progress import NO_PROGRESS, Progress
 from meshscope.records import (
     COMM_CODE,
@@ -569,19 +569,24 @@ def _p2p_transfer_us(
     elif callable(bandwidth):
         bw = np.asarray(bandwidth(rank, peer), dtype=np.float64)
         if bw.shape != (idx.size,):
-            raise ParseError(f"p2p bandwidth callable returned shape {bw.shape}; expected ({idx.size},), one per p2p")
+            raise ParseError(
+                f"p2p bandwidth callable returned shape {bw.shape}; expected ({idx.size},), one per p2p",
+                code=ParseCode.BAD_SHAPE,
+            )
     else:
         full = np.asarray(bandwidth, dtype=np.float64)
         if full.shape != (table.n_intervals,):
             raise ParseError(
-                f"p2p bandwidth array has shape {full.shape}; expected ({table.n_intervals},), one value per interval"
+                f"p2p bandwidth array has shape {full.shape}; expected ({table.n_intervals},), one value per interval",
+                code=ParseCode.BAD_SHAPE,
             )
         bw = full[idx]
     bad = np.flatnonzero(~np.isfinite(bw) | (bw <= 0))
     if bad.size:
         raise ParseError(
             f"p2p bandwidth = {float(bw[bad[0]])} bytes/s for {table.where_interval(int(idx[bad[0]]))}; it must be a "
-            f"positive number"
+            f"positive number",
+            code=ParseCode.VALUE_OUT_OF_RANGE,
         )
     missing = size < 0
     if missing.any():
@@ -604,7 +609,8 @@ def _bandwidth_by_link(
     wanted = {Link.NVLINK.value, Link.NETWORK.value}
     if not wanted <= set(bandwidth):
         raise ParseError(
-            f"p2p bandwidth mapping has keys {sorted(bandwidth)}; it needs {sorted(wanted)} (bytes/s per link)"
+            f"p2p bandwidth mapping has keys {sorted(bandwidth)}; it needs {sorted(wanted)} (bytes/s per link)",
+            code=ParseCode.MISSING_FIELD,
         )
     s = table.steps
     peer = table.intervals.peer[idx]
@@ -663,7 +669,10 @@ def break_down(
     # that pieces of different rank-steps never touch.
     base = np.concatenate(([0], np.cumsum(s.end_us - s.start_us + 1))).astype(np.int64)
     if int(base[-1]) >= _MAX_POSITION:
-        raise ParseError(f"the steps add up to {int(base[-1])} µs, beyond what the sweep can index (2**57)")
+        raise ParseError(
+            f"the steps add up to {int(base[-1])} µs, beyond what the sweep can index (2**57)",
+            code=ParseCode.VALUE_OUT_OF_RANGE,
+        )
     n_nodes = len(table.node_names) if table.node_names else int(s.node.max(initial=-1)) + 1
     ins = _instances(table)
     with progress.phase(f"aligning clocks of {n_nodes:,} nodes" if align_clocks else "reading clocks as they are"):

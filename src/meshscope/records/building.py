@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 import numpy as np
 
-from meshscope.errors import ParseError
+from meshscope.errors import ParseCode, ParseError
 from meshscope.records.decoding import _decode_batch, _raw_batches
 from meshscope.records.parsing import _parse_record, record_to_json
 from meshscope.records.schema import (
@@ -394,11 +394,13 @@ class _TableBuilder:
             where = f"{path} line {lineno}"
             rec = _parse_record(obj, where)  # raises the precise error in practice
             if self.job is not None and rec.job != self.job:
-                raise ParseError(_job_mismatch(rec.job, where, self.job, self.job_where)) from None
+                raise ParseError(
+                    _job_mismatch(rec.job, where, self.job, self.job_where), code=ParseCode.JOB_MISMATCH
+                ) from None
             try:  # a valid record in its canonical form (nulls left out, ...)
                 self._add_batch([msgspec.convert(record_to_json(rec), _Line)], file_index, [lineno], path)
             except _NOT_FAST:
-                raise ParseError(_OUT_OF_RANGE.format(where=where)) from None
+                raise ParseError(_OUT_OF_RANGE.format(where=where), code=ParseCode.VALUE_OUT_OF_RANGE) from None
 
     def _add_batch(self, lines: list[_Line], file_index: int, linenos: list[int], path: Path) -> None:
         """Append a batch of typed lines, all or nothing.
@@ -584,7 +586,7 @@ def _typed(obj: object, where: str) -> _Line:
     try:
         return msgspec.convert(canonical, _Line)
     except msgspec.ValidationError:
-        raise ParseError(_OUT_OF_RANGE.format(where=where)) from None
+        raise ParseError(_OUT_OF_RANGE.format(where=where), code=ParseCode.VALUE_OUT_OF_RANGE) from None
 
 
 def _concatenated(chunks: list[dict[str, NDArray[Any]]], empty: dict[str, NDArray[Any]]) -> dict[str, NDArray[Any]]:

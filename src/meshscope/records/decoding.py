@@ -15,7 +15,7 @@ import json
 import zlib
 from typing import TYPE_CHECKING, Any
 
-from meshscope.errors import ParseError
+from meshscope.errors import ParseCode, ParseError
 from meshscope.records.schema import Note
 
 if TYPE_CHECKING:
@@ -145,7 +145,9 @@ def _raw_batches(
         if held or batch:
             yield held + batch, False
         if not allow_partial:
-            raise ParseError(f"{exc}; pass allow_partial=True to keep the lines before it") from None
+            raise ParseError(
+                f"{exc}; pass allow_partial=True to keep the lines before it", code=ParseCode.TRUNCATED
+            ) from None
         notes.append(Note(code="truncated_file", count=1, message=f"{exc}; lines before it kept"))
         return
     if counted is not None:
@@ -170,12 +172,14 @@ def _decode_batch(
         except ValueError as exc:
             if not (final and i == len(batch) - 1):
                 raise ParseError(
-                    f"{path} line {lineno}: not valid JSON ({exc}): {raw[:80]!r}; every line must be one JSON object"
+                    f"{path} line {lineno}: not valid JSON ({exc}): {raw[:80]!r}; every line must be one JSON object",
+                    code=ParseCode.BAD_JSON,
                 ) from None
             if not allow_partial:
                 raise ParseError(
                     f"{path} line {lineno}: the last line is truncated or corrupt ({exc}): {raw[:80]!r}; pass "
-                    f"allow_partial=True to skip it"
+                    f"allow_partial=True to skip it",
+                    code=ParseCode.TRUNCATED,
                 ) from None
             notes.append(
                 Note(

@@ -12,7 +12,7 @@ import math
 from enum import StrEnum
 from typing import Any
 
-from meshscope.errors import ParseError
+from meshscope.errors import ParseCode, ParseError
 from meshscope.records.schema import (
     AXIS_CODE,
     BETWEEN_KINDS,
@@ -30,6 +30,11 @@ from meshscope.records.schema import (
 )
 from meshscope.topology import AXES, MeshAxis, RankCoord
 
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+"""Every whole number of a record must fit in 64 bits (the table's columns are int64)."""
+INT32_MAX = 2**31 - 1
+"""``gpu`` and ``group_size`` must fit in 32 bits (int32 columns)."""
+
 
 def _type_name(value: object) -> str:
     return "null" if value is None else type(value).__name__
@@ -43,18 +48,43 @@ def _get(obj: dict[str, Any], key: str, where: str, *, required: bool = True) ->
     if key in obj:
         return obj[key]
     if required:
-        raise ParseError(f"{where}: field {key!r} is missing; it is required ({SCHEMA}, see docs/records.md)")
+        raise ParseError(
+            f"{where}: field {key!r} is missing; it is required ({SCHEMA}, see docs/records.md)",
+            code=ParseCode.MISSING_FIELD,
+        )
     return None
 
 
-def _int(obj: dict[str, Any], key: str, where: str, *, required: bool = True, minimum: int | None = None) -> int | None:
+def _int(
+    obj: dict[str, Any],
+    key: str,
+    where: str,
+    *,
+    required: bool = True,
+    minimum: int | None = None,
+    maximum: int = INT64_MAX,
+) -> int | None:
+    """A whole-number field: not a bool, not a float, within ``[minimum or INT64_MIN, maximum]``.
+
+    The upper bound is what the table's columns hold, so both readers refuse the same values (and name them alike).
+    """
     value = _get(obj, key, where, required=required)
     if value is None and not required:
         return None
     if isinstance(value, bool) or not isinstance(value, int):
-        raise ParseError(f"{_where_field(where, key)} = {value!r} ({_type_name(value)}); expected a whole number")
+        raise ParseError(
+            f"{_where_field(where, key)} = {value!r} ({_type_name(value)}); expected a whole number",
+            code=ParseCode.WRONG_TYPE if value is not None else ParseCode.MISSING_FIELD,
+        )
     if minimum is not None and value < minimum:
-        raise ParseError(f"{_where_field(where, key)} = {value} is below {minimum}")
+        raise ParseError(f"{_where_field(where, key)} = {value} is below {minimum}", code=ParseCode.VALUE_OUT_OF_RANGE)
+    if value < INT64_MIN or value > maximum:
+        bits = 32 if maximum == INT32_MAX else 64
+        bound = f"above {maximum}" if value > maximum else f"below {INT64_MIN}"
+        raise ParseError(
+            f"{_where_field(where, key)} = {value} is {bound}; it must fit in {bits} bits",
+            code=ParseCode.VALUE_OUT_OF_RANGE,
+        )
     return value
 
 
@@ -63,7 +93,12 @@ def _str(obj: dict[str, Any], key: str, where: str, *, required: bool = True) ->
     if value is None and not required:
         return None
     if not isinstance(value, str) or not value:
-        raise ParseError(f"{_where_field(where, key)} = {value!r} ({_type_name(value)}); expected a non-empty string")
+        code = ParseCode.MISSING_FIELD if value is None else ParseCode.WRONG_TYPE
+        if value == "":
+            code = ParseCode.VALUE_OUT_OF_RANGE
+        raise ParseError(
+            f"{_where_field(where, key)} = {value!r} ({_type_name(value)}); expected a non-empty string", code=code
+        )
     return value
 
 
@@ -71,21 +106,35 @@ def _number(obj: dict[str, Any], key: str, where: str) -> float | None:
     value = obj.get(key)
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise ParseError(f"{_where_field(where, key)} = {value!r} ({_type_name(value)}); expected a finite number")
-    return float(value)
+    message = f"{_where_field(where, key)} = {value!r} ({_type_name(value)}); expected a finite number"
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ParseError(message, code=ParseCode.WRONG_TYPE)
+    try:
+        number = float(value)  # a whole number beyond a double's range raises OverflowError
+    except OverflowError:
+        number = math.inf
+    if not math.isfinite(number):
+        raise ParseError(message, code=ParseCode.VALUE_OUT_OF_RANGE)
+    return number
 
 
 def _choice(obj: dict[str, Any], key: str, where: str, allowed: dict[str, int], *, required: bool) -> str | None:
     value = _str(obj, key, where, required=required)
     if value is not None and value not in allowed:
-        raise ParseError(f"{_where_field(where, key)} = {value!r} is not one of {list(allowed)}")
+        raise ParseError(
+            f"{_where_field(where, key)} = {value!r} is not one of {list(allowed)}", code=ParseCode.NOT_ONE_OF
+        )
     return value
 
 
 def _object(value: object, where: str, what: str) -> dict[str, Any]:
     if not isinstance(value, dict):
-        raise ParseError(f"{where}: {what} = {str(value)[:60]!r} ({_type_name(value)}); expected a JSON object")
+        code = ParseCode.BAD_JSON if what == "line" else ParseCode.WRONG_TYPE
+        if value is None and what != "line":
+            code = ParseCode.MISSING_FIELD
+        raise ParseError(
+            f"{where}: {what} = {str(value)[:60]!r} ({_type_name(value)}); expected a JSON object", code=code
+        )
     return value
 
 
@@ -102,7 +151,7 @@ def _parse_interval(obj: object, where: str) -> Interval:
     group = _str(d, "group", where, required=is_comm) if net else None
     seq = _int(d, "seq", where, required=is_comm, minimum=0) if net else None
     size_bytes = _int(d, "bytes", where, required=False, minimum=0) if net else None
-    group_size = _int(d, "group_size", where, required=False, minimum=1) if is_comm else None
+    group_size = _int(d, "group_size", where, required=False, minimum=1, maximum=INT32_MAX) if is_comm else None
     peer = _int(d, "peer", where, required=True, minimum=0) if is_p2p else None
     try:
         return Interval(
@@ -119,7 +168,7 @@ def _parse_interval(obj: object, where: str) -> Interval:
             peer=peer,
         )
     except ParseError as exc:
-        raise ParseError(f"{where}.{exc}") from None
+        raise ParseError(f"{where}.{exc}", code=exc.code) from None
 
 
 def _parse_record(obj: object, where: str) -> StepRecord:
@@ -131,12 +180,18 @@ def _parse_record(obj: object, where: str) -> StepRecord:
     d = _object(obj, where, "line")
     schema = _str(d, "schema", where)
     if schema != SCHEMA:
-        raise ParseError(f"{where}: schema = {schema!r} is not supported; this reader reads {SCHEMA!r}")
+        raise ParseError(
+            f"{where}: schema = {schema!r} is not supported; this reader reads {SCHEMA!r}",
+            code=ParseCode.UNSUPPORTED_SCHEMA,
+        )
     coord_obj = _object(_get(d, "coord", where), where, "coord")
     coord = {a.value: _int(coord_obj, a.value, f"{where}: coord", minimum=0) for a in AXES}
     raw_ivs = _get(d, "intervals", where)
     if not isinstance(raw_ivs, list):
-        raise ParseError(f"{where}: intervals = {str(raw_ivs)[:60]!r} ({_type_name(raw_ivs)}); expected a list")
+        raise ParseError(
+            f"{where}: intervals = {str(raw_ivs)[:60]!r} ({_type_name(raw_ivs)}); expected a list",
+            code=ParseCode.MISSING_FIELD if raw_ivs is None else ParseCode.WRONG_TYPE,
+        )
     intervals = tuple(_parse_interval(v, f"{where}: intervals[{i}]") for i, v in enumerate(raw_ivs))
     stats_obj = d.get("stats")
     stats = DataStats()
@@ -159,7 +214,7 @@ def _parse_record(obj: object, where: str) -> StepRecord:
     end_us = _int(d, "end_us", where) or 0
     nvlink_domain = _str(d, "nvlink_domain", where, required=False)
     network_tier = _str(d, "network_tier", where, required=False)
-    gpu = _int(d, "gpu", where, required=False, minimum=0)
+    gpu = _int(d, "gpu", where, required=False, minimum=0, maximum=INT32_MAX)
     gpu_util = _number(d, "gpu_util", where)
     user_step = _int(d, "user_step", where, required=False, minimum=0)
     gap_before_us = _int(d, "gap_before_us", where, required=False, minimum=0)
@@ -191,7 +246,7 @@ def _parse_record(obj: object, where: str) -> StepRecord:
             runqueue_wait_us=runqueue_wait_us,
         )
     except ParseError as exc:
-        raise ParseError(f"{where}: {exc}") from None
+        raise ParseError(f"{where}: {exc}", code=exc.code) from None
 
 
 def _interval_json(iv: Interval) -> dict[str, Any]:

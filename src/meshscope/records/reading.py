@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from meshscope.errors import ParseError
+from meshscope.errors import ParseCode, ParseError
 from meshscope.progress import BYTES, NO_PROGRESS
 from meshscope.records.building import _Raw, _table_of, _TableBuilder
 from meshscope.records.decoding import _decoded
@@ -76,12 +76,13 @@ def read_records(paths: StrPath | Sequence[StrPath], *, allow_partial: bool = Fa
             if job is None:
                 job = (rec.job, where)
             elif rec.job != job[0]:
-                raise ParseError(_job_mismatch(rec.job, where, job[0], job[1]))
+                raise ParseError(_job_mismatch(rec.job, where, job[0], job[1]), code=ParseCode.JOB_MISMATCH)
             key = (rec.rank, rec.step)
             if key in seen:
                 raise ParseError(
                     f"rank {rec.rank} step {rec.step} appears twice: {seen[key]} and {where}; each (rank, step) must "
-                    f"have exactly one record"
+                    f"have exactly one record",
+                    code=ParseCode.DUPLICATE,
                 )
             seen[key] = where
             records.append(rec)
@@ -125,7 +126,7 @@ def read_table(
     """
     files = _as_paths(paths)
     if workers < 1:
-        raise ParseError(f"workers = {workers}; it must be >= 1")
+        raise ParseError(f"workers = {workers}; it must be >= 1", code=ParseCode.INVALID)
     total = sum(p.stat().st_size for p in files)
     if workers > 1 and total >= _PARALLEL_MIN_BYTES:
         table = _read_parallel(files, allow_partial=allow_partial, workers=workers, progress=progress)

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import TYPE_CHECKING
 
-from meshscope.errors import ParseError
+from meshscope.errors import ParseCode, ParseError
 from meshscope.topology import AXES, MeshAxis, RankCoord
 
 if TYPE_CHECKING:
@@ -147,20 +147,23 @@ class Interval:
             value = getattr(self, name)
             if value is not None and not isinstance(value, enum):
                 if value not in {m.value for m in enum}:
-                    raise ParseError(f"{name} = {value!r} is not one of {[m.value for m in enum]}")
+                    raise ParseError(
+                        f"{name} = {value!r} is not one of {[m.value for m in enum]}", code=ParseCode.NOT_ONE_OF
+                    )
                 object.__setattr__(self, name, enum(value))
         if self.end_us < self.start_us:
             raise ParseError(
                 f"end_us = {self.end_us} is before start_us = {self.start_us}; an interval must end at or after "
-                f"its start"
+                f"its start",
+                code=ParseCode.ENDS_BEFORE_START,
             )
         _check_net_fields(self)
         for name in ("seq", "size_bytes", "peer"):
             value = getattr(self, name)
             if value is not None and value < 0:
-                raise ParseError(f"{name} = {value} is below 0")
+                raise ParseError(f"{name} = {value} is below 0", code=ParseCode.VALUE_OUT_OF_RANGE)
         if self.group_size is not None and self.group_size < 1:
-            raise ParseError(f"group_size = {self.group_size} must be >= 1")
+            raise ParseError(f"group_size = {self.group_size} must be >= 1", code=ParseCode.VALUE_OUT_OF_RANGE)
 
 
 def _check_net_fields(iv: Interval) -> None:
@@ -173,12 +176,18 @@ def _check_net_fields(iv: Interval) -> None:
         return
     missing = [k for k, v in needed.items() if v is None]
     if missing:
-        raise ParseError(f"a {iv.kind.value} interval needs {', '.join(missing)} (missing)")
+        raise ParseError(
+            f"a {iv.kind.value} interval needs {', '.join(missing)} (missing)", code=ParseCode.MISSING_FIELD
+        )
     op = CommOp(str(iv.op))
     if iv.kind is IntervalKind.COMM and op in P2P_OPS:
-        raise ParseError(f"op = {op.value!r} is point-to-point; use kind 'p2p' for send/recv")
+        raise ParseError(
+            f"op = {op.value!r} is point-to-point; use kind 'p2p' for send/recv", code=ParseCode.INCONSISTENT
+        )
     if iv.kind is IntervalKind.P2P and op not in P2P_OPS:
-        raise ParseError(f"op = {op.value!r} is a collective; a p2p interval has op 'send' or 'recv'")
+        raise ParseError(
+            f"op = {op.value!r} is a collective; a p2p interval has op 'send' or 'recv'", code=ParseCode.INCONSISTENT
+        )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -278,23 +287,28 @@ class StepRecord:
         for name in ("step", "rank", "user_step", "gap_before_us", "runqueue_wait_us"):
             value = getattr(self, name)
             if value is not None and value < 0:
-                raise ParseError(f"{name} = {value} is below 0")
+                raise ParseError(f"{name} = {value} is below 0", code=ParseCode.VALUE_OUT_OF_RANGE)
         if self.end_us < self.start_us:
             raise ParseError(
-                f"end_us = {self.end_us} is before start_us = {self.start_us}; a step must end at or after its start"
+                f"end_us = {self.end_us} is before start_us = {self.start_us}; a step must end at or after its start",
+                code=ParseCode.ENDS_BEFORE_START,
             )
         if self.gpu_util is not None and not 0.0 <= self.gpu_util <= 1.0:
-            raise ParseError(f"gpu_util = {self.gpu_util} must be a ratio in [0, 1] (DCGM percent / 100)")
+            raise ParseError(
+                f"gpu_util = {self.gpu_util} must be a ratio in [0, 1] (DCGM percent / 100)",
+                code=ParseCode.VALUE_OUT_OF_RANGE,
+            )
         if self.between_steps is not None:
             for k in BETWEEN_KINDS:
                 value = getattr(self.between_steps, f"{k}_us")
                 if value < 0:
-                    raise ParseError(f"between_steps.{k} = {value} is below 0")
+                    raise ParseError(f"between_steps.{k} = {value} is below 0", code=ParseCode.VALUE_OUT_OF_RANGE)
         for i, iv in enumerate(self.intervals):
             if iv.end_us < self.start_us or iv.start_us > self.end_us:
                 raise ParseError(
                     f"intervals[{i}] = [{iv.start_us}, {iv.end_us}] lies wholly outside the step "
-                    f"[{self.start_us}, {self.end_us}]; an interval must overlap its step (wrong step or rank?)"
+                    f"[{self.start_us}, {self.end_us}]; an interval must overlap its step (wrong step or rank?)",
+                    code=ParseCode.OUTSIDE_STEP,
                 )
 
 

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from meshscope.errors import ParseError
+from meshscope.errors import ParseCode, ParseError
 from meshscope.records.schema import (
     AXIS_CODE,
     BETWEEN_KINDS,
@@ -59,7 +59,9 @@ def _column(values: ArrayLike | None, n: int, dtype: type[np.generic], fill: flo
         return np.full(n, fill, dtype=dtype)
     out = np.ascontiguousarray(values, dtype=dtype)
     if out.shape != (n,):
-        raise ParseError(f"column {name} has shape {out.shape}; expected ({n},), one value per row")
+        raise ParseError(
+            f"column {name} has shape {out.shape}; expected ({n},), one value per row", code=ParseCode.BAD_SHAPE
+        )
     return out
 
 
@@ -140,11 +142,16 @@ class StepColumns:
         n = r.shape[0]
         c = np.zeros((n, len(AXES)), dtype=np.int64) if coord is None else np.asarray(coord, dtype=np.int64)
         if c.shape != (n, len(AXES)):
-            raise ParseError(f"column coord has shape {c.shape}; expected ({n}, {len(AXES)}), axes {AXES}")
+            raise ParseError(
+                f"column coord has shape {c.shape}; expected ({n}, {len(AXES)}), axes {AXES}", code=ParseCode.BAD_SHAPE
+            )
         width = len(BETWEEN_KINDS)
         b = np.full((n, width), UNKNOWN, dtype=np.int64) if between_us is None else np.asarray(between_us, np.int64)
         if b.shape != (n, width):
-            raise ParseError(f"column between_us has shape {b.shape}; expected ({n}, {width}), kinds {BETWEEN_KINDS}")
+            raise ParseError(
+                f"column between_us has shape {b.shape}; expected ({n}, {width}), kinds {BETWEEN_KINDS}",
+                code=ParseCode.BAD_SHAPE,
+            )
         i64, i32, f64 = np.int64, np.int32, np.float64
         return cls(
             rank=r,
@@ -360,7 +367,7 @@ def _table_of_records(records: Iterable[StepRecord], *, notes: tuple[Note, ...])
         if job is None:
             job = (rec.job, where)
         elif rec.job != job[0]:
-            raise ParseError(_job_mismatch(rec.job, where, *job))
+            raise ParseError(_job_mismatch(rec.job, where, *job), code=ParseCode.JOB_MISMATCH)
         for name in ("rank", "step", "start_us", "end_us"):
             rows[name].append(getattr(rec, name))
         rows["coord"].append([rec.coord[a] for a in AXES])
@@ -400,7 +407,10 @@ def _table_of_records(records: Iterable[StepRecord], *, notes: tuple[Note, ...])
     group_size = np.asarray(ivs.pop("group_size"), dtype=np.int64)
     big = _first(group_size > np.iinfo(np.int32).max)
     if big is not None:
-        raise ParseError(f"group_size = {int(group_size[big])} is more than {np.iinfo(np.int32).max} ranks")
+        raise ParseError(
+            f"group_size = {int(group_size[big])} is more than {np.iinfo(np.int32).max} ranks",
+            code=ParseCode.VALUE_OUT_OF_RANGE,
+        )
     coord = np.asarray(rows.pop("coord"), dtype=np.int64).reshape(n, len(AXES))
     between_us = np.asarray(rows.pop("between_us"), dtype=np.int64).reshape(n, len(BETWEEN_KINDS))
     return RecordTable(
@@ -531,7 +541,9 @@ def _check_codes(
     bad = _first((values < lo) | (values >= hi))
     if bad is not None:
         where = table.where_row(bad) if rows else table.where_interval(bad)
-        raise ParseError(f"{where}: {name} = {int(values[bad])} is not {allowed} (codes {lo}..{hi - 1})")
+        raise ParseError(
+            f"{where}: {name} = {int(values[bad])} is not {allowed} (codes {lo}..{hi - 1})", code=ParseCode.NOT_ONE_OF
+        )
 
 
 def _validate_table(t: RecordTable) -> NDArray[np.intp]:  # noqa: C901, PLR0912, PLR0915 - one rule after another
@@ -559,28 +571,44 @@ def _validate_table(t: RecordTable) -> NDArray[np.intp]:  # noqa: C901, PLR0912,
         "source_line",
     ):
         if getattr(s, name).shape != (n,):
-            raise ParseError(f"step column {name} has shape {getattr(s, name).shape}; expected ({n},)")
+            raise ParseError(
+                f"step column {name} has shape {getattr(s, name).shape}; expected ({n},)", code=ParseCode.BAD_SHAPE
+            )
     if s.coord.shape != (n, len(AXES)):
-        raise ParseError(f"step column coord has shape {s.coord.shape}; expected ({n}, {len(AXES)})")
+        raise ParseError(
+            f"step column coord has shape {s.coord.shape}; expected ({n}, {len(AXES)})", code=ParseCode.BAD_SHAPE
+        )
     if s.between_us.shape != (n, len(BETWEEN_KINDS)):
-        raise ParseError(f"step column between_us has shape {s.between_us.shape}; expected ({n}, {len(BETWEEN_KINDS)})")
+        raise ParseError(
+            f"step column between_us has shape {s.between_us.shape}; expected ({n}, {len(BETWEEN_KINDS)})",
+            code=ParseCode.BAD_SHAPE,
+        )
     m = len(iv)
     for name in ("kind", "start_us", "end_us", "phase", "axis", "op", "group", "seq", "size_bytes"):
         if getattr(iv, name).shape != (m,):
-            raise ParseError(f"interval column {name} has shape {getattr(iv, name).shape}; expected ({m},)")
+            raise ParseError(
+                f"interval column {name} has shape {getattr(iv, name).shape}; expected ({m},)", code=ParseCode.BAD_SHAPE
+            )
     # -- rank-steps
     for name in ("rank", "step"):
         bad = _first(getattr(s, name) < 0)
         if bad is not None:
-            raise ParseError(f"{t.where_row(bad)}: {name} = {int(getattr(s, name)[bad])} is below 0")
+            raise ParseError(
+                f"{t.where_row(bad)}: {name} = {int(getattr(s, name)[bad])} is below 0",
+                code=ParseCode.VALUE_OUT_OF_RANGE,
+            )
     bad_c = np.flatnonzero((s.coord < 0).any(axis=1))
     if bad_c.size:
-        raise ParseError(f"{t.where_row(int(bad_c[0]))}: coord has a negative index: {s.coord[bad_c[0]].tolist()}")
+        raise ParseError(
+            f"{t.where_row(int(bad_c[0]))}: coord has a negative index: {s.coord[bad_c[0]].tolist()}",
+            code=ParseCode.VALUE_OUT_OF_RANGE,
+        )
     bad = _first(s.end_us < s.start_us)
     if bad is not None:
         raise ParseError(
             f"{t.where_row(bad)}: end_us = {int(s.end_us[bad])} is before start_us = {int(s.start_us[bad])}; "
-            f"a step must end at or after its start"
+            f"a step must end at or after its start",
+            code=ParseCode.ENDS_BEFORE_START,
         )
     n_nodes = len(t.node_names) if t.node_names else (int(s.node.max()) + 1 if n else 0)
     _check_codes(t, s.node, allowed="a known node", lo=0, hi=n_nodes, name="node", rows=True)
@@ -592,7 +620,8 @@ def _validate_table(t: RecordTable) -> NDArray[np.intp]:  # noqa: C901, PLR0912,
     bad = _first(~np.isnan(util) & ((util < 0) | (util > 1)))
     if bad is not None:
         raise ParseError(
-            f"{t.where_row(bad)}: gpu_util = {float(util[bad])} must be a ratio in [0, 1] (DCGM percent / 100)"
+            f"{t.where_row(bad)}: gpu_util = {float(util[bad])} must be a ratio in [0, 1] (DCGM percent / 100)",
+            code=ParseCode.VALUE_OUT_OF_RANGE,
         )
     for name in (
         "gpu",
@@ -608,7 +637,10 @@ def _validate_table(t: RecordTable) -> NDArray[np.intp]:  # noqa: C901, PLR0912,
         col = getattr(s, name)
         bad = _first(col < UNKNOWN)
         if bad is not None:
-            raise ParseError(f"{t.where_row(bad)}: {name} = {int(col[bad])} is below 0 (-1 means unknown)")
+            raise ParseError(
+                f"{t.where_row(bad)}: {name} = {int(col[bad])} is below 0 (-1 means unknown)",
+                code=ParseCode.VALUE_OUT_OF_RANGE,
+            )
     # between_us: a row is all -1 (not measured) or every kind >= 0
     given = s.between_us >= 0
     below = np.any(s.between_us < UNKNOWN, axis=1)
@@ -617,7 +649,8 @@ def _validate_table(t: RecordTable) -> NDArray[np.intp]:  # noqa: C901, PLR0912,
     if bad is not None:
         raise ParseError(
             f"{t.where_row(bad)}: between_us = {s.between_us[bad].tolist()} must be all -1 (not measured) or all "
-            f">= 0, kinds {BETWEEN_KINDS}"
+            f">= 0, kinds {BETWEEN_KINDS}",
+            code=ParseCode.VALUE_OUT_OF_RANGE,
         )
     _check_unique_rank_steps(t)
     # -- intervals
@@ -631,7 +664,8 @@ def _validate_table(t: RecordTable) -> NDArray[np.intp]:  # noqa: C901, PLR0912,
     if bad is not None:
         raise ParseError(
             f"{t.where_interval(bad)}.end_us = {int(iv.end_us[bad])} is before start_us = {int(iv.start_us[bad])}; "
-            f"an interval must end at or after its start"
+            f"an interval must end at or after its start",
+            code=ParseCode.ENDS_BEFORE_START,
         )
     row_start, row_end = s.start_us[iv.row], s.end_us[iv.row]
     bad = _first((iv.end_us < row_start) | (iv.start_us > row_end))
@@ -639,7 +673,8 @@ def _validate_table(t: RecordTable) -> NDArray[np.intp]:  # noqa: C901, PLR0912,
         r = int(iv.row[bad])
         raise ParseError(
             f"{t.where_interval(bad)} = [{int(iv.start_us[bad])}, {int(iv.end_us[bad])}] lies wholly outside the "
-            f"step [{int(s.start_us[r])}, {int(s.end_us[r])}]; an interval must overlap its step (wrong step or rank?)"
+            f"step [{int(s.start_us[r])}, {int(s.end_us[r])}]; an interval must overlap its step (wrong step or rank?)",
+            code=ParseCode.OUTSIDE_STEP,
         )
     is_compute = iv.kind == COMPUTE_CODE
     _check_codes(
@@ -656,7 +691,10 @@ def _validate_table(t: RecordTable) -> NDArray[np.intp]:  # noqa: C901, PLR0912,
     net = comm | p2p
     bad = _first(net & ((iv.axis < 0) | (iv.axis >= len(AXES))))
     if bad is not None:
-        raise ParseError(f"{t.where_interval(bad)}.axis = {int(iv.axis[bad])} is not an axis code 0..4 {AXES}")
+        raise ParseError(
+            f"{t.where_interval(bad)}.axis = {int(iv.axis[bad])} is not an axis code 0..4 {AXES}",
+            code=ParseCode.NOT_ONE_OF,
+        )
     for mask, fits, problem in (
         (comm, _COLLECTIVE_OP_CODES, "is point-to-point; use kind 'p2p' for send/recv"),
         (p2p, _P2P_OP_CODES, "is a collective; a p2p interval has op 'send' or 'recv'"),
@@ -665,26 +703,43 @@ def _validate_table(t: RecordTable) -> NDArray[np.intp]:  # noqa: C901, PLR0912,
         if bad is not None:
             code = int(iv.op[bad])
             if not 0 <= code < len(OPS):
-                raise ParseError(f"{t.where_interval(bad)}.op = {code} is not an op code 0..{len(OPS) - 1} {OPS}")
-            raise ParseError(f"{t.where_interval(bad)}.op = {OPS[code].value!r} {problem}")
+                raise ParseError(
+                    f"{t.where_interval(bad)}.op = {code} is not an op code 0..{len(OPS) - 1} {OPS}",
+                    code=ParseCode.NOT_ONE_OF,
+                )
+            raise ParseError(f"{t.where_interval(bad)}.op = {OPS[code].value!r} {problem}", code=ParseCode.INCONSISTENT)
     n_groups = len(t.group_names) if t.group_names else (int(iv.group.max()) + 1 if m else 0)
     bad = _first(comm & ((iv.group < 0) | (iv.group >= n_groups)))
     if bad is not None:
-        raise ParseError(f"{t.where_interval(bad)}.group = {int(iv.group[bad])} is not a known group code")
+        raise ParseError(
+            f"{t.where_interval(bad)}.group = {int(iv.group[bad])} is not a known group code", code=ParseCode.NOT_ONE_OF
+        )
     bad = _first(comm & (iv.seq < 0))
     if bad is not None:
-        raise ParseError(f"{t.where_interval(bad)}.seq = {int(iv.seq[bad])}: a comm interval needs seq >= 0")
+        raise ParseError(
+            f"{t.where_interval(bad)}.seq = {int(iv.seq[bad])}: a comm interval needs seq >= 0",
+            code=ParseCode.MISSING_FIELD,
+        )
     bad = _first(p2p & (iv.peer < 0))
     if bad is not None:
-        raise ParseError(f"{t.where_interval(bad)}.peer = {int(iv.peer[bad])}: a p2p interval needs its peer rank")
+        raise ParseError(
+            f"{t.where_interval(bad)}.peer = {int(iv.peer[bad])}: a p2p interval needs its peer rank",
+            code=ParseCode.MISSING_FIELD,
+        )
     for name, label in (("size_bytes", "bytes"), ("seq", "seq"), ("peer", "peer")):
         col = getattr(iv, name)
         bad = _first(col < UNKNOWN)
         if bad is not None:
-            raise ParseError(f"{t.where_interval(bad)}.{label} = {int(col[bad])} is below 0 (-1 means unknown)")
+            raise ParseError(
+                f"{t.where_interval(bad)}.{label} = {int(col[bad])} is below 0 (-1 means unknown)",
+                code=ParseCode.VALUE_OUT_OF_RANGE,
+            )
     bad = _first((iv.group_size == 0) | (iv.group_size < UNKNOWN))
     if bad is not None:
-        raise ParseError(f"{t.where_interval(bad)}.group_size = {int(iv.group_size[bad])} must be >= 1")
+        raise ParseError(
+            f"{t.where_interval(bad)}.group_size = {int(iv.group_size[bad])} must be >= 1",
+            code=ParseCode.VALUE_OUT_OF_RANGE,
+        )
     return _check_collectives(t, np.flatnonzero(comm))
 
 
@@ -699,7 +754,8 @@ def _check_unique_rank_steps(t: RecordTable) -> None:
         a, b = sorted((int(order[dup]), int(order[dup + 1])))
         raise ParseError(
             f"rank {int(s.rank[a])} step {int(s.step[a])} appears twice: {t.where_row(a)} and {t.where_row(b)}; "
-            f"each (rank, step) must have exactly one record"
+            f"each (rank, step) must have exactly one record",
+            code=ParseCode.DUPLICATE,
         )
 
 
@@ -728,7 +784,8 @@ def _check_collectives(t: RecordTable, comm: NDArray[np.intp]) -> NDArray[np.int
         raise ParseError(
             f"collective group {t.group_name(int(g[bad]))!r} seq {int(q[bad])} appears twice on rank {int(r[bad])}: "
             f"{t.where_interval(a)} and {t.where_interval(b)}; (group, seq) must name one collective instance over "
-            f"the whole job (seq counts the group's collectives, it does not restart every step)"
+            f"the whole job (seq counts the group's collectives, it does not restart every step)",
+            code=ParseCode.DUPLICATE,
         )
     op = iv.op[comm][order]
     bad = _first(same_inst & (op[1:] != op[:-1]))
@@ -737,7 +794,8 @@ def _check_collectives(t: RecordTable, comm: NDArray[np.intp]) -> NDArray[np.int
         raise ParseError(
             f"collective group {t.group_name(int(g[bad]))!r} seq {int(q[bad])}: {t.where_interval(a)} has op "
             f"{OPS[int(op[bad])].value!r} but {t.where_interval(b)} has {OPS[int(op[bad + 1])].value!r}; members of "
-            f"one collective must agree"
+            f"one collective must agree",
+            code=ParseCode.INCONSISTENT,
         )
     ax = iv.axis[comm][order]
     bad = _first(same_group & (ax[1:] != ax[:-1]))
@@ -745,7 +803,8 @@ def _check_collectives(t: RecordTable, comm: NDArray[np.intp]) -> NDArray[np.int
         a, b = pair(bad)
         raise ParseError(
             f"group {t.group_name(int(g[bad]))!r} is on axis {AXES[int(ax[bad])].value} at {t.where_interval(a)} but "
-            f"on axis {AXES[int(ax[bad + 1])].value} at {t.where_interval(b)}; a group belongs to one axis"
+            f"on axis {AXES[int(ax[bad + 1])].value} at {t.where_interval(b)}; a group belongs to one axis",
+            code=ParseCode.INCONSISTENT,
         )
     # group_size is a property of the group: where given, it must agree, and no instance may have more members.
     gs = iv.group_size[comm][order].astype(np.int64)
@@ -757,7 +816,8 @@ def _check_collectives(t: RecordTable, comm: NDArray[np.intp]) -> NDArray[np.int
         a = int(comm[order[bad]])
         raise ParseError(
             f"group {t.group_name(int(g[bad]))!r} has group_size {int(gs[bad])} at {t.where_interval(a)} but "
-            f"{int(group_given[group_of[bad]])} elsewhere; a group has one size"
+            f"{int(group_given[group_of[bad]])} elsewhere; a group has one size",
+            code=ParseCode.INCONSISTENT,
         )
     starts = np.flatnonzero(np.concatenate(([True], ~same_inst)))
     members = np.diff(np.append(starts, order.size))
@@ -767,6 +827,7 @@ def _check_collectives(t: RecordTable, comm: NDArray[np.intp]) -> NDArray[np.int
         a = int(comm[order[starts[bad]]])
         raise ParseError(
             f"collective group {t.group_name(int(g[starts[bad]]))!r} seq {int(q[starts[bad]])} has "
-            f"{int(members[bad])} members but group_size = {int(given[bad])} ({t.where_interval(a)})"
+            f"{int(members[bad])} members but group_size = {int(given[bad])} ({t.where_interval(a)})",
+            code=ParseCode.INCONSISTENT,
         )
     return comm[order]

@@ -7,15 +7,20 @@ the dp all-reduce crosses nodes and aligns the clocks; node-1's clock runs 2.5 m
 1.6x slower in step 2 (a straggler); rank 3 waits 6 ms more for data in step 1. Collective ends are the last
 arrival plus a fixed transfer, so every wait is exact: 4 steps, 32 records.
 
-``analysis.json`` beside it is an ``Analysis.to_dict()`` for these records (``meshscope analyze --json`` output, plus
-a hand-written ``straggler`` finding): the report tests' input, so that they do not depend on the analysis code.
+``analysis.json`` beside it is an ``Analysis.to_dict()`` for these records (``meshscope analyze --json`` output, with
+its findings replaced by the hand-written ``straggler`` finding below): the report tests' input, so that they do not
+depend on the analysis code's wording. This script writes both files; tests/core/test_fixtures.py fails when either
+differs from what it would write today (regenerate with the command above and review the diff).
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+from typing import Any
 
-from meshscope.records import DataStats, Interval, StepRecord, write_records
+from meshscope.analysis import analyze
+from meshscope.records import DataStats, Interval, StepRecord, read_table, write_records
 from meshscope.topology.layout import RankCoord
 
 TP, DP, PP, MB = 2, 2, 2, 2
@@ -125,5 +130,34 @@ def records() -> list[StepRecord]:  # noqa: C901 - a schedule, step by step
     return out
 
 
+HAND_FINDINGS: list[dict[str, Any]] = [
+    {
+        "code": "straggler",
+        "severity": "warning",
+        "message": (
+            "rank 5 on node-0 computes 1.6x slower in step 2: its tp group tp:1.0 and, through the pipeline, every "
+            "dp group wait for it"
+        ),
+        "evidence": {"rank": 5, "phase_seconds": 0.0384, "peer_median_seconds": 0.024, "share_of_step": 0.12},
+        "suspects": [{"rank": 5, "node": "node-0", "group": "tp:1.0"}],
+    }
+]
+"""The one finding the report tests show: 38.4 ms = 1.6 x 24 ms of compute (2 micro-batches x (4 + 8) ms)."""
+
+
+def analysis(records_path: Path) -> dict[str, Any]:
+    """``analyze``'s ``to_dict()`` of the records at ``records_path`` (JSON types), findings by hand."""
+    out = json.loads(json.dumps(analyze(read_table(records_path)).to_dict()))
+    out["findings"] = HAND_FINDINGS
+    return out
+
+
+def analysis_text(records_path: Path) -> str:
+    """``analysis.json`` as written: one-space indents, UTF-8 (``µs`` as is), a final newline."""
+    return json.dumps(analysis(records_path), indent=1, ensure_ascii=False) + "\n"
+
+
 if __name__ == "__main__":
-    write_records(Path(__file__).with_name("records.jsonl"), records())
+    here = Path(__file__).parent
+    write_records(here / "records.jsonl", records())
+    (here / "analysis.json").write_text(analysis_text(here / "records.jsonl"), encoding="utf-8")
