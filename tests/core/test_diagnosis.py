@@ -873,16 +873,7 @@ def test_checkpoint_stall_at_its_share_threshold(side: float, expected: list[str
 @pytest.mark.parametrize(
     ("side", "named"),
     [
-        pytest.param(
-            1.05,
-            False,
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="diagnosis bug: _transient holds every rank-step to STRAGGLER_MIN_EXCESS even on a contended "
-                "run, so a rank slow in all its steps by less than CONTENDED_MIN_EXCESS, refused by _persistent, is "
-                "named through the transient path",
-            ),
-        ),
+        (1.05, False),
         (0.95, True),
     ],
     ids=["contended", "not-contended"],

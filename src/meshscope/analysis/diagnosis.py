@@ -506,15 +506,16 @@ def _transient(ctx: _Context, phase: str, *, exclude: dict[int, _Slow]) -> dict[
 
     Under noise (shared cores, a busy host) every rank has a few slow steps; a transient straggler's amortised
     excess must cost :data:`TRANSIENT_MIN_SHARE` of the step and stand out from the other ranks' of its stage by
-    that much and by :data:`NOISE_SIGMAS` x their spread.
+    that much and by :data:`NOISE_SIGMAS` x their spread. Each rank-step is held to the same relative bar as a
+    persistent straggler (:data:`CONTENDED_MIN_EXCESS` on a contended run): a rank slower in all its steps by less is
+    not named through this path either.
     """
     rs = ctx.rs
     values = ctx.phase_us(phase)
     peers = ctx.peer_median(values)
     excess = values - peers
-    floor = np.maximum(
-        max(MIN_COST_SHARE * ctx.step_us, NOISE_SIGMAS * _robust_sigma(excess)), STRAGGLER_MIN_EXCESS * peers
-    )
+    relative = CONTENDED_MIN_EXCESS if ctx.contention is not None else STRAGGLER_MIN_EXCESS
+    floor = np.maximum(max(MIN_COST_SHARE * ctx.step_us, NOISE_SIGMAS * _robust_sigma(excess)), relative * peers)
     flag = excess >= floor
     if phase in (COMPUTE, DATA) and ctx.work_ratio is not None:
         flag &= ctx.work_ratio < WORK_RATIO
