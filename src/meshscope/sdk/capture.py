@@ -442,8 +442,18 @@ def _hook_live_ddp(sink: CaptureSink, ddp_type: type, register: Callable[..., An
         return  # no process group yet: no DDP can exist
     import gc  # noqa: PLC0415
 
-    for obj in gc.get_objects():
-        if isinstance(obj, ddp_type):
+    # An instance of a class defined in Python refers to its class, so the referrers of DDP and its subclasses hold
+    # every live DDP: found in C, about 7x faster than looping over gc.get_objects() in Python (hundreds of ms on a
+    # rank that imported torch), and without an isinstance() on every object (lazy module proxies warn on it).
+    kinds: set[type] = set()
+    todo = [ddp_type]
+    while todo:
+        kind = todo.pop()
+        if kind not in kinds:
+            kinds.add(kind)
+            todo.extend(kind.__subclasses__())
+    for obj in gc.get_referrers(*kinds):
+        if type(obj) in kinds:
             why = _hook_ddp(obj, register)
             if why is not None:
                 sink.uncaptured("ddp", f"a DistributedDataParallel model: {why}")
