@@ -512,6 +512,33 @@ def test_cli_text_on_the_recorded_scenario(capsys: pytest.CaptureFixture[str]) -
 
 
 @pytest.mark.parametrize(
+    ("collector", "said"),
+    [
+        ({"cpu": {"oversubscribed": True, "ranks": 8, "cores": 2.0}}, True),
+        ({"cpu": {"oversubscribed": False, "ranks": 2, "cores": 2.0}}, False),
+        ("not json {", False),
+        ({"cpu": "eight"}, False),
+        (None, False),
+    ],
+    ids=["oversubscribed", "not", "garbage", "wrong-shape", "absent"],
+)
+def test_records_of_an_oversubscribed_local_run_keep_saying_so_when_analysed_again(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], collector: object, said: bool
+) -> None:
+    # meshscope run writes collector.json beside records.jsonl; analysing OUT/records.jsonl again reads its CPU use.
+    path = tmp_path / "records.jsonl"
+    path.write_bytes((DATA_DIR / "dp8_straggler" / "records.jsonl").read_bytes())
+    if collector is not None:
+        text = collector if isinstance(collector, str) else json.dumps(collector)
+        (tmp_path / "collector.json").write_text(text)
+    assert main(["analyze", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert ("CPU CONTENTION: 8 ranks on 2 CPU cores: timings include CPU contention" in out) is said
+    # Contention holds a straggler to 25 % over the rest (CONTENDED_MIN_EXCESS); this one is slower by less.
+    assert ("straggler: rank 2 on node-0 is slow in compute" in out) is not said
+
+
+@pytest.mark.parametrize(
     ("argv", "message"),
     [
         (["analyze", "nope.jsonl"], "no such records file: nope.jsonl"),

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from meshscope.analysis.analyzing import analyze, render_analysis
+from meshscope.analysis.diagnosis import CPU_CONTENTION
 from meshscope.errors import MeshscopeError, ParseError
 from meshscope.jobs import load_spec
 from meshscope.progress import NO_PROGRESS, command_progress
@@ -85,7 +86,34 @@ def read_inputs(
             raise
         # The reader speaks to library callers; on the command line the switch is a flag.
         raise error(str(exc).replace("allow_partial=True", "--allow-partial")) from exc
-    return Inputs(table=table, spec=job_spec, notes=tuple(notes))
+    return Inputs(table=table, spec=job_spec, notes=(*notes, *_launch_notes(paths)))
+
+
+def _launch_notes(paths: Sequence[Path]) -> list[Note]:
+    """What ``meshscope run`` measured about the launch of these records: its ``collector.json`` beside them.
+
+    A run whose ranks outnumbered their CPU cores keeps saying so when its records are analysed again (``meshscope
+    analyze OUT/records.jsonl``, ``meshscope report``). A missing or unreadable file is no launch of ours: nothing.
+    """
+    notes = []
+    for where in sorted({p.resolve().parent for p in paths}):
+        try:
+            cpu = json.loads((where / "collector.json").read_text()).get("cpu", {})
+            oversubscribed, ranks, cores = cpu.get("oversubscribed"), cpu.get("ranks"), cpu.get("cores")
+        except (OSError, ValueError, AttributeError):
+            continue
+        if oversubscribed is True and isinstance(ranks, int) and isinstance(cores, int | float):
+            notes.append(
+                Note(
+                    code=CPU_CONTENTION,
+                    count=ranks,
+                    message=(
+                        f"{ranks} ranks on {cores:g} CPU cores: timings include CPU contention (time-sliced: a rank "
+                        f"waiting for a core counts as its step's time; from {where / 'collector.json'})"
+                    ),
+                )
+            )
+    return notes[:1]
 
 
 def analyze_command(args: argparse.Namespace) -> int:
