@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter, defaultdict
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -328,3 +329,20 @@ def test_coord_text_names_used_axes_only():
     assert degrees(table) == {"dp": 2, "tp": 2, "pp": 2, "cp": 1, "ep": 1}
     assert coord_text([1, 0, 1, 0, 0], degrees(table)) == "dp=1 tp=0 pp=1"
     assert coord_text([1, 0, 1, 3, 0], {"dp": 2, "tp": 1, "pp": 2, "cp": 4, "ep": 1}) == "dp=1 tp=0 pp=1 cp=3"
+
+
+def test_a_renumbered_step_shows_the_loops_own_number_and_its_wait_for_a_cpu():
+    table, _ = load(DP8)
+    s = table.steps
+    user_step = np.where(s.step == 1, 0, -1)  # step 1 was the loop's step 0 again (a new epoch)
+    runqueue = np.where(s.rank == 2, 4_000, -1)
+    table = replace(table, steps=replace(s, user_step=user_step, runqueue_wait_us=runqueue))
+    steps = [e for e in x_events(build_trace(table, break_down(table))) if e["cat"] == "step"]
+    names = {(e["tid"], e["name"]) for e in steps}
+    assert (3, "step 1 (loop step 0)") in names
+    assert (3, "step 0") in names
+    by_name = {(e["tid"], e["name"]): e["args"] for e in steps}
+    assert by_name[(3, "step 1 (loop step 0)")]["user_step"] == 0
+    assert "user_step" not in by_name[(3, "step 0")]
+    assert by_name[(3, "step 0")]["runqueue_wait_us"] == 4_000  # rank 2 (tid 3)
+    assert "runqueue_wait_us" not in by_name[(2, "step 0")]

@@ -395,6 +395,12 @@ class _Slice:
 def _step_slice(table: RecordTable, bd: Breakdown, row: int, shift: int) -> _Slice:
     s = table.steps
     args: dict[str, Any] = {"step": int(s.step[row]), "step_us": int(s.end_us[row] - s.start_us[row])}
+    user_step = int(s.user_step[row])
+    if user_step >= 0:  # the loop's own number (per-epoch counts), where the SDK renumbered
+        args["user_step"] = user_step
+    runqueue = int(s.runqueue_wait_us[row])
+    if runqueue >= 0:
+        args["runqueue_wait_us"] = runqueue
     for k, category in enumerate(CATEGORIES):
         ticks = int(bd.ticks[row, k])
         if ticks:
@@ -409,7 +415,7 @@ def _step_slice(table: RecordTable, bd: Breakdown, row: int, shift: int) -> _Sli
     return _Slice(
         start=int(s.start_us[row]) - shift,
         end=int(s.end_us[row]) - shift,
-        name=f"step {int(s.step[row])}",
+        name=f"step {int(s.step[row])}" + (f" (loop step {user_step})" if user_step >= 0 else ""),
         cat="step",
         args=args,
     )
