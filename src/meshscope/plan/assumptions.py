@@ -15,7 +15,7 @@ from __future__ import annotations
 import difflib
 import math
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any, Final
 
 from meshscope.errors import PlanError
@@ -186,6 +186,12 @@ class PlanAssumptions:
     already shards it, so the default is ``False``."""
     bubble_warning_fraction: float = 0.10
     """Pipeline bubble, as a fraction of compute, above which the plan reports ``bubble-large``."""
+    _hash: int = field(init=False, repr=False, compare=False, default=0)
+    """The hash, computed once: the planner's caches key on the assumptions thousands of times per layout search."""
+
+    def __hash__(self) -> int:
+        """Hash of every assumption (computed once, in ``__post_init__``)."""
+        return self._hash
 
     def __post_init__(self) -> None:
         """Check every field's type and range.
@@ -206,6 +212,7 @@ class PlanAssumptions:
             if not isinstance(getattr(self, name), NcclProtocolCosts):
                 raise PlanError(f"assumption {name} must be NCCL protocol costs, got {getattr(self, name)!r}")
         _check_tiles(self.gemm_tiles)
+        object.__setattr__(self, "_hash", hash(tuple(getattr(self, f.name) for f in fields(self) if f.compare)))
 
     @property
     def flat_compute(self) -> bool:
@@ -230,10 +237,13 @@ class PlanAssumptions:
     def to_dict(self) -> dict[str, object]:
         """Every assumption by name (NCCL costs as nested mappings, tiles as lists)."""
         data: dict[str, object] = dict(asdict(self))
+        data.pop("_hash", None)
         data["gemm_tiles"] = [list(t) for t in self.gemm_tiles]
         return data
 
 
+ASSUMPTION_NAMES: Final = tuple(f.name for f in fields(PlanAssumptions) if f.init)
+"""Every assumption a mapping may set."""
 OVERLAP_FIELDS: Final = (
     "tp_comm_overlap",
     "sp_backward_allgather_overlap",
@@ -351,7 +361,7 @@ def assumptions_from_mapping(
     base = PlanAssumptions() if base is None else base
     if not isinstance(data, Mapping):
         raise PlanError(f"{origin}: expected a mapping of assumption names to values, got {_show(data)}")
-    allowed = tuple(f.name for f in fields(PlanAssumptions))
+    allowed = ASSUMPTION_NAMES
     changes: dict[str, Any] = {}
     for raw_key, value in data.items():
         key = _snake(raw_key) if isinstance(raw_key, str) else repr(raw_key)

@@ -18,7 +18,7 @@ from meshscope.plan.assumptions import PlanAssumptions
 from meshscope.plan.comms import CollectivePlan, collective_spans, stage_collectives
 from meshscope.plan.findings import Finding, StageSummary, collect_findings
 from meshscope.plan.flops import StepFlops, step_flops
-from meshscope.plan.kernels import ComputeClass, compute_classes
+from meshscope.plan.kernels import compute_classes
 from meshscope.plan.memory import (
     ActivationBreakdown,
     MemoryBreakdown,
@@ -46,6 +46,7 @@ if TYPE_CHECKING:
     from collections.abc import Mapping
 
     from meshscope.jobs import JobSpec, PipelineSchedule, TrainingConfig
+    from meshscope.plan.kernels import ComputeClass, StageKernels
     from meshscope.topology import GroupSpan, ParallelLayout
 
 
@@ -79,8 +80,23 @@ class StagePlan:
     """Every collective this GPU runs in a step."""
     step_time: ExpectedStepTime
     """Expected step time of this stage (bubble from the slowest stage)."""
-    compute_classes: tuple[ComputeClass, ...] = ()
-    """Per operation class: FLOPs, seconds and implied efficiency per step (one flat row under the flat model)."""
+    kernels: StageKernels | None = None
+    """The roofline per operation class behind the compute seconds; ``None`` under the flat model."""
+    compute_basis: tuple[int, float, float | None, float] = (1, 1.0, None, 0.0)
+    """``(micro-batches, peak FLOP/s, flat efficiency, hardware FLOPs per micro-batch)``: what
+    :attr:`compute_classes` needs besides ``kernels``."""
+
+    @property
+    def compute_classes(self) -> tuple[ComputeClass, ...]:
+        """Per operation class: FLOPs, seconds and implied efficiency per step (one flat row under the flat model)."""
+        m, peak, flat, hardware_flops = self.compute_basis
+        return compute_classes(
+            self.kernels,
+            micro_batches=m,
+            peak_flops_per_s=peak,
+            flat_efficiency=flat,
+            hardware_flops_per_microbatch=hardware_flops,
+        )
 
     @property
     def layers(self) -> int:
@@ -339,13 +355,8 @@ def plan_job(
                 hardware_flops_per_microbatch=compute.hardware_flops_per_microbatch,
                 collectives=collectives,
                 step_time=step_time,
-                compute_classes=compute_classes(
-                    compute.kernels,
-                    micro_batches=m,
-                    peak_flops_per_s=peak,
-                    flat_efficiency=assumptions.compute_efficiency,
-                    hardware_flops_per_microbatch=compute.hardware_flops_per_microbatch,
-                ),
+                kernels=compute.kernels,
+                compute_basis=(m, peak, assumptions.compute_efficiency, compute.hardware_flops_per_microbatch),
             )
         )
     critical = max(stages, key=lambda s: (s.step_time.total_seconds, -s.pp_rank))
