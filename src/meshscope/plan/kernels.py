@@ -347,11 +347,35 @@ def stage_kernels(
     )
     machine = Machine(gpu=hardware.gpu, precision=training.precision.value, assumptions=assumptions)
     moe_layers = sum(1 for i in layer_indices if model.is_moe_layer(i))
+    return _stage_kernels(
+        model,
+        shape=shape,
+        machine=machine,
+        attention=training.attention,
+        recompute=training.recompute,
+        dense_layers=len(layer_indices) - moe_layers,
+        moe_layers=moe_layers,
+        last_stage=last_stage,
+    )
+
+
+@functools.lru_cache(maxsize=4096)  # stages of one layout, and layouts of one search, share their shapes
+def _stage_kernels(
+    model: ModelConfig,
+    *,
+    shape: _Shape,
+    machine: Machine,
+    attention: AttentionImpl,
+    recompute: Recompute,
+    dense_layers: int,
+    moe_layers: int,
+    last_stage: bool,
+) -> StageKernels:
     totals: dict[OpClass, ClassTime] = {}
-    for moe_layer, count in ((False, len(layer_indices) - moe_layers), (True, moe_layers)):
+    for moe_layer, count in ((False, dense_layers), (True, moe_layers)):
         if not count:
             continue
-        classes = _layer_classes(model, moe_layer=moe_layer, shape=shape, machine=machine, attention=training.attention)
+        classes = _layer_classes(model, moe_layer=moe_layer, shape=shape, machine=machine, attention=attention)
         for op, time in classes.items():
             _add(totals, op, time.scaled(count))
     layer_classes = dict(totals)
@@ -360,10 +384,10 @@ def stage_kernels(
             _add(totals, op, time)
     recompute_seconds: dict[OpClass, float] = {}
     recompute_flops: dict[OpClass, float] = {}
-    if training.recompute is Recompute.FULL:
+    if recompute is Recompute.FULL:
         recompute_seconds = {op: c.forward_seconds for op, c in layer_classes.items()}
         recompute_flops = {op: c.forward_flops for op, c in layer_classes.items()}
-    elif training.recompute is Recompute.SELECTIVE and OpClass.ATTENTION_CORE in layer_classes:
+    elif recompute is Recompute.SELECTIVE and OpClass.ATTENTION_CORE in layer_classes:
         core = layer_classes[OpClass.ATTENTION_CORE]
         recompute_seconds = {OpClass.ATTENTION_CORE: core.forward_seconds}
         recompute_flops = {OpClass.ATTENTION_CORE: core.forward_flops}
