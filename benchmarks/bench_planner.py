@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from meshscope.jobs import load_spec, lookup_model
-from meshscope.plan import SearchRequest, plan_job, search_layouts
+from meshscope.plan import PlanAssumptions, SearchRequest, plan_job, search_layouts
 from meshscope.topology import ParallelLayout, Placement, axis_spans, default_hardware
 from timing import machine_reference
 
@@ -86,13 +86,25 @@ def main() -> None:
     request = SearchRequest(
         model=lookup_model("llama3-405b"), hardware=default_hardware("H100", nodes=2048), global_batch_size=2048
     )
-    t0 = time.perf_counter()
-    result = search_layouts(request)
-    elapsed = time.perf_counter() - t0
-    print(
-        f"layout search, llama3-405b on 16,384 H100: {elapsed:.2f} s for {result.evaluated:,} planned layouts, "
-        f"{len(result.candidates):,} fit (target < 10 s)"
-    )
+    # The roofline per operation class with NCCL's latency model (the default), and the flat model the planner used
+    # before issue 12 (one compute_efficiency, bandwidth-only collectives) for comparison; best of 2, CPU time beside.
+    for label, assumptions in (
+        ("roofline + NCCL latency (default)", None),
+        (
+            "flat model (compute_efficiency 0.5, bandwidth only)",
+            PlanAssumptions(compute_efficiency=0.5, nccl_latency=False),
+        ),
+    ):
+        runs = []
+        for _ in range(2):
+            t0, c0 = time.perf_counter(), time.process_time()
+            result = search_layouts(request, assumptions=assumptions)
+            runs.append((time.perf_counter() - t0, time.process_time() - c0))
+        wall, cpu = min(runs)
+        print(
+            f"layout search, llama3-405b on 16,384 H100, {label}: {wall:.2f} s ({cpu:.2f} s CPU) for "
+            f"{result.evaluated:,} planned layouts, {len(result.candidates):,} fit (target < 10 s)"
+        )
 
 
 if __name__ == "__main__":

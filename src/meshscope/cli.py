@@ -26,7 +26,7 @@ from meshscope.formatting import human_bytes, human_count, human_seconds, human_
 if TYPE_CHECKING:
     from collections.abc import Callable, Collection, Sequence
 
-    from meshscope.plan import Candidate
+    from meshscope.plan import Candidate, PlanAssumptions
 
 EXIT_OK = 0
 EXIT_INTERNAL = 1
@@ -105,7 +105,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     from meshscope.plan import plan_job  # noqa: PLC0415
 
     spec = load_spec(args.file)
-    plan = plan_job(spec)
+    plan = plan_job(spec, assumptions=_assumptions(args.assumptions))
     data = plan.to_dict()
     if args.json:
         _print_json(data)
@@ -122,6 +122,16 @@ def _cmd_plan(args: argparse.Namespace) -> int:
 
 class _UsageError(MeshscopeError):
     """A command line that names too little."""
+
+
+def _assumptions(path: str | None) -> PlanAssumptions | None:
+    """``--assumptions FILE``: a YAML mapping of assumption names to values over the defaults; ``None`` without one."""
+    if path is None:
+        return None
+    from meshscope.jobs import load_yaml_mapping  # noqa: PLC0415 - loaded when the command runs
+    from meshscope.plan import assumptions_from_mapping  # noqa: PLC0415
+
+    return assumptions_from_mapping(load_yaml_mapping(path), origin=path)
 
 
 def render_plan(data: dict[str, Any]) -> str:
@@ -205,6 +215,24 @@ def render_plan(data: dict[str, Any]) -> str:
         ["total", human_seconds(t["total"]), "100.0 %"],
     ]
     out.append(render_table(["category", "expected", "share"], rows, title="\nExpected step time"))
+    classes = data.get("compute_classes") or []
+    if classes:
+        rows = [
+            [
+                c["op"],
+                human_seconds(c["seconds_per_step"]),
+                human_si(c["flops_per_step"], "FLOP"),
+                human_bytes(c["bytes_per_step"]),
+                "bytes-bound" if c["efficiency"] is None else percent(c["efficiency"]),
+            ]
+            for c in classes
+        ]
+        title = (
+            f"\nCompute per operation class, stage {t['pp_rank']} ({data.get('compute_model', 'roofline')}; "
+            f"efficiency = FLOPs ÷ (seconds x dense peak))"
+        )
+        out.append(render_table(["class", "seconds/step", "FLOPs/step", "HBM bytes/step", "efficiency"], rows,
+                                title=title))  # fmt: skip
     out.append(
         f"\nFLOPs per step: {human_si(data['flops_per_step'], 'FLOP')} (model FLOPs, causal attention halved); "
         f"pipeline bubble: {percent(data['bubble_fraction'])} of ideal compute"
@@ -243,7 +271,7 @@ def _cmd_search(args: argparse.Namespace) -> int:
         precision=Precision(args.precision),
         recompute=Recompute(args.recompute),
     )
-    result = search_layouts(request)
+    result = search_layouts(request, assumptions=_assumptions(args.assumptions))
     if args.json:
         _print_json(result.to_dict(top=args.top))
         return EXIT_OK
@@ -323,6 +351,12 @@ def _plan_arguments(plan: argparse.ArgumentParser) -> None:
         "--recompute", default="selective", choices=[r.value for r in Recompute], help="with --search (selective)"
     )
     plan.add_argument("--top", type=int, default=15, help="with --search: layouts to print (15)")
+    plan.add_argument(
+        "--assumptions",
+        metavar="FILE",
+        help="YAML mapping of planner assumptions over the defaults (docs/planner.md, 'Assumptions'), e.g. "
+        "'network_efficiency: 0.6' or 'compute_efficiency: 0.45' for the flat compute model",
+    )
     plan.set_defaults(handler=_cmd_plan)
 
 

@@ -597,17 +597,18 @@ def test_a_clean_pipeline_computing_off_plan_expects_its_own_bubble(efficiency: 
     # The job runs at another compute efficiency than the plan assumes (0.5): its bubble is the plan's fraction of
     # *its* compute. Compared with the plan's absolute bubble, a 2x slower job would show twice the bubble planned.
     spec = load_spec_text(PIPELINE_SPEC)
-    plan = plan_job(spec)
+    planned = PlanAssumptions(compute_efficiency=0.5)  # the flat model, so that "off" is a plain ratio
+    plan = plan_job(spec, assumptions=planned)
     result = simulate(
         spec, steps=8, seed=3, faults=[Noise(sigma=0.03)], assumptions=PlanAssumptions(compute_efficiency=efficiency)
     )
-    analysis = analyze(result.table, spec=spec)
+    analysis = analyze(result.table, spec=spec, plan=plan)
     assert analysis.findings == ()
     bubble = next(r for r in analysis.rows if r.category == "bubble")
     assert bubble.expected_basis is not None
     assert "bubble fraction" in bubble.expected_basis
     # The expectation scales with the run's compute: the plan's own per-stage bubble x how far compute is off.
-    off = PlanAssumptions().compute_efficiency / efficiency
+    off = 0.5 / efficiency
     as_planned = float(np.median([stage_expected(plan, r)["bubble"] for r in (0, 1, 2, 3)]))
     assert bubble.expected_seconds == pytest.approx(as_planned * off, rel=0.05)
     # The simulated schedule's bubble stays within its closed form's reach (the closed form is an upper bound).

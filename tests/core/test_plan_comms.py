@@ -109,7 +109,19 @@ def test_tp_all_reduces_without_sequence_parallel():
     assert ar.bytes_per_gpu_per_step == pytest.approx(big_l * m * 8 * b * s * h * (t - 1) / t * 2)
     assert ar.link is Link.NVLINK
     assert ar.group_size == t
-    assert ar.seconds_per_instance == pytest.approx(b * s * h * 2 * 2 * (t - 1) / t / (450e9 * 0.8))
+    # NCCL's cost model (tuning.cc) on 4 GPUs of one NVLink domain, S = 2 MiB, 1.5·S moved: ring LL 10.2 µs + 35.0 µs,
+    # ring LL128 (14 + 6 x 1.9) µs + 1.5·S/(360 GB/s x 0.92) = 34.90 µs, ring Simple 28.8 + 8.7 µs, tree LL128
+    # (14 + 2 x 3 x 1.25) µs + 2·S/(360 GB/s x 0.8625) = 35.01 µs: ring LL128 is the cheapest.
+    assert (ar.algorithm, ar.protocol) == ("ring", "ll128")
+    assert ar.latency_seconds == pytest.approx((14.0 + 6 * 1.9) * 1e-6)
+    assert ar.seconds_per_instance == pytest.approx(25.4e-6 + b * s * h * 2 * 2 * (t - 1) / t / (450e9 * 0.8 * 0.92))
+    # Bandwidth only (the flat link model): S x bus factor at the link's achievable bandwidth.
+    flat = plan_job(
+        job(gpt(layers=big_l, h=h, a=16, s=s), ParallelLayout(tp=t), micro_batch_size=b, global_batch_size=b * m),
+        assumptions=PlanAssumptions(nccl_latency=False),
+    )
+    flat_ar = only(flat, axis="tp", op=CollectiveOp.ALL_REDUCE, purpose="layer activations")
+    assert flat_ar.seconds_per_instance == pytest.approx(b * s * h * 2 * 2 * (t - 1) / t / (450e9 * 0.8))
     # Without tp_comm_overlap nothing hides TP traffic.
     assert ar.exposed_seconds_per_step == pytest.approx(ar.expected_seconds_per_step)
 
@@ -561,4 +573,7 @@ def test_b200_link_budgets():
     assert dp.link is Link.NETWORK
     assert dp.link_budget_flops_per_byte == pytest.approx(45_000)  # 2,250 TF ÷ 50 GB/s
     assert dp.bandwidth_bytes_per_s == pytest.approx(50e9)
-    assert dp.seconds_per_instance == pytest.approx(dp.message_bytes * 2 * 1 / 2 / (50e9 * 0.7))
+    # Two ranks on two nodes: the ring's 2 steps both cross the network; for ~13 MB of gradients the Simple protocol
+    # wins (LL128 would move it at 0.92 of that bandwidth): (8.4 + 2 x 14.0) µs + S·(2·1/2)/(50 GB/s x 0.7).
+    assert (dp.algorithm, dp.protocol) == ("ring", "simple")
+    assert dp.seconds_per_instance == pytest.approx(36.4e-6 + dp.message_bytes * 2 * 1 / 2 / (50e9 * 0.7))

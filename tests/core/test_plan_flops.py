@@ -156,9 +156,13 @@ def test_ptdp_bubble_in_terms_of_gpus_and_batch():
 # ---------------------------------------------------------------------------------------------------- time
 
 
+FLAT = PlanAssumptions(compute_efficiency=0.5)
+"""The flat model: every hardware FLOP at half the dense peak (the explicit ``compute_efficiency`` override)."""
+
+
 def test_single_gpu_compute_time_is_flops_over_efficient_peak():
     model = gpt(layers=4, h=1024, a=16, s=1024, v=1000)
-    plan = plan_job(job(model, ParallelLayout(), micro_batch_size=2, global_batch_size=8))
+    plan = plan_job(job(model, ParallelLayout(), micro_batch_size=2, global_batch_size=8), assumptions=FLAT)
     assert plan.world_size == 1
     assert plan.micro_batches == 4
     h, s, big_l, v, big_b = 1024, 1024, 4, 1000, 8
@@ -173,7 +177,7 @@ def test_single_gpu_compute_time_is_flops_over_efficient_peak():
 def test_full_recompute_adds_a_forward_of_the_layers_to_backward():
     h, s, big_l, v = 1024, 1024, 4, 1000
     model = gpt(layers=big_l, h=h, a=16, s=s, v=v)
-    stage = plan_job(job(model, ParallelLayout(), recompute=Recompute.FULL)).stages[0]
+    stage = plan_job(job(model, ParallelLayout(), recompute=Recompute.FULL), assumptions=FLAT).stages[0]
     layers = 24 * s * big_l * h**2 * (1 + s / (12 * h))  # forward FLOPs of the layers, one sequence
     logits = 2 * s * h * v
     rate = 989e12 * 0.5
@@ -221,7 +225,8 @@ def test_expected_time_categories_add_up_and_mfu_stays_below_efficiency():
     rate = 989e12 * plan.assumptions.compute_efficiency
     assert step.compute_seconds == pytest.approx(16 * last.model_flops_per_microbatch / rate)
     assert set(step.exposed_comm_seconds) >= {"tp", "pp", "dp"}
-    assert 0 < plan.expected_mfu < plan.assumptions.compute_efficiency
+    # No class runs faster than the best GEMM on an H100 (MAMF 80.1 % of peak), so neither can the whole step.
+    assert 0 < plan.expected_mfu < 0.801
 
 
 def test_assumptions_change_the_expected_time():
@@ -232,9 +237,9 @@ def test_assumptions_change_the_expected_time():
 
 
 def test_assumptions_are_validated():
-    with pytest.raises(PlanError, match=r"compute_efficiency must lie in \(0, 1\], got 1.5"):
+    with pytest.raises(PlanError, match=r"compute_efficiency must be a number in \(0, 1\], got 1.5"):
         PlanAssumptions(compute_efficiency=1.5)
-    with pytest.raises(PlanError, match=r"ep_comm_overlap must lie in \[0, 1\], got -0.1"):
+    with pytest.raises(PlanError, match=r"ep_comm_overlap must be a number in \[0, 1\], got -0.1"):
         PlanAssumptions(ep_comm_overlap=-0.1)
 
 
@@ -314,4 +319,9 @@ def test_to_dict_has_the_documented_shape():
     assert isinstance(step["exposed_comm"], dict)
     for finding in data["findings"]:
         assert set(finding) == {"code", "severity", "message"}
-    assert data["assumptions"]["compute_efficiency"] == 0.5
+    # compute_efficiency unset: the roofline per operation class, whose classes the plan lists.
+    assert data["assumptions"]["compute_efficiency"] is None
+    assert data["compute_model"] == "roofline per operation class"
+    assert {c["op"] for c in data["compute_classes"]} >= {"qkv", "attention_core", "mlp_up", "mlp_down", "elementwise"}
+    assert all(set(c) == {"op", "flops_per_step", "seconds_per_step", "bytes_per_step", "efficiency"}
+               for c in data["compute_classes"])  # fmt: skip

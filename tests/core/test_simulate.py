@@ -19,7 +19,7 @@ from meshscope.analysis.breakdown import comm_category as cat
 from meshscope.cli import main
 from meshscope.errors import ParseError, SpecError
 from meshscope.jobs.loading import load_spec_text, spec_from_manifest
-from meshscope.plan import plan_job
+from meshscope.plan import PlanAssumptions, plan_job
 from meshscope.plan.timing import stage_compute
 from meshscope.records import AXIS_CODE, KIND_CODE, OP_CODE, PHASE_CODE, read_table, write_records
 from meshscope.simulation import (
@@ -214,7 +214,9 @@ def test_pipeline_bubble_matches_the_planners_fraction(schedule: str, vpp: int, 
         parallelism={"pp": 4, "vpp": vpp},
         training={"globalBatchSize": micro_batches, "pipelineSchedule": schedule},
     )
-    result = simulate(spec_from_manifest(manifest), steps=3)
+    # The flat compute model (half of peak), for which the 5 % below was sized: with the faster roofline the same
+    # pipeline transfers weigh more against the compute the closed form scales.
+    result = simulate(spec_from_manifest(manifest), steps=3, assumptions=PlanAssumptions(compute_efficiency=0.5))
     plan = result.plan
     chunks = vpp if schedule == "interleaved" else 1
     assert plan.bubble_fraction == pytest.approx(3 / (micro_batches * chunks))  # (p - 1) / (m·v)

@@ -24,6 +24,7 @@ from meshscope.jobs.loading import (
     SECTION_KEYS,
     load_spec,
     load_spec_text,
+    load_yaml_mapping,
     spec_from_manifest,
 )
 from meshscope.jobs.models import (
@@ -85,6 +86,7 @@ __all__ = [
     "layer_params",
     "load_spec",
     "load_spec_text",
+    "load_yaml_mapping",
     "lookup_model",
     "output_params",
     "spec_from_manifest",

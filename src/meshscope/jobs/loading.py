@@ -240,6 +240,16 @@ def load_spec_text(text: str, *, origin: str = "<text>") -> JobSpec:
     Raises:
         SpecError: if the YAML does not parse (the message has the line and column) or the manifest is invalid.
     """
+    document = _parse_yaml(text, origin=origin)
+    if document is None:
+        raise SpecError("", f"{origin}: empty document; expected a TrainingJob manifest")
+    if not isinstance(document, Mapping):
+        raise SpecError("", f"{origin}: expected a TrainingJob manifest (a mapping), got {_show(document)}")
+    return spec_from_manifest(document)
+
+
+def _parse_yaml(text: str, *, origin: str) -> object:
+    """YAML text -> Python data with the strict loader; every parse failure a :class:`SpecError` with its place."""
     try:
         document = yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - _StrictLoader is a SafeLoader
     except yaml.MarkedYAMLError as exc:
@@ -254,11 +264,33 @@ def load_spec_text(text: str, *, origin: str = "<text>") -> JobSpec:
     except (ValueError, RecursionError) as exc:
         # int() of a number too long to convert, or nesting deeper than the parser's recursion allows.
         raise SpecError("", f"{origin}: YAML does not parse: {type(exc).__name__}: {exc}") from None
+    return document
+
+
+def load_yaml_mapping(source: str | Path) -> dict[str, object]:
+    """Read a YAML file holding one mapping (a ``meshscope plan --assumptions`` file) with the spec's strict parser.
+
+    Args:
+        source: the file.
+
+    Returns:
+        The mapping (an empty file is an empty mapping).
+
+    Raises:
+        SpecError: if the file cannot be read, does not parse (duplicate keys included), or is not a mapping.
+    """
+    path = Path(source)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, ValueError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise SpecError("", f"{path}: cannot read the file: {reason}") from None
+    document = _parse_yaml(text, origin=str(path))
     if document is None:
-        raise SpecError("", f"{origin}: empty document; expected a TrainingJob manifest")
-    if not isinstance(document, Mapping):
-        raise SpecError("", f"{origin}: expected a TrainingJob manifest (a mapping), got {_show(document)}")
-    return spec_from_manifest(document)
+        return {}
+    if not isinstance(document, dict):
+        raise SpecError("", f"{path}: expected a mapping of names to values, got {_show(document)}")
+    return document
 
 
 def spec_from_manifest(manifest: Mapping[str, object]) -> JobSpec:

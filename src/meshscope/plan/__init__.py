@@ -11,7 +11,10 @@ The planner is pure: no I/O, no GPU, no Kubernetes, no records. It works per sta
 so planning a 16,384-GPU job takes milliseconds. :func:`search_layouts` enumerates every valid layout of a model on
 N GPUs and ranks them by the same planner (``meshscope plan --search``).
 
-- :mod:`~meshscope.plan.assumptions`: :class:`PlanAssumptions`, every efficiency the planner assumes;
+- :mod:`~meshscope.plan.assumptions`: :class:`PlanAssumptions`, every efficiency the planner assumes, and
+  :func:`assumptions_from_mapping` (a parsed YAML file or ``spec.assumptions``);
+- :mod:`~meshscope.plan.kernels`: compute per operation class (GEMM roofline with tile and wave quantization);
+- :mod:`~meshscope.plan.nccl`: seconds of one collective, NCCL's latency + bandwidth model;
 - :mod:`~meshscope.plan.flops`, :mod:`~meshscope.plan.memory`, :mod:`~meshscope.plan.comms`,
   :mod:`~meshscope.plan.timing`: FLOPs, memory per stage, collectives per axis, expected times;
 - :mod:`~meshscope.plan.findings`: :class:`Finding` with :class:`Severity` (the operator's admission warnings);
@@ -24,7 +27,7 @@ It must not read files or records and must not analyse measurements. Import the 
 
 from __future__ import annotations
 
-from meshscope.plan.assumptions import PlanAssumptions
+from meshscope.plan.assumptions import NcclProtocolCosts, PlanAssumptions, assumptions_from_mapping
 from meshscope.plan.comms import CollectiveOp, CollectivePlan
 from meshscope.plan.findings import Finding, Severity
 from meshscope.plan.flops import ForwardFlops, StepFlops, layer_forward_flops, logits_forward_flops, step_flops
@@ -42,6 +45,7 @@ __all__ = [
     "Finding",
     "ForwardFlops",
     "MemoryBreakdown",
+    "NcclProtocolCosts",
     "Plan",
     "PlanAssumptions",
     "SearchRequest",
@@ -51,6 +55,7 @@ __all__ = [
     "StageParams",
     "StagePlan",
     "StepFlops",
+    "assumptions_from_mapping",
     "bubble_fraction",
     "layer_forward_flops",
     "logits_forward_flops",

@@ -1,45 +1,159 @@
-"""The named efficiency assumptions behind every expected time the planner prints.
+"""The named assumptions behind every expected time the planner prints, each with its default and its source.
 
-Formulas give FLOPs and bytes; turning them into seconds needs numbers no formula gives: how close to peak the GPU
-runs, how much of a link's bandwidth NCCL achieves, which collectives hide behind compute and by how much. They all
-live here, each with its default and the reason for it, so that a plan can always say what it assumed
-(``Plan.to_dict()["assumptions"]``) and a user can replace any one of them. Nothing here computes anything.
+Formulas give FLOPs and bytes; turning them into seconds needs numbers no formula gives: how close to peak a GEMM of a
+given shape runs, how fast the attention kernel is, what latency and bandwidth fraction each NCCL protocol reaches on
+each link, which collectives hide behind compute and by how much. They all live here, each with its default and the
+reason for it, so that a plan can always say what it assumed (``Plan.to_dict()["assumptions"]``) and a user (or the
+calibration of a measured run) can replace any one of them: in code, from ``spec.assumptions`` of a TrainingJob, or from
+a YAML file (``meshscope plan --assumptions FILE``), both read by :func:`assumptions_from_mapping`.
+
+Nothing here computes a time, and nothing here reads a file: the caller parses the YAML.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+import difflib
+import math
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, fields, replace
+from typing import Any, Final
 
 from meshscope.errors import PlanError
+
+_US: Final = 1e-6
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NcclProtocolCosts:
+    """Latency and bandwidth of one NCCL algorithm x protocol, as NCCL's own tuning model prices it.
+
+    NCCL's tuner (``src/graph/tuning.cc``, NVIDIA/nccl @ ``b6475625``, ``ncclTopoTuneModel`` and
+    ``ncclTopoGetAlgoTime``) prices a collective as ``latency + bytes / bandwidth`` for every algorithm and protocol
+    and runs the cheapest. The latency is a base cost plus one per-hop cost per step of the algorithm (``baseLat``,
+    ``hwLat`` for NVLink and for the network); the bandwidth is the link's bus bandwidth times a protocol factor
+    (``LL`` sends 8-byte lines with 4 bytes of data and a flag: ``1/4`` on rings; ``LL128`` 120 of every 128 bytes:
+    ``0.92``; trees lose another ``0.92``). Defaults per field are NCCL's numbers for that pair; see
+    docs/planner.md, "Collectives: latency and bandwidth".
+    """
+
+    base_latency_s: float
+    """Fixed cost of one collective, seconds (``baseLat``)."""
+    nvlink_hop_latency_s: float
+    """Cost of one step over NVLink, seconds (``hwLat[NVLINK]``)."""
+    network_hop_latency_s: float
+    """Cost of one step over the network, seconds (``hwLat[NET]``)."""
+    bandwidth_fraction: float
+    """Fraction of the link's achievable bus bandwidth this protocol moves payload at, 0-1."""
+
+    def __post_init__(self) -> None:
+        """Check latencies are finite and >= 0 and the fraction lies in (0, 1].
+
+        Raises:
+            PlanError: naming the field and its value.
+        """
+        for name in ("base_latency_s", "nvlink_hop_latency_s", "network_hop_latency_s"):
+            value = getattr(self, name)
+            if not (isinstance(value, int | float) and math.isfinite(value) and value >= 0):
+                raise PlanError(f"{name} must be a finite number of seconds >= 0, got {value!r}")
+        if not (isinstance(self.bandwidth_fraction, int | float) and 0 < self.bandwidth_fraction <= 1):
+            raise PlanError(f"bandwidth_fraction must lie in (0, 1], got {self.bandwidth_fraction!r}")
+
+
+def _nccl(base_us: float, nvlink_us: float, network_us: float, fraction: float) -> NcclProtocolCosts:
+    return NcclProtocolCosts(
+        base_latency_s=base_us * _US,
+        nvlink_hop_latency_s=nvlink_us * _US,
+        network_hop_latency_s=network_us * _US,
+        bandwidth_fraction=fraction,
+    )
+
+
+# NCCL tuning.cc @ b6475625 (Hopper-era constants, microseconds): baseLat Ring {LL 6.6, LL128 14.0, Simple 8.4},
+# Tree {6.8, 14.0, 0}; hwLat NVLink Ring {.6, 1.9, 3.4}, Tree {.6, 1.25, 28}; NET Ring {2.7, 4.0, 14.0},
+# Tree {5.0, 8.5, 28}. Bandwidth factors: Ring LL 1/4 (1/3 for single-node all-gather / reduce-scatter; the planner
+# keeps 1/4), Ring LL128 0.92, Tree 0.92 x (LL 1/3.8, LL128 120/128 across nodes).
+RING_LL: Final = _nccl(6.6, 0.6, 2.7, 0.25)
+RING_LL128: Final = _nccl(14.0, 1.9, 4.0, 0.92)
+RING_SIMPLE: Final = _nccl(8.4, 3.4, 14.0, 1.0)
+TREE_LL: Final = _nccl(6.8, 0.6, 5.0, 0.92 / 3.8)
+TREE_LL128: Final = _nccl(14.0, 1.25, 8.5, 0.92 * 120 / 128)
+TREE_SIMPLE: Final = _nccl(0.0, 28.0, 28.0, 0.92)
+
+GEMM_TILES: Final = ((128, 128), (128, 256), (256, 128))
+"""Output tiles (rows x columns) a GEMM library picks from for large BF16 GEMMs: NVIDIA's *Matrix Multiplication
+Background User's Guide* (docs.nvidia.com/deeplearning/performance, "Tile quantization": cuBLAS tiles of 256x128,
+128x256 and 128x128 are the most efficient; smaller tiles trade reuse for less quantization, which this model does
+not price, so they are left out)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class PlanAssumptions:
-    """Efficiencies and overlap fractions that turn FLOPs and bytes into expected seconds.
+    """Efficiencies, latencies and overlap fractions that turn FLOPs and bytes into expected seconds.
 
     An overlap fraction says how much of a collective *may* run under compute; the planner also caps the hidden part
     by the compute actually available in the collective's overlap window (for example the backward pass of the last
     micro-batch for the data-parallel gradient reduction), so a collective that is larger than its window stays
     partly exposed whatever the fraction.
+
+    What calibration fits (issue 12, second half) are the fields of the first two groups below: the compute ceilings
+    per operation class (``gemm_efficiency``, ``attention_efficiency``, ``hbm_efficiency``) and the link terms
+    (``nvlink_efficiency``, ``network_efficiency`` and the per-hop latencies of the NCCL protocols).
     """
 
-    compute_efficiency: float = 0.5
-    """Achieved fraction of the GPU's dense peak FLOP/s on the FLOPs actually executed (hardware FLOPs, recompute
-    included), 0-1. Default 0.5: well-tuned Megatron runs reach 0.4-0.55 MFU on H100 (Megatron-LM README, 2024
-    table)."""
-    nvlink_efficiency: float = 0.8
-    """Achieved fraction of the per-direction NVLink bandwidth for large NCCL collectives, 0-1. Default 0.8
-    (nccl-tests bus bandwidth on HGX H100 reaches ~360 of 450 GB/s)."""
-    network_efficiency: float = 0.7
-    """Achieved fraction of the per-direction NIC bandwidth across nodes, 0-1. Default 0.7 (ring all-reduce over
-    400 Gb/s InfiniBand typically reaches 35-40 of 50 GB/s)."""
+    # ---------------------------------------------------------------------------------------------- compute
+    compute_efficiency: float | None = None
+    """Flat model override, 0-1: when set, every FLOP (hardware FLOPs, recompute included) runs at this fraction of
+    the dense peak, element-wise work costs nothing, and the per-operation roofline below is not used. ``None``
+    (default): the roofline per operation class. The emulated accelerator of ``meshscope run`` sets 1 (its compute
+    is a sleep of FLOPs ÷ peak). Megatron's 2024 H100 table reaches 0.41-0.48 MFU end to end."""
+    gemm_efficiency: float | None = None
+    """Ceiling of a GEMM's compute time as a fraction of the dense peak, 0-1, before tile and wave quantization.
+    ``None`` (default): the GPU's ``matmul_achievable_fraction`` from the hardware catalogue (MAMF: 0.80 on H100 SXM,
+    0.86 on A100 SXM; stas00/ml-engineering)."""
+    gemm_tiles: tuple[tuple[int, int], ...] = GEMM_TILES
+    """Output tiles (rows, columns) the GEMM library may pick; the planner takes the one with the least tile and wave
+    quantization for each GEMM (NVIDIA *Matrix Multiplication Background User's Guide*)."""
+    attention_efficiency: float = 0.55
+    """Fraction of the dense peak the fused attention core (FlashAttention) reaches on its model FLOPs, forward and
+    backward, 0-1. FlashAttention-2 (Dao 2023, abstract): 50-73 % of A100 peak forward; FlashAttention-3 (Shah et
+    al. 2024, abstract): up to 75 % of H100 in FP16 forward; causal masks and the backward pass sit at the low end,
+    hence 0.55."""
     hbm_efficiency: float = 0.8
-    """Achieved fraction of HBM bandwidth for the optimizer step (a streaming, memory-bound kernel), 0-1."""
+    """Achieved fraction of HBM bandwidth for memory-bound kernels (element-wise ops and norms, the optimizer step,
+    the memory side of a GEMM's roofline), 0-1. STREAM-style copies reach ~0.9 of the datasheet bandwidth on H100-class
+    GPUs; fused training kernels (norms, activation functions, Adam) less, hence 0.8."""
     causal_attention: bool = True
     """Count attention FLOPs for a causal mask: ``QK^T`` and ``AV`` do half of the ``s^2`` work (Megatron-LM since
     commit 8873b55d6a, 2025-03). ``False`` counts the full ``s^2`` (Korthikanti et al. 2022, Narayanan et al. 2021,
     Megatron-LM before 2025-03) and makes the FLOPs/byte values of reference/planner.md §1.7 reproducible. The plan
     always reports the non-causal model FLOPs as well."""
+
+    # ---------------------------------------------------------------------------------------------- links
+    nvlink_efficiency: float = 0.8
+    """Achieved fraction of the per-direction NVLink bandwidth for large NCCL collectives (the Simple protocol's bus
+    bandwidth), 0-1. Default 0.8 (nccl-tests bus bandwidth on HGX H100 reaches ~360 of 450 GB/s)."""
+    network_efficiency: float = 0.7
+    """Achieved fraction of the per-direction NIC bandwidth across nodes, 0-1. Default 0.7 (ring all-reduce over
+    400 Gb/s InfiniBand typically reaches 35-40 of 50 GB/s)."""
+    nccl_latency: bool = True
+    """Price collectives as NCCL's tuner does: latency + bandwidth per algorithm (ring, tree) and protocol (LL, LL128,
+    Simple), the cheapest one chosen. ``False``: bandwidth only, at the Simple protocol's full bus bandwidth (the flat
+    model; the emulated accelerator of ``meshscope run`` uses it, gloo has no NCCL protocols)."""
+    ring_ll: NcclProtocolCosts = RING_LL
+    """Ring algorithm, LL protocol (NCCL tuning.cc: base 6.6 µs, hop 0.6 µs NVLink / 2.7 µs network, 1/4 of the bus
+    bandwidth)."""
+    ring_ll128: NcclProtocolCosts = RING_LL128
+    """Ring, LL128 (base 14.0 µs, hop 1.9 / 4.0 µs, 0.92 of the bus bandwidth)."""
+    ring_simple: NcclProtocolCosts = RING_SIMPLE
+    """Ring, Simple (base 8.4 µs, hop 3.4 / 14.0 µs, the full bus bandwidth)."""
+    tree_ll: NcclProtocolCosts = TREE_LL
+    """Tree (all-reduce only), LL (base 6.8 µs, hop 0.6 / 5.0 µs, 0.92/3.8 of the bus bandwidth)."""
+    tree_ll128: NcclProtocolCosts = TREE_LL128
+    """Tree, LL128 (base 14.0 µs, hop 1.25 / 8.5 µs, 0.92 x 120/128)."""
+    tree_simple: NcclProtocolCosts = TREE_SIMPLE
+    """Tree, Simple (base 0, hop 28 µs on either link: the latency of a 256 KiB chunk, 0.92)."""
+
+    # ---------------------------------------------------------------------------------------------- overlap
     tp_comm_overlap: float = 0.8
     """Fraction of tensor-parallel all-reduce / all-gather / reduce-scatter time hidden behind GEMMs when
     ``training.tp_comm_overlap`` is on (Transformer Engine userbuffers); with it off, TP collectives are exposed."""
@@ -72,36 +186,209 @@ class PlanAssumptions:
     already shards it, so the default is ``False``."""
     bubble_warning_fraction: float = 0.10
     """Pipeline bubble, as a fraction of compute, above which the plan reports ``bubble-large``."""
+    _hash: int = field(init=False, repr=False, compare=False, default=0)
+    """The hash, computed once: the planner's caches key on the assumptions thousands of times per layout search."""
+
+    def __hash__(self) -> int:
+        """Hash of every assumption (computed once, in ``__post_init__``)."""
+        return self._hash
 
     def __post_init__(self) -> None:
-        """Check that efficiencies lie in (0, 1] and overlap fractions in [0, 1].
+        """Check every field's type and range.
 
         Raises:
-            PlanError: naming the field and its value.
+            PlanError: naming the field, its value and what fits.
         """
-        for name in ("compute_efficiency", "nvlink_efficiency", "network_efficiency", "hbm_efficiency"):
+        for name, (low, high, low_open) in _RANGES.items():
             value = getattr(self, name)
-            if not 0 < value <= 1:
-                raise PlanError(f"assumption {name} must lie in (0, 1], got {value!r}")
-        for name in (
-            "tp_comm_overlap",
-            "sp_backward_allgather_overlap",
-            "dp_grad_reduce_overlap",
-            "dp_param_gather_overlap",
-            "cp_comm_overlap",
-            "ep_comm_overlap",
-            "pp_comm_overlap",
-        ):
-            value = getattr(self, name)
-            if not 0 <= value <= 1:
-                raise PlanError(f"assumption {name} must lie in [0, 1], got {value!r}")
-        if self.bubble_warning_fraction < 0:
-            raise PlanError(f"assumption bubble_warning_fraction must be >= 0, got {self.bubble_warning_fraction!r}")
+            if value is None and name in _OPTIONAL:
+                continue
+            if not (_is_number(value) and _within(value, low, high, low_open=low_open)):
+                raise PlanError(f"assumption {name} must be {_fits(low, high, low_open=low_open)}, got {value!r}")
+        for name in _BOOLEANS:
+            if not isinstance(getattr(self, name), bool):
+                raise PlanError(f"assumption {name} must be true or false, got {getattr(self, name)!r}")
+        for name in NCCL_FIELDS:
+            if not isinstance(getattr(self, name), NcclProtocolCosts):
+                raise PlanError(f"assumption {name} must be NCCL protocol costs, got {getattr(self, name)!r}")
+        _check_tiles(self.gemm_tiles)
+        object.__setattr__(self, "_hash", hash(tuple(getattr(self, f.name) for f in fields(self) if f.compare)))
+
+    @property
+    def flat_compute(self) -> bool:
+        """Whether the flat model (one ``compute_efficiency`` for every FLOP) replaces the per-operation roofline."""
+        return self.compute_efficiency is not None
 
     def link_efficiency(self, link: str) -> float:
         """Achieved fraction of ``link``'s bandwidth (``nvlink`` or ``network``)."""
         return self.nvlink_efficiency if link == "nvlink" else self.network_efficiency
 
-    def to_dict(self) -> dict[str, float | bool]:
-        """Every assumption by name."""
-        return dict(asdict(self))
+    def nccl_options(self) -> dict[tuple[str, str], NcclProtocolCosts]:
+        """``{(algorithm, protocol): costs}`` for the six NCCL pairs the planner prices."""
+        return {
+            ("ring", "ll"): self.ring_ll,
+            ("ring", "ll128"): self.ring_ll128,
+            ("ring", "simple"): self.ring_simple,
+            ("tree", "ll"): self.tree_ll,
+            ("tree", "ll128"): self.tree_ll128,
+            ("tree", "simple"): self.tree_simple,
+        }
+
+    def to_dict(self) -> dict[str, object]:
+        """Every assumption by name (NCCL costs as nested mappings, tiles as lists)."""
+        data: dict[str, object] = dict(asdict(self))
+        data.pop("_hash", None)
+        data["gemm_tiles"] = [list(t) for t in self.gemm_tiles]
+        return data
+
+
+ASSUMPTION_NAMES: Final = tuple(f.name for f in fields(PlanAssumptions) if f.init)
+"""Every assumption a mapping may set."""
+OVERLAP_FIELDS: Final = (
+    "tp_comm_overlap",
+    "sp_backward_allgather_overlap",
+    "dp_grad_reduce_overlap",
+    "dp_param_gather_overlap",
+    "cp_comm_overlap",
+    "ep_comm_overlap",
+    "pp_comm_overlap",
+)
+"""Assumptions that are overlap fractions in [0, 1]."""
+NCCL_FIELDS: Final = ("ring_ll", "ring_ll128", "ring_simple", "tree_ll", "tree_ll128", "tree_simple")
+"""Assumptions that are :class:`NcclProtocolCosts`."""
+_BOOLEANS: Final = ("causal_attention", "nccl_latency", "pp_scatter_gather")
+_OPTIONAL: Final = ("compute_efficiency", "gemm_efficiency")
+_RANGES: Final[dict[str, tuple[float, float | None, bool]]] = {
+    **dict.fromkeys(
+        ("compute_efficiency", "gemm_efficiency", "attention_efficiency", "hbm_efficiency", "nvlink_efficiency",
+         "network_efficiency"),
+        (0.0, 1.0, True),
+    ),
+    **dict.fromkeys(OVERLAP_FIELDS, (0.0, 1.0, False)),
+    "bubble_warning_fraction": (0.0, None, False),
+}  # fmt: skip
+"""``(low, high, low excluded)`` of every numeric assumption (``high`` ``None``: unbounded)."""
+
+
+def _within(value: float, low: float, high: float | None, *, low_open: bool) -> bool:
+    return not (value < low or (low_open and value == low) or (high is not None and value > high))
+
+
+def _fits(low: float, high: float | None, *, low_open: bool) -> str:
+    if high is None:
+        return f"a number >= {low:g}"
+    return f"a number in {'(' if low_open else '['}{low:g}, {high:g}]"
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _check_tiles(tiles: object) -> None:
+    if not isinstance(tiles, tuple) or not tiles:
+        raise PlanError(f"assumption gemm_tiles must be a non-empty list of [rows, columns] pairs, got {tiles!r}")
+    for tile in tiles:
+        if not (
+            isinstance(tile, tuple)
+            and len(tile) == 2
+            and all(isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= 4096 for v in tile)
+        ):
+            raise PlanError(
+                f"assumption gemm_tiles: each tile must be [rows, columns] of whole numbers in 1..4096, got {tile!r}"
+            )
+
+
+def _snake(key: str) -> str:
+    """``nvlinkEfficiency`` -> ``nvlink_efficiency`` (the spec's camelCase); snake_case passes through."""
+    return "".join("_" + c.lower() if c.isupper() else c for c in key)
+
+
+def _show(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _unknown(where: str, key: object, allowed: tuple[str, ...]) -> PlanError:
+    close = difflib.get_close_matches(_snake(str(key)), allowed, n=1)
+    hint = f"; did you mean {close[0]}?" if close else f"; known: {', '.join(allowed)}"
+    return PlanError(f"{where}: unknown assumption {_show(key)}{hint}")
+
+
+def _number(where: str, value: object, *, low: float, high: float | None, low_open: bool) -> float:
+    if not _is_number(value) or not _within(float(value), low, high, low_open=low_open):  # type: ignore[arg-type]
+        raise PlanError(f"{where}: expected {_fits(low, high, low_open=low_open)}, got {_show(value)}")
+    return float(value)  # type: ignore[arg-type]
+
+
+def _nccl_costs(where: str, value: object, base: NcclProtocolCosts) -> NcclProtocolCosts:
+    if not isinstance(value, Mapping):
+        raise PlanError(f"{where}: expected a mapping of {', '.join(f.name for f in fields(NcclProtocolCosts))}, "
+                        f"got {_show(value)}")  # fmt: skip
+    allowed = tuple(f.name for f in fields(NcclProtocolCosts))
+    changes: dict[str, float] = {}
+    for raw_key, raw in value.items():
+        key = _snake(str(raw_key))
+        if key not in allowed:
+            raise _unknown(where, raw_key, allowed)
+        if key == "bandwidth_fraction":
+            changes[key] = _number(f"{where}.{key}", raw, low=0.0, high=1.0, low_open=True)
+        else:
+            changes[key] = _number(f"{where}.{key}", raw, low=0.0, high=1.0, low_open=False)
+    return replace(base, **changes)
+
+
+def assumptions_from_mapping(
+    data: Mapping[str, object], *, base: PlanAssumptions | None = None, origin: str = "assumptions"
+) -> PlanAssumptions:
+    """Assumptions from a mapping (a parsed YAML file, or ``spec.assumptions``), every other one from ``base``.
+
+    Keys are the field names of :class:`PlanAssumptions`, in snake_case or camelCase (``nvlinkEfficiency``); NCCL
+    costs are nested mappings (``ring_simple: {network_hop_latency_s: 2.0e-5}``) and replace only the keys given;
+    ``compute_efficiency: null`` selects the per-operation roofline.
+
+    Args:
+        data: the overrides.
+        base: the assumptions overridden (default :class:`PlanAssumptions()`).
+        origin: where the mapping came from, first in every error message (a file name, ``spec.assumptions``).
+
+    Returns:
+        The assumptions.
+
+    Raises:
+        PlanError: naming the field, the value and what would fit, for an unknown key, a wrong type or a value out of
+            range.
+    """
+    base = PlanAssumptions() if base is None else base
+    if not isinstance(data, Mapping):
+        raise PlanError(f"{origin}: expected a mapping of assumption names to values, got {_show(data)}")
+    allowed = ASSUMPTION_NAMES
+    changes: dict[str, Any] = {}
+    for raw_key, value in data.items():
+        key = _snake(raw_key) if isinstance(raw_key, str) else repr(raw_key)
+        if key not in allowed:
+            raise _unknown(origin, raw_key, allowed)
+        changes[key] = _override(key, value, base, where=f"{origin}.{key}", origin=origin)
+    return replace(base, **changes)
+
+
+def _override(key: str, value: object, base: PlanAssumptions, *, where: str, origin: str) -> object:
+    """The checked value of one assumption from a mapping."""
+    if key in NCCL_FIELDS:
+        return _nccl_costs(where, value, getattr(base, key))
+    if key in _BOOLEANS:
+        if not isinstance(value, bool):
+            raise PlanError(f"{where}: expected true or false, got {_show(value)}")
+        return value
+    if key == "gemm_tiles":
+        if not isinstance(value, list | tuple):
+            raise PlanError(f"{where}: expected a list of [rows, columns] pairs, got {_show(value)}")
+        tiles = tuple(tuple(t) if isinstance(t, list | tuple) else t for t in value)
+        try:
+            _check_tiles(tiles)
+        except PlanError as exc:
+            raise PlanError(f"{origin}: {exc}") from None
+        return tiles
+    if key in _OPTIONAL and value is None:
+        return None
+    low, high, low_open = _RANGES[key]
+    return _number(where, value, low=low, high=high, low_open=low_open)

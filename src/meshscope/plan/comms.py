@@ -17,8 +17,10 @@ Conventions (docs/planner.md, "Collectives"; reference/planner.md §1.4, §1.7):
   could hide behind (TP and CP: the stage's transformer layers; EP: its routed experts; PP and DP: everything the
   stage computes) ÷ all bytes that axis moves per GPU per step. It is compared with the link budget, peak FLOP/s ÷
   link bytes/s: below it, the traffic cannot be hidden even with perfect overlap.
-* Expected seconds of one instance = bytes per GPU ÷ (link bandwidth x link efficiency). The exposed part is what
-  the overlap assumptions and the compute in the collective's overlap window leave over.
+* Expected seconds of one instance: NCCL's latency + bandwidth model for the group's size, its NVLink domains and its
+  link, the cheapest algorithm and protocol (:func:`meshscope.plan.nccl.collective_time`); bandwidth only with
+  ``nccl_latency`` off. The exposed part is what the overlap assumptions and the compute in the collective's overlap
+  window leave over.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from meshscope.plan.memory import (
     sharding_stage,
     state_bytes_per_param,
 )
+from meshscope.plan.nccl import collective_time
 from meshscope.topology import Link, MeshAxis, axis_spans, span_of_groups
 
 if TYPE_CHECKING:
@@ -100,7 +103,8 @@ class CollectivePlan:
     bandwidth_bytes_per_s: float
     """Per-direction bandwidth of ``link`` per GPU (before the efficiency assumption)."""
     seconds_per_instance: float
-    """Expected seconds of one instance: ``message_bytes · bus_factor / (bandwidth · link efficiency)``."""
+    """Expected seconds of one instance: latency + ``message_bytes · bus_factor`` at the chosen protocol's bandwidth
+    (``message_bytes · bus_factor / (bandwidth · link efficiency)`` with ``nccl_latency`` off)."""
     hiding_flops_per_step: float
     """Model FLOPs per step on this GPU that this collective's share of its axis' traffic could hide behind."""
     flops_per_byte: float
@@ -116,6 +120,12 @@ class CollectivePlan:
     in_axis_ratio: bool = True
     """Whether its bytes count in the axis' FLOPs per byte; ``False`` for traffic outside the layers (the vocabulary
     collectives), which no compute hides and which reference/planner.md §1.7 leaves out."""
+    algorithm: str = "bandwidth-only"
+    """NCCL algorithm the cost model picks: ``ring``, ``tree``, ``p2p`` or ``bandwidth-only``."""
+    protocol: str = "simple"
+    """NCCL protocol it picks: ``ll``, ``ll128`` or ``simple``."""
+    latency_seconds: float = 0.0
+    """Latency part of ``seconds_per_instance``, seconds."""
 
     @property
     def expected_seconds_per_step(self) -> float:
@@ -151,6 +161,9 @@ class CollectivePlan:
             "hiding_flops_per_step": self.hiding_flops_per_step,
             "flops_per_byte": self.flops_per_byte,
             "link_budget_flops_per_byte": self.link_budget_flops_per_byte,
+            "algorithm": self.algorithm,
+            "protocol": self.protocol,
+            "latency_seconds": self.latency_seconds,
         }
 
 
@@ -275,8 +288,16 @@ def stage_collectives(
         bus = d.op.bus_factor(span.group_size)
         link = span.link
         bandwidth = hardware.link_bandwidth_bytes_per_s(link.value)
-        per_instance = d.message_bytes * bus / (bandwidth * assumptions.link_efficiency(link.value))
-        sized.append((d, span, bus, link, bandwidth, per_instance, d.message_bytes * bus * d.count_per_step))
+        timed = collective_time(
+            d.op.value,
+            d.message_bytes,
+            group_size=span.group_size,
+            nodes=span.max_domains_per_group,
+            link=link.value,
+            link_bandwidth_bytes_per_s=bandwidth,
+            assumptions=assumptions,
+        )
+        sized.append((d, span, bus, link, bandwidth, timed, d.message_bytes * bus * d.count_per_step))
     axis_bytes: dict[MeshAxis, float] = defaultdict(float)
     for d, *_, moved in sized:
         if d.in_axis_ratio:
@@ -284,7 +305,8 @@ def stage_collectives(
     windows = _windows(compute)
     full_windows = dict(windows)
     out = []
-    for d, span, bus, link, bandwidth, per_instance, moved in sized:
+    for d, span, bus, link, bandwidth, timed, moved in sized:
+        per_instance = timed.seconds
         expected = per_instance * d.count_per_step
         hidden = min(d.overlap_fraction * expected, windows[d.window])
         windows[d.window] -= hidden
@@ -313,6 +335,9 @@ def stage_collectives(
                 overlap_window_seconds=full_windows[d.window],
                 exposed_seconds_per_step=expected - hidden,
                 in_axis_ratio=d.in_axis_ratio,
+                algorithm=timed.algorithm,
+                protocol=timed.protocol,
+                latency_seconds=timed.latency_seconds,
             )
         )
     return tuple(out)

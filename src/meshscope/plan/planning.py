@@ -18,6 +18,7 @@ from meshscope.plan.assumptions import PlanAssumptions
 from meshscope.plan.comms import CollectivePlan, collective_spans, stage_collectives
 from meshscope.plan.findings import Finding, StageSummary, collect_findings
 from meshscope.plan.flops import StepFlops, step_flops
+from meshscope.plan.kernels import compute_classes
 from meshscope.plan.memory import (
     ActivationBreakdown,
     MemoryBreakdown,
@@ -45,6 +46,7 @@ if TYPE_CHECKING:
     from collections.abc import Mapping
 
     from meshscope.jobs import JobSpec, PipelineSchedule, TrainingConfig
+    from meshscope.plan.kernels import ComputeClass, StageKernels
     from meshscope.topology import GroupSpan, ParallelLayout
 
 
@@ -78,6 +80,23 @@ class StagePlan:
     """Every collective this GPU runs in a step."""
     step_time: ExpectedStepTime
     """Expected step time of this stage (bubble from the slowest stage)."""
+    kernels: StageKernels | None = None
+    """The roofline per operation class behind the compute seconds; ``None`` under the flat model."""
+    compute_basis: tuple[int, float, float | None, float] = (1, 1.0, None, 0.0)
+    """``(micro-batches, peak FLOP/s, flat efficiency, hardware FLOPs per micro-batch)``: what
+    :attr:`compute_classes` needs besides ``kernels``."""
+
+    @property
+    def compute_classes(self) -> tuple[ComputeClass, ...]:
+        """Per operation class: FLOPs, seconds and implied efficiency per step (one flat row under the flat model)."""
+        m, peak, flat, hardware_flops = self.compute_basis
+        return compute_classes(
+            self.kernels,
+            micro_batches=m,
+            peak_flops_per_s=peak,
+            flat_efficiency=flat,
+            hardware_flops_per_microbatch=hardware_flops,
+        )
 
     @property
     def layers(self) -> int:
@@ -117,6 +136,7 @@ class StagePlan:
             "model_flops_per_microbatch": self.model_flops_per_microbatch,
             "hardware_flops_per_microbatch": self.hardware_flops_per_microbatch,
             "expected_step_seconds": self.step_time.to_dict(),
+            "compute_classes": [c.to_dict() for c in self.compute_classes],
         }
 
 
@@ -158,6 +178,16 @@ class Plan:
     """How the plan's context parallelism exchanges keys and values (``spec.parallelism.cpCommType``)."""
 
     @property
+    def compute_classes(self) -> tuple[ComputeClass, ...]:
+        """Operation classes of the slowest stage (the one ``expected_step_time`` is for), largest first."""
+        return self.stages[self.expected_step_time.pp_rank].compute_classes
+
+    @property
+    def compute_efficiency_by_class(self) -> dict[str, float | None]:
+        """Implied fraction of peak per operation class of the slowest stage (``None``: element-wise, no FLOPs)."""
+        return {c.op: c.efficiency for c in self.compute_classes}
+
+    @property
     def flops_per_step(self) -> float:
         """Headline model FLOPs per step (causal attention halved unless the assumptions say otherwise)."""
         return self.flops.model_flops
@@ -188,6 +218,8 @@ class Plan:
             "bubble_fraction": self.bubble_fraction,
             "expected_step_seconds": self.expected_step_time.to_dict(),
             "expected_mfu": self.expected_mfu,
+            "compute_model": "flat" if self.assumptions.flat_compute else "roofline per operation class",
+            "compute_classes": [c.to_dict() for c in self.compute_classes],
             "findings": [f.to_dict() for f in self.findings],
             "assumptions": self.assumptions.to_dict(),
         }
@@ -266,7 +298,15 @@ def plan_job(
             model, parallelism, training, pp_rank=r, layer_indices=indices, micro_batches=m, schedule=schedule
         )
         compute = stage_compute(
-            model, layout, training, hardware, assumptions, pp_rank=r, layer_indices=indices, micro_batches=m
+            model,
+            layout,
+            training,
+            hardware,
+            assumptions,
+            pp_rank=r,
+            layer_indices=indices,
+            micro_batches=m,
+            sequence_parallel=parallelism.sequence_parallel,
         )
         collectives = stage_collectives(
             model,
@@ -285,6 +325,7 @@ def plan_job(
         )
 
     fraction = bubble_fraction(layout.pp, m, vpp=layout.vpp, schedule=schedule)
+    peak = peak_flops_per_s(hardware, training.precision)
     slowest_compute = max(d[4].compute_seconds_per_step for d in drafts)
     bubble_seconds = fraction * slowest_compute
     stages = []
@@ -314,6 +355,8 @@ def plan_job(
                 hardware_flops_per_microbatch=compute.hardware_flops_per_microbatch,
                 collectives=collectives,
                 step_time=step_time,
+                kernels=compute.kernels,
+                compute_basis=(m, peak, assumptions.compute_efficiency, compute.hardware_flops_per_microbatch),
             )
         )
     critical = max(stages, key=lambda s: (s.step_time.total_seconds, -s.pp_rank))

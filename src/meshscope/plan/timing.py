@@ -8,8 +8,10 @@ communication per axis, pipeline bubble and optimizer, each from a formula and a
 
 Conventions (docs/planner.md, "Expected step time"):
 
-* compute: a GPU's hardware FLOPs (recompute included) ÷ (dense peak at the training precision x
-  ``compute_efficiency``); forward = 1 pass, backward = 2 passes + recompute;
+* compute: the roofline per operation class of :mod:`meshscope.plan.kernels` (GEMMs by shape, attention core,
+  element-wise work, logits), forward, backward (data and weight gradients) and recompute; with
+  ``compute_efficiency`` set (the flat model), a GPU's hardware FLOPs ÷ (dense peak x ``compute_efficiency``),
+  forward = 1 pass, backward = 2 passes + recompute;
 * bubble: ``(pp - 1)/m`` (1F1B, GPipe) or ``(pp - 1)/(m·vpp)`` (interleaved) of the slowest stage's compute;
 * optimizer: bytes the Adam step streams through HBM ÷ (HBM bandwidth x ``hbm_efficiency``);
 * the step is the slowest stage's ``compute + exposed communication + bubble + optimizer``.
@@ -22,6 +24,7 @@ from typing import TYPE_CHECKING
 
 from meshscope.jobs import PipelineSchedule, Precision, Recompute
 from meshscope.plan.flops import ForwardFlops, layer_forward_flops, logits_forward_flops, recompute_forward_flops
+from meshscope.plan.kernels import OpClass, StageKernels, stage_kernels
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -66,6 +69,8 @@ class StageCompute:
     the context-parallel ring exchange overlaps."""
     micro_batches: int
     """Micro-batches per step ``m``."""
+    kernels: StageKernels | None = None
+    """The roofline per operation class behind the seconds; ``None`` under the flat model (``compute_efficiency``)."""
 
     @property
     def model_flops_per_microbatch(self) -> float:
@@ -93,22 +98,26 @@ def stage_compute(
     pp_rank: int,
     layer_indices: list[int],
     micro_batches: int,
+    sequence_parallel: bool = False,
 ) -> StageCompute:
     """Expected compute of one GPU of pipeline rank ``pp_rank``.
 
     Per GPU, FLOPs are the stage's whole-model FLOPs ÷ ``tp·cp``: TP splits every GEMM, CP splits the tokens (and,
     with Megatron's load-balanced causal chunks, the attention core evenly); routed experts divide the same way
-    because EP trades tokens among ranks that hold ``1/ep`` of the experts each.
+    because EP trades tokens among ranks that hold ``1/ep`` of the experts each. Seconds come from the roofline per
+    operation class (:func:`~meshscope.plan.kernels.stage_kernels`), or, when ``assumptions.compute_efficiency`` is
+    set, from the flat model: hardware FLOPs ÷ (peak x ``compute_efficiency``).
 
     Args:
         model: the model.
         layout: the parallel layout.
         training: batch, precision and recompute.
         hardware: the GPU.
-        assumptions: ``compute_efficiency`` and ``causal_attention``.
+        assumptions: the compute ceilings (or ``compute_efficiency``) and ``causal_attention``.
         pp_rank: the pipeline rank.
         layer_indices: its transformer layers.
         micro_batches: micro-batches per step.
+        sequence_parallel: whether activations between GEMMs are sharded over tp (element-wise bytes ÷ tp).
 
     Returns:
         The stage's compute.
@@ -117,19 +126,40 @@ def stage_compute(
     forward = ForwardFlops()
     for layer in layer_indices:
         forward += layer_forward_flops(model, layer, tokens=tokens, causal=assumptions.causal_attention)
-    if pp_rank == layout.pp - 1:
+    last = pp_rank == layout.pp - 1
+    if last:
         forward += logits_forward_flops(model, tokens=tokens)
     per_gpu = forward.scaled(1.0 / (layout.tp * layout.cp))
     recompute = recompute_forward_flops(per_gpu, training.recompute)
-    rate = peak_flops_per_s(hardware, training.precision) * assumptions.compute_efficiency
-    core_passes = 3.0 + (1.0 if training.recompute in (Recompute.SELECTIVE, Recompute.FULL) else 0.0)
+    if assumptions.compute_efficiency is not None:
+        rate = peak_flops_per_s(hardware, training.precision) * assumptions.compute_efficiency
+        core_passes = 3.0 + (1.0 if training.recompute in (Recompute.SELECTIVE, Recompute.FULL) else 0.0)
+        return StageCompute(
+            forward_flops_per_microbatch=per_gpu,
+            recompute_flops_per_microbatch=recompute,
+            forward_seconds_per_microbatch=per_gpu.total / rate,
+            backward_seconds_per_microbatch=(2.0 * per_gpu.total + recompute) / rate,
+            attention_core_seconds_per_microbatch=core_passes * per_gpu.attention_core / rate,
+            micro_batches=micro_batches,
+        )
+    kernels = stage_kernels(
+        model,
+        layout,
+        training,
+        hardware,
+        assumptions,
+        sequence_parallel=sequence_parallel,
+        layer_indices=layer_indices,
+        last_stage=last,
+    )
     return StageCompute(
         forward_flops_per_microbatch=per_gpu,
         recompute_flops_per_microbatch=recompute,
-        forward_seconds_per_microbatch=per_gpu.total / rate,
-        backward_seconds_per_microbatch=(2.0 * per_gpu.total + recompute) / rate,
-        attention_core_seconds_per_microbatch=core_passes * per_gpu.attention_core / rate,
+        forward_seconds_per_microbatch=kernels.forward_seconds,
+        backward_seconds_per_microbatch=kernels.backward_seconds,
+        attention_core_seconds_per_microbatch=kernels.seconds(OpClass.ATTENTION_CORE),
         micro_batches=micro_batches,
+        kernels=kernels,
     )
 
 

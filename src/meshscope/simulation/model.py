@@ -505,6 +505,7 @@ def _stage_times(
         pp_rank=stage.pp_rank,
         layer_indices=indices,
         micro_batches=m,
+        sequence_parallel=spec.parallelism.sequence_parallel,
     )
     plan_pass = stage.forward_seconds_per_microbatch + stage.backward_seconds_per_microbatch
     attention_fraction = compute.attention_core_seconds_per_microbatch / plan_pass if plan_pass > 0 else 0.0

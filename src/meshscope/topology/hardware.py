@@ -48,6 +48,13 @@ class GpuSpec:
     """Scale-out network bandwidth per GPU per direction, bytes/s."""
     source: str
     """Where the numbers come from."""
+    sm_count: int = 132
+    """Streaming multiprocessors (compute units on AMD): one GEMM output tile runs on one SM at a time, so a GEMM
+    runs in ``ceil(tiles / sm_count)`` waves (wave quantization). Default 132 (H100 SXM5) for custom GPUs."""
+    matmul_achievable_fraction: float = 0.80
+    """Largest fraction of the dense peak a single, well-shaped BF16 GEMM reaches on this GPU (the ceiling of the
+    planner's GEMM roofline): Stas Bekman's *Maximum Achievable Matmul FLOPS* table (stas00/ml-engineering,
+    ``compute/accelerator/README.md``), measured with ``mamf-finder.py``. Default 0.80 (H100 SXM) for custom GPUs."""
 
     def peak_flops_per_s(self, precision: str) -> float:
         """Dense peak for ``precision`` (``bf16``/``fp16`` or ``fp8``; ``fp32`` uses the BF16 tensor-core peak / 2).
@@ -79,6 +86,9 @@ CATALOGUE: dict[str, GpuSpec] = {
                 "NVIDIA A100 datasheet via glennklockwood (312 TF BF16 dense, 80 GB HBM2e, 2,039 GB/s, "
                 "NVLink3 600 GB/s total); Narayanan et al. 2021 §5: 8x 200 Gb/s HDR per DGX A100 node"
             ),
+            sm_count=108,
+            # A100 whitepaper: 108 SMs; MAMF 267.9 of 312 TF (85.9 %, CUDA 12.1)
+            matmul_achievable_fraction=0.859,
         ),
         GpuSpec(
             name="H100",
@@ -94,6 +104,9 @@ CATALOGUE: dict[str, GpuSpec] = {
                 "NVIDIA H100 SXM5 datasheet (989 TF BF16 dense, 1,979 TF FP8 dense, 80 GB HBM3, 3.35 TB/s, NVLink4 "
                 "900 GB/s bidirectional = 450 per direction); DGX H100: 8x 400 Gb/s ConnectX-7"
             ),
+            sm_count=132,
+            # H100 whitepaper: 132 SMs (SXM5); MAMF 792.1 of 989 TF (80.1 %, CUDA 12.1)
+            matmul_achievable_fraction=0.801,
         ),
         GpuSpec(
             name="H200",
@@ -109,6 +122,9 @@ CATALOGUE: dict[str, GpuSpec] = {
                 "NVIDIA H200 SXM spec summaries (same die as H100: 989 TF BF16 dense; 141 GB HBM3e, 4.8 TB/s; NVLink4 "
                 "450 GB/s per direction); DGX H200: 8x 400 Gb/s ConnectX-7"
             ),
+            sm_count=132,
+            # same die and SM count as H100 SXM5; MAMF taken as the H100's (GH200 measured 83.0 %)
+            matmul_achievable_fraction=0.801,
         ),
         GpuSpec(
             name="B200",
@@ -125,6 +141,10 @@ CATALOGUE: dict[str, GpuSpec] = {
                 "180 GB HBM3e, 7.7 TB/s; NVLink5 1.8 TB/s bidirectional = 900 GB/s per direction; DGX B200: 8x "
                 "400 Gb/s ConnectX-7"
             ),
+            sm_count=148,
+            # 148 SMs per NVIDIA's Blackwell figures [S]; no MAMF measurement published when written: the H100's 80.1 %
+            # (not re-verified)
+            matmul_achievable_fraction=0.801,
         ),
         GpuSpec(
             name="GB200",
@@ -141,6 +161,9 @@ CATALOGUE: dict[str, GpuSpec] = {
                 "8 TB/s; Megatron-LM DeepSeek-V3 GB200 doc: MNNVL 900 GB/s unidirectional, 72 GPUs per domain; 4 GPUs "
                 "per compute tray with 4x 400 Gb/s ConnectX-7 (not re-verified)"
             ),
+            sm_count=148,
+            # 148 SMs per GPU [S]; MAMF taken as the H100's 80.1 % (not re-verified)
+            matmul_achievable_fraction=0.801,
         ),
         GpuSpec(
             name="MI300X",
@@ -157,6 +180,9 @@ CATALOGUE: dict[str, GpuSpec] = {
                 "Infinity Fabric 7x 128 GB/s bidirectional = 448 GB/s per direction, 8-GPU xGMI mesh; 400 Gb/s NIC "
                 "typical"
             ),
+            sm_count=304,
+            # CDNA 3 whitepaper: 304 compute units; MAMF 781.9 of 1,300 TF (60.1 %, ROCm 6.2)
+            matmul_achievable_fraction=0.601,
         ),
     )
 }

@@ -1,0 +1,49 @@
+"""The planner against published measured runs (tests/data/published_runs): each error held under its measured bound.
+
+Each bound is the error measured when the model was built (docs/planner.md, "Checks against published runs") plus 2
+percentage points: a change that moves a prediction further from a published measurement fails here and must say why
+in that table. Published TFLOP/s per GPU are in the source's own FLOPs convention.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from meshscope.jobs.loading import spec_from_manifest
+from meshscope.plan import PlanAssumptions, plan_job
+
+RUNS = yaml.safe_load(
+    (Path(__file__).resolve().parents[1] / "data" / "published_runs" / "runs.yaml").read_text(encoding="utf-8")
+)["runs"]
+MARGIN = 0.02
+# |ours / published - 1| measured with the roofline + NCCL model, in the order of runs.yaml.
+MEASURED = [0.062, 0.096, 0.035, 0.112, 0.026, 0.127, 0.040, 0.078, 0.224, 0.177]
+FLAT_MEASURED_MEAN = 0.174
+"""Mean |error| of the flat model (compute_efficiency 0.5, bandwidth-only collectives) on the same runs."""
+
+
+def _error(run: dict, assumptions: PlanAssumptions | None = None) -> float:
+    plan = plan_job(spec_from_manifest(run["manifest"]), assumptions=assumptions)
+    flops = plan.flops.model_flops_noncausal if run["flops_convention"] == "korthikanti" else plan.flops.model_flops
+    ours = flops / (plan.expected_step_time.total_seconds * plan.world_size)
+    if "published_iteration_seconds" in run:
+        published = flops / (run["published_iteration_seconds"] * plan.world_size)
+    else:
+        published = run["published_tflops_per_gpu"] * 1e12
+    return ours / published - 1
+
+
+@pytest.mark.parametrize(("run", "bound"), list(zip(RUNS, MEASURED, strict=True)), ids=[r["name"] for r in RUNS])
+def test_each_published_run_within_its_measured_bound(run, bound):
+    assert abs(_error(run)) <= bound + MARGIN
+
+
+def test_the_new_model_beats_the_flat_one_on_average():
+    new = sum(abs(_error(r)) for r in RUNS) / len(RUNS)
+    flat = sum(abs(_error(r, PlanAssumptions(compute_efficiency=0.5, nccl_latency=False))) for r in RUNS) / len(RUNS)
+    assert flat == pytest.approx(FLAT_MEASURED_MEAN, abs=0.005)
+    assert new <= 0.098 + MARGIN
+    assert new < flat
