@@ -495,8 +495,9 @@ class PipelineExpectation:
     The plan's bubble is an absolute time computed from the plan's compute; when the job computes slower or faster
     than planned (another GPU, a host's own CPU work, an emulated accelerator on shared cores), the bubble scales
     with it. So the expectation keeps the plan's *shape* and takes the times from the measurement: per rank-step,
-    the plan's bubble fraction x the measured compute of the step's slowest stage, plus the measured wait for the
-    slowest stage (its compute + optimizer minus this stage's, in the same step), plus the plan's exposed pp
+    the plan's bubble fraction x the measured passes of the step's slowest stage (its compute plus the exposed tensor,
+    context and expert parallel transfers inside them, on the pipeline's critical path), plus the measured wait
+    for the slowest stage (its passes + optimizer minus this stage's, in the same step), plus the plan's exposed pp
     transfer of the stage (bytes over the spec's link, the same bandwidth the breakdown splits transfer off with).
     """
 
@@ -517,8 +518,9 @@ class PipelineExpectation:
     def basis(self, plan: Plan) -> str:
         """How the expectation was made, for people (the cost table's note, the finding's evidence)."""
         return (
-            f"the plan's bubble fraction {plan.bubble_fraction:.3g} x the measured compute of the slowest stage "
-            f"({self.compute_scale:.2f}x the plan's), plus each stage's measured wait for the slowest stage; the "
+            f"the plan's bubble fraction {plan.bubble_fraction:.3g} x the measured passes of the slowest stage "
+            f"(compute {self.compute_scale:.2f}x the plan's, plus its exposed tp/cp/ep transfers), plus each "
+            f"stage's measured wait for the slowest stage; the "
             f"plan alone expects {human_seconds(self.planned_bubble_seconds)}"
         )
 
@@ -531,15 +533,21 @@ def expected_pipeline(rs: RankSteps, plan: Plan | None) -> PipelineExpectation |
     stage = np.clip(rs.breakdown.table.steps.coord[:, AXES.index("pp")], 0, n_stages - 1).astype(np.int64)
     key = rs.step_index.astype(np.int64) * n_stages + stage
     n_groups = rs.n_steps * n_stages
+    # A micro-batch's pass is its compute plus the exposed transfers inside it (tensor, context and expert parallel:
+    # on the pipeline's critical path); the bubble scales with the pass, not with compute alone. Their sync wait is
+    # left out: a straggler or an imbalance causes it, and those are found as themselves.
+    in_pass = sum(rs.us(comm_category(a, TRANSFER)) for a in ("tp", "cp", "ep"))
     compute = rs.us(COMPUTE)
-    busy = compute + rs.us(OPTIMIZER)
+    busy = compute + in_pass + rs.us(OPTIMIZER)
+    passes = grouped_median(key, compute + in_pass, n_groups).reshape(rs.n_steps, n_stages)
     stage_compute = grouped_median(key, compute, n_groups).reshape(rs.n_steps, n_stages)
     stage_busy = grouped_median(key, busy, n_groups)
     with np.errstate(all="ignore"):
         slowest_compute = np.nanmax(stage_compute, axis=1)
+        slowest_pass = np.nanmax(passes, axis=1)
         slowest_busy = np.nanmax(stage_busy.reshape(rs.n_steps, n_stages), axis=1)
     step = rs.step_index
-    bubble = plan.bubble_fraction * slowest_compute[step] + np.maximum(0.0, slowest_busy[step] - stage_busy[key])
+    bubble = plan.bubble_fraction * slowest_pass[step] + np.maximum(0.0, slowest_busy[step] - stage_busy[key])
     pp_transfer = comm_category("pp", TRANSFER)
     per_stage = np.array([stage_expected(plan, r)[pp_transfer] or 0.0 for r in range(n_stages)])
     critical = plan.expected_step_time

@@ -203,8 +203,7 @@ def diagnose(
     findings += _between_steps(ctx)
     findings += _slow_link(ctx, transfers)
     findings += _placement(ctx, plan=plan, spec=spec, transfers=transfers)
-    root_cost = sum(f.cost_seconds_per_step for f in findings)
-    findings += _bubble(ctx, plan=plan, explained_seconds=root_cost)
+    findings += _bubble(ctx, plan=plan, explained_seconds=sum(_delay_seconds(f) for f in findings))
     findings += _data_starved(ctx)
     findings += _checkpoint(ctx)
     clause = ctx.contention_clause()
@@ -1017,16 +1016,27 @@ def _axis_bytes_per_step(rs: RankSteps, axis: int) -> float:
 # ---------------------------------------------------------------------------------------------- job-wide categories
 
 
+def _delay_seconds(finding: Finding) -> float:
+    """How long a root-cause finding holds up the ranks that wait for it, per step.
+
+    A pipeline waits for a slow rank's whole excess (its stage's passes start that much later), whatever the sync
+    wait the rank is charged with.
+    """
+    excess = finding.evidence.get("excess_seconds") or finding.evidence.get("compute_excess_seconds_per_step") or 0.0
+    return max(finding.cost_seconds_per_step, float(excess))
+
+
 def _bubble(ctx: _Context, *, plan: Plan | None, explained_seconds: float) -> list[Finding]:
     """Measured pipeline waiting vs what the plan's schedule implies on the run's own compute.
 
     Pipeline waiting is the bubble plus the exposed pp transfer: where the planner's overlap model and the
     breakdown's bytes/bandwidth split draw the line between them differently, their sum still compares. The
     expectation is like for like (:func:`~meshscope.analysis.costs.expected_pipeline`): the plan's bubble fraction
-    times the measured compute of the slowest stage, plus each stage's measured wait for the slowest stage, plus the
-    plan's exposed pp transfer; a job computing 1.4x slower than planned expects a 1.4x longer bubble, not a finding.
-    A bubble that root causes found here (stragglers, imbalance, slow links) can explain — at most twice their cost
-    — is their symptom and not reported again.
+    times the measured passes (compute and in-pass tp/cp/ep transfers) of the slowest stage, plus each stage's
+    measured wait for the slowest stage, plus the plan's exposed pp transfer; a job computing 1.4x slower than planned
+    expects a 1.4x longer bubble, not a finding. A bubble that root causes found here (stragglers, imbalance, slow
+    links) can explain — at most twice the delay they cause (:func:`_delay_seconds`) — is their symptom and not
+    reported again.
     """
     if plan is None:
         return []
