@@ -562,8 +562,17 @@ class RecordingRule:
 
     @property
     def kept_labels(self) -> tuple[str, ...]:
-        """The labels the rule keeps, read from the name's level (``job_pp`` -> ``job, pp``)."""
+        """The labels the rule keeps, read from the name's level (``job_pp`` -> ``job, pp``).
+
+        A per-rank rule's level starts with ``rank``: it keeps every label of the rank, and the rest of its level
+        names the metric's own labels (``rank_category_axis``).
+        """
         return tuple(self.record.split(":", 1)[0].split("_"))
+
+    @property
+    def per_rank(self) -> bool:
+        """Whether the rule records one series per rank (level ``rank...``) rather than an aggregate."""
+        return self.kept_labels[0] == "rank"
 
 
 class RulesFileError(ValueError):
@@ -712,22 +721,28 @@ def render_markdown(rules: tuple[RecordingRule, ...], *, rules_path: str) -> str
         "",
         (
             f"In `{rules_path}`. Names are `level:metric:operations`: the labels kept, the metric, what was done. "
-            "Every per-rank quantity is a ratio of two rates of the same rank (seconds per step, a share of step time) "
-            "taken before aggregating across ranks, so it is exact whatever the store does at the window's edges and "
-            "the same on Prometheus and VictoriaMetrics; every rule reads the sidecars' series only, so any rule can "
-            "be evaluated alone. Windows are 5 minutes."
+            "Two levels. The **per-rank** rules (level `rank...`) compute every per-rank quantity once per evaluation "
+            "from the sidecars' counters, as a ratio of two rates of the same rank (seconds per step, a share of step "
+            "time), so it is exact whatever the store does at the window's edges and the same on Prometheus and "
+            "VictoriaMetrics; they keep every label of the rank, so they record **one series per rank per metric** "
+            "(per category and axis for the breakdown): bounded by the job's size, not by a closed set. The "
+            "**aggregates** read only the per-rank series recorded earlier in their own group (on Prometheus the same "
+            "evaluation: no lag; on vmalert, which writes through remote write, the previous one at best) and keep "
+            "only closed-set labels. Windows are 5 minutes."
         ),
         "",
     ]
     for group in dict.fromkeys(r.group for r in rules):
         out += [f"### {group}", "", "| record | labels | meaning |", "|---|---|---|"]
-        out += [
-            f"| `{r.record}` | {', '.join(f'`{x}`' for x in r.kept_labels)} | {_cell(r.meaning)} |"
-            for r in rules
-            if r.group == group
-        ]
+        out += [f"| `{r.record}` | {_rule_labels_cell(r)} | {_cell(r.meaning)} |" for r in rules if r.group == group]
         out.append("")
     return "\n".join(out)
+
+
+def _rule_labels_cell(rule: RecordingRule) -> str:
+    if rule.per_rank:
+        return ", ".join(["rank labels", *(f"`{x}`" for x in rule.kept_labels[1:])])
+    return ", ".join(f"`{x}`" for x in rule.kept_labels)
 
 
 def _main(argv: list[str]) -> int:
