@@ -301,6 +301,17 @@ def test_a_rank_slow_only_by_waiting_for_a_cpu_is_no_straggler() -> None:
     assert only(analyze(host_timed(job, {})).findings, "straggler").suspects[0].rank == 5
 
 
+def test_a_rank_the_scheduler_favoured_is_not_made_a_straggler() -> None:
+    # Rank 5 computes 1.1x as long (2 ms: below the contended bar of 25 %); every thread but its own waits 6 ms per
+    # step for a CPU (a contended run: 6 ms of a ~26 ms step). Rank 5 got more CPU than its peers, which makes no
+    # phase of it longer: only a wait beyond the peers' is taken out, so it stays at 10 %, not 40 %.
+    job = Job(slow={5: 1.1})
+    others = {r: 6_000.0 for r in range(job.tp * job.dp) if r != 5}
+    assert analyze(host_timed(job, others)).findings == ()
+    # The same rank at 1.4x is named on the same contended run.
+    assert only(analyze(host_timed(Job(slow={5: 1.4}), others)).findings, "straggler").suspects[0].rank == 5
+
+
 def test_a_straggler_waiting_for_a_cpu_in_proportion_is_still_named() -> None:
     # Every thread waits a quarter of its compute for a CPU; rank 5 computes twice as long, so it also waits twice as
     # long (5 ms more): what is left (15 ms more compute) is the job's, and the contention is said.

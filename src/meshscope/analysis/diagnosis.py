@@ -264,9 +264,10 @@ class _Context:
     """The run's ``cpu_contention`` note (ranks outnumbered the cores they ran on, or the training threads waited for
     a CPU :data:`RUNQUEUE_CONTENTION_SHARE` of their steps), if any."""
     runqueue_excess_us: NDArray[np.float64] | None = None
-    """Per rank-step of a run timed on the host (no GPU) whose every record has ``runqueue_wait_us``: its run delay
-    minus its (step, stage) peers' median, µs; ``None`` otherwise. Time the scheduler took from one rank more than
-    from its peers is the host's, not the job's: the straggler detector takes it out of the phase it compares."""
+    """Per rank-step of a run timed on the host (no GPU) whose every record has ``runqueue_wait_us``: how much its run
+    delay exceeds its (step, stage) peers' median (0 when it waited less), µs; ``None`` otherwise. Time the
+    scheduler took from one rank more than from its peers is the host's, not the job's: the straggler detector takes
+    it out of the phase it compares."""
 
     def contention_clause(self) -> str:
         """What every timing finding of a contended run must say."""
@@ -298,7 +299,8 @@ class _Context:
         excess = None
         if _host_timed_with_runqueue(rs):
             rq = s.runqueue_wait_us.astype(np.float64)
-            excess = rq - grouped_median(key, rq, n_groups)[key]
+            # Only a wait beyond the peers' is taken out: a rank the scheduler favoured is not made slower for it.
+            excess = np.maximum(rq - grouped_median(key, rq, n_groups)[key], 0.0)
         return cls(
             rs=rs,
             step_us=rs.median_step_us,
