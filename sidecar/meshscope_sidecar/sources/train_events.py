@@ -136,6 +136,7 @@ class TrainEventsSource:
         self._open: dict[int, dict[int, _Pending]] = {}
         self._newest: dict[int, int] = {}
         self._pids: dict[int, int | None] = {}
+        self._hello_pids: dict[int, int] = {}  # pid -> rank, every pid a rank said hello with (bounded by restarts)
         self._totals: dict[int, _RankTotals] = {}
         self._rejected = dict.fromkeys(_REJECT_REASONS, 0)
         self._recent: dict[int, list[bytes]] = {}
@@ -342,6 +343,19 @@ class TrainEventsSource:
                     out.append(line)
                     size += len(line)
             return out
+
+    def process_ranks(self) -> dict[int, int]:
+        """``pid -> global rank`` of every rank of this pod that said hello (the SDK's hello carries both).
+
+        A restarted rank's new pid is added and its old one kept: that process' logs are still that rank's.
+        """
+        with self._lock:
+            if self._reader is not None:
+                with self._reader.lock:
+                    for rank, tally in self._reader.ranks.items():
+                        if tally.pid is not None and (self._ranks is None or rank in self._ranks):
+                            self._hello_pids[tally.pid] = rank
+            return dict(self._hello_pids)
 
     def samples(self) -> Iterable[Sample]:
         """The training-loop metrics of every rank (counters: totals since the sidecar started)."""
