@@ -215,6 +215,9 @@ def test_recent_steps_are_bounded_by_steps_and_bytes(sock_dir: Path, step_record
     src = _source(sock_dir, ranks=frozenset({0}), max_steps_kept=3)
     try:
         _send(sock_dir, *(step_record(0, s, [{"kind": "compute", "start_us": 0, "end_us": 50}]) for s in range(5)))
+        deadline = time.monotonic() + 5
+        while src._reader is not None and src._reader.lines < 5 and time.monotonic() < deadline:
+            time.sleep(0.01)  # all five read before the first poll: it breaks them down together
         _poll_until(src, lambda: len(src.recent_lines(max_bytes=1 << 20)) == 3)
         steps = [json.loads(line)["step"] for line in src.recent_lines(max_bytes=1 << 20)]
         assert steps == [2, 3, 4]
