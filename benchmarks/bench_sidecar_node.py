@@ -121,7 +121,7 @@ def bump_infiniband(root: Path, stop: threading.Event) -> None:
                 path.write_text(f"{value + 25_000_000}\n")
 
 
-def main() -> None:  # noqa: C901, PLR0915 - one measured run, step by step
+def main() -> None:  # noqa: C901 - one measured run, step by step
     ap = argparse.ArgumentParser()
     ap.add_argument("--seconds", type=float, default=30.0, help="measured seconds (after 6 s of warm-up)")
     ap.add_argument("--intervals", type=int, default=200)
