@@ -71,12 +71,18 @@ def nccl_prelude(host: str, pid: int, rank: int) -> list[str]:
     p = f"{host}:{pid}:{pid} [{rank}] NCCL INFO "
     tp, dp = rank // 2, (rank % 2) + 4 * (rank // 4)
     return [
-        (f"{p}ncclCommInitRankConfig comm 0x1000 rank {rank} nranks 8 cudaDev {rank} nvmlDev {rank} busId 18000 "
-        "commId 0x7c1f3a9e2b4d6081 - Init COMPLETE"),
-        (f"{p}ncclCommInitRankConfig comm 0x2000 rank {rank % 2} nranks 2 cudaDev {rank} nvmlDev {rank} busId 18000 "
-        f"commId 0x{0x100 + tp:x} - Init COMPLETE"),
-        (f"{p}ncclCommInitRankConfig comm 0x3000 rank {(rank // 2) % 2} nranks 2 cudaDev {rank} nvmlDev {rank} "
-        f"busId 18000 commId 0x{0x200 + dp:x} - Init COMPLETE"),
+        (
+            f"{p}ncclCommInitRankConfig comm 0x1000 rank {rank} nranks 8 cudaDev {rank} nvmlDev {rank} busId 18000 "
+            "commId 0x7c1f3a9e2b4d6081 - Init COMPLETE"
+        ),
+        (
+            f"{p}ncclCommInitRankConfig comm 0x2000 rank {rank % 2} nranks 2 cudaDev {rank} nvmlDev {rank} busId 18000 "
+            f"commId 0x{0x100 + tp:x} - Init COMPLETE"
+        ),
+        (
+            f"{p}ncclCommInitRankConfig comm 0x3000 rank {(rank // 2) % 2} nranks 2 cudaDev {rank} nvmlDev {rank} "
+            f"busId 18000 commId 0x{0x200 + dp:x} - Init COMPLETE"
+        ),
     ]
 
 
@@ -228,6 +234,7 @@ def main() -> None:  # noqa: C901 - one measured run, step by step
     proc.terminate()
     proc.wait(20)
     dcgm.shutdown()
+    dcgm.server_close()
     for s in senders:
         s.close()
     shutil.rmtree(tmp, ignore_errors=True)

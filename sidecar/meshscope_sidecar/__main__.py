@@ -19,6 +19,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from meshscope.topology import AXES
 from meshscope_sidecar.collector import PollState, SidecarCollector, make_registry
 from meshscope_sidecar.identity import IdentityError, IdentityMode, resolve_identity
 from meshscope_sidecar.server import Poller, SidecarServer, serve_until
@@ -67,6 +68,7 @@ def build_sources(settings: SidecarSettings, identity: Identity) -> list[tuple[S
         ranks=identity.ranks,
         max_steps_kept=settings.steps_kept,
         max_bytes_kept=settings.steps_bytes,
+        axes=[a.value for a in AXES if identity.layout.degree(a) > 1] if identity.layout is not None else (),
     )
     sources: list[tuple[Source, float]] = [(train, settings.train_poll_s)]
     local_gpus = [g.gpu for g in identity.gpus] if identity.mode is IdentityMode.FULL else None

@@ -42,7 +42,7 @@ from meshscope.topology import AXES
 from meshscope_sidecar.sources.base import Sample, SourceHealth
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable, Sequence
+    from collections.abc import Collection, Iterable, Sequence
 
     from numpy.typing import NDArray
 
@@ -118,6 +118,7 @@ class TrainEventsSource:
         max_ranks: int = 256,
         complete_lag_steps: int = 2,
         max_open_steps: int = 8,
+        axes: Collection[str] = (),
     ) -> None:
         """Bind the socket(s) and start reading.
 
@@ -134,6 +135,10 @@ class TrainEventsSource:
             complete_lag_steps: a step is broken down without a missing rank once another rank is this many steps
                 ahead of it.
             max_open_steps: steps waiting for missing ranks, at most (the oldest is broken down when exceeded).
+            axes: the layout's axes of degree above 1. With ``ranks`` known, every rank's counters are exported
+                from the start at 0 (its exposed communication on each of these axes included), as Prometheus
+                advises for series known to exist: a series that first appears with a value hides its first
+                increment from ``rate()``, and the store then extrapolates each counter of a ratio differently.
 
         Never raises: a socket that cannot be bound leaves the source down (``last_error``), retried every poll.
         """
@@ -159,6 +164,8 @@ class TrainEventsSource:
         self._checked: tuple[RecordTable, list[bytes]] | None = None  # this poll's lines as one table, checked
         self._hello_pids: dict[int, int] = {}  # pid -> rank, every pid a rank said hello with (bounded by restarts)
         self._totals: dict[int, _RankTotals] = {}
+        for rank in sorted(ranks or ()):
+            self._totals[rank] = _RankTotals(axes=set(axes))
         self._rejected = dict.fromkeys(_REJECT_REASONS, 0)
         self._recent: dict[int, list[bytes]] = {}
         self._recent_bytes = 0
@@ -477,13 +484,12 @@ class TrainEventsSource:
 
 
 def _rank_samples(rank: int, t: _RankTotals) -> list[Sample]:
-    if not t.steps:
-        return []
     out = [
         Sample(metric="meshscope_steps_total", value=t.steps, rank=rank),
         Sample(metric="meshscope_step_seconds_total", value=t.step_us / 1e6, rank=rank),
-        Sample(metric="meshscope_last_step_seconds", value=t.last_step_us / 1e6, rank=rank),
     ]
+    if t.steps:  # a gauge has no value before the first step
+        out.append(Sample(metric="meshscope_last_step_seconds", value=t.last_step_us / 1e6, rank=rank))
     by_category: dict[tuple[str, str], int] = {}
     for column, key in enumerate(_CATEGORY_OF_COLUMN):
         by_category[key] = by_category.get(key, 0) + int(t.ticks[column])
