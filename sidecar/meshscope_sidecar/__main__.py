@@ -9,17 +9,25 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib.util
 import logging
 import os
 import signal
+import socket
 import sys
 from importlib import metadata
+from pathlib import Path
 from typing import TYPE_CHECKING
 
+from meshscope.topology import AXES
 from meshscope_sidecar.collector import PollState, SidecarCollector, make_registry
 from meshscope_sidecar.identity import IdentityError, IdentityMode, resolve_identity
 from meshscope_sidecar.server import Poller, SidecarServer, serve_until
-from meshscope_sidecar.settings import ENV_REQUIRE_RANKS, SettingsError, settings_from
+from meshscope_sidecar.settings import ALL_HOSTS, ENV_REQUIRE_RANKS, SettingsError, Switch, settings_from
+from meshscope_sidecar.sources.dcgm import DcgmSource
+from meshscope_sidecar.sources.infiniband import InfinibandSource
+from meshscope_sidecar.sources.nccl_log import NcclLogSource
+from meshscope_sidecar.sources.nvml import NvmlSource
 from meshscope_sidecar.sources.train_events import TrainEventsSource
 
 if TYPE_CHECKING:
@@ -46,9 +54,13 @@ def version() -> str:
 
 
 def build_sources(settings: SidecarSettings, identity: Identity) -> list[tuple[Source, float]]:
-    """The sources that run, each with its poll period in seconds.
+    """The sources that run, each with its poll period in seconds, in export order.
 
-    The training-loop source always runs; the GPU, NCCL and network sources join here as they are added (issue 10).
+    The training-loop source always runs. DCGM runs when a URL is set, NCCL when log paths are set, NVML and
+    InfiniBand unless switched off (``auto``: when ``pynvml`` is installed / the sysfs root exists). An input that
+    is absent once running (no exporter answering, no log file yet, no GPU) is the source's state, never a reason
+    not to start. Every source gets the identity's view of this pod: DCGM its node name and GPUs, NCCL the layout,
+    the job's placement and the ``(host, pid) -> rank`` map of the ranks' hello messages, InfiniBand its GPU count.
     """
     train = TrainEventsSource(
         addresses=settings.sockets,
@@ -56,8 +68,42 @@ def build_sources(settings: SidecarSettings, identity: Identity) -> list[tuple[S
         ranks=identity.ranks,
         max_steps_kept=settings.steps_kept,
         max_bytes_kept=settings.steps_bytes,
+        axes=[a.value for a in AXES if identity.layout.degree(a) > 1] if identity.layout is not None else (),
     )
-    return [(train, settings.train_poll_s)]
+    sources: list[tuple[Source, float]] = [(train, settings.train_poll_s)]
+    local_gpus = [g.gpu for g in identity.gpus] if identity.mode is IdentityMode.FULL else None
+    if settings.dcgm_url is not None:
+        hostname = settings.dcgm_hostname or identity.node
+        dcgm = DcgmSource(
+            url=settings.dcgm_url,
+            timeout_seconds=settings.dcgm_timeout_s,
+            hostname=None if hostname == ALL_HOSTS else hostname,
+            gpus=local_gpus,
+        )
+        sources.append((dcgm, settings.dcgm_poll_s))
+    if settings.nvml is Switch.ON or (settings.nvml is Switch.AUTO and importlib.util.find_spec("pynvml")):
+        sources.append((NvmlSource(), settings.nvml_poll_s))
+    if settings.nccl_logs:
+        # The training containers of a pod share its UTS namespace, hence the host name NCCL prints in its prefix.
+        host = socket.gethostname()
+        nccl = NcclLogSource(
+            list(settings.nccl_logs),
+            layout=identity.layout,
+            placement=identity.placement,
+            inspector_paths=list(settings.nccl_inspector) or None,
+            ranks_from=lambda: {(host, pid): rank for pid, rank in train.process_ranks().items()},
+        )
+        sources.append((nccl, settings.nccl_poll_s))
+    if settings.infiniband is Switch.ON or (
+        settings.infiniband is Switch.AUTO and Path(settings.infiniband_root).is_dir()
+    ):
+        ib = InfinibandSource(
+            root=settings.infiniband_root,
+            rails=settings.infiniband_rails,
+            gpu_count=len(local_gpus) if local_gpus else None,
+        )
+        sources.append((ib, settings.infiniband_poll_s))
+    return sources
 
 
 def _identity(settings: SidecarSettings) -> Identity:
@@ -85,6 +131,7 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     if identity.mode is IdentityMode.DEGRADED:
         log.warning("degraded: per-rank series are not exported (%s)", "; ".join(identity.missing))
     sources = build_sources(settings, identity)
+    log.info("sources: %s", ", ".join(f"{s.name} every {period:g} s" for s, period in sources))
     polls = {s.name: PollState(period_s=period) for s, period in sources}
     collector = SidecarCollector([s for s, _ in sources], identity, version=version(), polls=polls)
     train = next((s for s, _ in sources if isinstance(s, TrainEventsSource)), None)

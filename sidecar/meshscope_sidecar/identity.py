@@ -51,7 +51,7 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from meshscope.errors import LayoutError
-from meshscope.topology import ParallelLayout, RankCoord, parse_layout
+from meshscope.topology import ParallelLayout, Placement, RankCoord, parse_layout
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -133,6 +133,10 @@ class Identity:
     """Why ranks cannot be tagged, one sentence each (degraded mode); empty in full mode."""
     sources: tuple[str, ...] = ()
     """Where each piece came from (``node rank from JOB_COMPLETION_INDEX=3``), for the startup line."""
+    placement: Placement | None = field(default=None, compare=False)
+    """Which node every rank of the job runs on, when that is known: the default rule (``n*g .. n*g+g-1`` on node
+    rank ``n``), or a placement file that places every rank of the layout; ``None`` otherwise. The NCCL source
+    uses it to tell same-size groups apart by the nodes they span."""
     _by_rank: dict[int, LocalGpu] = field(init=False, repr=False, compare=False)
     _by_gpu: dict[int, LocalGpu] = field(init=False, repr=False, compare=False)
 
@@ -346,6 +350,7 @@ def resolve_identity(inputs: IdentityInputs) -> Identity:
     sources: list[str] = []
     nvlink_domain, network_tier = inputs.nvlink_domain, inputs.network_tier
     local: tuple[int | None, ...] | None = None
+    nodes: dict[str, _NodePlacement] | None = None
     if inputs.placement_file is not None:
         nodes = read_placement(Path(inputs.placement_file), world_size=world)
         entry = nodes.get(inputs.node_name)
@@ -368,6 +373,7 @@ def resolve_identity(inputs: IdentityInputs) -> Identity:
         gpus = tuple(LocalGpu(gpu=i, rank=r, coord=layout.coord(r)) for i, r in enumerate(local) if r is not None)
         if not gpus:
             missing.append(f"no rank is placed on node {inputs.node_name!r}")
+    placement = _world_placement(world, nodes, local) if not missing else None
     return Identity(
         job=sanitize(inputs.job),
         node=sanitize(inputs.node_name),
@@ -377,7 +383,29 @@ def resolve_identity(inputs: IdentityInputs) -> Identity:
         gpus=gpus,
         missing=tuple(missing),
         sources=tuple(sources),
+        placement=placement,
     )
+
+
+def _world_placement(
+    world: int | None, nodes: dict[str, _NodePlacement] | None, local: tuple[int | None, ...] | None
+) -> Placement | None:
+    """Every rank's node: from a placement file that places the whole world, or the default consecutive rule."""
+    if world is None:
+        return None
+    if nodes is None:
+        if not local:
+            return None
+        per_node = len(local)
+        return Placement.default(world, gpus_per_node=per_node, nvlink_domain_gpus=per_node, nodes_per_network_block=1)
+    rank_nodes: list[str | None] = [None] * world
+    for name, entry in nodes.items():
+        for r in entry.ranks:
+            if r is not None:
+                rank_nodes[r] = name
+    if any(n is None for n in rank_nodes):
+        return None
+    return Placement.from_node_names([n for n in rank_nodes if n is not None])
 
 
 def _default_ranks(

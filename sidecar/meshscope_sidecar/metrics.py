@@ -522,8 +522,9 @@ LABEL_HELP: dict[str, str] = {
     "network_tier": "Network block of the node (topograph's tier labels, or the placement file); empty when unknown.",
     "gpu": "Local GPU index on the node (nvidia-smi order, dcgm-exporter's `gpu`).",
     "category": "Breakdown category: " + ", ".join(f"`{c}`" for c in BREAKDOWN_CATEGORIES) + ".",
-    "axis": "Parallelism axis (`dp`, `tp`, `pp`, `cp`, `ep`); `unknown` for an NCCL communicator whose members fit no "
-    "axis; empty on categories other than `exposed_comm`.",
+    "axis": "Parallelism axis (`dp`, `tp`, `pp`, `cp`, `ep`); for an NCCL communicator also `world` (every rank), "
+    "`dp-cp` (dp x cp) or `edp` (expert data parallel), and `unknown` when its members fit no group; empty on "
+    "categories other than `exposed_comm`.",
     "op": "Collective or point-to-point operation (`all_reduce`, `all_gather`, `reduce_scatter`, `all_to_all`, "
     "`broadcast`, `send`, `recv`, ...).",
     "source": "The sidecar's input: `train_events`, `dcgm`, `nvml`, `nccl_log`, `infiniband`.",

@@ -50,7 +50,9 @@ class Untagged(StrEnum):
 
 _SOURCES = frozenset({"train_events", "dcgm", "nvml", "nccl_log", "infiniband"})
 _CLOSED: dict[str, frozenset[str]] = {
-    "axis": frozenset({"", "unknown", *(a.value for a in AXES)}),
+    # Beyond the five axes: the process groups an NCCL communicator can be that are not one axis (the whole world,
+    # dp x cp, the expert-data-parallel group: sources/nccl_comms.py AxisMapper), and "unknown".
+    "axis": frozenset({"", "unknown", "world", "dp-cp", "edp", *(a.value for a in AXES)}),
     "op": frozenset(op.value for op in OPS),
     "category": frozenset(BREAKDOWN_CATEGORIES),
     "source": _SOURCES,

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import meshscope.records.reading as records_module
 from meshscope.errors import ParseCode, ParseError
@@ -34,6 +36,7 @@ from meshscope.records import (
     read_records,
     read_table,
     record_to_json,
+    table_from_lines,
     write_records,
 )
 from meshscope.records.memory import mapped_empty
@@ -375,9 +378,17 @@ def test_blank_lines_are_ignored(tmp_path):
 # ---------------------------------------------------------------------------- schema errors
 
 
+def _lines_in_memory(path: Path) -> RecordTable:
+    """The in-memory reader (the sidecar's) over a file's lines, named as the file so that messages compare."""
+    return table_from_lines(path.read_bytes().splitlines(keepends=True), where=str(path))
+
+
 def _both_readers_raise(path: Path, *fragments: str, code: ParseCode) -> None:
-    """Both readers refuse ``path`` with the error code ``code``; the message names where and what (``fragments``)."""
-    for reader in (read_records, read_table):
+    """Both readers refuse ``path`` with the error code ``code``; the message names where and what (``fragments``).
+
+    The in-memory reader of the same lines (:func:`table_from_lines`) refuses them with the same error too.
+    """
+    for reader in (read_records, read_table, _lines_in_memory):
         with pytest.raises(ParseError) as info:
             reader(path)
         assert info.value.code is code, (reader.__name__, info.value.code, str(info.value))
@@ -940,3 +951,99 @@ def test_non_finite_numbers_are_refused_by_both_readers(tmp_path, field, spellin
     path = tmp_path / "r.jsonl"
     path.write_text(json.dumps(good_json(0)) + "\n" + json.dumps(obj).replace('"__X__"', spelling) + "\n")
     _both_readers_raise(path, f"{path} line 2", f"{field} = ", "expected a finite number", code=_RANGE)
+
+
+# ---------------------------------------------------------------------------- lines already in memory
+
+
+def _same_columns(a: RecordTable, b: RecordTable) -> None:
+    for part in ("steps", "intervals"):
+        cols_a, cols_b = getattr(a, part), getattr(b, part)
+        for name in type(cols_a).__dataclass_fields__:
+            np.testing.assert_array_equal(getattr(cols_a, name), getattr(cols_b, name), err_msg=f"{part}.{name}")
+    names = ("job", "node_names", "nvlink_domain_names", "network_tier_names", "group_names", "notes")
+    assert [getattr(a, n) for n in names] == [getattr(b, n) for n in names]
+
+
+@pytest.mark.parametrize(
+    "source",
+    ["sample", "pp2_tp2_dp2_straggler/records.jsonl", "dp8_straggler/records.jsonl"],
+    ids=["sample", "pp2-tp2-dp2", "dp8"],
+)
+def test_lines_in_memory_make_the_table_the_file_reader_makes(tmp_path, source):
+    if source == "sample":
+        path = tmp_path / "r.jsonl"
+        write_records(path, sample_records())
+    else:
+        path = DATA_DIR / source
+    lines = path.read_bytes().splitlines(keepends=True)
+    table = table_from_lines(lines, where="datagrams")
+    _same_columns(table, read_table(path))
+    assert table.source_files == ("datagrams",)
+    assert table.where_row(0) == "datagrams line 1"
+    # Without their newlines, and in another order: the same records, in the order given.
+    again = table_from_lines([line.rstrip(b"\n") for line in reversed(lines)])
+    assert again.to_records() == table.to_records()[::-1]
+
+
+def test_lines_in_memory_have_no_truncation_rule():
+    good = json.dumps(good_json(0)).encode()
+    with pytest.raises(ParseError) as info:
+        table_from_lines([good, good[:40]], where="socket")
+    assert info.value.code is ParseCode.BAD_JSON
+    assert "socket line 2: not valid JSON" in str(info.value)
+    assert len(table_from_lines([b"", good, b"  \n"]).steps.rank) == 1
+    assert len(table_from_lines([]).steps.rank) == 0
+
+
+_JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats(allow_nan=False) | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3),
+    max_leaves=6,
+)
+_FIELDS = [*good_json(0), "stats.tokens", "stats.attention_work", "coord.tp", "between_steps.eval"]
+_INTERVAL_FIELDS = ["kind", "start_us", "end_us", "phase", "axis", "op", "group", "seq", "bytes", "group_size", "peer"]
+
+
+@st.composite
+def _records_one_field_changed(draw: st.DrawFn) -> list[dict]:
+    """A few valid records of the grammar, one field of one of them (top level, nested or an interval's) replaced
+    by an arbitrary JSON value or removed, or a valid value moved within range."""
+    objs = [good_json(rank, step) for step in range(2) for rank in range(draw(st.integers(1, 3)))]
+    target = objs[draw(st.integers(0, len(objs) - 1))]
+    where = draw(st.sampled_from(["record", "interval"]))
+    if where == "interval":
+        target = target["intervals"][draw(st.integers(0, len(target["intervals"]) - 1))]
+        field = draw(st.sampled_from(_INTERVAL_FIELDS))
+    else:
+        field = draw(st.sampled_from(_FIELDS))
+        if "." in field:
+            head, field = field.split(".")
+            target = target.setdefault(head, {}) if isinstance(target.get(head), dict) else target
+    action = draw(st.sampled_from(["value", "remove", "shift"]))
+    if action == "remove":
+        target.pop(field, None)
+    elif action == "shift" and isinstance(target.get(field), int) and not isinstance(target.get(field), bool):
+        target[field] += draw(st.integers(-3, 3))
+    else:
+        target[field] = draw(_JSON_VALUES)
+    return objs
+
+
+def _outcome(read) -> tuple[str, object]:
+    try:
+        return "ok", read().to_records()
+    except ParseError as exc:
+        return "error", (exc.code, str(exc))
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(objs=_records_one_field_changed())
+def test_the_in_memory_reader_agrees_with_the_file_reader_on_any_change(tmp_path, objs):
+    path = write_lines(tmp_path / "fuzz.jsonl", objs)
+    lines = [json.dumps(o).encode() for o in objs]
+    from_file, in_memory = (
+        _outcome(lambda: read_table(path)),
+        _outcome(lambda: table_from_lines(lines, where=str(path))),
+    )
+    assert from_file == in_memory

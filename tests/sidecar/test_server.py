@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import threading
 import time
 import urllib.error
@@ -110,7 +111,9 @@ def _wait(cond, timeout_s: float = 10.0) -> None:
 
 def test_metrics_while_a_source_hangs(served: Served, sock_dir: Path, step_record) -> None:
     _send_steps(sock_dir, step_record, range(2))
-    _wait(lambda: b"meshscope_steps_total" in served.get("/metrics")[2])
+    _wait(
+        lambda: re.search(rb'meshscope_steps_total\{[^}]*rank="1"[^}]*\} 2\.0', served.get("/metrics")[2]) is not None
+    )
     t0 = time.monotonic()
     status, headers, body = served.get("/metrics")
     assert time.monotonic() - t0 < 5

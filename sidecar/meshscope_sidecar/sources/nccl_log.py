@@ -40,7 +40,7 @@ from meshscope_sidecar.sources.nccl_inspector import InspectorRecord, parse_insp
 from meshscope_sidecar.sources.nccl_lines import Collective, Fragment, InitLine, Malformed, parse_line
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping, Sequence
+    from collections.abc import Callable, Mapping, Sequence
     from pathlib import Path
 
     from meshscope.topology import ParallelLayout, Placement
@@ -110,6 +110,7 @@ class NcclLogSource:
         max_files: int = 256,
         max_communicators: int = 4096,
         max_line_bytes: int = 64 * 1024,
+        ranks_from: Callable[[], Mapping[ProcessKey, int]] | None = None,
     ) -> None:
         """Configure; reads nothing until :meth:`poll`.
 
@@ -125,6 +126,9 @@ class NcclLogSource:
             max_files: most files followed per kind (default 256).
             max_communicators: most communicators kept (default 4096), per kind.
             max_line_bytes: longest line kept (default 64 KiB).
+            ranks_from: called at the start of every poll, in the polling thread, for more ``(host, pid) -> global
+                rank`` (the sidecar passes what the training loop's hello messages said); each is given to
+                :meth:`set_rank`.
         """
         self.health = SourceHealth()
         self.stats = NcclLogStats()
@@ -149,6 +153,7 @@ class NcclLogSource:
         self._axes: dict[CommKey, str] = {}
         self._inspector_axes: dict[tuple[str, int, str], str] = {}
         self._ranks: dict[ProcessKey, int] = {}
+        self._ranks_from = ranks_from
 
     # ------------------------------------------------------------------ input
 
@@ -168,6 +173,9 @@ class NcclLogSource:
             self.health.last_error = f"{type(exc).__name__}: {exc}"
 
     def _poll(self) -> None:
+        if self._ranks_from is not None:
+            for (host, pid), rank in self._ranks_from().items():
+                self.set_rank(host, pid, rank)
         log_budget = self.budget_bytes if self._inspector is None else self.budget_bytes - self.budget_bytes // 4
         lines = self._logs.poll(log_budget)
         self._read_log(lines)

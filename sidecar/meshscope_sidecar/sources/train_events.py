@@ -25,25 +25,28 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import json
+import math
 import threading
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+import msgspec
 import numpy as np
 
 from meshscope.analysis import CATEGORIES, TICKS_PER_US, break_down
 from meshscope.errors import ParseError
-from meshscope.records import IntervalKind, RecordTable, StepRecord, _parse_record
+from meshscope.records import AXIS_CODE, COMM_CODE, OP_CODE, P2P_CODE, UNKNOWN, table_from_lines
 from meshscope.sdk import RecordReader, parse_address
 from meshscope.topology import AXES
 from meshscope_sidecar.sources.base import Sample, SourceHealth
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable, Sequence
+    from collections.abc import Collection, Iterable, Sequence
 
     from numpy.typing import NDArray
+
+    from meshscope.records import RecordTable, StepColumns
 
 TICKS_PER_S = TICKS_PER_US * 1_000_000
 """The breakdown's unit (1/60 µs) per second."""
@@ -74,9 +77,26 @@ class _RankTotals:
     peak_memory_bytes: int | None = None
 
 
+class _Header(msgspec.Struct, frozen=True, gc=False):
+    """What a record line must say before it is queued for its step: the rest is checked with its step's table."""
+
+    schema: str
+    job: str
+    rank: int
+    step: int
+
+
+_decode_header = msgspec.json.Decoder(_Header).decode
+_SCHEMA = "meshscope.step/1"
+_AXIS_OF_CODE = {code: name for name, code in AXIS_CODE.items()}
+_OP_OF_CODE = {code: name for name, code in OP_CODE.items()}
+_RECV = OP_CODE["recv"]  # a transfer is counted once, on its sending side
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class _Pending:
-    record: StepRecord
+    rank: int
+    step: int
     line: bytes
 
 
@@ -98,6 +118,7 @@ class TrainEventsSource:
         max_ranks: int = 256,
         complete_lag_steps: int = 2,
         max_open_steps: int = 8,
+        axes: Collection[str] = (),
     ) -> None:
         """Bind the socket(s) and start reading.
 
@@ -114,6 +135,10 @@ class TrainEventsSource:
             complete_lag_steps: a step is broken down without a missing rank once another rank is this many steps
                 ahead of it.
             max_open_steps: steps waiting for missing ranks, at most (the oldest is broken down when exceeded).
+            axes: the layout's axes of degree above 1. With ``ranks`` known, every rank's counters are exported
+                from the start at 0 (its exposed communication on each of these axes included), as Prometheus
+                advises for series known to exist: a series that first appears with a value hides its first
+                increment from ``rate()``, and the store then extrapolates each counter of a ratio differently.
 
         Never raises: a socket that cannot be bound leaves the source down (``last_error``), retried every poll.
         """
@@ -136,7 +161,11 @@ class TrainEventsSource:
         self._open: dict[int, dict[int, _Pending]] = {}
         self._newest: dict[int, int] = {}
         self._pids: dict[int, int | None] = {}
+        self._checked: tuple[RecordTable, list[bytes]] | None = None  # this poll's lines as one table, checked
+        self._hello_pids: dict[int, int] = {}  # pid -> rank, every pid a rank said hello with (bounded by restarts)
         self._totals: dict[int, _RankTotals] = {}
+        for rank in sorted(ranks or ()):
+            self._totals[rank] = _RankTotals(axes=set(axes))
         self._rejected = dict.fromkeys(_REJECT_REASONS, 0)
         self._recent: dict[int, list[bytes]] = {}
         self._recent_bytes = 0
@@ -183,8 +212,9 @@ class TrainEventsSource:
             self._queue.clear()
             self._queued_bytes = 0
         self._restarted_ranks()
-        for rank, line in queued:
-            self._ingest(rank, line)
+        self._checked = None
+        for _, line, header in self._valid(queued):
+            self._ingest(line, header)
         ready = self._ready_steps()
         if ready:
             self._break_down(ready)
@@ -207,12 +237,45 @@ class TrainEventsSource:
                 self._newest.pop(rank, None)
             self._pids[rank] = pid
 
-    def _ingest(self, rank: int, line: bytes) -> None:
+    def _valid(self, queued: list[tuple[int, bytes]]) -> list[tuple[int, bytes, _Header]]:
+        """The queued lines that are valid records alone, with their headers; the others are counted.
+
+        Every line is checked by the core's columnar reader (:func:`meshscope.records.table_from_lines`), all of a
+        poll's lines as one table: a bad one makes that table fail, and then each line is checked alone, so that
+        only the bad ones are lost. Checked here, before a record is queued for its step, so that an invalid one
+        can neither take a rank's place in a step nor move its newest step number.
+        """
+        headed: list[tuple[int, bytes, _Header]] = []
+        for rank, line in queued:
+            try:
+                header = _decode_header(line)
+            except (msgspec.DecodeError, RecursionError):
+                self._parse_errors += 1
+                continue
+            if header.schema != _SCHEMA or header.rank != rank:
+                self._parse_errors += 1
+                continue
+            headed.append((rank, line, header))
+        if not headed:
+            return []
+        lines = [line for _, line, _ in headed]
         try:
-            record = _parse_record(json.loads(line), f"rank {rank} record")
-        except (ParseError, ValueError, RecursionError):
-            self._parse_errors += 1
-            return
+            self._checked = (table_from_lines(lines, where="records"), lines)
+        except ParseError:
+            pass
+        else:
+            return headed
+        valid = []
+        for item in headed:
+            try:
+                table_from_lines([item[1]])
+            except ParseError:
+                self._parse_errors += 1
+            else:
+                valid.append(item)  # valid alone; what it clashes with (a duplicate, another job) is decided next
+        return valid
+
+    def _ingest(self, line: bytes, record: _Header) -> None:
         if record.job != self._job:
             self._rejected["foreign_job"] += 1
             return
@@ -228,7 +291,7 @@ class TrainEventsSource:
             return
         self._newest[record.rank] = record.step
         self._totals.setdefault(record.rank, _RankTotals())
-        self._open.setdefault(record.step, {})[record.rank] = _Pending(record=record, line=line)
+        self._open.setdefault(record.step, {})[record.rank] = _Pending(rank=record.rank, step=record.step, line=line)
 
     def _ready_steps(self) -> list[int]:
         """Open steps that every expected rank sent, that a rank has gone past by the lag, or beyond the limit."""
@@ -251,6 +314,18 @@ class TrainEventsSource:
 
     def _break_down(self, steps: list[int]) -> None:
         pending = [p for s in steps for p in self._open.pop(s).values()]
+        checked, self._checked = self._checked, None
+        if checked is not None and len(checked[1]) == len(pending):
+            # The usual case: what this poll received is exactly the steps now complete, already one valid table.
+            at = {id(line): i for i, line in enumerate(checked[1])}
+            order = [at.get(id(p.line)) for p in pending]
+            if None not in order and len(set(order)) == len(order):
+                try:
+                    self._apply(sorted(pending, key=lambda p: at[id(p.line)]), checked[0])
+                except ParseError:
+                    pass
+                else:
+                    return
         try:
             self._apply(pending)
         except ParseError:
@@ -262,49 +337,75 @@ class TrainEventsSource:
                 except ParseError:
                     self._parse_errors += 1
 
-    def _apply(self, pending: list[_Pending]) -> None:
+    def _apply(self, pending: list[_Pending], table: RecordTable | None = None) -> None:
         """Break down ``pending`` records as one table and add them to the totals and the recent steps.
+
+        ``table``, when given, is the table of exactly these lines in this order (built when they were checked).
+
+        The table is built by the core's columnar reader (:func:`meshscope.records.table_from_lines`), which checks
+        every line as the file readers do; the totals are read off its columns.
 
         Raises:
             ParseError: when the records do not make a valid table.
         """
-        table = RecordTable.from_records(p.record for p in pending)
+        if table is None:
+            table = table_from_lines([p.line for p in pending], where="records")
         ticks = break_down(table, align_clocks=False).ticks
-        row_of = {(int(r), int(s)): i for i, (r, s) in enumerate(zip(table.steps.rank, table.steps.step, strict=True))}
+        st = table.steps
+        ranks = st.rank.tolist()
+        steps = st.step.tolist()
+        step_us = (st.end_us - st.start_us).tolist()
+        if ranks != [p.rank for p in pending] or steps != [p.step for p in pending]:  # one row per line, in order
+            raise ParseError("a record's rank or step reads differently in its header and in its table")
+        ivs = table.intervals
+        net = ((ivs.kind == COMM_CODE) | (ivs.kind == P2P_CODE)) & (ivs.axis != UNKNOWN) & (ivs.op != UNKNOWN)
+        rows, axes, ops = ivs.row[net], ivs.axis[net], ivs.op[net]
+        sizes = ivs.size_bytes[net]
+        keys, inverse = np.unique(
+            np.stack([rows.astype(np.int64), axes.astype(np.int64), ops.astype(np.int64)], axis=1),
+            axis=0,
+            return_inverse=True,
+        )
+        inverse = inverse.reshape(-1)
+        counts = np.bincount(inverse, minlength=len(keys))
+        byte_sums = np.zeros(len(keys), dtype=np.int64)
+        np.add.at(byte_sums, inverse, np.where(sizes >= 0, sizes, 0))
+        has_bytes = np.bincount(inverse, weights=sizes >= 0, minlength=len(keys)) > 0
         with self._lock:
-            for p in pending:
-                t = self._totals[p.record.rank]
-                t.ticks += ticks[row_of[p.record.rank, p.record.step]]
-                self._count(t, p.record)
-                self._keep(p.record.step, p.line)
+            for i, p in enumerate(pending):
+                t = self._totals[p.rank]
+                t.ticks += ticks[i]
+                t.steps += 1
+                t.step_us += step_us[i]
+                t.last_step_us = step_us[i]
+                self._count_stats(t, st, i)
+                self._keep(p.step, p.line)
+            for (row, axis, op), n, size, sized in zip(
+                keys.tolist(), counts.tolist(), byte_sums.tolist(), has_bytes.tolist(), strict=True
+            ):
+                t = self._totals[ranks[row]]
+                axis_name = _AXIS_OF_CODE[axis]
+                t.axes.add(axis_name)
+                if op == _RECV:
+                    continue
+                key = (axis_name, _OP_OF_CODE[op])
+                t.collectives[key] = t.collectives.get(key, 0) + n
+                if sized:
+                    t.collective_bytes[key] = t.collective_bytes.get(key, 0) + size
 
     @staticmethod
-    def _count(t: _RankTotals, record: StepRecord) -> None:
-        step_us = record.end_us - record.start_us
-        t.steps += 1
-        t.step_us += step_us
-        t.last_step_us = step_us
-        for iv in record.intervals:
-            if iv.kind not in {IntervalKind.COMM, IntervalKind.P2P} or iv.axis is None or iv.op is None:
-                continue
-            t.axes.add(iv.axis.value)
-            if iv.op.value == "recv":  # a transfer is counted once, on its sending side
-                continue
-            key = (iv.axis.value, iv.op.value)
-            t.collectives[key] = t.collectives.get(key, 0) + 1
-            if iv.size_bytes is not None:
-                t.collective_bytes[key] = t.collective_bytes.get(key, 0) + iv.size_bytes
-        st = record.stats
-        if st.tokens is not None:
-            t.tokens = (t.tokens or 0) + st.tokens
-        if st.longest_sequence is not None:
-            t.longest_sequence = st.longest_sequence
-        if st.attention_work is not None:
-            t.attention_work = (t.attention_work or 0.0) + st.attention_work
-        if st.attention_us is not None:
-            t.attention_us = (t.attention_us or 0) + st.attention_us
-        if st.peak_memory_bytes is not None:
-            t.peak_memory_bytes = st.peak_memory_bytes
+    def _count_stats(t: _RankTotals, st: StepColumns, i: int) -> None:
+        """Add row ``i``'s data stats to ``t`` (absent ones: ``-1`` or NaN in the columns, left as they are)."""
+        if (tokens := int(st.tokens[i])) != UNKNOWN:
+            t.tokens = (t.tokens or 0) + tokens
+        if (longest := int(st.longest_sequence[i])) != UNKNOWN:
+            t.longest_sequence = longest
+        if not math.isnan(work := float(st.attention_work[i])):
+            t.attention_work = (t.attention_work or 0.0) + work
+        if (attention_us := int(st.attention_us[i])) != UNKNOWN:
+            t.attention_us = (t.attention_us or 0) + attention_us
+        if (peak := int(st.peak_memory_bytes[i])) != UNKNOWN:
+            t.peak_memory_bytes = peak
 
     def _keep(self, step: int, line: bytes) -> None:
         """Keep ``line`` for ``/v1/steps``, evicting the oldest steps beyond the limits (caller holds the lock)."""
@@ -343,6 +444,19 @@ class TrainEventsSource:
                     size += len(line)
             return out
 
+    def process_ranks(self) -> dict[int, int]:
+        """``pid -> global rank`` of every rank of this pod that said hello (the SDK's hello carries both).
+
+        A restarted rank's new pid is added and its old one kept: that process' logs are still that rank's.
+        """
+        with self._lock:
+            if self._reader is not None:
+                with self._reader.lock:
+                    for rank, tally in self._reader.ranks.items():
+                        if tally.pid is not None and (self._ranks is None or rank in self._ranks):
+                            self._hello_pids[tally.pid] = rank
+            return dict(self._hello_pids)
+
     def samples(self) -> Iterable[Sample]:
         """The training-loop metrics of every rank (counters: totals since the sidecar started)."""
         dropped_by_rank: dict[int, int] = {}
@@ -370,13 +484,12 @@ class TrainEventsSource:
 
 
 def _rank_samples(rank: int, t: _RankTotals) -> list[Sample]:
-    if not t.steps:
-        return []
     out = [
         Sample(metric="meshscope_steps_total", value=t.steps, rank=rank),
         Sample(metric="meshscope_step_seconds_total", value=t.step_us / 1e6, rank=rank),
-        Sample(metric="meshscope_last_step_seconds", value=t.last_step_us / 1e6, rank=rank),
     ]
+    if t.steps:  # a gauge has no value before the first step
+        out.append(Sample(metric="meshscope_last_step_seconds", value=t.last_step_us / 1e6, rank=rank))
     by_category: dict[tuple[str, str], int] = {}
     for column, key in enumerate(_CATEGORY_OF_COLUMN):
         by_category[key] = by_category.get(key, 0) + int(t.ticks[column])

@@ -19,12 +19,14 @@ anything beyond numpy, msgspec (typed JSON in C) and the standard library. Its m
 - :mod:`~meshscope.records.memory`: allocator settings and pre-mapped arrays for columns of millions of rows;
 - :mod:`~meshscope.records.writing`: :func:`write_records`;
 - :mod:`~meshscope.records.decoding`: lines of plain and gzip files, a batch at a time, truncation rules;
-- :mod:`~meshscope.records.building`: the columnar fast path from JSON lines (typed decoding) to a table;
+- :mod:`~meshscope.records.building`: the columnar fast path from JSON lines (typed decoding) to a table, also
+  for lines already in memory (:func:`table_from_lines`);
 - :mod:`~meshscope.records.reading`: :func:`read_records`, :func:`read_table` and its worker processes.
 
 Import the public names from here (``from meshscope.records import read_table``).
 """
 
+from meshscope.records.building import table_from_lines
 from meshscope.records.memory import tune_memory_for_columns
 from meshscope.records.parsing import _parse_record, record_to_json
 from meshscope.records.reading import default_workers, read_records, read_table
@@ -91,6 +93,7 @@ __all__ = [
     "read_records",
     "read_table",
     "record_to_json",
+    "table_from_lines",
     "tune_memory_for_columns",
     "write_records",
 ]

@@ -36,7 +36,7 @@ import msgspec
 import numpy as np
 
 from meshscope.errors import ParseCode, ParseError
-from meshscope.records.decoding import _decode_batch, _raw_batches
+from meshscope.records.decoding import _BATCH_LINES, _decode_batch, _raw_batches
 from meshscope.records.parsing import _parse_record, record_to_json
 from meshscope.records.schema import (
     AXIS_CODE,
@@ -363,19 +363,52 @@ class _TableBuilder:
             if phase is not None:
                 phase.advance(tally[0] - told)
                 told = tally[0]
-            linenos = [lineno for lineno, _ in batch]
-            try:
-                self._add_batch(list(map(_decode_line, [raw for _, raw in batch])), file_index, linenos, path)
-                continue
-            except _NOT_FAST:
-                pass
-            linenos, objs = _decode_batch(path, batch, final=final, allow_partial=allow_partial, notes=notes)
-            self._add_decoded(objs, file_index, linenos, path)
+            self._read_batch(batch, file_index, path, final=final, allow_partial=allow_partial, notes=notes)
         if phase is not None:
             phase.advance(tally[0] - told)
         return counted[0] if counted else 0
 
-    def _add_decoded(self, objs: list[Any], file_index: int, linenos: list[int], path: Path) -> None:
+    def read_lines(self, lines: Iterable[bytes], where: str) -> None:
+        """Append record lines already in memory, numbered from 1 in the order given; blank lines are skipped.
+
+        No truncation rule applies (nothing was cut off mid-write): a bad line anywhere is an error naming it.
+
+        Raises:
+            ParseError: for the first line that breaks a rule checked per line (as the object parser words it).
+        """
+        batch: list[tuple[int, bytes]] = []
+        for lineno, raw in enumerate(lines, 1):
+            if not raw or raw.isspace():
+                continue
+            batch.append((lineno, raw))
+            if len(batch) == _BATCH_LINES:
+                self._read_batch(batch, 0, where, final=False, allow_partial=False, notes=[])
+                batch = []
+        if batch:
+            self._read_batch(batch, 0, where, final=False, allow_partial=False, notes=[])
+
+    def _read_batch(
+        self,
+        batch: list[tuple[int, bytes]],
+        file_index: int,
+        path: Path | str,
+        *,
+        final: bool,
+        allow_partial: bool,
+        notes: list[Note],
+    ) -> None:
+        """One batch: typed decoding straight into columns, else ``json`` and the line-by-line fallbacks."""
+        linenos = [lineno for lineno, _ in batch]
+        try:
+            self._add_batch(list(map(_decode_line, [raw for _, raw in batch])), file_index, linenos, path)
+        except _NOT_FAST:
+            pass
+        else:
+            return
+        linenos, objs = _decode_batch(path, batch, final=final, allow_partial=allow_partial, notes=notes)
+        self._add_decoded(objs, file_index, linenos, path)
+
+    def _add_decoded(self, objs: list[Any], file_index: int, linenos: list[int], path: Path | str) -> None:
         """A batch the typed decoder refused, decoded by ``json``: each line typed alone, else by the object parser."""
         lines = [_typed(obj, f"{path} line {lineno}") for lineno, obj in zip(linenos, objs, strict=True)]
         if not lines:
@@ -386,7 +419,7 @@ class _TableBuilder:
             for line, obj, lineno in zip(lines, objs, linenos, strict=True):
                 self._add_line(line, obj, file_index, lineno, path)
 
-    def _add_line(self, line: _Line, obj: object, file_index: int, lineno: int, path: Path) -> None:
+    def _add_line(self, line: _Line, obj: object, file_index: int, lineno: int, path: Path | str) -> None:
         """One line alone; if the fast path still cannot take it, the object parser decides."""
         try:
             self._add_batch([line], file_index, [lineno], path)
@@ -402,7 +435,7 @@ class _TableBuilder:
             except _NOT_FAST:
                 raise ParseError(_OUT_OF_RANGE.format(where=where), code=ParseCode.VALUE_OUT_OF_RANGE) from None
 
-    def _add_batch(self, lines: list[_Line], file_index: int, linenos: list[int], path: Path) -> None:
+    def _add_batch(self, lines: list[_Line], file_index: int, linenos: list[int], path: Path | str) -> None:
         """Append a batch of typed lines, all or nothing.
 
         Raises:
@@ -567,6 +600,31 @@ class _TableBuilder:
     def build(self, *, notes: tuple[Note, ...], source_files: tuple[str, ...]) -> RecordTable:
         """Turn the columns into a validated :class:`RecordTable`."""
         return _table_of(self.raw(), notes=notes, source_files=source_files)
+
+
+def table_from_lines(lines: Iterable[bytes], *, where: str = "memory") -> RecordTable:
+    """A validated :class:`RecordTable` of ``meshscope.step/1`` lines already in memory, by the columnar fast path.
+
+    For records that arrive one by one (the sidecar's datagrams) rather than in a file: the same typed decoding,
+    the same per-line checks and fallbacks as :func:`~meshscope.records.reading.read_table`, and the same table
+    checks, so it accepts exactly the lines both file readers accept and refuses the others with the same error
+    (:class:`~meshscope.errors.ParseError` naming ``<where> line <n>``). Lines are numbered from 1 in the order
+    given; blank lines are skipped; a trailing newline is allowed. The table's one source file is ``where``.
+
+    Args:
+        lines: one JSON object per item (``bytes``), in any rank and step order.
+        where: what to call the lines in messages and :attr:`RecordTable.source_files`.
+
+    Returns:
+        The table of every line.
+
+    Raises:
+        ParseError: for the first bad line, or for lines that do not make a valid table (duplicate rank-steps,
+            collectives that disagree, lines of several jobs).
+    """
+    builder = _TableBuilder()
+    builder.read_lines(lines, where)
+    return builder.build(notes=(), source_files=(where,))
 
 
 _OUT_OF_RANGE = "{where}: a value is out of range (integers must fit in 64 bits, gpu and group_size in 32)"

@@ -157,7 +157,7 @@ def _raw_batches(
 
 
 def _decode_batch(
-    path: Path, batch: list[tuple[int, bytes]], *, final: bool, allow_partial: bool, notes: list[Note]
+    path: Path | str, batch: list[tuple[int, bytes]], *, final: bool, allow_partial: bool, notes: list[Note]
 ) -> tuple[list[int], list[Any]]:
     """Line numbers and values of a batch; one ``json.loads`` per line (measured faster than one per batch)."""
     linenos = [n for n, _ in batch]
