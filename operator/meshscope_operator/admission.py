@@ -66,7 +66,10 @@ def register_admission(registry: kopf.OperatorRegistry, settings: OperatorSettin
     def validate_training_job(body: kopf.Body, warnings: list[str], **kwargs: Any) -> None:  # noqa: ANN401 - kopf's kwargs
         old = kwargs.get("old")  # the stored object on UPDATE (oldObject), None on CREATE
         review = review_training_job(
-            body, old if isinstance(old, Mapping) else None, max_warnings=settings.max_warnings
+            body,
+            old if isinstance(old, Mapping) else None,
+            max_warnings=settings.max_warnings,
+            max_planned_gpus=settings.max_planned_gpus,
         )
         warnings.extend(review.warnings)
         if not review.allowed:

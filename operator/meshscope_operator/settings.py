@@ -79,6 +79,12 @@ class OperatorSettings:
     """Planner findings returned as admission warnings, at most (``MESHSCOPE_OPERATOR_MAX_WARNINGS``, 1 to
     :data:`MAX_ADMISSION_WARNINGS`); the rest are summed up in one more line."""
 
+    max_planned_gpus: int = 262_144
+    """Largest job (GPUs) the TrainingJob webhook plans (``MESHSCOPE_OPERATOR_MAX_PLANNED_GPUS``); a larger one is
+    loaded and checked but admitted unplanned, with a warning, so that a hostile or mistyped ``nodes`` cannot make
+    the webhook run past the API server's timeout or the operator out of memory. Default 2^18 (planning it takes
+    about 0.1 s)."""
+
     sidecar_image: str = "meshscope-sidecar:0.1.0"
     """Image of the injected sidecar (``MESHSCOPE_OPERATOR_SIDECAR_IMAGE``); the chart sets its own."""
     sidecar_image_pull_policy: str = "IfNotPresent"
@@ -181,6 +187,11 @@ def settings_from(environ: Mapping[str, str]) -> OperatorSettings:
             _int(_ENV["max_warnings"], raw["max_warnings"], minimum=1, maximum=MAX_ADMISSION_WARNINGS)
             if "max_warnings" in raw
             else d.max_warnings
+        ),
+        max_planned_gpus=(
+            _int(_ENV["max_planned_gpus"], raw["max_planned_gpus"], minimum=1, maximum=1 << 30)
+            if "max_planned_gpus" in raw
+            else d.max_planned_gpus
         ),
         sidecar_image=_match(
             _ENV["sidecar_image"], text("sidecar_image", d.sidecar_image), _IMAGE, "an image reference"
