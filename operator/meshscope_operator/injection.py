@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Literal, TypedDict
 
 from meshscope.errors import MeshscopeError
 from meshscope.local import layout_text
+from meshscope_operator.reviews import bounded_warning
 from meshscope_operator.spec import ObjectMeta, job_spec
 
 if TYPE_CHECKING:
@@ -252,7 +253,7 @@ def injection_for(
         ops.append(_add(f"/metadata/annotations/{_escape(INJECTED_ANNOTATION)}", settings.sidecar_image))
     elif isinstance(metadata, Mapping):
         ops.append(_add("/metadata/annotations", {INJECTED_ANNOTATION: settings.sidecar_image}))
-    return Injection(outcome=Outcome.INJECTED, patch=tuple(ops), warnings=tuple(warnings))
+    return Injection(outcome=Outcome.INJECTED, patch=tuple(ops), warnings=tuple(map(bounded_warning, warnings)))
 
 
 def _no_injection(meta: Mapping[str, object], spec: object, found: InjectionTarget | str | None) -> Injection | None:
@@ -283,7 +284,7 @@ def _no_injection(meta: Mapping[str, object], spec: object, found: InjectionTarg
             warning = f"meshscope: {where} cannot take the sidecar: spec.{bad[0]} is not a list"
     if outcome is None:
         return None
-    return Injection(outcome=outcome, warnings=(warning,) if warning else ())
+    return Injection(outcome=outcome, warnings=(bounded_warning(warning),) if warning else ())
 
 
 def sidecar_container(target: InjectionTarget, settings: OperatorSettings) -> dict[str, object]:

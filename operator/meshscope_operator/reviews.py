@@ -137,6 +137,11 @@ def admission_warnings(findings: Sequence[Finding], *, limit: int) -> tuple[str,
     return tuple(texts)
 
 
+def bounded_warning(text: str) -> str:
+    """``text`` as a warning the API server passes on whole: no control characters, at most 256 characters."""
+    return _cut(warning_text(text), MAX_WARNING_CHARS)
+
+
 def warning_text(text: str) -> str:
     """``text`` with every control character (Unicode category Cc: newlines, tabs, escapes) made a space."""
     return "".join(" " if unicodedata.category(c) == "Cc" else c for c in text)
