@@ -135,7 +135,7 @@ class Served:
             f"{self.base_url}/{path}", data=payload, headers={"Content-Type": "application/json"}, method="POST"
         )
         try:
-            with urllib.request.urlopen(request, context=self.context, timeout=TIMEOUT_S) as response:  # noqa: S310
+            with urllib.request.urlopen(request, context=self.context, timeout=TIMEOUT_S) as response:
                 status, body = response.status, response.read()
         except urllib.error.HTTPError as exc:
             status, body = exc.code, exc.read()
@@ -263,7 +263,7 @@ def serve(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
 
     @kopf.on.login(registry=registry)
     def login(**_: Any) -> kopf.ConnectionInfo:
-        return kopf.ConnectionInfo(server=api_url, insecure=True, scheme="Bearer", token="dummy")  # noqa: S106
+        return kopf.ConnectionInfo(server=api_url, insecure=True, scheme="Bearer", token="dummy")
 
     @kopf.on.startup(registry=registry)
     def plain_kmock(settings: kopf.OperatorSettings, **_: Any) -> None:

@@ -12,8 +12,7 @@ from __future__ import annotations
 import base64
 import copy
 import json
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jsonpatch
 import pytest
@@ -21,6 +20,9 @@ import yaml
 
 from meshscope import cli
 from operator_serving import NAMESPACE, ROOT, labelled_pod, load_example, training_job
+
+if TYPE_CHECKING:
+    from pathlib import Path
 
 DENIED = sorted((ROOT / "tests" / "data" / "operator" / "denied").glob("*.yaml"))
 
@@ -129,8 +131,10 @@ def test_impossible_spec_is_denied_with_the_message_of_meshscope_plan(served, ca
     [
         (
             "dp-mismatch",
-            "spec.parallelism: dp(8)*tp(8)*pp(4)*cp(1) = 256 != world size 512 (64 nodes x 8 GPUs); with "
-            "tp*pp*cp = 32, dp = 16 fits (or leave dp out)",
+            (
+                "spec.parallelism: dp(8)*tp(8)*pp(4)*cp(1) = 256 != world size 512 (64 nodes x 8 GPUs); with "
+                "tp*pp*cp = 32, dp = 16 fits (or leave dp out)"
+            ),
         ),
         ("pp3-layers", "spec.model.layers: model.layers (80) is not divisible by pp*vpp (3*1)"),
         ("batch-1000", "not divisible by microBatchSize*dp (1*64 = 64); use a multiple of 64, e.g. 960 or 1024"),
@@ -195,9 +199,11 @@ def test_a_job_beyond_the_planning_bound_is_admitted_unplanned(served) -> None:
     response = served.review_job(job)
     assert response["allowed"] is True
     assert response["warnings"] == [
-        "meshscope: not planned on admission: 320,000 GPUs is above this operator's bound of 262,144 "
-        "(MESHSCOPE_OPERATOR_MAX_PLANNED_GPUS); the spec loads and its layout arithmetic holds; `meshscope plan` on "
-        "this manifest plans it"
+        (
+            "meshscope: not planned on admission: 320,000 GPUs is above this operator's bound of 262,144 "
+            "(MESHSCOPE_OPERATOR_MAX_PLANNED_GPUS); the spec loads and its layout arithmetic holds; `meshscope plan` on "
+            "this manifest plans it"
+        )
     ]
     job["spec"]["training"]["globalBatchSize"] = 40_001  # the loader still runs: 40,001 is not a multiple of 40,000
     assert served.review_job(job)["allowed"] is False
@@ -273,8 +279,10 @@ def test_pod_of_a_missing_trainingjob_runs_without_sidecar_and_a_warning(served)
     assert response["allowed"] is True
     assert "patch" not in response
     assert response["warnings"] == [
-        f"meshscope: no TrainingJob 'no-such-job' in namespace '{NAMESPACE}' (label meshscope.io/trainingjob); "
-        "pod 'worker-0' runs without the meshscope sidecar"
+        (
+            f"meshscope: no TrainingJob 'no-such-job' in namespace '{NAMESPACE}' (label meshscope.io/trainingjob); "
+            "pod 'worker-0' runs without the meshscope sidecar"
+        )
     ]
 
 
