@@ -313,3 +313,28 @@ def test_pod_of_a_train_only_job_gets_no_nccl_or_infiniband_wiring(served) -> No
         assert "NCCL_DEBUG" not in _env(trainer)
         assert _env(trainer)["MESHSCOPE_COLLECTOR"] == "unix:/run/meshscope/records.sock"
     assert {v["name"] for v in injected["spec"]["volumes"]} == {"data", "meshscope-run", "meshscope-podinfo"}
+
+
+def test_pod_webhook_fails_open_when_meshscope_breaks(served, monkeypatch) -> None:
+    from meshscope_operator import admission  # noqa: PLC0415
+
+    def broken(*_: Any) -> None:
+        raise RuntimeError("a bug in meshscope")
+
+    monkeypatch.setattr(admission, "injection_for", broken)
+    response = served.review_pod(labelled_pod("llama3-70b-h100"))
+    assert response["allowed"] is True
+    assert "patch" not in response
+    assert response["warnings"] == [admission.FAILED_OPEN]
+
+
+def test_trainingjob_webhook_fails_closed_when_meshscope_breaks(served, monkeypatch) -> None:
+    from meshscope_operator import admission  # noqa: PLC0415
+
+    def broken(*_: Any, **__: Any) -> None:
+        raise RuntimeError("a bug in meshscope")
+
+    monkeypatch.setattr(admission, "review_training_job", broken)
+    response = served.review_job(load_example("llama3-8b-h100"))
+    assert response["allowed"] is False
+    assert response["status"] == {"message": "a bug in meshscope", "code": 500}
