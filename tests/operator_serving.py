@@ -33,7 +33,6 @@ from typing import TYPE_CHECKING, Any
 
 import kmock
 import kopf
-import pytest
 import trustme
 import yaml
 
@@ -222,9 +221,12 @@ def labelled_pod(job: str | None, *, name: str = "worker-0", containers: int = 1
     }
 
 
-def serve(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
-    """Start kmock and the operator, yield the webhook server, stop both (the ``served`` fixture)."""
-    certs = tmp_path_factory.mktemp("certs")
+def serve(certs: Path) -> Iterator[Served]:
+    """Start kmock and the operator, yield the webhook server, stop both (the ``served`` fixture).
+
+    Args:
+        certs: an empty directory for the certificates trustme makes.
+    """
     ca = trustme.CA()
     issued = ca.issue_cert("127.0.0.1", "localhost")
     issued.cert_chain_pems[0].write_to_path(str(certs / "tls.crt"))
@@ -322,5 +324,5 @@ def _wait_until_serving(served: Served) -> None:
         if "patch" in response:
             return
         if time.monotonic() > deadline:
-            pytest.fail(f"the operator did not serve an injection within {TIMEOUT_S} s: {response}")
+            raise TimeoutError(f"the operator did not serve an injection within {TIMEOUT_S} s: {response}")
         time.sleep(0.05)

@@ -14,4 +14,4 @@ if TYPE_CHECKING:
 
 @pytest.fixture(scope="session")
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
-    yield from serve(tmp_path_factory)
+    yield from serve(tmp_path_factory.mktemp("certs"))
