@@ -1,0 +1,71 @@
+"""``meshscope-operator``: build the settings from the environment once, register the handlers, run kopf.
+
+Exists as the one entry point of the operator's container (operator/README.md). Every setting is an environment
+variable (:mod:`~meshscope_operator.settings`; ``--help`` lists them); a bad one ends the process at once with one
+line, ``meshscope-operator: error: ...``, and exit status 2, before kopf starts.
+
+It must not hold logic: it reads, registers and runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from dataclasses import fields
+from typing import TYPE_CHECKING
+
+from meshscope_operator.settings import OperatorSettings, SettingsError, env_name, settings_from
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping, Sequence
+
+EXIT_USAGE = 2
+
+
+def _parser() -> argparse.ArgumentParser:
+    names = ", ".join(env_name(f.name) for f in fields(OperatorSettings))
+    return argparse.ArgumentParser(
+        prog="meshscope-operator",
+        description="The meshscope Kubernetes operator: admission webhooks for TrainingJobs and training pods. "
+        f"Configured by environment variables only: {names} (docs/operator.md).",
+    )
+
+
+def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
+    """Run the operator until it is stopped; returns the exit status.
+
+    Args:
+        argv: command-line arguments without the program name (default ``sys.argv[1:]``); only ``--help``.
+        environ: the environment (default ``os.environ``).
+    """
+    _parser().parse_args(sys.argv[1:] if argv is None else list(argv))
+    try:
+        settings = settings_from(os.environ if environ is None else environ)
+    except SettingsError as exc:
+        sys.stderr.write(f"meshscope-operator: error: {exc}\n")
+        return EXIT_USAGE
+    logging.basicConfig(
+        level=getattr(logging, settings.log_level.upper()), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    import kopf  # noqa: PLC0415 - a bad setting is reported without paying for kopf's import
+
+    from meshscope_operator.handlers import register  # noqa: PLC0415
+
+    registry = kopf.OperatorRegistry()
+    register(registry, settings)
+    liveness = f"http://0.0.0.0:{settings.liveness_port}/healthz" if settings.liveness_port else None
+    kopf.run(
+        registry=registry,
+        standalone=not settings.peering,
+        peering_name=settings.peering or None,
+        clusterwide=not settings.namespaces,
+        namespaces=settings.namespaces,
+        liveness_endpoint=liveness,
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
