@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from meshscope.analysis import analyze, render_analysis
+from meshscope.analysis import analyze, read_inputs, render_analysis
 from meshscope.analysis.breakdown import CATEGORIES
 from meshscope.analysis.costs import (
     category_label,
@@ -531,6 +531,9 @@ def test_records_of_an_oversubscribed_local_run_keep_saying_so_when_analysed_aga
     if collector is not None:
         text = collector if isinstance(collector, str) else json.dumps(collector)
         (tmp_path / "collector.json").write_text(text)
+    # A local run's records share one host clock: they are analysed without aligning node clocks.
+    local_run = isinstance(collector, dict) and isinstance(collector.get("cpu"), dict)
+    assert read_inputs([str(path)], spec=None).one_clock is local_run
     assert main(["analyze", str(path)]) == 0
     out = capsys.readouterr().out
     assert ("CPU CONTENTION: 8 ranks on 2 CPU cores: timings include CPU contention" in out) is said

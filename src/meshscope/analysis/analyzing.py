@@ -134,6 +134,7 @@ def analyze(
     spec: JobSpec | None = None,
     plan: Plan | None = None,
     notes: Sequence[Note] = (),
+    one_clock: bool = False,
     progress: Progress = NO_PROGRESS,
 ) -> Analysis:
     """Break ``table`` down and build the cost table, summary, expected vs measured and findings.
@@ -144,6 +145,9 @@ def analyze(
             placement findings and the p2p bandwidth that splits pipeline transfer from bubble.
         plan: a plan to compare with; default ``plan_job(spec)`` when a spec is given.
         notes: notes from reading (e.g. files of another job left out); listed first under partial data.
+        one_clock: every record was timed on one host's clock (``meshscope run``: its emulated nodes share the
+            machine), so node clocks are not aligned on collective completions; an alignment estimated from
+            completions that CPU contention delays can only add error.
         progress: told of the phases: those of :func:`break_down`, then "costing" (the cost table, summary and
             comparisons with the plan) and "diagnosing" (the findings).
 
@@ -160,7 +164,9 @@ def analyze(
         check_records_match_layout(table, spec.layout, origin=f"spec {spec.name!r}")
     if plan is None and spec is not None:
         plan = plan_job(spec)
-    bd = break_down(table, p2p_bandwidth_bytes_per_s=p2p_bandwidth(spec, plan), progress=progress)
+    bd = break_down(
+        table, p2p_bandwidth_bytes_per_s=p2p_bandwidth(spec, plan), align_clocks=not one_clock, progress=progress
+    )
     with progress.phase(f"costing {bd.ticks.shape[0]:,} rank-steps"):
         rs = index_rank_steps(bd)
         planned_world = spec.world_size if spec is not None else (plan.world_size if plan is not None else None)

@@ -44,7 +44,11 @@ class Inputs:
     table: RecordTable
     spec: JobSpec | None
     notes: tuple[Note, ...]
-    """Files of another job left out (``allow_partial``), for :func:`analyze`'s partial data."""
+    """Files of another job left out (``allow_partial``), and what a local run's ``collector.json`` says (CPU
+    contention), for :func:`analyze`'s partial data."""
+    one_clock: bool = False
+    """Every records file lies beside a ``collector.json`` of ``meshscope run``: one host's clock (``analyze``'s
+    ``one_clock``)."""
 
 
 def read_inputs(
@@ -86,22 +90,27 @@ def read_inputs(
             raise
         # The reader speaks to library callers; on the command line the switch is a flag.
         raise error(str(exc).replace("allow_partial=True", "--allow-partial")) from exc
-    return Inputs(table=table, spec=job_spec, notes=(*notes, *_launch_notes(paths)))
+    launched, launch_notes = _launches(paths)
+    return Inputs(table=table, spec=job_spec, notes=(*notes, *launch_notes), one_clock=launched)
 
 
-def _launch_notes(paths: Sequence[Path]) -> list[Note]:
+def _launches(paths: Sequence[Path]) -> tuple[bool, list[Note]]:
     """What ``meshscope run`` measured about the launch of these records: its ``collector.json`` beside them.
 
-    A run whose ranks outnumbered their CPU cores keeps saying so when its records are analysed again (``meshscope
-    analyze OUT/records.jsonl``, ``meshscope report``). A missing or unreadable file is no launch of ours: nothing.
+    Returns whether every file was a local run's (one host clock), and the CPU contention note of a run whose ranks
+    outnumbered their cores: it keeps saying so when its records are analysed again (``meshscope analyze
+    OUT/records.jsonl``, ``meshscope report``). A missing or unreadable file is no launch of ours.
     """
     notes = []
-    for where in sorted({p.resolve().parent for p in paths}):
+    local = 0
+    folders = sorted({p.resolve().parent for p in paths})
+    for where in folders:
         try:
             cpu = json.loads((where / "collector.json").read_text()).get("cpu", {})
             oversubscribed, ranks, cores = cpu.get("oversubscribed"), cpu.get("ranks"), cpu.get("cores")
         except (OSError, ValueError, AttributeError):
             continue
+        local += 1
         if oversubscribed is True and isinstance(ranks, int) and isinstance(cores, int | float):
             notes.append(
                 Note(
@@ -113,7 +122,7 @@ def _launch_notes(paths: Sequence[Path]) -> list[Note]:
                     ),
                 )
             )
-    return notes[:1]
+    return local == len(folders) == 1, notes[:1]
 
 
 def analyze_command(args: argparse.Namespace) -> int:
@@ -124,7 +133,9 @@ def analyze_command(args: argparse.Namespace) -> int:
     """
     progress = command_progress(quiet=args.quiet)
     inputs = read_inputs(args.records, spec=args.spec, allow_partial=args.allow_partial, progress=progress)
-    analysis = analyze(inputs.table, spec=inputs.spec, notes=inputs.notes, progress=progress)
+    analysis = analyze(
+        inputs.table, spec=inputs.spec, notes=inputs.notes, one_clock=inputs.one_clock, progress=progress
+    )
     if args.json:
         json.dump(analysis.to_dict(), sys.stdout, indent=2)
         sys.stdout.write("\n")

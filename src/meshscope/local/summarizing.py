@@ -211,7 +211,7 @@ def report_run(outcome: RunOutcome) -> int:
         except MeshscopeError as exc:
             why, spec = f"the job's spec cannot be planned: {exc}", None
     try:
-        analysis = analyze(table, spec=spec, plan=plan, notes=notes, progress=progress)
+        analysis = analyze(table, spec=spec, plan=plan, notes=notes, one_clock=True, progress=progress)
     except MeshscopeError as exc:
         _no_analysis(outcome, "cannot analyse the collected records", exc)
         return EXIT_NO_ANALYSIS

@@ -36,7 +36,7 @@ def report_command(args: argparse.Namespace) -> int:
     progress = command_progress(quiet=args.quiet)
     inputs = read_inputs(args.records, spec=args.spec, progress=progress, error=ReportInputError)
     table = inputs.table
-    result = analyze(table, spec=inputs.spec, progress=progress)
+    result = analyze(table, spec=inputs.spec, notes=inputs.notes, one_clock=inputs.one_clock, progress=progress)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     with progress.phase("writing the report"):
