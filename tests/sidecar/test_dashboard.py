@@ -93,7 +93,7 @@ def test_panel_ids_are_unique_and_panels_do_not_overlap() -> None:
 @pytest.mark.parametrize(
     "needle",
     [
-        "meshscope_step_seconds_total",  # step time per rank
+        "rank:meshscope_step_seconds:mean_rate5m",  # step time per rank (its recorded level)
         "job_pp:meshscope_straggler_gap_seconds:rate5m",
         "job_axis:meshscope_exposed_comm_seconds:mean_rate5m",
         "job_pp:meshscope_bubble_seconds:mean_rate5m",
@@ -123,6 +123,8 @@ def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
             lambda: (
                 bool(prom.query("count_over_time(meshscope_steps_total[5s]) >= 5"))
                 and bool(prom.query("job_source:meshscope_source_poll_seconds:max_rate5m"))
+                and bool(prom.query("rank:meshscope_step_seconds:mean_rate5m"))  # the breakdown group's level
+                and bool(prom.query("job:meshscope_compute_share:ratio_rate5m"))
             ),
         )
         yield prom
