@@ -200,16 +200,18 @@ def test_the_sidecar_survives_hostile_input_with_bounded_memory_and_counted_loss
         code = sidecar.stop()
     assert code == 0, "".join(sidecar.lines)
 
-    # Loss, counted where it happened: every garbage datagram and schema-breaking record is a parse error, every
-    # valid record was either broken down or dropped by the full queue.
+    # Loss, counted where it happened: every garbage datagram is a parse error at the reader; a record (valid, or
+    # schema-breaking) is queued, then broken down, refused as a parse error, or dropped by the full queue (which
+    # happens to the schema-breaking ones too when the machine is slow to poll): each is counted exactly once.
     steps = _metric(text, "meshscope_steps_total", rank="0")
     dropped = _metric(text, "meshscope_source_dropped_total", source="train_events")
     errors = _metric(text, "meshscope_source_parse_errors_total", source="train_events")
-    assert errors == n_garbage + n_bad
     assert steps is not None
     assert dropped is not None
-    assert steps + dropped == n_good
-    assert steps > 0
+    assert errors is not None
+    assert n_garbage <= errors <= n_garbage + n_bad
+    assert steps + dropped + errors == n_good + n_garbage + n_bad
+    assert 0 < steps <= n_good
     # The hung exporter: down, said why, and it cost no scrape.
     assert _metric(text, "meshscope_source_up", source="dcgm") == 0.0
     assert health["sources"]["dcgm"]["last_error"] == "no complete answer within 0.5 s"
