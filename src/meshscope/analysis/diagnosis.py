@@ -80,6 +80,13 @@ CONTENDED_MIN_EXCESS = 0.25
 """On a run whose ranks outnumbered their CPU cores (the ``cpu_contention`` note), a persistent straggler's phase is
 at least this much longer than the rest's: time-slicing alone made one of 4 ranks on 2 cores up to ~20 % slower in
 compute over a whole clean run (benchmarks/bench_real_runs.py)."""
+STRAGGLER_EXPLAINS = 0.5
+"""A straggler's own phases explain at least this share of the sync wait it is charged with per waiting rank: its
+excess over the rest of its stage in the phase named (amortised for a transient one), or summed over compute, data
+loading and the optimizer step where each is longer. A rank last into its collectives by 5 ms a step whose
+optimizer step took 0.9 ms longer than its peers' is last for another reason (time outside its phases, noise on a
+2-rank run), and naming the phase would send the user after the wrong cause; the cost table still names it as the
+rank its peers waited for."""
 STRAGGLER_CONSISTENCY = 0.75
 """A persistent straggler is above the rest of its stage in at least this share of its steps ..."""
 STEP_JITTER_SIGMAS = 1.5
@@ -422,7 +429,8 @@ def _stragglers(ctx: _Context) -> list[Finding]:
     against a median it pulls up; suspects are at most half of their stage; a persistent straggler is above the rest
     in :data:`STRAGGLER_CONSISTENCY` of its steps by more than :data:`JITTER_SIGMAS` x the rest's own step-to-step
     jitter; a transient one's amortised excess stands out from its stage peers' (noise gives every rank a few slow
-    steps).
+    steps). A finding costs the run's jitter (:data:`STEP_JITTER_SIGMAS`) and its phase explains the wait it is
+    charged with (:data:`STRAGGLER_EXPLAINS`).
     """
     rs = ctx.rs
     best: dict[int, _Slow] = {}
@@ -439,13 +447,48 @@ def _stragglers(ctx: _Context) -> list[Finding]:
     best = _fewer_than_half(rs, best)
     if not best:
         return []
+    findings = _node_findings(ctx, best)
+    findings.sort(key=lambda f: -f.cost_seconds_per_step)
+    return findings[:MAX_STRAGGLER_FINDINGS]
+
+
+def _node_findings(ctx: _Context, best: dict[int, _Slow]) -> list[Finding]:
+    """One finding per node of the confirmed suspects.
+
+    Each is kept where it costs the run's jitter and its phases explain the wait it is charged with
+    (:data:`STRAGGLER_EXPLAINS`).
+    """
+    rs = ctx.rs
     by_node: dict[int, list[_Slow]] = {}
     for slow in best.values():
         by_node.setdefault(int(rs.node_of_rank[slow.rank_index]), []).append(slow)
-    findings = [_straggler_finding(ctx, sorted(group, key=lambda s: -s.excess_us)) for group in by_node.values()]
-    findings = [f for f in findings if f.cost_seconds_per_step * 1e6 >= STEP_JITTER_SIGMAS * ctx.step_jitter_us]
-    findings.sort(key=lambda f: -f.cost_seconds_per_step)
-    return findings[:MAX_STRAGGLER_FINDINGS]
+    suspects = np.array(sorted(best), dtype=np.intp)
+    findings = []
+    for group in by_node.values():
+        members = sorted(group, key=lambda s: -s.excess_us)
+        f = _straggler_finding(ctx, members)
+        cost_us = f.cost_seconds_per_step * 1e6
+        explained_us = max(members[0].excess_us, _phases_excess_us(ctx, members[0].rank_index, suspects))
+        if cost_us >= STEP_JITTER_SIGMAS * ctx.step_jitter_us and explained_us >= STRAGGLER_EXPLAINS * cost_us:
+            findings.append(f)
+    return findings
+
+
+def _phases_excess_us(ctx: _Context, rank_index: int, suspects: NDArray[np.intp]) -> float:
+    """The part of a rank's step its own phases explain.
+
+    Its median excess over the rest of its stage (the peers that are not ``suspects``) in each of compute, data
+    loading and the optimizer step, summed where positive.
+    """
+    mine = ctx.rs.rank_index == rank_index
+    total = 0.0
+    for phase in (COMPUTE, DATA, OPTIMIZER):
+        values = ctx.phase_us(phase)
+        gap = (values - _rest_reference(ctx, values, suspects))[mine]
+        gap = gap[np.isfinite(gap)]
+        if gap.size:
+            total += max(float(np.median(gap)), 0.0)
+    return total
 
 
 def _fewer_than_half(rs: RankSteps, best: dict[int, _Slow]) -> dict[int, _Slow]:
