@@ -8,9 +8,12 @@ between them, the verdict must not.
 
 from __future__ import annotations
 
+import json
 from typing import TYPE_CHECKING
 
 import pytest
+
+from meshscope.local.cpus import FOREIGN_LOAD_SHARE
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -30,7 +33,13 @@ def test_a_clean_run_beside_a_cpu_burner_on_every_core_yields_no_finding(
     tiny_run: Callable[..., Run], cpu_burner: int
 ) -> None:
     assert cpu_burner >= 1
-    _clean(tiny_run())
+    run = tiny_run()
+    _clean(run)
+    # The burners took about half of every core: measured as foreign load, whatever the rank count.
+    cpu = json.loads((run.out_dir / "collector.json").read_text())["cpu"]
+    assert cpu["foreign_fraction"] >= FOREIGN_LOAD_SHARE, cpu
+    assert cpu["contended"] is True
+    assert any(n["code"] == "cpu_contention" for n in run.analysis["partial_data"]), run.analysis["partial_data"]
 
 
 @pytest.mark.parametrize("block_ms", [20.0, 80.0], ids=["accelerator-2x-faster", "accelerator-2x-slower"])

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from meshscope.errors import ParseError
-from meshscope.local.cpus import CpuCapacity, CpuUse, measure_capacity
+from meshscope.local.cpus import FOREIGN_LOAD_SHARE, CpuCapacity, CpuUse, measure_capacity, read_busy_seconds
 from meshscope.local.running import (
     EXIT_NO_ANALYSIS,
     RankReceipt,
@@ -172,6 +172,64 @@ def test_the_cores_are_the_affinity_capped_by_the_tightest_cgroup_quota(tmp_path
     assert (note.code, note.count) == ("cpu_contention", 8)
     assert note.message.startswith("8 ranks on 2 CPU cores (cgroup quota; 8 in the affinity mask): timings include")
     assert "used 15.0 CPU-s of the 20.0 the cores offered in 10.0 s (75%)" in note.message
+
+
+PROC_STAT = """cpu  900 10 300 5000 40 5 6 0 7 0
+cpu0 400 5 100 2500 20 2 3 0 7 0
+cpu1 500 5 200 2500 20 3 3 1 0 0
+intr 12345 0 0
+ctxt 999
+cpu7x 1 2 3
+"""
+
+
+def test_busy_time_is_read_per_core_from_proc_stat(tmp_path: Path) -> None:
+    (tmp_path / "proc").mkdir()
+    (tmp_path / "proc/stat").write_text(PROC_STAT)
+    tick = os.sysconf("SC_CLK_TCK")
+    # Busy = user + nice + system + irq + softirq + steal; idle, iowait and guest (inside user) are not.
+    cpu0 = 400 + 5 + 100 + 2 + 3 + 0
+    cpu1 = 500 + 5 + 200 + 3 + 3 + 1
+    assert read_busy_seconds(tmp_path, frozenset({0})) == pytest.approx(cpu0 / tick)
+    assert read_busy_seconds(tmp_path, frozenset({1})) == pytest.approx(cpu1 / tick)
+    assert read_busy_seconds(tmp_path) == pytest.approx((cpu0 + cpu1) / tick)
+    assert read_busy_seconds(tmp_path, frozenset({5})) is None
+    assert read_busy_seconds(tmp_path / "nothing") is None
+    # The real file: busy time only grows.
+    first = read_busy_seconds()
+    assert first is not None
+    sum(i * i for i in range(200_000))
+    second = read_busy_seconds()
+    assert second is not None
+    assert second >= first
+
+
+def test_foreign_cpu_load_makes_a_run_contended_whatever_its_rank_count() -> None:
+    two = CpuCapacity(affinity=2)
+    # 2 ranks on 2 cores for 10 s: the cores were busy 19 CPU-s; the ranks took 8, the launcher 1, others 10.
+    loaded = CpuUse(ranks=2, capacity=two, wall_s=10.0, cpu_s=8.0, machine_busy_s=19.0, own_cpu_s=1.0)
+    assert not loaded.oversubscribed
+    assert loaded.foreign_cpu_s == pytest.approx(10.0)
+    assert loaded.foreign_fraction == pytest.approx(0.5)
+    assert loaded.contended
+    note = loaded.note()
+    assert note is not None
+    assert note.code == "cpu_contention"
+    assert note.message.startswith("2 ranks on 2 CPU cores, beside foreign CPU load: timings include CPU contention")
+    assert "other processes took 10.0 CPU-s of the 20.0 the 2 CPUs offered (50%)" in note.message
+    assert loaded.to_dict()["foreign_fraction"] == 0.5
+    assert loaded.to_dict()["contended"] is True
+    # Just under the share: a quiet machine's background is no contention.
+    light_s = FOREIGN_LOAD_SHARE * 20.0 - 0.1
+    quiet = CpuUse(ranks=2, capacity=two, wall_s=10.0, cpu_s=8.0, machine_busy_s=9.0 + light_s, own_cpu_s=1.0)
+    assert quiet.foreign_fraction == pytest.approx(FOREIGN_LOAD_SHARE - 0.005)
+    assert not quiet.contended
+    assert quiet.note() is None
+    # Unmeasured (no /proc/stat, or a rank's rusage unknown): no foreign figure, and no claim either way.
+    blind = CpuUse(ranks=2, capacity=two, wall_s=10.0, cpu_s=None, machine_busy_s=19.0)
+    assert (blind.foreign_cpu_s, blind.foreign_fraction, blind.contended) == (None, None, False)
+    # Measured busy time below what ours used (counters read a tick apart): never a negative foreign load.
+    assert CpuUse(ranks=2, capacity=two, wall_s=1.0, cpu_s=1.5, machine_busy_s=1.4).foreign_cpu_s == 0.0
 
 
 def test_the_interpreter_and_the_fix_named_for_a_tail() -> None:

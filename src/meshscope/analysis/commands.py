@@ -108,20 +108,26 @@ def _launches(paths: Sequence[Path]) -> tuple[bool, list[Note]]:
         try:
             cpu = json.loads((where / "collector.json").read_text()).get("cpu", {})
             oversubscribed, ranks, cores = cpu.get("oversubscribed"), cpu.get("ranks"), cpu.get("cores")
+            foreign = cpu.get("foreign_fraction")
         except (OSError, ValueError, AttributeError):
             continue
         local += 1
-        if oversubscribed is True and isinstance(ranks, int) and isinstance(cores, int | float):
-            notes.append(
-                Note(
-                    code=CPU_CONTENTION,
-                    count=ranks,
-                    message=(
-                        f"{ranks} ranks on {cores:g} CPU cores: timings include CPU contention (time-sliced: a rank "
-                        f"waiting for a core counts as its step's time; from {where / 'collector.json'})"
-                    ),
-                )
+        if not (isinstance(ranks, int) and isinstance(cores, int | float)):
+            continue
+        source = f"from {where / 'collector.json'}"
+        if oversubscribed is True:
+            message = (
+                f"{ranks} ranks on {cores:g} CPU cores: timings include CPU contention (time-sliced: a rank "
+                f"waiting for a core counts as its step's time; {source})"
             )
+        elif cpu.get("contended") is True and isinstance(foreign, int | float):
+            message = (
+                f"{ranks} ranks on {cores:g} CPU cores, beside foreign CPU load (other processes took "
+                f"{foreign:.0%} of the cores' time): timings include CPU contention ({source})"
+            )
+        else:
+            continue
+        notes.append(Note(code=CPU_CONTENTION, count=ranks, message=message))
     return local == len(folders) == 1, notes[:1]
 
 

@@ -4,8 +4,12 @@ Why it exists: on one machine every rank shares the same cores (cpu-testbed.md Â
 time-sliced), so a run with more ranks than cores measures CPU contention as much as the job. ``meshscope run``
 says so at the start, and passes a ``cpu_contention`` note to the analysis. The cores are the process's affinity
 (``os.sched_getaffinity``) capped by a cgroup v2 CPU quota (``cpu.max`` of the process's cgroup and its parents);
-the CPU time is the ranks' rusage from ``os.wait4``. It reads files under a root given to it (tests pass a fixture
-tree) and must not import torch.
+the CPU time is the ranks' rusage from ``os.wait4``. Foreign load is measured too: the busy time of the cores in
+the affinity mask (``/proc/stat``) over the run, less the ranks' and the launcher's own CPU, is what other processes
+took from them; a run where they took :data:`FOREIGN_LOAD_SHARE` of the cores' time is contended as an
+oversubscribed one is, whatever the rank count (a CPU burner on a hyperthread sibling slows a rank without making
+it wait for a core, so its run delay alone does not show it). It reads files under a root given to it (tests pass
+a fixture tree) and must not import torch.
 """
 
 from __future__ import annotations
@@ -19,6 +23,48 @@ from meshscope.records import Note
 
 CONTENTION_CODE = "cpu_contention"
 """The note's code (read by code elsewhere: keep it)."""
+FOREIGN_LOAD_SHARE = 0.2
+"""Other processes' share of the affinity cores' time over a run at which the run is CPU-contended: a burner on one
+of 2 cores takes half; an editor, a shell and a language server a few percent. benchmarks/bench_real_runs.py and
+tests/e2e_local/test_clean_under_load.py run beside a burner on every core."""
+_BUSY_FIELDS = (0, 1, 2, 5, 6, 7)
+"""``/proc/stat`` cpuN fields counted busy: user, nice, system, irq, softirq, steal (proc(5); guest time is already
+in user; idle and iowait are not busy)."""
+
+
+def read_busy_seconds(root: Path = Path("/"), cpus: frozenset[int] | None = None) -> float | None:
+    """CPU-seconds the cores ``cpus`` (every core when ``None``) have been busy since boot, from ``proc/stat``.
+
+    ``None`` when the file cannot be read or names none of them.
+    """
+    try:
+        text = (root / "proc/stat").read_text()
+        tick = os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError):
+        return None
+    busy = 0
+    seen = False
+    for line in text.splitlines():
+        name, _, rest = line.partition(" ")
+        if not name.startswith("cpu") or name == "cpu":
+            continue
+        try:
+            cpu = int(name[3:])
+            fields = [int(x) for x in rest.split()]
+        except ValueError:
+            continue
+        if (cpus is None or cpu in cpus) and len(fields) >= 8:
+            busy += sum(fields[i] for i in _BUSY_FIELDS)
+            seen = True
+    return busy / tick if seen and tick > 0 else None
+
+
+def affinity_cpus() -> frozenset[int] | None:
+    """The CPUs in this process's affinity mask, ``None`` where the platform cannot tell."""
+    try:
+        return frozenset(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -91,11 +137,40 @@ class CpuUse:
     """Seconds from launch to the last exit."""
     cpu_s: float | None = None
     """User + system CPU seconds of the ranks (rusage of each, ``None`` where it could not be read)."""
+    machine_busy_s: float | None = None
+    """CPU-seconds the affinity mask's cores were busy during the run, whoever ran (``/proc/stat``)."""
+    own_cpu_s: float | None = None
+    """The launcher's own CPU-seconds during the run (its collector and monitor threads)."""
 
     @property
     def oversubscribed(self) -> bool:
         """More ranks than cores."""
         return self.ranks > self.capacity.cores
+
+    @property
+    def foreign_cpu_s(self) -> float | None:
+        """CPU-seconds other processes took from the cores during the run; ``None`` unmeasured."""
+        if self.machine_busy_s is None or self.cpu_s is None:
+            return None
+        return max(0.0, self.machine_busy_s - self.cpu_s - (self.own_cpu_s or 0.0))
+
+    @property
+    def foreign_fraction(self) -> float | None:
+        """:attr:`foreign_cpu_s` over the affinity cores' time (wall Ã— CPUs in the mask)."""
+        foreign = self.foreign_cpu_s
+        offered = self.wall_s * self.capacity.affinity
+        return None if foreign is None or offered <= 0 else foreign / offered
+
+    @property
+    def foreign_load(self) -> bool:
+        """Other processes took at least :data:`FOREIGN_LOAD_SHARE` of the cores' time."""
+        share = self.foreign_fraction
+        return share is not None and share >= FOREIGN_LOAD_SHARE
+
+    @property
+    def contended(self) -> bool:
+        """The ranks competed for CPU: more of them than cores, or foreign load on the cores."""
+        return self.oversubscribed or self.foreign_load
 
     @property
     def busy_fraction(self) -> float | None:
@@ -119,8 +194,19 @@ class CpuUse:
             f"({busy:.0%})"
         )
 
+    def foreign(self) -> str:
+        """``other processes took 9.1 CPU-s of the 20.0 the 2 CPUs offered (46%)``, or ``''`` unmeasured."""
+        foreign, share = self.foreign_cpu_s, self.foreign_fraction
+        if foreign is None or share is None:
+            return ""
+        return (
+            f"other processes took {foreign:.1f} CPU-s of the {self.wall_s * self.capacity.affinity:.1f} the "
+            f"{self.capacity.affinity} CPUs offered ({share:.0%})"
+        )
+
     def to_dict(self) -> dict[str, object]:
         """The figures, in base units."""
+        foreign, share = self.foreign_cpu_s, self.foreign_fraction
         return {
             "ranks": self.ranks,
             "cores": self.capacity.cores,
@@ -130,18 +216,27 @@ class CpuUse:
             "ranks_cpu_seconds": None if self.cpu_s is None else round(self.cpu_s, 3),
             "busy_fraction": None if self.busy_fraction is None else round(self.busy_fraction, 4),
             "oversubscribed": self.oversubscribed,
+            "machine_busy_cpu_seconds": None if self.machine_busy_s is None else round(self.machine_busy_s, 3),
+            "launcher_cpu_seconds": None if self.own_cpu_s is None else round(self.own_cpu_s, 3),
+            "foreign_cpu_seconds": None if foreign is None else round(foreign, 3),
+            "foreign_fraction": None if share is None else round(share, 4),
+            "contended": self.contended,
         }
 
     def note(self) -> Note | None:
-        """The ``cpu_contention`` partial-data note of an oversubscribed run, else ``None``."""
-        if not self.oversubscribed:
+        """The ``cpu_contention`` partial-data note of a contended run (:attr:`contended`), else ``None``."""
+        if not self.contended:
             return None
-        used = self.usage()
+        used, foreign = self.usage(), self.foreign()
+        if self.oversubscribed:
+            head = f"{self.headline()} (time-sliced: a rank waiting for a core counts as its step's time)"
+        else:
+            head = (
+                f"{self.headline()}, beside foreign CPU load: timings include CPU contention (a rank slowed by "
+                "another process counts it as its step's time)"
+            )
         return Note(
             code=CONTENTION_CODE,
             count=self.ranks,
-            message=(
-                f"{self.headline()} (time-sliced: a rank waiting for a core counts as its step's time)"
-                + (f"; {used}" if used else "")
-            ),
+            message=head + "".join(f"; {part}" for part in (used, foreign) if part),
         )

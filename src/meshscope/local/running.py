@@ -25,6 +25,7 @@ import contextlib
 import json
 import os
 import re
+import resource
 import shutil
 import signal
 import socket
@@ -37,7 +38,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, TypeAlias
 
 from meshscope.errors import LayoutError, MeshscopeError
-from meshscope.local.cpus import CpuCapacity, CpuUse, measure_capacity
+from meshscope.local.cpus import CpuCapacity, CpuUse, affinity_cpus, measure_capacity, read_busy_seconds
 from meshscope.local.tails import StderrTails, fix_for, shown_tail
 from meshscope.sdk import (
     ENV_COLLECTOR,
@@ -516,16 +517,16 @@ def run_job(
     envs = [
         rank_env(settings, r, port=port, collector=str(paths[r]), placement=placement) for r in range(settings.nproc)
     ]
-    use = CpuUse(ranks=settings.nproc, capacity=cpu, wall_s=0.0)
-    _say(f"{_python_line(given, python)}; {use.headline()}")
+    meter = _CpuMeter(CpuUse(ranks=settings.nproc, capacity=cpu, wall_s=0.0))
+    _say(f"{_python_line(given, python)}; {meter.use.headline()}")
     procs: list[_RankProcess] = []
     failed: RankExit | None = None
     stopped = 0
     interrupted = False
-    started = launched = time.monotonic()
+    started = time.monotonic()
     try:
         procs = _launch(settings, envs, collector, tails)
-        launched = time.monotonic()  # after the fork launcher's import of torch: the ranks' own time starts here
+        meter.start()  # after the fork launcher's import of torch: the ranks' own time starts here
         collector.start()  # after forking: the children must not inherit a running thread
         tails.start()
         failed, stopped = _monitor(procs, settings.grace_s)
@@ -540,7 +541,7 @@ def run_job(
         with contextlib.suppress(OSError):
             sock_dir.rmdir()
     wall_s = time.monotonic() - started
-    use = replace(use, wall_s=time.monotonic() - launched, cpu_s=_cpu_seconds(procs))
+    use = meter.finish(procs)
     _write_run_files(settings, collector, procs, wall_s, use, tails)
     if interrupted:
         _say(f"interrupted; stopped {len(procs)} ranks")
@@ -605,8 +606,43 @@ def _say_end(  # noqa: PLR0917 - private, one caller
         _say(f"rank {failed.rank} {failed.describe()}" + (f"; stopped the other {stopped} ranks" if stopped else ""))
     _say(_received_line(collector, settings.nproc, wall_s, failed=failed is not None))
     if use.usage():
-        _say(use.usage())
+        _say(use.usage() + (f"; {use.foreign()}" if use.foreign() else ""))
+    if use.foreign_load and not use.oversubscribed:
+        _say("foreign CPU load on these cores: timings include CPU contention, and the findings say so")
     _say_uncaptured(collector)
+
+
+def _own_cpu_seconds() -> float:
+    """This process's user + system CPU-seconds so far (every thread: the collector, the tails, the monitor)."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+class _CpuMeter:
+    """The ranks' CPU, the affinity cores' busy time and the launcher's own CPU from the launch to the last exit."""
+
+    def __init__(self, use: CpuUse) -> None:
+        self.use = use
+        self._cores = affinity_cpus()
+        self._launched = time.monotonic()
+        self._busy0: float | None = None
+        self._own0 = 0.0
+
+    def start(self) -> None:
+        self._launched = time.monotonic()
+        self._busy0, self._own0 = read_busy_seconds(cpus=self._cores), _own_cpu_seconds()
+
+    def finish(self, procs: list[_RankProcess]) -> CpuUse:
+        """The run's :class:`CpuUse` (the machine's busy time unknown if never started or unreadable)."""
+        busy1 = read_busy_seconds(cpus=self._cores)
+        busy = None if self._busy0 is None or busy1 is None else max(0.0, busy1 - self._busy0)
+        return replace(
+            self.use,
+            wall_s=time.monotonic() - self._launched,
+            cpu_s=_cpu_seconds(procs),
+            machine_busy_s=busy,
+            own_cpu_s=_own_cpu_seconds() - self._own0,
+        )
 
 
 def _cpu_seconds(procs: list[_RankProcess]) -> float | None:
