@@ -5,7 +5,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 
-.PHONY: demo test lint typecheck contracts unit bench crds clean venv system-deps
+.PHONY: demo test lint typecheck contracts unit bench mutate crds clean venv system-deps
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -53,8 +53,8 @@ demo: $(DEMO_STAMP)
 test: lint typecheck contracts unit
 
 lint: $(STAMP)
-	$(BIN)/ruff check src operator sidecar tests benchmarks
-	$(BIN)/ruff format --check src operator sidecar tests benchmarks
+	$(BIN)/ruff check src operator sidecar tests benchmarks tools
+	$(BIN)/ruff format --check src operator sidecar tests benchmarks tools
 
 typecheck: $(STAMP)
 	$(BIN)/mypy
@@ -66,8 +66,14 @@ contracts: $(STAMP)
 unit: $(STAMP) system-deps
 	MESHSCOPE_REQUIRE_TORCH=1 $(BIN)/pytest -q
 
+## make mutate: mutation testing of the core's critical modules, a group at a time within a budget (docs/testing.md);
+## `make mutate MUTATE_ARGS="diagnosis --budget-seconds 1800 --survivors"`. Not part of `make test`.
+MUTATE_ARGS ?=
+mutate: $(STAMP)
+	$(BIN)/python tools/mutate.py $(MUTATE_ARGS)
+
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_planner.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis .mutate

@@ -251,3 +251,68 @@ def test_parse_layout_infers_dp_from_the_ranks_left_after_tp_pp_and_cp() -> None
     # cp=3 leaves no whole dp on 8 ranks.
     with pytest.raises(LayoutError, match=r"tp\*pp\*cp = 6 does not divide the world size 8"):
         parse_layout("tp=2,cp=3", world_size=8)
+
+
+def test_parse_layout_reads_every_key_it_accepts() -> None:
+    # Each key the flag accepts lands in its own field; an order is parsed, the others left at their defaults.
+    layout = parse_layout("dp=4,tp=2,ep=4,etp=1,order=tp-cp-ep-dp-pp")
+    assert (layout.dp, layout.tp, layout.pp, layout.cp, layout.ep, layout.etp, layout.vpp) == (4, 2, 1, 1, 4, 1, 1)
+    assert layout.order == DEFAULT_ORDER
+    swapped = parse_layout("dp=2,tp=2,order=dp-tp-cp-ep-pp")
+    assert swapped.order == (MeshAxis.DP, MeshAxis.TP, MeshAxis.CP, MeshAxis.EP, MeshAxis.PP)
+    # dp varies fastest in that order: ranks 0 and 1 differ in dp, so the tp groups are {0, 2} and {1, 3}.
+    assert swapped.groups("tp").tolist() == [[0, 2], [1, 3]]
+    # Left out: every degree 1, etp following tp (None), the default order; with no world size dp stays 1.
+    bare = parse_layout("")
+    assert (bare.dp, bare.tp, bare.pp, bare.cp, bare.ep, bare.etp, bare.order) == (1, 1, 1, 1, 1, None, DEFAULT_ORDER)
+    assert parse_layout("pp=2").dp == 1
+    assert parse_layout("pp=2").tp == 1
+    # A term after the order is still read (the order does not end the parse).
+    assert parse_layout("order=tp-cp-ep-dp-pp,tp=2").tp == 2
+    with pytest.raises(LayoutError, match="unknown axes"):
+        parse_layout("order=tp-cp-ep-dp-zz")
+
+
+def test_the_group_of_a_rank_is_the_row_of_its_groups_that_holds_it() -> None:
+    # dp=2, tp=2, pp=2 in the default order (tp fastest, then dp, then pp): rank = tp + 2·dp + 4·pp.
+    layout = ParallelLayout(dp=2, tp=2, pp=2)
+    assert layout.group_of(5, "tp") == (4, 5)  # pp=1, dp=0: tp 0 and 1
+    assert layout.group_of(5, "dp") == (5, 7)  # pp=1, tp=1: dp 0 and 1
+    assert layout.group_of(5, "pp") == (1, 5)  # dp=0, tp=1: pp 0 and 1
+    assert layout.group_of(5, "dp", "tp") == (4, 5, 6, 7)
+    assert layout.group_of(0, "pp") == (0, 4)
+    with pytest.raises(LayoutError):
+        layout.group_of(8, "tp")
+    # Expert groups: ep=2 carved out of dp=2 (etp = tp = 2): the ep group of rank 5 is its dp group.
+    moe = ParallelLayout(dp=2, tp=2, pp=2, ep=2)
+    assert moe.group_of(5, "ep") == (5, 7)
+    assert moe.group_of(5, "tp", expert=True) == (4, 5)
+
+
+def test_coords_and_ranks_arrays_invert_each_other_by_hand() -> None:
+    # cp=2, tp=2, dp=2 in the default order tp-cp-ep-dp-pp: rank = tp + 2·cp + 4·dp.
+    layout = ParallelLayout(dp=2, tp=2, cp=2)
+    coords = layout.coords_array()
+    assert coords[MeshAxis.TP].tolist() == [0, 1, 0, 1, 0, 1, 0, 1]
+    assert coords[MeshAxis.CP].tolist() == [0, 0, 1, 1, 0, 0, 1, 1]
+    assert coords[MeshAxis.DP].tolist() == [0, 0, 0, 0, 1, 1, 1, 1]
+    assert coords[MeshAxis.PP].tolist() == [0] * 8
+    assert coords[MeshAxis.EP].tolist() == [0] * 8
+    some = layout.coords_array(np.array([6, 3], dtype=np.int64))
+    assert (some[MeshAxis.TP].tolist(), some[MeshAxis.CP].tolist(), some[MeshAxis.DP].tolist()) == (
+        [0, 1],
+        [1, 1],
+        [1, 0],
+    )
+    assert layout.ranks_array(coords).tolist() == list(range(8))
+    one = np.array([1], dtype=np.int64)
+    zero = np.array([0], dtype=np.int64)
+    # dp=1, tp=1, cp=1 (pp=0): 4 + 1 + 2.
+    assert layout.ranks_array({MeshAxis.DP: one, MeshAxis.TP: one, MeshAxis.PP: zero, MeshAxis.CP: one}).tolist() == [7]
+    with pytest.raises(LayoutError, match=r"ranks must lie in \[0, 8\), got -1\.\.2"):
+        layout.coords_array(np.array([-1, 2], dtype=np.int64))
+    with pytest.raises(LayoutError, match=r"got 0\.\.8"):
+        layout.coords_array(np.array([0, 8], dtype=np.int64))
+    # The expert coord: ep=2 carved out of dp=2 (etp = tp = 2; expert order etp-cp-ep-edp-pp): rank = etp + 2·ep.
+    moe = ParallelLayout(dp=2, tp=2, ep=2)
+    assert moe.coords_array()[MeshAxis.EP].tolist() == [0, 0, 1, 1]
