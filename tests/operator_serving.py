@@ -67,7 +67,11 @@ RESOURCES: dict[str, dict[str, Any]] = {
     "v1/services": {"kind": "Service", "namespaced": True, "verbs": {"list", "watch", "get", "create", "patch"}},
     "v1/configmaps": {"kind": "ConfigMap", "namespaced": True, "verbs": {"list", "watch", "get", "create", "patch"}},
     "v1/nodes": {"kind": "Node", "namespaced": False, "verbs": {"list", "watch", "get", "create", "patch"}},
-    "batch/v1/jobs": {"kind": "Job", "namespaced": True, "verbs": {"list", "watch", "get", "create", "patch", "delete"}},
+    "batch/v1/jobs": {
+        "kind": "Job",
+        "namespaced": True,
+        "verbs": {"list", "watch", "get", "create", "patch", "delete"},
+    },
     "meshscope.io/v1alpha1/trainingjobs": {
         "kind": "TrainingJob",
         "namespaced": True,
@@ -232,7 +236,7 @@ class Served:
             method=method,
         )
         try:
-            with urllib.request.urlopen(request, timeout=TIMEOUT_S) as response:  # noqa: S310 - loopback http
+            with urllib.request.urlopen(request, timeout=TIMEOUT_S) as response:
                 status, raw = response.status, response.read()
         except urllib.error.HTTPError as exc:
             status, raw = exc.code, exc.read()

@@ -148,7 +148,12 @@ def labels(name: str) -> dict[str, str]:
 
 
 def _metadata(body: Mapping[str, object], name: str, namespace: str) -> dict[str, object]:
-    return {"name": name, "namespace": namespace, "labels": labels(_name(body)), "ownerReferences": [owner_reference(body)]}
+    return {
+        "name": name,
+        "namespace": namespace,
+        "labels": labels(_name(body)),
+        "ownerReferences": [owner_reference(body)],
+    }
 
 
 def _name(body: Mapping[str, object]) -> str:
@@ -176,7 +181,9 @@ def launcher_env(spec: JobSpec, settings: OperatorSettings) -> list[dict[str, ob
         for name in (key, f"PET_{key}"):
             if name == "PET_WORLD_SIZE":
                 continue  # torchrun has no --world-size: it is nnodes x nproc-per-node
-            env.append({"name": name, "valueFrom": copy.deepcopy(index)} if value is None else {"name": name, "value": value})
+            env.append(
+                {"name": name, "valueFrom": copy.deepcopy(index)} if value is None else {"name": name, "value": value}
+            )
     return env
 
 
@@ -212,7 +219,7 @@ def pod_template(body: Mapping[str, object], spec: JobSpec, settings: OperatorSe
     elif injection.outcome is Outcome.UNPATCHABLE:
         raise ChildError(f"spec.template: {'; '.join(injection.warnings)}")
     final_spec = pod["spec"]
-    assert isinstance(final_spec, dict)  # built above  # noqa: S101
+    assert isinstance(final_spec, dict)  # built above
     launcher = launcher_env(spec, settings)
     for container in final_spec["containers"]:
         env = container.setdefault("env", [])
@@ -225,9 +232,11 @@ def pod_template(body: Mapping[str, object], spec: JobSpec, settings: OperatorSe
 
 def _placement_into_sidecar(pod_spec: dict[str, object], spec: JobSpec) -> None:
     """The sidecar's node rank from the completion index, and the placement ConfigMap mounted for it."""
-    sidecar = next(
-        c for c in pod_spec.get("initContainers", []) if isinstance(c, dict) and c.get("name") == SIDECAR_NAME  # type: ignore[attr-defined]
-    )
+    init = pod_spec.get("initContainers")
+    found = [c for c in init if isinstance(c, dict) and c.get("name") == SIDECAR_NAME] if isinstance(init, list) else []
+    if not found:
+        return
+    sidecar = found[0]
     env = sidecar.setdefault("env", [])
     env.append(
         {
@@ -238,9 +247,11 @@ def _placement_into_sidecar(pod_spec: dict[str, object], spec: JobSpec) -> None:
     if not publishes_placement(spec):
         return
     env.append({"name": ENV_PLACEMENT_FILE, "value": PLACEMENT_FILE})
-    sidecar.setdefault("volumeMounts", []).append({"name": VOLUME_PLACEMENT, "mountPath": PLACEMENT_DIR, "readOnly": True})
+    sidecar.setdefault("volumeMounts", []).append(
+        {"name": VOLUME_PLACEMENT, "mountPath": PLACEMENT_DIR, "readOnly": True}
+    )
     volumes = pod_spec.setdefault("volumes", [])
-    assert isinstance(volumes, list)  # noqa: S101 - injection added the sidecar's volumes
+    assert isinstance(volumes, list)
     # Not optional on purpose: the kubelet keeps the pod in ContainerCreating until the operator has published where
     # every pod landed, so the sidecar, which reads its identity once at startup, starts with the real placement.
     volumes.append(
@@ -329,5 +340,4 @@ def _show(value: object) -> str:
     if value is None:
         return "missing"
     text = json.dumps(value, default=str)
-    return text if len(text) <= 80 else text[:79] + "…"  # noqa: PLR2004
-
+    return text if len(text) <= 80 else text[:79] + "…"

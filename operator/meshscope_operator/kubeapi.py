@@ -60,10 +60,12 @@ class KubeApi:
     """A connection to the Kubernetes API (one aiohttp session, opened on first use)."""
 
     def __init__(self, server: str = "", *, token: str = "", service_account_dir: Path = SERVICE_ACCOUNT_DIR) -> None:
-        """Args:
-        server: the API's URL; empty: the in-cluster address from ``KUBERNETES_SERVICE_HOST``/``_PORT``.
-        token: a bearer token for ``server``; empty: the service account's token file, when there is one.
-        service_account_dir: where the token and ``ca.crt`` are (in-cluster).
+        """Open nothing yet: the session starts on the first request.
+
+        Args:
+            server: the API's URL; empty: the in-cluster address from ``KUBERNETES_SERVICE_HOST``/``_PORT``.
+            token: a bearer token for ``server``; empty: the service account's token file, when there is one.
+            service_account_dir: where the token and ``ca.crt`` are (in-cluster).
         """
         self._sa = service_account_dir
         self._token = token
@@ -108,12 +110,12 @@ class KubeApi:
                 status = response.status
         except (aiohttp.ClientError, TimeoutError) as exc:
             raise TransientApiError(method, path, 0, f"no answer: {exc or type(exc).__name__}") from exc
-        if status < 300:  # noqa: PLR2004
+        if status < 300:
             return json.loads(text) if text else {}
         message = _message(text)
-        if status == 404 and method == "GET":  # noqa: PLR2004
+        if status == 404 and method == "GET":
             return None
-        if status == 409 and method == "POST":  # noqa: PLR2004
+        if status == 409 and method == "POST":
             raise ConflictError(method, path, status, message)
         if status in _TRANSIENT:
             raise TransientApiError(method, path, status, message)

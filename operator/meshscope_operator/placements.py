@@ -1,5 +1,7 @@
-"""Pure: where a TrainingJob's pods landed, as the core's :class:`~meshscope.topology.Placement`, the sidecars'
-``meshscope.placement/1`` document, and the findings of the placement checks re-run on it.
+"""Pure: where a TrainingJob's pods landed, as a placement, the sidecars' document, and the checks' findings.
+
+The placement is the core's :class:`~meshscope.topology.Placement`; the document is ``meshscope.placement/1``; the
+findings are the planner's placement checks re-run on it.
 
 Exists because the real placement is known only once the scheduler has bound every pod of the Job to a node, and
 node labels are not in the downward API: the operator reads them and publishes the result for the sidecars
@@ -94,7 +96,9 @@ def pod_entry(body: Mapping[str, object]) -> PodEntry | None:
     node = spec.get("nodeName") if isinstance(spec, Mapping) else None
     if not isinstance(job, str) or not job or not isinstance(raw_index, str) or not raw_index.isdigit():
         return None
-    return PodEntry(job=job, name=str(meta.get("name", "")), index=int(raw_index), node=node if isinstance(node, str) else "")
+    return PodEntry(
+        job=job, name=str(meta.get("name", "")), index=int(raw_index), node=node if isinstance(node, str) else ""
+    )
 
 
 def label_keys(body: Mapping[str, object], spec: JobSpec, settings: OperatorSettings) -> tuple[str, tuple[str, ...]]:

@@ -1,5 +1,6 @@
-"""Reconcile: a TrainingJob planned into its status and materialised as an Indexed Job and a headless Service; once
-its pods are bound to nodes, the real placement checked and published to the sidecars.
+"""Reconcile: a TrainingJob planned into status, materialised as an Indexed Job and a headless Service, placed.
+
+Once its pods are bound to nodes, the real placement is checked and published to the sidecars.
 
 Exists to hold the steps between kopf's handlers and the pure builders (:mod:`~meshscope_operator.statuses`,
 :mod:`~meshscope_operator.children`, :mod:`~meshscope_operator.placements`) and the API calls
@@ -20,12 +21,12 @@ Exists to hold the steps between kopf's handlers and the pure builders (:mod:`~m
 from __future__ import annotations
 
 import asyncio
-import datetime
+import datetime as dt
 import json
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import kopf
 
@@ -106,12 +107,12 @@ class PlacementSource:
 
 def now_rfc3339() -> str:
     """The current UTC time, as ``metav1.Time`` writes it (seconds, ``Z``)."""
-    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def retry_delay(retry: int) -> float:
     """Seconds before retry number ``retry`` (0-based): 5, 10, 20, ... capped at 300."""
-    return min(FIRST_RETRY_S * 2 ** min(retry, 16), LAST_RETRY_S)
+    return float(min(FIRST_RETRY_S * 2.0 ** min(retry, 16), LAST_RETRY_S))
 
 
 def _meta(body: Mapping[str, object]) -> Mapping[str, object]:
@@ -158,7 +159,10 @@ async def reconcile_training_job(
         job = job_manifest(body, spec, settings)
         service = service_manifest(body, spec)
     except ChildError as exc:
-        conditions = [planned, Condition(type=ConditionType.READY, status=False, reason="InvalidTemplate", message=str(exc))]
+        conditions = [
+            planned,
+            Condition(type=ConditionType.READY, status=False, reason="InvalidTemplate", message=str(exc)),
+        ]
         status.update(status_patch(body, phase=Phase.INVALID, fields=fields, conditions=conditions, now=now))
         raise kopf.PermanentError(str(exc)) from None
     uid = str(_meta(body).get("uid"))
@@ -170,7 +174,7 @@ async def reconcile_training_job(
         status.update(status_patch(body, phase=Phase.PLANNED, fields=fields, conditions=[planned, ready], now=now))
         if isinstance(exc, TransientApiError):
             raise kopf.TemporaryError(str(exc), delay=retry_delay(retry)) from None
-        if exc.status == 403:  # noqa: PLR2004 - forbidden: RBAC an administrator can fix
+        if exc.status == 403:
             raise kopf.TemporaryError(str(exc), delay=FORBIDDEN_RETRY_S) from None
         raise kopf.PermanentError(str(exc)) from None
     problems = [n for n in (service_note, job_note) if n]
@@ -331,7 +335,7 @@ class PlacementPublisher:
             await self._api.patch(path, {"data": manifest["data"]})
         for finding in result.new_findings:
             message = cut(f"placement of the scheduled pods: {finding.code}: {finding.message}", MAX_EVENT_CHARS)
-            kopf.warn(source.body, reason="PlacementFinding", message=message)
+            kopf.warn(cast("kopf.Body", source.body), reason="PlacementFinding", message=message)
         return f"published {placement_name(spec.name)}: {describe(result)}"
 
 
@@ -375,19 +379,32 @@ def register_reconcile(registry: kopf.OperatorRegistry, settings: OperatorSettin
         return {(namespace or "", entry.job): entry} if entry is not None else {}
 
     @kopf.on.event("v1", "pods", id="placement", labels={LABEL: kopf.PRESENT}, registry=registry)
-    async def placement(body: kopf.Body, namespace: str | None, logger: logging.Logger, **kwargs: Any) -> None:  # noqa: ANN401 - kopf's kwargs
+    async def placement(
+        body: kopf.Body,
+        namespace: str | None,
+        logger: logging.Logger | logging.LoggerAdapter[Any],
+        **kwargs: Any,  # noqa: ANN401 - kopf's kwargs
+    ) -> None:
         entry = pod_entry(body)
         if entry is None:
             return
         await _publish_logged(publisher, (namespace or "", entry.job), kwargs, logger)
 
     @kopf.timer(GROUP, VERSION, PLURAL, id="placement-recheck", interval=PLACEMENT_RECHECK_S, registry=registry)
-    async def placement_recheck(name: str, namespace: str | None, logger: logging.Logger, **kwargs: Any) -> None:  # noqa: ANN401 - kopf's kwargs
+    async def placement_recheck(
+        name: str,
+        namespace: str | None,
+        logger: logging.Logger | logging.LoggerAdapter[Any],
+        **kwargs: Any,  # noqa: ANN401 - kopf's kwargs
+    ) -> None:
         await _publish_logged(publisher, (namespace or "", name), kwargs, logger)
 
 
 async def _publish_logged(
-    publisher: PlacementPublisher, key: tuple[str, str], indices: Mapping[str, object], logger: logging.Logger
+    publisher: PlacementPublisher,
+    key: tuple[str, str],
+    indices: Mapping[str, object],
+    logger: logging.Logger | logging.LoggerAdapter[Any],
 ) -> None:
     try:
         outcome = await publisher.publish(key, indices.get(JOB_INDEX_ID), indices.get(POD_INDEX_ID))

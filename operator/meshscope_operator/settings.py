@@ -229,7 +229,9 @@ def settings_from(environ: Mapping[str, str]) -> OperatorSettings:
         dcgm_url=environ[_ENV["dcgm_url"]].strip() if _ENV["dcgm_url"] in environ else d.dcgm_url,
         nccl_debug_subsys=text("nccl_debug_subsys", d.nccl_debug_subsys),
         api_server=(
-            _match(_ENV["api_server"], raw["api_server"], _URL, "an http:// or https:// URL such as https://10.0.0.1:443")
+            _match(
+                _ENV["api_server"], raw["api_server"], _URL, "an http:// or https:// URL such as https://10.0.0.1:443"
+            )
             if "api_server" in raw
             else d.api_server
         ),
@@ -240,7 +242,7 @@ def settings_from(environ: Mapping[str, str]) -> OperatorSettings:
 
 
 def _label_key(name: str, value: str) -> str:
-    if len(value) > 317 or not _LABEL_KEY.match(value):  # noqa: PLR2004 - 253 for the prefix, 1 for "/", 63 for the name
+    if len(value) > 317 or not _LABEL_KEY.match(value):
         raise SettingsError(f"{name}={value!r} is not a node label key such as nvidia.com/gpu.clique")
     return value
 

@@ -127,7 +127,7 @@ def planned_message(spec: JobSpec, plan: Plan) -> str:
 def merge_conditions(
     previous: object, updates: Sequence[Condition], *, generation: int | None, now: str
 ) -> list[dict[str, object]]:
-    """``status.conditions`` after ``updates``: other conditions kept, ``lastTransitionTime`` kept unless the status flips.
+    """``status.conditions`` after ``updates``: others kept, ``lastTransitionTime`` kept unless the status flips.
 
     Args:
         previous: the object's ``status.conditions`` as stored (anything: a bad value is dropped).

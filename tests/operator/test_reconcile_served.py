@@ -13,7 +13,6 @@ import subprocess
 import sys
 import time
 import uuid
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import yaml
@@ -23,6 +22,7 @@ from operator_serving import NAMESPACE, TIMEOUT_S, load_example, training_job
 
 if TYPE_CHECKING:
     from collections.abc import Callable
+    from pathlib import Path
 
     from operator_serving import Served
 
@@ -61,7 +61,7 @@ def wait_for(what: str, probe: Callable[[], Any]) -> Any:
 
 def get(served: Served, path: str) -> dict[str, Any] | None:
     status, body = served.api("GET", path)
-    return body if status == 200 else None  # noqa: PLR2004
+    return body if status == 200 else None
 
 
 def create(served: Served, name: str, spec: dict[str, Any]) -> dict[str, Any]:
@@ -89,7 +89,7 @@ def condition(obj: dict[str, Any], kind: str) -> dict[str, Any]:
 def cli_plan(tmp_path: Path, manifest: dict[str, Any]) -> subprocess.CompletedProcess[str]:
     path = tmp_path / "job.yaml"
     path.write_text(yaml.safe_dump(manifest))
-    return subprocess.run(  # noqa: S603 - our own CLI
+    return subprocess.run(
         [sys.executable, "-m", "meshscope", "plan", str(path), "--json"],
         capture_output=True,
         text=True,
@@ -120,7 +120,7 @@ def test_a_trainingjob_gets_its_job_service_and_the_plan_in_status(served: Serve
     assert service["metadata"]["ownerReferences"] == [owner]
     # 8 nodes of 8 H100s (the example): one pod per node.
     assert job["spec"]["completionMode"] == "Indexed"
-    assert job["spec"]["completions"] == job["spec"]["parallelism"] == 8  # noqa: PLR2004
+    assert job["spec"]["completions"] == job["spec"]["parallelism"] == 8
     assert service["spec"]["clusterIP"] == "None"
     assert service["spec"]["selector"] == {
         "meshscope.io/trainingjob": "llama-a",
@@ -165,7 +165,7 @@ def test_a_trainingjob_gets_its_job_service_and_the_plan_in_status(served: Serve
     status = stored["status"]
     assert status["phase"] == "Planned"
     assert status["observedGeneration"] == 1
-    assert status["worldSize"] == 64  # noqa: PLR2004
+    assert status["worldSize"] == 64
     assert status["layout"] == "dp32-tp2"
     assert status["plan"] == {
         "peakMemoryBytesPerGpu": loaded["memory_bytes"]["total"],
@@ -190,7 +190,15 @@ def test_an_unplannable_spec_is_invalid_once_and_not_retried(served: Served, tmp
         "phase Invalid",
         lambda: (o := get(served, f"{TJ}/tp3-invalid")) and (o.get("status") or {}).get("phase") == "Invalid" and o,
     )
-    cli = cli_plan(tmp_path, {"apiVersion": stored["apiVersion"], "kind": "TrainingJob", "metadata": {"name": "tp3-invalid"}, "spec": stored["spec"]})
+    cli = cli_plan(
+        tmp_path,
+        {
+            "apiVersion": stored["apiVersion"],
+            "kind": "TrainingJob",
+            "metadata": {"name": "tp3-invalid"},
+            "spec": stored["spec"],
+        },
+    )
     assert cli.returncode != 0
     message = cli.stderr.strip().removeprefix("meshscope: error: ")
     planned_condition = condition(stored, "Planned")
@@ -202,9 +210,11 @@ def test_an_unplannable_spec_is_invalid_once_and_not_retried(served: Served, tmp
     # kopf is done with this spec: the change is recorded as handled, and no progress (no retry) is left pending.
     annotations = wait_for(
         "kopf's diff-base annotation",
-        lambda: (a := (get(served, f"{TJ}/tp3-invalid") or {}).get("metadata", {}).get("annotations", {}))
-        and "meshscope.io/last-handled-configuration" in a
-        and a,
+        lambda: (
+            (a := (get(served, f"{TJ}/tp3-invalid") or {}).get("metadata", {}).get("annotations", {}))
+            and "meshscope.io/last-handled-configuration" in a
+            and a
+        ),
     )
     assert "meshscope.io/reconcile" not in annotations
     assert wait_for("no Job", lambda: get(served, f"{JOBS}/tp3-invalid") is None)
@@ -254,7 +264,7 @@ def test_reconcile_again_creates_nothing_twice_and_a_layout_change_needs_a_resta
 
     # A spec change that changes the layout: the Job stays as it is, the status says a restart is needed.
     patch = {"metadata": {"generation": 2}, "spec": {"parallelism": {"tp": 4}}}
-    assert served.api("PATCH", f"{TJ}/twice", patch)[0] == 200  # noqa: PLR2004
+    assert served.api("PATCH", f"{TJ}/twice", patch)[0] == 200
     second = planned(served, "twice", generation=2)
     assert second["status"]["layout"] == "dp16-tp4"
     restart = condition(second, "RestartRequired")
@@ -291,7 +301,11 @@ def test_scheduled_pods_give_a_placement_the_sidecar_reads_and_one_event(served:
     # Nodes: tray 0 in clique c1, trays 1-3 in clique c2, so TP group 0 (ranks 0-7: pods 0 and 1) crosses domains.
     cliques = {"tray-a": "uuid.1", "tray-b": "uuid.2", "tray-c": "uuid.2", "tray-d": "uuid.2"}
     for node, clique in cliques.items():
-        body = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": node, "labels": {CLIQUE: clique, LEAF: "leaf-1"}}}
+        body = {
+            "apiVersion": "v1",
+            "kind": "Node",
+            "metadata": {"name": node, "labels": {CLIQUE: clique, LEAF: "leaf-1"}},
+        }
         assert served.api("POST", "/api/v1/nodes", body)[0] in (200, 201)
     # The Job controller's pods, not yet scheduled.
     template = job["spec"]["template"]
@@ -304,12 +318,12 @@ def test_scheduled_pods_give_a_placement_the_sidecar_reads_and_one_event(served:
             "annotations": {"batch.kubernetes.io/job-completion-index": str(i)},
         }
         assert served.api("POST", PODS, {"apiVersion": "v1", "kind": "Pod", **pod})[0] in (200, 201)
-    status, pods = served.api("GET", PODS)
+    _, pods = served.api("GET", PODS)
     names = sorted(p["metadata"]["name"] for p in pods["items"] if p["metadata"]["name"].startswith("gb-small-"))
     assert get(served, f"{CONFIGMAPS}/gb-small-placement") is None  # nothing is published before every pod is bound
     # The scheduler binds them: pod i to tray i.
     for name, node in zip(names, cliques, strict=True):
-        assert served.api("PATCH", f"{PODS}/{name}", {"spec": {"nodeName": node}})[0] == 200  # noqa: PLR2004
+        assert served.api("PATCH", f"{PODS}/{name}", {"spec": {"nodeName": node}})[0] == 200
     cm = wait_for("the placement ConfigMap", lambda: get(served, f"{CONFIGMAPS}/gb-small-placement"))
     assert cm["metadata"]["ownerReferences"][0]["uid"] == tj["metadata"]["uid"]
     placement_file = tmp_path / "placement.json"
@@ -340,7 +354,9 @@ def test_scheduled_pods_give_a_placement_the_sidecar_reads_and_one_event(served:
         return [
             r[2]
             for r in _requests(served)
-            if r[0] == "POST" and r[1] == EVENTS and r[2].get("reason") == "PlacementFinding"
+            if r[0] == "POST"
+            and r[1] == EVENTS
+            and r[2].get("reason") == "PlacementFinding"
             and r[2].get("involvedObject", {}).get("name") == "gb-small"
         ]
 
@@ -351,10 +367,13 @@ def test_scheduled_pods_give_a_placement_the_sidecar_reads_and_one_event(served:
     assert findings["raised"] == ["tp-crosses-nvlink-domain"]
 
     # A re-run with a changed placement (tray-d moves to another leaf): published again, no second Event.
-    assert served.api("PATCH", "/api/v1/nodes/tray-d", {"metadata": {"labels": {LEAF: "leaf-2"}}})[0] == 200  # noqa: PLR2004
-    assert served.api("PATCH", f"{PODS}/{names[0]}", {"metadata": {"annotations": {"touched": "1"}}})[0] == 200  # noqa: PLR2004
+    assert served.api("PATCH", "/api/v1/nodes/tray-d", {"metadata": {"labels": {LEAF: "leaf-2"}}})[0] == 200
+    assert served.api("PATCH", f"{PODS}/{names[0]}", {"metadata": {"annotations": {"touched": "1"}}})[0] == 200
     wait_for(
         "the republished placement",
-        lambda: "leaf-2" in ((get(served, f"{CONFIGMAPS}/gb-small-placement") or {}).get("data") or {}).get("placement.json", ""),
+        lambda: (
+            "leaf-2"
+            in ((get(served, f"{CONFIGMAPS}/gb-small-placement") or {}).get("data") or {}).get("placement.json", "")
+        ),
     )
     assert len(placement_events()) == 1
