@@ -6,7 +6,13 @@ Layout, after the traps in ``shared/reference/kubernetes-testing.md`` §2.3:
 - kmock runs in a thread of its own with its own event loop, and kopf runs in another (recipe C, ``kopf.operator``
   as a task), so the sync tests, kopf and the mock never share a loop (traps T2, T3);
 - kopf logs in through an ``@kopf.on.login`` handler, never ``$KUBECONFIG`` (T4); kmock declares the CRD and
-  namespace resources kopf waits for (T5); namespace scanning and event posting are off (T6, T7);
+  namespace resources kopf waits for (T5); namespace scanning is off (T6);
+- a minimal shim over kmock (:class:`NamingEmulator`) gives creates with ``generateName`` a name, as the API server
+  does, so kopf's Events are posted (T7), and the TrainingJobs stored here carry a ``uid`` and a ``generation``, which
+  kmock never adds (reference §2.1): reconcile's ownerReferences need the uid, and kopf tests the
+  ``resourceVersion`` it saw in its JSON patches (kmock never changes it, so the test holds). The tests that change a spec bump
+  the generation themselves, as the API server would;
+- reconcile's own client (``meshscope_operator.kubeapi``) talks to the same kmock (``api_server``);
 - every wait has a deadline and every request a timeout; the operator is stopped with its stop flag and awaited
   with a timeout at the end of the session.
 
@@ -56,7 +62,16 @@ RESOURCES: dict[str, dict[str, Any]] = {
         "verbs": {"list", "watch", "get", "create", "patch"},
     },
     "v1/namespaces": {"kind": "Namespace", "namespaced": False, "verbs": {"list", "watch", "get"}},
-    "v1/pods": {"kind": "Pod", "namespaced": True, "verbs": {"list", "watch", "get", "create", "patch"}},
+    "v1/pods": {"kind": "Pod", "namespaced": True, "verbs": {"list", "watch", "get", "create", "patch", "delete"}},
+    "v1/events": {"kind": "Event", "namespaced": True, "verbs": {"list", "watch", "get", "create", "patch"}},
+    "v1/services": {"kind": "Service", "namespaced": True, "verbs": {"list", "watch", "get", "create", "patch"}},
+    "v1/configmaps": {"kind": "ConfigMap", "namespaced": True, "verbs": {"list", "watch", "get", "create", "patch"}},
+    "v1/nodes": {"kind": "Node", "namespaced": False, "verbs": {"list", "watch", "get", "create", "patch"}},
+    "batch/v1/jobs": {
+        "kind": "Job",
+        "namespaced": True,
+        "verbs": {"list", "watch", "get", "create", "patch", "delete"},
+    },
     "meshscope.io/v1alpha1/trainingjobs": {
         "kind": "TrainingJob",
         "namespaced": True,
@@ -73,19 +88,40 @@ def load_example(name: str) -> dict[str, Any]:
     return yaml.safe_load((ROOT / "examples" / f"{name}.yaml").read_text())
 
 
-def training_job(name: str, spec: dict[str, Any]) -> dict[str, Any]:
-    """A TrainingJob object in the test namespace."""
+def training_job(name: str, spec: dict[str, Any], *, generation: int = 1) -> dict[str, Any]:
+    """A TrainingJob object in the test namespace, with the uid and generation an API server would give it."""
     return {
         "apiVersion": "meshscope.io/v1alpha1",
         "kind": "TrainingJob",
-        "metadata": {"name": name, "namespace": NAMESPACE},
+        "metadata": {
+            "name": name,
+            "namespace": NAMESPACE,
+            "uid": str(uuid.uuid4()),
+            "generation": generation,
+            "resourceVersion": "1",
+        },
         "spec": spec,
     }
 
 
+class NamingEmulator(kmock.KubernetesEmulator):
+    """kmock with one thing of the API server's added: a create with ``generateName`` and no name gets a name."""
+
+    _generated = 0
+
+    async def _handle(self, request: Any) -> Any:
+        data = request.data
+        if request.resource is not None and request.action == kmock.action.CREATE and isinstance(data, dict):
+            meta = data.setdefault("metadata", {})
+            if isinstance(meta, dict) and not meta.get("name") and meta.get("generateName"):
+                NamingEmulator._generated += 1
+                meta["name"] = f"{meta['generateName']}{NamingEmulator._generated:05d}"
+        return await super()._handle(request)
+
+
 # TrainingJobs the cluster holds before the operator starts: the pod webhook finds them through kopf's index.
 _LLAMA = load_example("llama3-70b-h100")
-_LLAMA["metadata"]["namespace"] = NAMESPACE
+_LLAMA["metadata"].update(namespace=NAMESPACE, uid=str(uuid.uuid4()), generation=1, resourceVersion="1")
 STORED_JOBS: dict[str, dict[str, Any]] = {
     "llama3-70b-h100": _LLAMA,
     # tp 3 does not divide llama3-70b's 64 heads: the CRD schema takes it, the loader does not.
@@ -127,6 +163,10 @@ class Served:
     context: ssl.SSLContext
     settings: OperatorSettings
     mock: Any
+    api_url: str = ""
+    """kmock's URL (plain HTTP)."""
+    mock_loop: Any = None
+    """The event loop kmock runs in (read its recorded requests there)."""
 
     def post(self, path: str, payload: bytes) -> tuple[int, dict[str, Any] | None]:
         """POST raw bytes to the webhook server; the HTTP status and the JSON answer (``None`` if not JSON)."""
@@ -186,6 +226,33 @@ class Served:
         assert answer["response"]["uid"] == uid
         return answer["response"]
 
+    def api(self, method: str, path: str, body: object = None) -> tuple[int, Any]:
+        """One request to kmock, as a client of the API server would send it; the status and the JSON answer."""
+        content = "application/merge-patch+json" if method == "PATCH" else "application/json"
+        request = urllib.request.Request(
+            self.api_url + path,
+            data=None if body is None else json.dumps(body).encode(),
+            headers={"Content-Type": content, "Accept": "application/json"},
+            method=method,
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=TIMEOUT_S) as response:
+                status, raw = response.status, response.read()
+        except urllib.error.HTTPError as exc:
+            status, raw = exc.code, exc.read()
+        try:
+            return status, json.loads(raw)
+        except ValueError:
+            return status, None
+
+    def requests(self) -> list[tuple[str, str]]:
+        """Every request kmock has served so far, as (method, path), read in kmock's own loop."""
+
+        async def snapshot() -> list[tuple[str, str]]:
+            return [(str(r.method.value).upper(), r.url.path) for r in self.mock]
+
+        return list(self.mock_loop.run(snapshot()))
+
     def review_job(self, obj: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
         """Review a TrainingJob through the validating webhook."""
         return self.review(VALIDATE_ID, obj, **kwargs)
@@ -233,21 +300,10 @@ def serve(certs: Path) -> Iterator[Served]:
     issued.private_key_pem.write_to_path(str(certs / "tls.key"))
     ca.cert_pem.write_to_path(str(certs / "ca.crt"))
     port = _free_port()
-    settings = OperatorSettings(
-        webhook_addr="127.0.0.1",
-        webhook_port=port,
-        webhook_cert_file=str(certs / "tls.crt"),
-        webhook_key_file=str(certs / "tls.key"),
-        webhook_ca_file=str(certs / "ca.crt"),
-        liveness_port=0,
-        namespaces=(NAMESPACE,),
-        sidecar_image="registry.example/meshscope-sidecar:test",
-    )
-
     mock_thread = _LoopThread("kmock")
 
     async def start_mock() -> tuple[Any, Any]:
-        emulator = kmock.KubernetesEmulator()
+        emulator = NamingEmulator()
         await emulator.__aenter__()
         server = kmock.Server(emulator)
         await server.__aenter__()
@@ -259,6 +315,17 @@ def serve(certs: Path) -> Iterator[Served]:
 
     emulator, server = mock_thread.run(start_mock())
     api_url = str(server.url).rstrip("/")
+    settings = OperatorSettings(
+        api_server=api_url,
+        webhook_addr="127.0.0.1",
+        webhook_port=port,
+        webhook_cert_file=str(certs / "tls.crt"),
+        webhook_key_file=str(certs / "tls.key"),
+        webhook_ca_file=str(certs / "ca.crt"),
+        liveness_port=0,
+        namespaces=(NAMESPACE,),
+        sidecar_image="registry.example/meshscope-sidecar:test",
+    )
 
     registry = kopf.OperatorRegistry()
     register(registry, settings)
@@ -269,7 +336,6 @@ def serve(certs: Path) -> Iterator[Served]:
 
     @kopf.on.startup(registry=registry)
     def plain_kmock(settings: kopf.OperatorSettings, **_: Any) -> None:
-        settings.posting.enabled = False  # events use generateName, which kmock lacks (trap T7)
         settings.scanning.disabled = True  # kmock's /api/v1/namespaces is broken (trap T6)
 
     operator_thread = _LoopThread("kopf")
@@ -290,7 +356,14 @@ def serve(certs: Path) -> Iterator[Served]:
     task = operator_thread.run(start_operator())
     operator_thread.run(asyncio.wait_for(flags["ready"].wait(), TIMEOUT_S))
     context = ssl.create_default_context(cafile=str(certs / "ca.crt"))
-    result = Served(base_url=f"https://127.0.0.1:{port}", context=context, settings=settings, mock=emulator)
+    result = Served(
+        base_url=f"https://127.0.0.1:{port}",
+        context=context,
+        settings=settings,
+        mock=emulator,
+        api_url=api_url,
+        mock_loop=mock_thread,
+    )
     _wait_until_serving(result)
     try:
         yield result

@@ -2,9 +2,9 @@
 
 Exists so that one call, :func:`register`, gives a registry everything the operator does, for ``__main__`` and for
 tests alike (each test run gets a fresh ``kopf.OperatorRegistry``, as kopf's own tests do). Now: the startup
-handler that configures kopf (STYLE.md §4), the index of TrainingJobs that the pod webhook reads, and the two
-admission webhooks (:mod:`~meshscope_operator.admission`). Reconcile, status and the cost table come in later slices
-of issue 11.
+handler that configures kopf (STYLE.md §4), the index of TrainingJobs that the pod webhook reads, the two
+admission webhooks (:mod:`~meshscope_operator.admission`) and reconcile (:mod:`~meshscope_operator.reconciling`:
+status, the Job and Service, the placement). The cost table comes in later slices of issue 11.
 
 It must hold no logic of its own: each handler calls one pure function.
 """
@@ -18,6 +18,7 @@ import kopf
 
 from meshscope_operator.admission import INDEX_ID, register_admission
 from meshscope_operator.injection import InjectionTarget, target_from_body
+from meshscope_operator.reconciling import register_reconcile
 from meshscope_operator.spec import GROUP, PLURAL, VERSION
 
 if TYPE_CHECKING:
@@ -71,3 +72,4 @@ def register(registry: kopf.OperatorRegistry, settings: OperatorSettings) -> Non
         return {(namespace or "", name): target_from_body(body)}
 
     register_admission(registry, settings)
+    register_reconcile(registry, settings)

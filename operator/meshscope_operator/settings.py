@@ -25,6 +25,10 @@ DEFAULT_WEBHOOK_PORT = 9443
 """The port controller-runtime's webhook servers use by default (kubebuilder's ``webhook.Options.Port``)."""
 DEFAULT_SIDECAR_PORT = 9402
 """The sidecar's default (``meshscope_sidecar.settings.DEFAULT_PORT``: next to dcgm-exporter's 9400)."""
+DEFAULT_MASTER_PORT = 29500
+"""torchrun's default rendezvous port (``torch.distributed.run``, ``--master-port``)."""
+MAX_NETWORK_TIERS = 8
+"""Most network tier labels, as the CRD bounds ``spec.topology.networkTierLabels``."""
 MAX_ADMISSION_WARNINGS = 15
 """Most warnings one admission response may carry: the API server stops passing warnings on whole once they add up
 to 4,096 characters and then cuts each to 256 (k8s.io/apiserver ``pkg/endpoints/filters/warning.go``:
@@ -36,6 +40,11 @@ _NAMESPACE = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 _IMAGE = re.compile(r"^[^\s]{1,512}$")
 _QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|Ki|Mi|Gi|Ti)?$")
 _PULL_POLICIES = ("Always", "IfNotPresent", "Never")
+# A label key: an optional DNS-subdomain prefix and "/", then a name of at most 63 characters (the CRD's pattern).
+_LABEL_KEY = re.compile(
+    r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$"
+)
+_URL = re.compile(r"^https?://[^\s/]+(/[^\s]*)?$")
 
 
 class SettingsError(ValueError):
@@ -105,6 +114,21 @@ class OperatorSettings:
     nccl_debug_subsys: str = "INIT,COLL"
     """``NCCL_DEBUG_SUBSYS`` set in the training containers (``MESHSCOPE_OPERATOR_NCCL_DEBUG_SUBSYS``): what the
     sidecar's NCCL source parses (communicator setup and every collective)."""
+
+    api_server: str = ""
+    """URL of the Kubernetes API for reconcile's own requests (``MESHSCOPE_OPERATOR_API_SERVER``, ``http(s)://``);
+    empty (the default): in the cluster, ``https://$KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT`` with the
+    pod's service account token and CA (kopf's own connection logs in the same way)."""
+    master_port: int = DEFAULT_MASTER_PORT
+    """``MASTER_PORT`` of the Jobs the operator makes (``MESHSCOPE_OPERATOR_MASTER_PORT``), default 29500, torchrun's
+    own default (``torch.distributed.run --master-port``)."""
+    nvlink_domain_label: str = "nvidia.com/gpu.clique"
+    """Node label naming a node's NVLink domain (``MESHSCOPE_OPERATOR_NVLINK_DOMAIN_LABEL``); default GPU feature
+    discovery's clique label. A TrainingJob's ``spec.topology.nvlinkDomainLabel`` overrides it for that job."""
+    network_tier_labels: tuple[str, ...] = ("network.topology.nvidia.com/leaf", "network.topology.nvidia.com/spine")
+    """Node labels naming the network switch at each tier, closest first (``MESHSCOPE_OPERATOR_NETWORK_TIER_LABELS``,
+    comma-separated, at most 8); default topograph's. The first one a node has is its network block. A
+    TrainingJob's ``spec.topology.networkTierLabels`` overrides them for that job."""
 
 
 _ENV = {f.name: PREFIX + f.name.upper() for f in fields(OperatorSettings)}
@@ -204,4 +228,32 @@ def settings_from(environ: Mapping[str, str]) -> OperatorSettings:
         # An empty value means "no DCGM source", so this one is read even when set to "".
         dcgm_url=environ[_ENV["dcgm_url"]].strip() if _ENV["dcgm_url"] in environ else d.dcgm_url,
         nccl_debug_subsys=text("nccl_debug_subsys", d.nccl_debug_subsys),
+        api_server=(
+            _match(
+                _ENV["api_server"], raw["api_server"], _URL, "an http:// or https:// URL such as https://10.0.0.1:443"
+            )
+            if "api_server" in raw
+            else d.api_server
+        ),
+        master_port=port("master_port", d.master_port, 1),
+        nvlink_domain_label=_label_key(_ENV["nvlink_domain_label"], text("nvlink_domain_label", d.nvlink_domain_label)),
+        network_tier_labels=_tier_labels(raw.get("network_tier_labels"), d.network_tier_labels),
     )
+
+
+def _label_key(name: str, value: str) -> str:
+    if len(value) > 317 or not _LABEL_KEY.match(value):
+        raise SettingsError(f"{name}={value!r} is not a node label key such as nvidia.com/gpu.clique")
+    return value
+
+
+def _tier_labels(value: str | None, default: tuple[str, ...]) -> tuple[str, ...]:
+    if value is None:
+        return default
+    name = _ENV["network_tier_labels"]
+    keys = tuple(k.strip() for k in value.split(",") if k.strip())
+    if not 1 <= len(keys) <= MAX_NETWORK_TIERS:
+        raise SettingsError(f"{name}={value!r} is not 1 to {MAX_NETWORK_TIERS} comma-separated node label keys")
+    for k in keys:
+        _label_key(name, k)
+    return keys

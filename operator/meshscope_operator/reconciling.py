@@ -1,0 +1,415 @@
+"""Reconcile: a TrainingJob planned into status, materialised as an Indexed Job and a headless Service, placed.
+
+Once its pods are bound to nodes, the real placement is checked and published to the sidecars.
+
+Exists to hold the steps between kopf's handlers and the pure builders (:mod:`~meshscope_operator.statuses`,
+:mod:`~meshscope_operator.children`, :mod:`~meshscope_operator.placements`) and the API calls
+(:mod:`~meshscope_operator.kubeapi`), with the error policy in one place:
+
+- a spec the loader or planner refuses, or a template that cannot make a Job: ``phase: Invalid`` with a condition
+  naming the field, the value and what would fit, then ``kopf.PermanentError`` (no retry until the spec changes);
+- a transient API failure (no answer, 429, 5xx): ``kopf.TemporaryError`` with a delay doubling from 5 s to 5 min;
+  403 (missing RBAC, fixable by an administrator): retried every 5 min; any other refusal: permanent, with the
+  server's message in the ``Ready`` condition;
+- idempotent: each child is created, and a 409 means read and compare (a stored Service is patched back; a Job,
+  whose pod template cannot change, is compared by the hash it was built from; a child of the same name not owned by
+  this TrainingJob is left alone and named in the ``Ready`` condition).
+
+:func:`register_reconcile` wires the handlers onto a registry; each handler is one call into this module.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import json
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, cast
+
+import kopf
+
+from meshscope.errors import MeshscopeError
+from meshscope.plan import plan_job
+from meshscope_operator.children import (
+    FINDINGS_KEY,
+    PLACEMENT_KEY,
+    ChildError,
+    job_manifest,
+    owned_by,
+    placement_manifest,
+    placement_name,
+    publishes_placement,
+    service_drift,
+    service_manifest,
+    stored_hash,
+)
+from meshscope_operator.injection import LABEL
+from meshscope_operator.kubeapi import ApiError, ConflictError, KubeApi, TransientApiError
+from meshscope_operator.placements import (
+    PodEntry,
+    describe,
+    label_keys,
+    nodes_by_index,
+    pod_entry,
+    raised_codes,
+    resolve_placement,
+)
+from meshscope_operator.spec import GROUP, PLURAL, VERSION, job_spec
+from meshscope_operator.statuses import (
+    Condition,
+    ConditionType,
+    Phase,
+    cut,
+    planned_fields,
+    planned_message,
+    status_patch,
+)
+
+if TYPE_CHECKING:
+    from meshscope.jobs import JobSpec
+    from meshscope.plan import Plan
+    from meshscope_operator.settings import OperatorSettings
+
+RECONCILE_ID = "reconcile"
+POD_INDEX_ID = "trainingjob_pods"
+"""kopf index of the pods labelled ``meshscope.io/trainingjob``: ``(namespace, job) -> PodEntry`` per pod."""
+JOB_INDEX_ID = "trainingjob_plans"
+"""kopf index of TrainingJobs for placement: ``(namespace, name) -> PlacementSource``."""
+PLACEMENT_RECHECK_S = 30.0
+"""Seconds between re-checks of every TrainingJob's placement (a timer), so a publication that failed on a pod event
+is retried without a new pod event."""
+FIRST_RETRY_S = 5.0
+LAST_RETRY_S = 300.0
+FORBIDDEN_RETRY_S = 300.0
+MAX_EVENT_CHARS = 1024
+"""Longest Event message (``events.k8s.io/v1`` ``note``: at most 1 kB)."""
+NODE_REQUESTS = 16
+"""Node GETs in flight at once while resolving a placement."""
+# Written as null when a spec turns invalid, so status never shows a plan of a spec that is no longer there.
+_PLANNED_FIELDS = ("worldSize", "layout", "plan", "findings", "findingsList")
+
+_log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PlacementSource:
+    """What the placement handler needs of a TrainingJob, kept in a kopf index (no API call per pod event)."""
+
+    body: dict[str, Any]
+    """apiVersion, kind, metadata (name, namespace, uid) and spec."""
+    spec: JobSpec
+    """The loaded spec."""
+    planned_codes: frozenset[str]
+    """Codes of the plan's findings on the default placement."""
+
+
+def now_rfc3339() -> str:
+    """The current UTC time, as ``metav1.Time`` writes it (seconds, ``Z``)."""
+    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def retry_delay(retry: int) -> float:
+    """Seconds before retry number ``retry`` (0-based): 5, 10, 20, ... capped at 300."""
+    return float(min(FIRST_RETRY_S * 2.0 ** min(retry, 16), LAST_RETRY_S))
+
+
+def _meta(body: Mapping[str, object]) -> Mapping[str, object]:
+    meta = body.get("metadata")
+    return meta if isinstance(meta, Mapping) else {}
+
+
+def _collection(api_version: str, plural: str, namespace: str) -> str:
+    base = "/api/v1" if api_version == "v1" else f"/apis/{api_version}"
+    return f"{base}/namespaces/{namespace}/{plural}"
+
+
+async def reconcile_training_job(
+    api: KubeApi,
+    body: Mapping[str, object],
+    status: dict[str, object] | Any,  # noqa: ANN401 - kopf's patch.status
+    settings: OperatorSettings,
+    *,
+    retry: int = 0,
+) -> None:
+    """Plan ``body`` into ``status``, and create (or check) its Job and Service.
+
+    Args:
+        api: the API connection.
+        body: the TrainingJob as stored.
+        status: where to write status fields (kopf's ``patch.status``).
+        settings: the operator's settings.
+        retry: kopf's retry count of this handler (for the backoff).
+
+    Raises:
+        kopf.PermanentError: for a spec or template that cannot be planned or materialised.
+        kopf.TemporaryError: for API failures worth retrying.
+    """
+    now = now_rfc3339()
+    try:
+        spec = job_spec(body)
+        plan: Plan = await asyncio.to_thread(plan_job, spec)
+    except MeshscopeError as exc:
+        _invalid(body, status, str(exc), now)
+        raise kopf.PermanentError(f"invalid spec: {exc}") from None
+    planned = Condition(type=ConditionType.PLANNED, status=True, reason="Planned", message=planned_message(spec, plan))
+    fields = planned_fields(spec, plan)
+    try:
+        job = job_manifest(body, spec, settings)
+        service = service_manifest(body, spec)
+    except ChildError as exc:
+        conditions = [
+            planned,
+            Condition(type=ConditionType.READY, status=False, reason="InvalidTemplate", message=str(exc)),
+        ]
+        status.update(status_patch(body, phase=Phase.INVALID, fields=fields, conditions=conditions, now=now))
+        raise kopf.PermanentError(str(exc)) from None
+    uid = str(_meta(body).get("uid"))
+    try:
+        service_note = await _ensure_service(api, service, uid)
+        job_note, restart = await _ensure_job(api, job, uid)
+    except ApiError as exc:
+        ready = Condition(type=ConditionType.READY, status=False, reason="ApiError", message=str(exc))
+        status.update(status_patch(body, phase=Phase.PLANNED, fields=fields, conditions=[planned, ready], now=now))
+        if isinstance(exc, TransientApiError):
+            raise kopf.TemporaryError(str(exc), delay=retry_delay(retry)) from None
+        if exc.status == 403:
+            raise kopf.TemporaryError(str(exc), delay=FORBIDDEN_RETRY_S) from None
+        raise kopf.PermanentError(str(exc)) from None
+    problems = [n for n in (service_note, job_note) if n]
+    ready = Condition(
+        type=ConditionType.READY,
+        status=not problems,
+        reason="NameTaken" if problems else "ChildrenCreated",
+        message="; ".join(problems) or f"Job {spec.name} ({spec.hardware.nodes} pods) and Service {spec.name} exist",
+    )
+    restart_condition = Condition(
+        type=ConditionType.RESTART_REQUIRED,
+        status=restart,
+        reason="SpecChanged" if restart else "UpToDate",
+        message=(
+            f"Job {spec.name} runs an earlier spec and a Job's pod template cannot change; delete Job {spec.name} "
+            "(kubectl delete job) and the operator makes it again from this spec"
+            if restart
+            else f"Job {spec.name} runs this spec"
+        ),
+    )
+    conditions = [planned, ready, restart_condition]
+    status.update(status_patch(body, phase=Phase.PLANNED, fields=fields, conditions=conditions, now=now))
+    if problems:
+        # Someone else's object holds the name; check again later (it may be deleted), without a retry storm.
+        raise kopf.TemporaryError("; ".join(problems), delay=LAST_RETRY_S)
+
+
+def _invalid(body: Mapping[str, object], status: Any, message: str, now: str) -> None:  # noqa: ANN401 - kopf's patch.status
+    condition = Condition(type=ConditionType.PLANNED, status=False, reason="InvalidSpec", message=message)
+    cleared = dict.fromkeys(_PLANNED_FIELDS)
+    status.update(status_patch(body, phase=Phase.INVALID, fields=cleared, conditions=[condition], now=now))
+
+
+async def _ensure_service(api: KubeApi, service: Mapping[str, Any], uid: str) -> str:
+    """Create the Service, or put a stored one right; a note when the name is someone else's."""
+    meta = service["metadata"]
+    collection = _collection("v1", "services", meta["namespace"])
+    try:
+        await api.create(collection, service)
+    except ConflictError:
+        stored = await api.get(f"{collection}/{meta['name']}")
+        if stored is None:
+            raise TransientApiError("GET", f"{collection}/{meta['name']}", 404, "deleted while read") from None
+        if not owned_by(stored, uid):
+            return f"a Service {meta['name']} exists that this TrainingJob does not own; delete or rename it"
+        drift = service_drift(stored, meta["name"])
+        if drift is not None:
+            await api.patch(f"{collection}/{meta['name']}", drift)
+    return ""
+
+
+async def _ensure_job(api: KubeApi, job: Mapping[str, Any], uid: str) -> tuple[str, bool]:
+    """Create the Job, or compare a stored one: (a note when the name is someone else's, whether it is outdated)."""
+    meta = job["metadata"]
+    collection = _collection("batch/v1", "jobs", meta["namespace"])
+    try:
+        await api.create(collection, job)
+    except ConflictError:
+        stored = await api.get(f"{collection}/{meta['name']}")
+        if stored is None:
+            raise TransientApiError("GET", f"{collection}/{meta['name']}", 404, "deleted while read") from None
+        if not owned_by(stored, uid):
+            return f"a Job {meta['name']} exists that this TrainingJob does not own; delete or rename it", False
+        return "", stored_hash(stored) != stored_hash(job)
+    return "", False
+
+
+def placement_source(body: Mapping[str, object]) -> PlacementSource | None:
+    """The index entry of a TrainingJob (``None`` when its spec does not load or plan: nothing to place)."""
+    try:
+        spec = job_spec(body)
+        codes = frozenset(f.code for f in plan_job(spec).findings)
+    except MeshscopeError:
+        return None
+    meta = _meta(body)
+    trimmed = {
+        "apiVersion": body.get("apiVersion"),
+        "kind": body.get("kind"),
+        "metadata": {k: meta[k] for k in ("name", "namespace", "uid") if k in meta},
+        "spec": body.get("spec"),
+    }
+    return PlacementSource(body=trimmed, spec=spec, planned_codes=codes)
+
+
+class PlacementPublisher:
+    """Publishes each TrainingJob's placement; one at a time per job, so each new finding is raised once."""
+
+    def __init__(self, api: KubeApi, settings: OperatorSettings) -> None:
+        """Bind the API and settings."""
+        self._api = api
+        self._settings = settings
+        self._locks: dict[tuple[str, str], asyncio.Lock] = {}
+
+    async def publish(self, key: tuple[str, str], jobs: object, pods: object) -> str:
+        """Publish the placement of TrainingJob ``key`` if every pod is bound; returns what happened (for the log).
+
+        Args:
+            key: ``(namespace, name)``.
+            jobs: kopf's index of TrainingJobs (:data:`JOB_INDEX_ID`).
+            pods: kopf's index of their pods (:data:`POD_INDEX_ID`).
+        """
+        source = _lookup(jobs, key, PlacementSource)
+        if source is None:
+            return "no plannable TrainingJob"
+        if not publishes_placement(source.spec):
+            return "no placement published for this job (monitoring off, or too many nodes)"
+        entries = [e for e in _values(pods, key) if isinstance(e, PodEntry)]
+        where = nodes_by_index(source.spec, entries)
+        if isinstance(where, str):
+            return f"waiting: {where}"
+        lock = self._locks.setdefault(key, asyncio.Lock())
+        async with lock:
+            return await self._publish(source, where)
+
+    async def _publish(self, source: PlacementSource, where: dict[int, str]) -> str:
+        spec = source.spec
+        names = sorted(set(where.values()))
+        gate = asyncio.Semaphore(NODE_REQUESTS)
+
+        async def node_labels(name: str) -> tuple[str, dict[str, str]]:
+            async with gate:
+                node = await self._api.get(f"/api/v1/nodes/{name}")
+            labels = _meta(node or {}).get("labels")
+            return name, {str(k): str(v) for k, v in labels.items()} if isinstance(labels, Mapping) else {}
+
+        labels = dict(await asyncio.gather(*(node_labels(n) for n in names)))
+        collection = _collection("v1", "configmaps", spec.namespace)
+        path = f"{collection}/{placement_name(spec.name)}"
+        stored = await self._api.get(path)
+        uid = str(source.body["metadata"].get("uid", ""))
+        if stored is not None and not owned_by(stored, uid):
+            return f"ConfigMap {placement_name(spec.name)} exists and is not this TrainingJob's; not published"
+        data = stored.get("data") if stored is not None else None
+        data = data if isinstance(data, Mapping) else {}
+        raised = raised_codes(data.get(FINDINGS_KEY))
+        domain, tiers = label_keys(source.body, spec, self._settings)
+        result = await asyncio.to_thread(
+            resolve_placement,
+            spec,
+            where,
+            labels,
+            domain_label=domain,
+            tier_labels=tiers,
+            planned_codes=source.planned_codes,
+            raised=raised,
+        )
+        document = json.dumps(result.document, sort_keys=True)
+        findings = result.findings_text(raised)
+        if data.get(PLACEMENT_KEY) == document and data.get(FINDINGS_KEY) == findings:
+            return f"unchanged: {describe(result)}"
+        manifest = placement_manifest(source.body, spec.name, spec.namespace, placement=document, findings=findings)
+        if stored is None:
+            try:
+                await self._api.create(collection, manifest)
+            except ConflictError:
+                await self._api.patch(path, {"data": manifest["data"]})
+        else:
+            await self._api.patch(path, {"data": manifest["data"]})
+        for finding in result.new_findings:
+            message = cut(f"placement of the scheduled pods: {finding.code}: {finding.message}", MAX_EVENT_CHARS)
+            kopf.warn(cast("kopf.Body", source.body), reason="PlacementFinding", message=message)
+        return f"published {placement_name(spec.name)}: {describe(result)}"
+
+
+def _values(index: object, key: tuple[str, str]) -> list[object]:
+    if not isinstance(index, Mapping):
+        return []
+    store = index.get(key)
+    return list(store or ())
+
+
+def _lookup(index: object, key: tuple[str, str], kind: type) -> Any:  # noqa: ANN401 - a kopf index value
+    for value in _values(index, key):
+        if isinstance(value, kind):
+            return value
+    return None
+
+
+def register_reconcile(registry: kopf.OperatorRegistry, settings: OperatorSettings) -> None:
+    """Add reconcile's handlers to ``registry``, bound to ``settings``."""
+    api = KubeApi(settings.api_server)
+    publisher = PlacementPublisher(api, settings)
+
+    @kopf.on.cleanup(registry=registry)
+    async def close_api(**_: object) -> None:
+        await api.close()
+
+    @kopf.on.resume(GROUP, VERSION, PLURAL, id=RECONCILE_ID, registry=registry)
+    @kopf.on.create(GROUP, VERSION, PLURAL, id=RECONCILE_ID, registry=registry)
+    @kopf.on.update(GROUP, VERSION, PLURAL, id=RECONCILE_ID, field="spec", registry=registry)
+    async def reconcile(body: kopf.Body, patch: kopf.Patch, retry: int, **_: object) -> None:
+        await reconcile_training_job(api, body, patch.status, settings, retry=retry)
+
+    @kopf.index(GROUP, VERSION, PLURAL, id=JOB_INDEX_ID, registry=registry)
+    def trainingjob_plans(body: kopf.Body, name: str, namespace: str | None, **_: object) -> dict[Any, Any]:
+        source = placement_source(body)
+        return {(namespace or "", name): source} if source is not None else {}
+
+    @kopf.index("v1", "pods", id=POD_INDEX_ID, labels={LABEL: kopf.PRESENT}, registry=registry)
+    def trainingjob_pods(body: kopf.Body, namespace: str | None, **_: object) -> dict[Any, Any]:
+        entry = pod_entry(body)
+        return {(namespace or "", entry.job): entry} if entry is not None else {}
+
+    @kopf.on.event("v1", "pods", id="placement", labels={LABEL: kopf.PRESENT}, registry=registry)
+    async def placement(
+        body: kopf.Body,
+        namespace: str | None,
+        logger: logging.Logger | logging.LoggerAdapter[Any],
+        **kwargs: Any,  # noqa: ANN401 - kopf's kwargs
+    ) -> None:
+        entry = pod_entry(body)
+        if entry is None:
+            return
+        await _publish_logged(publisher, (namespace or "", entry.job), kwargs, logger)
+
+    @kopf.timer(GROUP, VERSION, PLURAL, id="placement-recheck", interval=PLACEMENT_RECHECK_S, registry=registry)
+    async def placement_recheck(
+        name: str,
+        namespace: str | None,
+        logger: logging.Logger | logging.LoggerAdapter[Any],
+        **kwargs: Any,  # noqa: ANN401 - kopf's kwargs
+    ) -> None:
+        await _publish_logged(publisher, (namespace or "", name), kwargs, logger)
+
+
+async def _publish_logged(
+    publisher: PlacementPublisher,
+    key: tuple[str, str],
+    indices: Mapping[str, object],
+    logger: logging.Logger | logging.LoggerAdapter[Any],
+) -> None:
+    try:
+        outcome = await publisher.publish(key, indices.get(JOB_INDEX_ID), indices.get(POD_INDEX_ID))
+    except (ApiError, MeshscopeError) as exc:
+        # Not raised: a pod event is not retried by kopf; the timer (PLACEMENT_RECHECK_S) tries again.
+        logger.warning("placement of %s/%s not published: %s", *key, exc)
+        return
+    logger.debug("placement of %s/%s: %s", *key, outcome)
