@@ -316,3 +316,14 @@ def test_coords_and_ranks_arrays_invert_each_other_by_hand() -> None:
     # The expert coord: ep=2 carved out of dp=2 (etp = tp = 2; expert order etp-cp-ep-edp-pp): rank = etp + 2·ep.
     moe = ParallelLayout(dp=2, tp=2, ep=2)
     assert moe.coords_array()[MeshAxis.EP].tolist() == [0, 0, 1, 1]
+
+
+def test_groups_refuses_what_no_generator_has_in_so_many_words() -> None:
+    layout = ParallelLayout(dp=2, tp=2, cp=2, ep=2)
+    with pytest.raises(LayoutError, match=r"^groups\(\) needs at least one axis$"):
+        layout.groups()
+    with pytest.raises(
+        LayoutError, match=r"^cp is not an axis of the expert generator \(ep is carved out of dp\*cp\)$"
+    ):
+        layout.groups("ep", "cp")
+    assert layout.groups("tp").dtype == np.int64
