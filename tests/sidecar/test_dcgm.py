@@ -501,3 +501,24 @@ def test_fuzz_source_never_raises_on_bytes(data: bytes) -> None:
     parsed = parse_exposition(data.decode("utf-8", errors="replace"))
     assert source.health.up is (bool(parsed.samples) or parsed.junk_lines == 0)
     assert source.health.parse_errors_total == parsed.junk_lines + source.last_stats.bad_series
+
+
+def test_label_blocks_are_read_once_and_the_memory_of_them_is_bounded() -> None:
+    from meshscope_sidecar.sources import dcgm  # noqa: PLC0415 - the module's cache, by name
+
+    line = 'DCGM_FI_DEV_GPU_UTIL{gpu="0",UUID="GPU-a",note="a \\"quoted\\" value"} 42\n'
+    first, again = parse_exposition(line).samples[0], parse_exposition(line).samples[0]
+    assert dict(first.labels) == {"gpu": "0", "UUID": "GPU-a", "note": 'a "quoted" value'}
+    assert again.labels is first.labels  # one block, read once
+    with pytest.raises(TypeError):
+        first.labels["gpu"] = "1"  # type: ignore[index] # shared between samples: read-only
+    # A bad block stays bad when seen again, and is counted as junk both times.
+    bad = 'DCGM_FI_DEV_GPU_UTIL{gpu="0",gpu="1"} 1\n'
+    assert (parse_exposition(bad).junk_lines, parse_exposition(bad).junk_lines) == (1, 1)
+    # An exporter that writes a new block on every line never grows the cache past its bound, nor keeps long ones.
+    churn = "".join(f'DCGM_FI_DEV_GPU_UTIL{{gpu="{i}"}} 1\n' for i in range(dcgm._LABELS_SEEN_MAX + 100))
+    assert len(parse_exposition(churn).samples) == dcgm._LABELS_SEEN_MAX + 100
+    assert len(dcgm._LABELS_SEEN) <= dcgm._LABELS_SEEN_MAX
+    long_block = f'DCGM_FI_DEV_GPU_UTIL{{gpu="0",pad="{"x" * dcgm._LABELS_SEEN_LONGEST}"}} 1\n'
+    assert parse_exposition(long_block).samples[0].labels["pad"] == "x" * dcgm._LABELS_SEEN_LONGEST
+    assert all(len(key) <= dcgm._LABELS_SEEN_LONGEST for key in dcgm._LABELS_SEEN)
