@@ -212,8 +212,13 @@ def render_plan(data: dict[str, Any]) -> str:
     rows += [
         ["pipeline bubble", human_seconds(t["bubble"]), percent(t["bubble"] / total)],
         ["optimizer", human_seconds(t["optimizer"]), percent(t["optimizer"] / total)],
-        ["total", human_seconds(t["total"]), "100.0 %"],
     ]
+    rows += [  # calibrated assumptions only (data_wait_seconds, host_overhead_seconds)
+        [label, human_seconds(t[key]), percent(t[key] / total)]
+        for key, label in (("data", "data wait"), ("other", "other (host overhead)"))
+        if t.get(key)
+    ]
+    rows += [["total", human_seconds(t["total"]), "100.0 %"]]
     out.append(render_table(["category", "expected", "share"], rows, title="\nExpected step time"))
     classes = data.get("compute_classes") or []
     if classes:

@@ -339,6 +339,8 @@ def plan_job(
             exposed_comm_seconds=exposed,
             bubble_seconds=bubble_seconds,
             optimizer_seconds=optimizer_seconds(state, per_param, hardware, assumptions),
+            data_seconds=assumptions.data_wait_seconds,
+            other_seconds=assumptions.host_overhead_seconds,
         )
         stages.append(
             StagePlan(

@@ -14,7 +14,9 @@ Conventions (docs/planner.md, "Expected step time"):
   forward = 1 pass, backward = 2 passes + recompute;
 * bubble: ``(pp - 1)/m`` (1F1B, GPipe) or ``(pp - 1)/(m·vpp)`` (interleaved) of the slowest stage's compute;
 * optimizer: bytes the Adam step streams through HBM ÷ (HBM bandwidth x ``hbm_efficiency``);
-* the step is the slowest stage's ``compute + exposed communication + bubble + optimizer``.
+* data wait and host overhead: the assumptions' ``data_wait_seconds`` and ``host_overhead_seconds`` (0 unless a run
+  was calibrated: no formula gives them);
+* the step is the slowest stage's ``compute + exposed communication + bubble + optimizer + data + other``.
 """
 
 from __future__ import annotations
@@ -171,12 +173,14 @@ def optimizer_seconds(
     The Adam step is memory-bound; per parameter it updates it reads and writes the optimizer state
     (``2·optimizer``), reads the gradient twice (gradient-norm clipping, then Adam: ``2·gradients``) and writes the
     model weight (read and written when the weight is itself the fp32 main weight): 34 bytes for Megatron's bf16
-    default, 32 for fp32.
+    default, 32 for fp32. It streams at ``optimizer_hbm_efficiency`` (else ``hbm_efficiency``) of HBM bandwidth.
     """
     weight_passes = 2.0 if per_param.weights_are_main else 1.0
     per_updated_param = 2.0 * per_param.optimizer + 2.0 * per_param.gradients + weight_passes * per_param.weights
     traffic = state.updated_params * per_updated_param
-    return traffic / (hardware.gpu.hbm_bandwidth_bytes_per_s * assumptions.hbm_efficiency)
+    efficiency = assumptions.optimizer_hbm_efficiency
+    efficiency = assumptions.hbm_efficiency if efficiency is None else efficiency
+    return traffic / (hardware.gpu.hbm_bandwidth_bytes_per_s * efficiency)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -193,6 +197,10 @@ class ExpectedStepTime:
     """Pipeline bubble: ``bubble_fraction`` x the slowest stage's compute."""
     optimizer_seconds: float
     """Optimizer step."""
+    data_seconds: float = 0.0
+    """Data-loader wait (``PlanAssumptions.data_wait_seconds``; 0 unless calibrated)."""
+    other_seconds: float = 0.0
+    """Host overhead (``PlanAssumptions.host_overhead_seconds``; 0 unless calibrated)."""
 
     @property
     def exposed_comm_total_seconds(self) -> float:
@@ -202,15 +210,25 @@ class ExpectedStepTime:
     @property
     def total_seconds(self) -> float:
         """Expected step time."""
-        return self.compute_seconds + self.exposed_comm_total_seconds + self.bubble_seconds + self.optimizer_seconds
+        return (
+            self.compute_seconds
+            + self.exposed_comm_total_seconds
+            + self.bubble_seconds
+            + self.optimizer_seconds
+            + self.data_seconds
+            + self.other_seconds
+        )
 
     def to_dict(self) -> dict[str, object]:
-        """``{compute, exposed_comm: {axis: seconds}, bubble, optimizer, total}`` in seconds, plus ``pp_rank``."""
+        """``{compute, exposed_comm: {axis: seconds}, bubble, optimizer, data, other, total}`` in seconds, plus
+        ``pp_rank``."""
         return {
             "compute": self.compute_seconds,
             "exposed_comm": dict(self.exposed_comm_seconds),
             "bubble": self.bubble_seconds,
             "optimizer": self.optimizer_seconds,
+            "data": self.data_seconds,
+            "other": self.other_seconds,
             "total": self.total_seconds,
             "pp_rank": self.pp_rank,
         }
