@@ -56,6 +56,8 @@ from meshscope.records import OPS, CommOp
 from meshscope.topology import AXES, Link
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from numpy.typing import NDArray
 
     from meshscope.analysis.costs import RankSteps
@@ -501,10 +503,18 @@ def calibrate(
     changes: dict[str, Any] = {}
     overrides: dict[str, Any] = {}
 
-    _fit_compute(spec, base, rs, stage, values, changes, overrides)
-    links = _fit_links(spec, base, rs, values, changes, overrides)
-    _fit_optimizer(spec, base, rs, stage, values, changes, overrides)
-    _fit_overlaps(spec, replace(base, **changes), rs, stage, values, changes, overrides)
+    _fit_compute(spec, base=base, rs=rs, stage=stage, values=values, changes=changes, overrides=overrides)
+    links = _fit_links(spec, base=base, rs=rs, values=values, changes=changes, overrides=overrides)
+    _fit_optimizer(spec, base=base, rs=rs, stage=stage, values=values, changes=changes, overrides=overrides)
+    _fit_overlaps(
+        spec,
+        calibrated=replace(base, **changes),
+        rs=rs,
+        stage=stage,
+        values=values,
+        changes=changes,
+        overrides=overrides,
+    )
     for name, category, what in (
         ("data_wait_seconds", DATA, "data wait"),
         ("host_overhead_seconds", OTHER, "other (host overhead)"),
@@ -540,6 +550,7 @@ def _planned_compute(spec: JobSpec, assumptions: PlanAssumptions) -> NDArray[np.
 
 def _fit_compute(
     spec: JobSpec,
+    *,
     base: PlanAssumptions,
     rs: RankSteps,
     stage: NDArray[np.int64],
@@ -625,6 +636,7 @@ def _per_class_refusal(base: PlanAssumptions) -> FittedValue:
 
 def _fit_links(
     spec: JobSpec,
+    *,
     base: PlanAssumptions,
     rs: RankSteps,
     values: list[FittedValue],
@@ -669,7 +681,8 @@ def _fit_links(
         values.append(FittedValue(
             name=eff_name, value=min(efficiency, 1.0), low=min(lo_bw / nominal, 1.0),
             high=min(hi_bw / nominal, 1.0), base=base.link_efficiency(link), unit="",
-            basis=f"bus bandwidth {fit.bandwidth_bytes_per_s / 1e6:.4g} MB/s (90 % {lo_bw / 1e6:.4g}-{hi_bw / 1e6:.4g}) "
+            basis=f"bus bandwidth {fit.bandwidth_bytes_per_s / 1e6:.4g} MB/s (90 % {lo_bw / 1e6:.4g}-"
+            f"{hi_bw / 1e6:.4g}) "
             f"of the nominal {nominal / 1e9:.4g} GB/s, Huber fit of {fit.instances:,} collective instances, median "
             f"residual {fit.residual_median_s * 1e6:.3g} µs{note}",
         ))  # fmt: skip
@@ -706,6 +719,7 @@ def _fit_links(
 
 def _fit_optimizer(
     spec: JobSpec,
+    *,
     base: PlanAssumptions,
     rs: RankSteps,
     stage: NDArray[np.int64],
@@ -761,7 +775,7 @@ def _plain(value: float | None, unit: str) -> str:
     return f"{value:.4g}"
 
 
-def render_file(c: Calibration) -> str:
+def render_file(c: Calibration) -> str:  # noqa: C901 - one branch per kind of line
     """The assumptions file: what ``--assumptions`` loads (over the base), each value's provenance in a comment.
 
     Values the run could not tell are not in the mapping (the base value stays); they are listed as comments with
@@ -770,11 +784,13 @@ def render_file(c: Calibration) -> str:
     by_name = {v.name: v for v in c.values}
     lines = [
         "# meshscope calibrate: planner assumptions fitted to a measured run (docs/predict.md).",
-        f"# job {c.spec.name!r}, layout {c.spec.layout.describe()}, {c.rank_steps:,} rank-steps over {c.steps} steps; "
-        f"measured step {c.measured_step_seconds * 1e3:.4g} ms, calibrated plan "
-        f"{c.plan.expected_step_time.total_seconds * 1e3:.4g} ms.",
+        (
+            f"# job {c.spec.name!r}, layout {c.spec.layout.describe()}, {c.rank_steps:,} rank-steps over {c.steps} "
+            f"steps; measured step {c.measured_step_seconds * 1e3:.4g} ms, calibrated plan "
+            f"{c.plan.expected_step_time.total_seconds * 1e3:.4g} ms."
+        ),
         "# Load with: meshscope plan --assumptions FILE, meshscope predict --assumptions FILE. Keys left out keep the",
-        "# base assumptions" + (" of the emulated accelerator" if c.base.compute_efficiency == 1.0 else "") + ".",
+        "# base assumptions" + (" of the emulated accelerator." if c.base.compute_efficiency == 1.0 else "."),
     ]
     for key, value in c.overrides.items():
         if key == "ring_simple":
@@ -826,8 +842,10 @@ def render_calibration(c: Calibration) -> str:
             [v.name, shown(v.value, v.unit), interval, shown(v.base, v.unit), "refused" if v.refused else "fit"]
         )
     out = [
-        f"meshscope calibrate: {c.spec.name} ({c.spec.layout.describe()}), {c.rank_steps:,} rank-steps over "
-        f"{c.steps} steps",
+        (
+            f"meshscope calibrate: {c.spec.name} ({c.spec.layout.describe()}), {c.rank_steps:,} rank-steps over "
+            f"{c.steps} steps"
+        ),
         render_table(["assumption", "fitted", "90 % interval", "base", ""], rows, title="\nFitted assumptions"),
         "\nWhere each value comes from",
     ]
@@ -860,8 +878,9 @@ OVERLAP_OF_AXIS: Final = {
 """The overlap fractions that hide each axis' collectives (all of an axis' fractions are fitted as one value)."""
 
 
-def _fit_overlaps(
+def _fit_overlaps(  # noqa: C901 - the bisection and its edges, per axis
     spec: JobSpec,
+    *,
     calibrated: PlanAssumptions,
     rs: RankSteps,
     stage: NDArray[np.int64],
@@ -881,7 +900,8 @@ def _fit_overlaps(
         default = getattr(calibrated, names[0])
 
         def exposed(f: float, axis: str = axis, names: tuple[str, ...] = names) -> float:
-            plan = _planned_with(spec, replace(calibrated, **dict.fromkeys(names, f)))
+            fractions: dict[str, Any] = dict.fromkeys(names, f)
+            plan = _planned_with(spec, replace(calibrated, **fractions))
             per_stage = np.array([s.step_time.exposed_comm_seconds.get(axis, 0.0) for s in plan.stages])
             return float((per_stage * counts).sum() / counts.sum())
 
@@ -890,7 +910,9 @@ def _fit_overlaps(
             continue  # the fraction does not act on this axis here (no such collectives, or overlap off)
         mean, low_t, high_t = _bootstrap_mean(measured_rows)
 
-        def solve(goal: float, none: float = none, full: float = full, exposed: Any = exposed) -> float:
+        def solve(
+            goal: float, none: float = none, full: float = full, exposed: Callable[[float], float] = exposed
+        ) -> float:
             if goal >= none:
                 return 0.0
             if goal <= full:

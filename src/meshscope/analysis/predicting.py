@@ -148,10 +148,12 @@ class Prediction:
                      _signed(self.expected_step_seconds - measured_total)])  # fmt: skip
         y = self.spec
         out = [
-            f"meshscope predict: {c.spec.name} measured as {c.spec.layout.describe()} on {c.spec.world_size} x "
-            f"{c.spec.hardware.gpu.name}; predicted as {y.layout.describe()} on {y.world_size} x {y.hardware.gpu.name}"
-            f", micro-batch {y.training.micro_batch_size} x {self.plan.micro_batches}, recompute "
-            f"{y.training.recompute.value}",
+            (
+                f"meshscope predict: {c.spec.name} measured as {c.spec.layout.describe()} on {c.spec.world_size} x "
+                f"{c.spec.hardware.gpu.name}; predicted as {y.layout.describe()} on {y.world_size} x "
+                f"{y.hardware.gpu.name}, micro-batch {y.training.micro_batch_size} x {self.plan.micro_batches}, "
+                f"recompute {y.training.recompute.value}"
+            ),
             render_table(
                 ["category", f"measured ({c.spec.layout.describe()})", f"expected ({y.layout.describe()})", "change"],
                 rows,
@@ -159,9 +161,11 @@ class Prediction:
                 f"stage {self.plan.expected_step_time.pp_rank}; exposed comm measured = transfer + sync wait)",
             ),
             f"\nchange: {self.changes_text()}",
-            f"calibration residual on the measured layout: calibrated plan "
-            f"{human_seconds(c.plan.expected_step_time.total_seconds)} vs measured "
-            f"{human_seconds(c.critical.total_seconds)} per step",
+            (
+                "calibration residual on the measured layout: calibrated plan "
+                f"{human_seconds(c.plan.expected_step_time.total_seconds)} vs measured "
+                f"{human_seconds(c.critical.total_seconds)} per step"
+            ),
         ]
         worst = min(self.plan.stages, key=lambda s: s.headroom_bytes)
         verdict = "fits" if self.fits else "does NOT fit"

@@ -41,6 +41,14 @@ from meshscope.local.emulation import (
     tiny_job_spec,
     tiny_model,
 )
+from meshscope.local.predicting import (
+    MeasuredRun,
+    PredictInputError,
+    calibrate_command,
+    calibrate_run,
+    predict_command,
+    read_run,
+)
 from meshscope.local.running import (
     EXIT_NO_ANALYSIS,
     RankExit,
@@ -56,14 +64,6 @@ from meshscope.local.running import (
     run_job,
     settings_from_args,
 )
-from meshscope.local.predicting import (
-    MeasuredRun,
-    PredictInputError,
-    calibrate_command,
-    calibrate_run,
-    predict_command,
-    read_run,
-)
 from meshscope.local.summarizing import loss_notes, report_run
 from meshscope.local.tails import StderrTails, fix_for
 
@@ -72,11 +72,11 @@ __all__ = [
     "DEMO_BLOCK_MS",
     "DEMO_RANKS",
     "EXIT_NO_ANALYSIS",
-    "MeasuredRun",
-    "PredictInputError",
     "CpuCapacity",
     "CpuUse",
     "DemoUsageError",
+    "MeasuredRun",
+    "PredictInputError",
     "RankExit",
     "RankReceipt",
     "RunComparison",

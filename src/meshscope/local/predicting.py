@@ -228,8 +228,10 @@ def _with_file(c: Calibration, path: str) -> Calibration:
 
 
 def predict_command(args: argparse.Namespace) -> int:
-    """``meshscope predict --from OUT --layout L [--gpus N] [--hardware GPU] [--micro-batch N] [--recompute P]
-    [--assumptions FILE] [--spec FILE] [--json] [-q]`` (see :mod:`meshscope.cli`)."""
+    """``meshscope predict --from OUT [--layout L] [...]``: options in :mod:`meshscope.cli`.
+
+    Calibrates the run on the fly (or takes ``--assumptions``), builds the target spec, predicts and prints.
+    """
     run = read_run([args.source], spec=args.spec, quiet=args.quiet)
     c = calibrate_run(run)
     if args.assumptions:

@@ -248,8 +248,10 @@ class PlanAssumptions:
         return self.nvlink_efficiency if link == "nvlink" else self.network_efficiency
 
     def nccl_options(self) -> dict[tuple[str, str], NcclProtocolCosts]:
-        """``{(algorithm, protocol): costs}`` for the NCCL pairs the planner may choose from (``nccl_algorithms`` x
-        ``nccl_protocols``; all six by default)."""
+        """``{(algorithm, protocol): costs}`` for the NCCL pairs the planner may choose from.
+
+        Those of ``nccl_algorithms`` x ``nccl_protocols``: all six by default.
+        """
         return {
             (algorithm, protocol): getattr(self, f"{algorithm}_{protocol}")
             for algorithm in NCCL_ALGORITHMS
@@ -327,9 +329,10 @@ def _check_tiles(tiles: object) -> None:
 
 def _check_choices(name: str, value: object, allowed: tuple[str, ...]) -> None:
     good = isinstance(value, tuple) and bool(value) and all(isinstance(v, str) and v in allowed for v in value)
-    if not good or len(set(value)) != len(value):  # type: ignore[arg-type]
+    if not good or len(set(value)) != len(value):  # type: ignore[arg-type,call-overload]
+        names = ", ".join(allowed)
         raise PlanError(
-            f"assumption {name} must be a non-empty list of distinct names from {', '.join(allowed)}, got {_show(value)}"
+            f"assumption {name} must be a non-empty list of distinct names from {names}, got {_show(value)}"
         )
 
 
@@ -406,7 +409,7 @@ def assumptions_from_mapping(
     return replace(base, **changes)
 
 
-def _override(key: str, value: object, base: PlanAssumptions, *, where: str, origin: str) -> object:
+def _override(key: str, value: object, base: PlanAssumptions, *, where: str, origin: str) -> object:  # noqa: C901 - one branch per kind of field
     """The checked value of one assumption from a mapping."""
     if key in NCCL_FIELDS:
         return _nccl_costs(where, value, getattr(base, key))

@@ -220,8 +220,10 @@ class ExpectedStepTime:
         )
 
     def to_dict(self) -> dict[str, object]:
-        """``{compute, exposed_comm: {axis: seconds}, bubble, optimizer, data, other, total}`` in seconds, plus
-        ``pp_rank``."""
+        """Seconds by category, plus ``pp_rank``.
+
+        ``{compute, exposed_comm: {axis: seconds}, bubble, optimizer, data, other, total, pp_rank}``.
+        """
         return {
             "compute": self.compute_seconds,
             "exposed_comm": dict(self.exposed_comm_seconds),
