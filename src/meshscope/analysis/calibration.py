@@ -288,49 +288,71 @@ def _bootstrap_mean(values: NDArray[np.float64]) -> tuple[float, float, float]:
     return (float(values.mean()), *_interval(values[idx].mean(axis=1)))
 
 
+def _solve_nonnegative(a: NDArray[np.float64], b: NDArray[np.float64]) -> NDArray[np.float64]:
+    """Solve the ``(B, 2, 2)`` normal equations ``a c = b`` with ``c >= 0`` (a negative term set to 0, the other refitted
+    alone; both terms are physical: seconds per hop, seconds per byte)."""
+    det = a[:, 0, 0] * a[:, 1, 1] - a[:, 0, 1] * a[:, 1, 0]
+    ok = np.abs(det) > 1e-300 * np.maximum(a[:, 0, 0] * a[:, 1, 1], 1e-300)
+    safe = np.where(ok, det, 1.0)
+    c0 = np.where(ok, (a[:, 1, 1] * b[:, 0] - a[:, 0, 1] * b[:, 1]) / safe, 0.0)
+    c1 = np.where(ok, (a[:, 0, 0] * b[:, 1] - a[:, 1, 0] * b[:, 0]) / safe, 0.0)
+    only0 = np.maximum(b[:, 0] / np.where(a[:, 0, 0] > 0, a[:, 0, 0], np.inf), 0.0)
+    only1 = np.maximum(b[:, 1] / np.where(a[:, 1, 1] > 0, a[:, 1, 1], np.inf), 0.0)
+    drop0 = ~ok | (c0 < 0)
+    drop1 = ~drop0 & (c1 < 0)
+    c0, c1 = np.where(drop0, 0.0, np.where(drop1, only0, c0)), np.where(drop0, only1, np.where(drop1, 0.0, c1))
+    return np.stack([c0, c1], axis=1)
+
+
+def _normal(x: NDArray[np.float64], y: NDArray[np.float64], w: NDArray[np.float64]) -> tuple[NDArray[np.float64], ...]:
+    """``(B, 2, 2)`` and ``(B, 2)`` weighted normal equations for ``(B, n)`` weights (matrix products, no loop)."""
+    outer = np.stack([x[:, 0] * x[:, 0], x[:, 0] * x[:, 1], x[:, 1] * x[:, 1]], axis=1)
+    sums = w @ outer
+    a = np.stack([sums[:, [0, 1]], sums[:, [1, 2]]], axis=1)
+    return a, w @ (x * y[:, None])
+
+
 def huber_fit(
-    x: NDArray[np.float64], y: NDArray[np.float64], weights: NDArray[np.float64], *, iterations: int = 25
-) -> NDArray[np.float64]:
-    """Non-negative Huber regression of ``y`` on the two columns of ``x`` (no intercept), for many weightings at once.
+    x: NDArray[np.float64], y: NDArray[np.float64], *, iterations: int = 25
+) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+    """Non-negative Huber regression of ``y`` on the two columns of ``x`` (no intercept).
 
     Iteratively reweighted least squares with Huber's weights ``min(1, k·s/|r|)``, ``s`` = 1.4826 x the median
-    absolute residual of each weighting's sample; a coefficient that comes out negative is set to 0 and the other
-    refitted alone (both are physical: seconds per hop, seconds per byte).
+    absolute residual, ``k`` = :data:`HUBER_K`.
 
     Args:
         x: ``(n, 2)`` regressors.
         y: ``(n,)`` responses.
-        weights: ``(B, n)`` multiplicities (one row per bootstrap resample; one row of ones for the fit itself).
-        iterations: IRLS iterations.
+        iterations: IRLS iterations (1: ordinary least squares).
+
+    Returns:
+        The two coefficients, and the final robust weight of every point (for :func:`bootstrap_fit`).
+    """
+    robust = np.ones(y.size)
+    coef = np.zeros(2)
+    for i in range(iterations):
+        coef = _solve_nonnegative(*_normal(x, y, robust[None, :]))[0]
+        if i == iterations - 1:
+            break
+        residual = np.abs(y - x @ coef)
+        scale = 1.4826 * float(np.median(residual))
+        if scale <= 0:
+            break
+        robust = np.minimum(1.0, HUBER_K * scale / np.maximum(residual, np.finfo(float).tiny))
+    return coef, robust
+
+
+def bootstrap_fit(
+    x: NDArray[np.float64], y: NDArray[np.float64], robust: NDArray[np.float64], multiplicities: NDArray[np.float64]
+) -> NDArray[np.float64]:
+    """The weighted fit redone on every resample (``(B, n)`` multiplicities), the robust weights held fixed.
+
+    Holding the final Huber weights keeps a resample's cost to two matrix products; outliers stay down-weighted.
 
     Returns:
         ``(B, 2)`` coefficients.
     """
-    w = weights.astype(np.float64)
-    robust = np.ones_like(w)
-    coef = np.zeros((w.shape[0], 2))
-    for _ in range(iterations):
-        ww = w * robust
-        a = np.einsum("bn,ni,nj->bij", ww, x, x)
-        b = np.einsum("bn,ni,n->bi", ww, x, y)
-        det = a[:, 0, 0] * a[:, 1, 1] - a[:, 0, 1] * a[:, 1, 0]
-        ok = np.abs(det) > 1e-300
-        safe = np.where(ok, det, 1.0)
-        c0 = np.where(ok, (a[:, 1, 1] * b[:, 0] - a[:, 0, 1] * b[:, 1]) / safe, 0.0)
-        c1 = np.where(ok, (a[:, 0, 0] * b[:, 1] - a[:, 1, 0] * b[:, 0]) / safe, 0.0)
-        # Where the pair is singular or one coefficient negative: that one at 0, the other fitted alone.
-        only0 = np.maximum(b[:, 0] / np.where(a[:, 0, 0] > 0, a[:, 0, 0], np.inf), 0.0)
-        only1 = np.maximum(b[:, 1] / np.where(a[:, 1, 1] > 0, a[:, 1, 1], np.inf), 0.0)
-        drop0 = ~ok | (c0 < 0)
-        drop1 = ~drop0 & (c1 < 0)
-        c0, c1 = np.where(drop0, 0.0, np.where(drop1, only0, c0)), np.where(drop0, only1, np.where(drop1, 0.0, c1))
-        coef = np.stack([c0, c1], axis=1)
-        residual = np.abs(y[None, :] - coef @ x.T)
-        masked = np.where(w > 0, residual, np.nan)
-        scale = 1.4826 * np.nanmedian(masked, axis=1)
-        scale = np.where(scale > 0, scale, np.finfo(float).tiny)
-        robust = np.minimum(1.0, HUBER_K * scale[:, None] / np.maximum(residual, np.finfo(float).tiny))
-    return coef
+    return _solve_nonnegative(*_normal(x, y, multiplicities * robust[None, :]))
 
 
 # ====================================================================== links
@@ -420,7 +442,7 @@ def fit_link(
     bandwidth: the base hop latency is kept and only the bandwidth fitted given it (``latency_refused`` says so).
     """
     n = y.size
-    weights = np.vstack([np.ones(n), _rng().multinomial(n, np.full(n, 1.0 / n), size=BOOTSTRAP_SAMPLES)])
+    multiplicities = _rng().multinomial(n, np.full(n, 1.0 / n), size=BOOTSTRAP_SAMPLES).astype(np.float64)
     ratio = bus_bytes / np.maximum(x_hops, 1e-12)
     lo, hi = np.percentile(ratio, [5, 95])
     refused = None
@@ -430,11 +452,14 @@ def fit_link(
             f"cannot separate latency from bandwidth, so the base hop latency ({base_hop_latency_s * 1e6:.3g} µs) is "
             "kept and only the bandwidth is fitted given it"
         )
-        zero = np.zeros(n)
-        coef = huber_fit(np.stack([zero, bus_bytes], axis=1), y - x_hops * base_hop_latency_s, weights)
-        coef[:, 0] = base_hop_latency_s
+        x = np.stack([np.zeros(n), bus_bytes], axis=1)
+        target = y - x_hops * base_hop_latency_s
     else:
-        coef = huber_fit(np.stack([x_hops, bus_bytes], axis=1), y, weights)
+        x, target = np.stack([x_hops, bus_bytes], axis=1), y
+    main, robust = huber_fit(x, target)
+    coef = np.vstack([main, bootstrap_fit(x, target, robust, multiplicities)])
+    if refused:
+        coef[:, 0] = base_hop_latency_s
     hop, per_byte = coef[0]
     residual = float(np.median(np.abs(y - hop * x_hops - per_byte * bus_bytes)))
     per_byte_boot = np.maximum(coef[1:, 1], 1e-300)
