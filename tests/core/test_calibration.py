@@ -37,7 +37,9 @@ TRUTH = dataclasses.replace(
     optimizer_hbm_efficiency=0.2,
 )
 """What the simulated runs are made with: bandwidth-only links (no latency), known efficiencies."""
-ZERO_LATENCY = NcclProtocolCosts(base_latency_s=0, nvlink_hop_latency_s=0, network_hop_latency_s=0, bandwidth_fraction=1)
+ZERO_LATENCY = NcclProtocolCosts(
+    base_latency_s=0, nvlink_hop_latency_s=0, network_hop_latency_s=0, bandwidth_fraction=1
+)
 BASE = dataclasses.replace(emulated_assumptions(), ring_simple=ZERO_LATENCY)
 """Calibrated from: the emulated accelerator's, with the hop latency a bandwidth-only run keeps (it cannot tell it)."""
 
@@ -152,7 +154,12 @@ def test_ring_hops_are_the_planners():
 
 
 def _hand_records(
-    *, hop_nvl: float, bw_nvl: float, hop_net: float, bw_net: float, sizes: tuple[int, ...] = (4096, 65536, 1 << 20, 4 << 20)
+    *,
+    hop_nvl: float,
+    bw_nvl: float,
+    hop_net: float,
+    bw_net: float,
+    sizes: tuple[int, ...] = (4096, 65536, 1 << 20, 4 << 20),
 ) -> RecordTable:
     """tp=2 inside each of two nodes, dp=2 across them; every collective's transfer from the formula, by hand."""
     layout = parse_layout("tp=2,dp=2")
