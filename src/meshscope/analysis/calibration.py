@@ -289,8 +289,9 @@ def _bootstrap_mean(values: NDArray[np.float64]) -> tuple[float, float, float]:
 
 
 def _solve_nonnegative(a: NDArray[np.float64], b: NDArray[np.float64]) -> NDArray[np.float64]:
-    """Solve the ``(B, 2, 2)`` normal equations ``a c = b`` with ``c >= 0`` (a negative term set to 0, the other refitted
-    alone; both terms are physical: seconds per hop, seconds per byte).
+    """Solve the ``(B, 2, 2)`` normal equations ``a c = b`` with ``c >= 0``.
+
+    A negative term is set to 0 and the other refitted alone: both are physical (seconds per hop, seconds per byte).
     """
     det = a[:, 0, 0] * a[:, 1, 1] - a[:, 0, 1] * a[:, 1, 0]
     ok = np.abs(det) > 1e-300 * np.maximum(a[:, 0, 0] * a[:, 1, 1], 1e-300)
