@@ -21,14 +21,14 @@ say so beside the figures.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
-
-from timing import machine_reference
 
 from meshscope.analysis import calibrate, predict
 from meshscope.analysis.calibration import measured_stage
@@ -36,6 +36,7 @@ from meshscope.jobs import load_spec
 from meshscope.local import calibrate_run, read_run
 from meshscope.simulation import simulate
 from meshscope.topology import parse_layout
+from timing import machine_reference
 
 ROOT = Path(__file__).resolve().parent.parent
 TRAIN = ROOT / "examples" / "train_tiny.py"
@@ -68,31 +69,40 @@ def micro_batch_of(extra: list[str]) -> int | None:
     return int(extra[extra.index("--micro-batch-size") + 1]) if "--micro-batch-size" in extra else None
 
 
-def predict_pair(x: str, x_extra: list[str], y: str, y_extra: list[str], work: Path) -> dict[str, object]:
+@dataclass(frozen=True)
+class PairResult:
+    predicted_s: float
+    measured_s: float
+    residual_on_x_s: float
+    """The calibrated plan of X minus X's measured step."""
+    categories: dict[str, tuple[float, float]]
+    """Category -> (predicted, measured) seconds per step of Y."""
+
+
+def predict_pair(x: str, x_extra: list[str], y: str, y_extra: list[str], work: Path) -> PairResult:
     out_x, out_y = work / "x", work / "y"
     run(x, x_extra, out_x)
-    predicted_json = subprocess.run(
-        [sys.executable, "-m", "meshscope", "predict", "--from", str(out_x), "--layout", y, "--json", "-q",
-         *(["--micro-batch", str(micro_batch_of(y_extra))] if micro_batch_of(y_extra) else [])],
-        capture_output=True, text=True, timeout=300, check=True,
-    ).stdout  # fmt: skip
-    import json  # noqa: PLC0415
-
-    predicted = json.loads(predicted_json)
+    size = micro_batch_of(y_extra)
+    predicted = json.loads(
+        subprocess.run(
+            [sys.executable, "-m", "meshscope", "predict", "--from", str(out_x), "--layout", y, "--json", "-q",
+             *(["--micro-batch", str(size)] if size else [])],
+            capture_output=True, text=True, timeout=300, check=True,
+        ).stdout
+    )  # fmt: skip
     run(y, y_extra, out_y)
     measured_y = calibrate_run(read_run([str(out_y)], spec=None))
     stage = measured_stage(measured_y.measured, int(predicted["predicted"]["pp_rank"]))
-    per_category = {
-        k: (v["expected_s"], stage.seconds.get(k, 0.0))
-        for k, v in predicted["categories"].items()
-        if v["expected_s"] or stage.seconds.get(k, 0.0)
-    }
-    return {
-        "predicted_s": float(predicted["predicted"]["step_seconds"]),
-        "measured_s": stage.total_seconds,
-        "calibration_residual_s": float(predicted["calibrated_step_seconds"]) - float(predicted["measured"]["step_seconds"]),
-        "categories": per_category,
-    }
+    return PairResult(
+        predicted_s=float(predicted["predicted"]["step_seconds"]),
+        measured_s=stage.total_seconds,
+        residual_on_x_s=float(predicted["calibrated_step_seconds"]) - float(predicted["measured"]["step_seconds"]),
+        categories={
+            k: (v["expected_s"], stage.seconds.get(k, 0.0))
+            for k, v in predicted["categories"].items()
+            if v["expected_s"] or stage.seconds.get(k, 0.0)
+        },
+    )
 
 
 def calibration_speed() -> None:
@@ -120,17 +130,20 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as tmp:
             t0 = time.perf_counter()
             got = predict_pair(x, x_extra, y, y_extra, Path(tmp))
-        predicted, measured = float(got["predicted_s"]), float(got["measured_s"])  # type: ignore[arg-type]
-        error = (predicted - measured) / measured
+        error = (got.predicted_s - got.measured_s) / got.measured_s
         errors.append(abs(error))
         print(f"\n{x} {' '.join(x_extra)} -> {y} {' '.join(y_extra)} ({what}; {time.perf_counter() - t0:.0f} s wall)")
-        print(f"  step: predicted {predicted * 1e3:.1f} ms, measured {measured * 1e3:.1f} ms, error {error:+.1%}; "
-              f"calibration residual on X {float(got['calibration_residual_s']) * 1e3:+.1f} ms")  # type: ignore[arg-type]  # fmt: skip
-        for category, (p, m) in got["categories"].items():  # type: ignore[attr-defined]
-            print(f"  {category:<10} predicted {p * 1e3:8.2f} ms  measured {m * 1e3:8.2f} ms  error {(p - m) * 1e3:+8.2f} ms")
+        print(
+            f"  step: predicted {got.predicted_s * 1e3:.1f} ms, measured {got.measured_s * 1e3:.1f} ms, error "
+            f"{error:+.1%}; calibration residual on X {got.residual_on_x_s * 1e3:+.1f} ms"
+        )
+        for category, (p, m) in got.categories.items():
+            print(
+                f"  {category:<10} predicted {p * 1e3:8.2f} ms  measured {m * 1e3:8.2f} ms  error {(p - m) * 1e3:+8.2f} ms"
+            )
     if errors:
-        print(f"\nstep-time error over {len(errors)} pairs: mean {sum(errors) / len(errors):.1%}, max {max(errors):.1%} "
-              "(target 5 %)")  # fmt: skip
+        mean = sum(errors) / len(errors)
+        print(f"\nstep-time error over {len(errors)} pairs: mean {mean:.1%}, max {max(errors):.1%} (target 5 %)")
 
 
 if __name__ == "__main__":

@@ -209,6 +209,10 @@ def render_plan(data: dict[str, Any]) -> str:
     rows += [
         [f"exposed comm {axis}", human_seconds(s), percent(s / total)] for axis, s in sorted(t["exposed_comm"].items())
     ]
+    rows += [  # calibrated assumptions only (sync_wait_per_collective_seconds)
+        [f"sync wait {axis}", human_seconds(s), percent(s / total)]
+        for axis, s in sorted(t.get("sync_wait", {}).items())
+    ]
     rows += [
         ["pipeline bubble", human_seconds(t["bubble"]), percent(t["bubble"] / total)],
         ["optimizer", human_seconds(t["optimizer"]), percent(t["optimizer"] / total)],

@@ -18,7 +18,7 @@ from meshscope.cli import main
 from meshscope.errors import MeshscopeError
 from meshscope.jobs import load_yaml_mapping
 from meshscope.local import TinyJob, emulated_assumptions, layout_text, tiny_job_spec
-from meshscope.plan import assumptions_from_mapping
+from meshscope.plan import assumptions_from_mapping, plan_job
 from meshscope.records import write_records
 from meshscope.simulation import Phases, simulate
 from meshscope.topology import parse_layout
@@ -69,7 +69,12 @@ def test_calibrate_a_run_directory_writes_what_plan_loads(run_dir, tmp_path, cap
     assert "Fitted assumptions" in out
     assert "never crossed" not in out  # dp crosses the two emulated nodes
     loaded = assumptions_from_mapping(load_yaml_mapping(path), base=emulated_assumptions(), origin=str(path))
-    assert loaded.compute_efficiency == pytest.approx(0.6, rel=0.01)
+    # The emulated accelerator's efficiency is known (1); what the run spent beyond its sleep is the host's, per
+    # layer and micro-batch: here the simulated compute at 0.6 of peak, i.e. sleep x (1/0.6 - 1).
+    spec = tiny_job_spec(JOB, parse_layout("tp=2,dp=4"), gpus_per_node=4)
+    sleep = plan_job(spec, assumptions=emulated_assumptions()).expected_step_time.compute_seconds
+    assert loaded.compute_efficiency == 1.0
+    assert loaded.host_seconds_per_layer_pass == pytest.approx(sleep * (1 / 0.6 - 1) / (1 * 4), rel=0.01)
     assert loaded.network_efficiency == pytest.approx(0.1, rel=0.01)
     code, out, err = _run(capsys, "plan", str(ROOT / "examples" / "llama3-8b-h100.yaml"), "--assumptions", str(path))
     assert (code, err) == (0, "")

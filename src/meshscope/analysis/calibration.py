@@ -258,7 +258,10 @@ def expected_categories(plan: Plan) -> dict[str, float]:
     """The plan's expected seconds per :data:`PRED_CATEGORIES` category, on its slowest stage."""
     t = plan.expected_step_time
     out = {COMPUTE: t.compute_seconds}
-    out.update({f"comm.{a.value}": float(t.exposed_comm_seconds.get(a.value, 0.0)) for a in AXES})
+    sync = t.sync_wait_seconds or {}
+    out.update(
+        {f"comm.{a.value}": float(t.exposed_comm_seconds.get(a.value, 0.0) + sync.get(a.value, 0.0)) for a in AXES}
+    )
     out.update({BUBBLE: t.bubble_seconds, OPTIMIZER: t.optimizer_seconds, DATA: t.data_seconds, CHECKPOINT: 0.0})
     out[OTHER] = t.other_seconds
     return out
@@ -498,6 +501,7 @@ def calibrate(
     *,
     base: PlanAssumptions | None = None,
     one_clock: bool = False,
+    emulated: bool = False,
 ) -> Calibration:
     """Fit the assumptions ``table``'s run can tell, over ``base``.
 
@@ -507,6 +511,9 @@ def calibrate(
         base: the assumptions fitted from and kept where the run cannot tell (default :class:`PlanAssumptions()`;
             the emulated accelerator's for ``meshscope run`` of ``train_tiny``).
         one_clock: every record was timed on one host clock (``analyze``'s ``one_clock``).
+        emulated: the run's compute is the emulated accelerator's (``train_tiny --emulate``): its kernels take
+            exactly FLOPs ÷ peak, so the efficiency stays ``base``'s and what the host adds on top is fitted as
+            ``host_seconds_per_layer_pass``.
 
     Returns:
         The calibration.
@@ -530,9 +537,13 @@ def calibrate(
     changes: dict[str, Any] = {}
     overrides: dict[str, Any] = {}
 
-    _fit_compute(spec, base=base, rs=rs, stage=stage, values=values, changes=changes, overrides=overrides)
+    if emulated and base.flat_compute:
+        _fit_host_compute(spec, base=base, rs=rs, stage=stage, values=values, changes=changes, overrides=overrides)
+    else:
+        _fit_compute(spec, base=base, rs=rs, stage=stage, values=values, changes=changes, overrides=overrides)
     links = _fit_links(spec, base=base, rs=rs, values=values, changes=changes, overrides=overrides)
     _fit_optimizer(spec, base=base, rs=rs, stage=stage, values=values, changes=changes, overrides=overrides)
+    _fit_sync_wait(spec, base=base, rs=rs, stage=stage, values=values, changes=changes, overrides=overrides)
     _fit_overlaps(
         spec,
         calibrated=replace(base, **changes),
@@ -609,7 +620,7 @@ def _fit_compute(
         ))  # fmt: skip
         changes["compute_efficiency"] = value
         overrides["compute_efficiency"] = value
-        values.append(_per_class_refusal(base))
+        values.extend((_per_class_refusal(base), _host_refusal(base)))
         return
     # The roofline: one GEMM ceiling, by bisection on the measured mean compute (planned compute falls as it rises).
     target = float(measured.mean())
@@ -642,7 +653,58 @@ def _fit_compute(
     ))  # fmt: skip
     changes["gemm_efficiency"] = g
     overrides["gemm_efficiency"] = g
+    values.extend((_per_class_refusal(base), _host_refusal(base)))
+
+
+def _fit_host_compute(
+    spec: JobSpec,
+    *,
+    base: PlanAssumptions,
+    rs: RankSteps,
+    stage: NDArray[np.int64],
+    values: list[FittedValue],
+    changes: dict[str, Any],
+    overrides: dict[str, Any],
+) -> None:
+    """The emulated accelerator: measured compute minus its exact sleep, per layer and micro-batch of the stage."""
+    plan = _planned_with(spec, base)
+    planned = np.array([s.step_time.compute_seconds for s in plan.stages])
+    passes = np.array([plan.micro_batches * max(s.layers, 1) for s in plan.stages], dtype=np.float64)
+    rows = np.clip(stage, 0, spec.layout.pp - 1)
+    extra = (rs.us(COMPUTE) / 1e6 - planned[rows]) / passes[rows]
+    median, low, high = _bootstrap_median(extra)
+    note = "; measured compute is below the emulated sleep, so 0" if median < 0 else ""
+    value = max(median, 0.0)
+    values.append(FittedValue(
+        name="compute_efficiency", value=None, low=None, high=None, base=base.compute_efficiency, unit="",
+        basis="-", refused="the emulated accelerator's kernels take exactly FLOPs ÷ its peak (a sleep): its efficiency "
+        "is known, and what the host adds is fitted as host_seconds_per_layer_pass",
+    ))  # fmt: skip
+    values.append(FittedValue(
+        name="host_seconds_per_layer_pass", value=value, low=max(low, 0.0), high=max(high, 0.0),
+        base=base.host_seconds_per_layer_pass, unit="s",
+        basis=f"median over {extra.size:,} rank-steps of (measured compute - the emulated sleep) ÷ (micro-batches x "
+        f"layers of the stage){note}",
+    ))  # fmt: skip
+    changes["host_seconds_per_layer_pass"] = value
+    overrides["host_seconds_per_layer_pass"] = value
     values.append(_per_class_refusal(base))
+
+
+def _host_refusal(base: PlanAssumptions) -> FittedValue:
+    return FittedValue(
+        name="host_seconds_per_layer_pass",
+        value=None,
+        low=None,
+        high=None,
+        base=base.host_seconds_per_layer_pass,
+        unit="s",
+        basis="-",
+        refused=(
+            "one layout cannot tell the host's time per layer pass from a lower compute efficiency (both scale "
+            "with the layers and micro-batches): the fitted efficiency absorbs it"
+        ),
+    )
 
 
 def _per_class_refusal(base: PlanAssumptions) -> FittedValue:
@@ -966,3 +1028,36 @@ def _fit_overlaps(  # noqa: C901 - the bisection and its edges, per axis
         for name in names:
             changes[name] = f
             overrides[name] = f
+
+
+def _fit_sync_wait(
+    spec: JobSpec,
+    *,
+    base: PlanAssumptions,
+    rs: RankSteps,
+    stage: NDArray[np.int64],
+    values: list[FittedValue],
+    changes: dict[str, Any],
+    overrides: dict[str, Any],
+) -> None:
+    """Mean sync wait per collective, from the breakdown's sync wait of every axis but pp.
+
+    Per rank-step, over the plan's collectives per step of that rank's stage: the plan's count, so that records that
+    merge instances (the simulator's) fit alike.
+    """
+    plan = _planned_with(spec, base)
+    counts = np.array([sum(c.count_per_step for c in s.collectives if c.group != "pp") for s in plan.stages], float)
+    per_row = counts[np.clip(stage, 0, spec.layout.pp - 1)]
+    if not (per_row > 0).any():
+        return
+    waits = sum(rs.us(comm_category(a, SYNC_WAIT)) for a in AXES if a.value != "pp") / 1e6
+    ok = per_row > 0
+    mean, low, high = _bootstrap_mean(np.asarray(waits)[ok] / per_row[ok])
+    values.append(FittedValue(
+        name="sync_wait_per_collective_seconds", value=mean, low=low, high=high,
+        base=base.sync_wait_per_collective_seconds, unit="s",
+        basis=f"mean sync wait per step over {int(ok.sum()):,} rank-steps ÷ the plan's {int(per_row.max()):,} "
+        "collectives per step: arrival skew (stragglers, jitter, time slicing), charged to every collective alike",
+    ))  # fmt: skip
+    changes["sync_wait_per_collective_seconds"] = mean
+    overrides["sync_wait_per_collective_seconds"] = mean

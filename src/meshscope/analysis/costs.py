@@ -438,7 +438,8 @@ def category_label(category: str) -> str:
 def stage_expected(plan: Plan, pp_rank: int) -> dict[str, float | None]:
     """The plan's expected seconds per category for one GPU of stage ``pp_rank``.
 
-    Compute, exposed comm per axis and optimizer are the stage's own; sync wait expects 0; data and other expect the
+    Compute, exposed comm per axis and optimizer are the stage's own; sync wait expects the calibrated
+    ``sync_wait_per_collective_seconds`` x collectives per step (0 by default); data and other expect the
     assumptions' ``data_wait_seconds`` and ``host_overhead_seconds`` (other is ``None``, not planned, while that is 0);
     checkpoint is not planned (``None``). The bubble is the plan's bubble plus the time the stage waits for the slowest
     stage every step (the critical stage's expected step minus this stage's): a synchronous step lasts as long as
@@ -456,7 +457,7 @@ def stage_expected(plan: Plan, pp_rank: int) -> dict[str, float | None]:
     }
     for axis in AXES:
         out[comm_category(axis, TRANSFER)] = float(t.exposed_comm_seconds.get(axis.value, 0.0))
-        out[comm_category(axis, SYNC_WAIT)] = 0.0
+        out[comm_category(axis, SYNC_WAIT)] = float((t.sync_wait_seconds or {}).get(axis.value, 0.0))
     return out
 
 

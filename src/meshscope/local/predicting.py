@@ -150,7 +150,8 @@ def read_run(sources: Sequence[str], *, spec: str | None, quiet: bool = True) ->
 
 def calibrate_run(run: MeasuredRun) -> Calibration:
     """:func:`meshscope.analysis.calibrate` of a measured run."""
-    return calibrate(run.table, run.spec, base=run.base, one_clock=run.one_clock)
+    emulated = run.job is not None and run.job.block_ms is not None
+    return calibrate(run.table, run.spec, base=run.base, one_clock=run.one_clock, emulated=emulated)
 
 
 def calibrate_command(args: argparse.Namespace) -> int:

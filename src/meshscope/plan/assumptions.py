@@ -202,9 +202,19 @@ class PlanAssumptions:
     optimizer_hbm_efficiency: float | None = None
     """Achieved fraction of HBM bandwidth of the optimizer step alone, 0-1; ``None`` (default): ``hbm_efficiency``.
     Separate because a measured optimizer step (``meshscope calibrate``) says nothing about element-wise kernels."""
+    host_seconds_per_layer_pass: float = 0.0
+    """Host time (kernel launches, Python, framework dispatch) one transformer layer adds to one micro-batch's forward
+    and backward on a GPU, seconds, on top of the kernels' own time (a third in forward, two thirds in backward).
+    Default 0. ``meshscope calibrate`` fits it on the emulated accelerator, whose kernels take exactly FLOPs ÷ peak,
+    so that what the host adds is what is left; on real GPUs it cannot be told apart from the compute efficiency
+    from one layout, and stays 0."""
     data_wait_seconds: float = 0.0
     """Time each step waits for the data loader, seconds. Default 0: a prefetching loader hides behind compute (no
     formula gives it; ``meshscope calibrate`` measures it)."""
+    sync_wait_per_collective_seconds: float = 0.0
+    """Mean time a GPU waits in each collective (not pipeline send/recv) for the group's last member to arrive,
+    seconds: arrival skew from stragglers, jitter or, on shared CPUs, time slicing. Default 0 (a balanced job); the
+    expected sync wait of an axis is this x its collectives per step (``meshscope calibrate`` measures it)."""
     host_overhead_seconds: float = 0.0
     """Time per step outside compute, communication, the optimizer and the loader (launches, Python, logging),
     seconds: the breakdown's ``other``. Default 0 (no formula gives it; ``meshscope calibrate`` measures it)."""
@@ -294,7 +304,15 @@ _RANGES: Final[dict[str, tuple[float, float | None, bool]]] = {
     ),
     **dict.fromkeys(OVERLAP_FIELDS, (0.0, 1.0, False)),
     "bubble_warning_fraction": (0.0, None, False),
-    **dict.fromkeys(("data_wait_seconds", "host_overhead_seconds"), (0.0, None, False)),
+    **dict.fromkeys(
+        (
+            "data_wait_seconds",
+            "host_overhead_seconds",
+            "sync_wait_per_collective_seconds",
+            "host_seconds_per_layer_pass",
+        ),
+        (0.0, None, False),
+    ),
 }  # fmt: skip
 """``(low, high, low excluded)`` of every numeric assumption (``high`` ``None``: unbounded)."""
 

@@ -12,6 +12,8 @@ Conventions (docs/planner.md, "Expected step time"):
   element-wise work, logits), forward, backward (data and weight gradients) and recompute; with
   ``compute_efficiency`` set (the flat model), a GPU's hardware FLOPs ÷ (dense peak x ``compute_efficiency``),
   forward = 1 pass, backward = 2 passes + recompute;
+* host: ``host_seconds_per_layer_pass`` x the stage's layers per micro-batch (a third forward, two thirds backward;
+  0 unless calibrated);
 * bubble: ``(pp - 1)/m`` (1F1B, GPipe) or ``(pp - 1)/(m·vpp)`` (interleaved) of the slowest stage's compute;
 * optimizer: bytes the Adam step streams through HBM ÷ (HBM bandwidth x ``hbm_efficiency``);
 * data wait and host overhead: the assumptions' ``data_wait_seconds`` and ``host_overhead_seconds`` (0 unless a run
@@ -133,14 +135,15 @@ def stage_compute(
         forward += logits_forward_flops(model, tokens=tokens)
     per_gpu = forward.scaled(1.0 / (layout.tp * layout.cp))
     recompute = recompute_forward_flops(per_gpu, training.recompute)
+    host = assumptions.host_seconds_per_layer_pass * len(layer_indices)  # launches and dispatch, per micro-batch
     if assumptions.compute_efficiency is not None:
         rate = peak_flops_per_s(hardware, training.precision) * assumptions.compute_efficiency
         core_passes = 3.0 + (1.0 if training.recompute in (Recompute.SELECTIVE, Recompute.FULL) else 0.0)
         return StageCompute(
             forward_flops_per_microbatch=per_gpu,
             recompute_flops_per_microbatch=recompute,
-            forward_seconds_per_microbatch=per_gpu.total / rate,
-            backward_seconds_per_microbatch=(2.0 * per_gpu.total + recompute) / rate,
+            forward_seconds_per_microbatch=per_gpu.total / rate + host / 3.0,
+            backward_seconds_per_microbatch=(2.0 * per_gpu.total + recompute) / rate + 2.0 * host / 3.0,
             attention_core_seconds_per_microbatch=core_passes * per_gpu.attention_core / rate,
             micro_batches=micro_batches,
         )
@@ -157,8 +160,8 @@ def stage_compute(
     return StageCompute(
         forward_flops_per_microbatch=per_gpu,
         recompute_flops_per_microbatch=recompute,
-        forward_seconds_per_microbatch=kernels.forward_seconds,
-        backward_seconds_per_microbatch=kernels.backward_seconds,
+        forward_seconds_per_microbatch=kernels.forward_seconds + host / 3.0,
+        backward_seconds_per_microbatch=kernels.backward_seconds + 2.0 * host / 3.0,
         attention_core_seconds_per_microbatch=kernels.seconds(OpClass.ATTENTION_CORE),
         micro_batches=micro_batches,
         kernels=kernels,
@@ -197,6 +200,8 @@ class ExpectedStepTime:
     """Pipeline bubble: ``bubble_fraction`` x the slowest stage's compute."""
     optimizer_seconds: float
     """Optimizer step."""
+    sync_wait_seconds: Mapping[str, float] | None = None
+    """Expected sync wait per axis (``sync_wait_per_collective_seconds`` x collectives per step; ``None``: none)."""
     data_seconds: float = 0.0
     """Data-loader wait (``PlanAssumptions.data_wait_seconds``; 0 unless calibrated)."""
     other_seconds: float = 0.0
@@ -208,11 +213,17 @@ class ExpectedStepTime:
         return sum(self.exposed_comm_seconds.values())
 
     @property
+    def sync_wait_total_seconds(self) -> float:
+        """Expected sync wait of all axes."""
+        return sum(self.sync_wait_seconds.values()) if self.sync_wait_seconds else 0.0
+
+    @property
     def total_seconds(self) -> float:
         """Expected step time."""
         return (
             self.compute_seconds
             + self.exposed_comm_total_seconds
+            + self.sync_wait_total_seconds
             + self.bubble_seconds
             + self.optimizer_seconds
             + self.data_seconds
@@ -222,11 +233,13 @@ class ExpectedStepTime:
     def to_dict(self) -> dict[str, object]:
         """Seconds by category, plus ``pp_rank``.
 
-        ``{compute, exposed_comm: {axis: seconds}, bubble, optimizer, data, other, total, pp_rank}``.
+        ``{compute, exposed_comm: {axis: seconds}, sync_wait: {axis: seconds}, bubble, optimizer, data, other, total,
+        pp_rank}``.
         """
         return {
             "compute": self.compute_seconds,
             "exposed_comm": dict(self.exposed_comm_seconds),
+            "sync_wait": dict(self.sync_wait_seconds or {}),
             "bubble": self.bubble_seconds,
             "optimizer": self.optimizer_seconds,
             "data": self.data_seconds,
