@@ -138,9 +138,8 @@ def main() -> None:
             f"{error:+.1%}; calibration residual on X {got.residual_on_x_s * 1e3:+.1f} ms"
         )
         for category, (p, m) in got.categories.items():
-            print(
-                f"  {category:<10} predicted {p * 1e3:8.2f} ms  measured {m * 1e3:8.2f} ms  error {(p - m) * 1e3:+8.2f} ms"
-            )
+            shown = f"predicted {p * 1e3:8.2f} ms  measured {m * 1e3:8.2f} ms  error {(p - m) * 1e3:+8.2f} ms"
+            print(f"  {category:<10} {shown}")
     if errors:
         mean = sum(errors) / len(errors)
         print(f"\nstep-time error over {len(errors)} pairs: mean {mean:.1%}, max {max(errors):.1%} (target 5 %)")
