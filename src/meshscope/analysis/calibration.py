@@ -12,7 +12,12 @@ computes, and the plan of the layout that ran, it fits:
   complete collective instance's transfer time (its last member's arrival to its end, so never sync wait) against
   the planner's ring model ``hops x hop latency + bus bytes / bus bandwidth`` (hops as NCCL's ring counts them,
   :func:`ring_hops`), fitted by Huber-weighted least squares, so that a time-sliced outlier does not drag the fit;
+* **host compute** on the emulated accelerator (``train_tiny --emulate``), whose kernels take exactly FLOPs ÷ peak:
+  ``host_seconds_per_layer_pass``, the median of (measured - planned compute) ÷ (micro-batches x layers);
 * **optimizer**: ``optimizer_hbm_efficiency``, the median of planned optimizer time at efficiency 1 ÷ measured;
+* **sync wait**: ``sync_wait_per_collective_seconds``, the mean sync wait per step ÷ the plan's collectives per step;
+* **overlap** per axis whose exposed time the job's settings let a fraction move: the fraction at which the
+  calibrated plan's exposed transfer equals the measured one (bisection);
 * **data wait** and **host overhead**: the mean per step of the breakdown's ``data`` and ``other``.
 
 Every value comes with a 90 % bootstrap interval (rank-steps, or collective instances, resampled with replacement,
@@ -80,8 +85,8 @@ factor (95th over 5th percentile); below it the fit is a line through one cluste
 MIN_INSTANCES: Final = 8
 """Collective instances of a link class needed to fit it at all."""
 PRED_CATEGORIES: Final = ("compute", *(f"comm.{a.value}" for a in AXES), BUBBLE, OPTIMIZER, DATA, CHECKPOINT, OTHER)
-"""The categories calibration and prediction compare: exposed comm per axis as a whole (transfer + sync wait: the
-planner prices transfer only, so sync wait shows as what it misses)."""
+"""The categories calibration and prediction compare: exposed comm per axis as a whole (transfer + sync wait; the
+calibrated plan prices sync wait per collective, ``sync_wait_per_collective_seconds``)."""
 _FITTED_OPS: Final = (CommOp.ALL_REDUCE, CommOp.ALL_GATHER, CommOp.REDUCE_SCATTER, CommOp.ALL_TO_ALL)
 
 
@@ -859,6 +864,8 @@ def _value_comment(v: FittedValue) -> str:
 def _plain(value: float | None, unit: str) -> str:
     if value is None:
         return "none"
+    if unit == "s" and abs(value) < 1e-9:
+        return "0 s"
     if unit == "s":
         return f"{value * 1e6:.4g} µs" if abs(value) < 1e-3 else f"{value * 1e3:.4g} ms"
     return f"{value:.4g}"
@@ -901,7 +908,9 @@ def render_file(c: Calibration) -> str:  # noqa: C901 - one branch per kind of l
             lines.append(f"{key}: [{', '.join(value)}]  # the run measured one algorithm and protocol, priced as one")
         else:
             v = by_name.get(key)
-            lines.append(f"{key}: {_yaml_number(value)}" + (f"  # {_value_comment(v)}" if v is not None else ""))
+            shared = next((names[0] for names in OVERLAP_OF_AXIS.values() if key in names[1:]), None)
+            note = f"  # {_value_comment(v)}" if v is not None else f"  # the same fit as {shared}" if shared else ""
+            lines.append(f"{key}: {_yaml_number(value)}{note}")
     refused = [v for v in c.values if v.refused is not None and v.name not in c.overrides]
     if refused:
         lines.append("# Not told by this run (the base value stays):")
@@ -951,7 +960,7 @@ def render_calibration(c: Calibration) -> str:
             ["category", "measured", "calibrated plan", "residual"],
             res,
             title=f"\nResidual per category (stage {c.critical.pp_rank}, mean per step; exposed comm = transfer + "
-            "sync wait, of which the plan prices transfer only)",
+            "sync wait)",
         )
     )
     return "\n".join(out)
