@@ -101,7 +101,8 @@ def test_data_wait_and_host_overhead_are_the_measured_means(two_nodes):
 
 def test_the_simulator_fed_the_calibration_reproduces_the_run(two_nodes):
     spec, result, c = two_nodes
-    again = simulate(spec, steps=8, assumptions=c.assumptions, phases=Phases(data_ms=3), faults=[Noise(sigma=0.05)])
+    # No phases: the loader's 3 ms come from the calibrated data_wait_seconds.
+    again = simulate(spec, steps=8, assumptions=c.assumptions, faults=[Noise(sigma=0.05)])
     measured = float(np.mean(result.table.steps.end_us - result.table.steps.start_us))
     resimulated = float(np.mean(again.table.steps.end_us - again.table.steps.start_us))
     assert resimulated == pytest.approx(measured, rel=0.02)
