@@ -17,7 +17,7 @@ from meshscope.analysis import calibrate, predict
 from meshscope.cli import main
 from meshscope.errors import MeshscopeError
 from meshscope.jobs import load_yaml_mapping
-from meshscope.local import TinyJob, emulated_assumptions, layout_text, tiny_job_spec
+from meshscope.local import TinyJob, emulated_assumptions, layout_text, read_run, tiny_job_spec
 from meshscope.plan import assumptions_from_mapping, plan_job
 from meshscope.records import write_records
 from meshscope.simulation import Phases, simulate
@@ -200,3 +200,28 @@ def test_plan_search_ranks_with_the_assumptions_file(tmp_path, capsys):
     slowed = json.loads(_run(capsys, *args, "--assumptions", str(slow_network))[1])["candidates"]
     assert [c["layout"] for c in slowed] != [c["layout"] for c in default]
     assert slowed[0]["expected_step_seconds"] > default[0]["expected_step_seconds"]
+
+
+_JSON_JUNK = st.one_of(
+    st.none(), st.integers(), st.text(max_size=6), st.lists(st.integers(), max_size=2),
+    st.dictionaries(st.sampled_from(["0", "job", "layout"]), st.one_of(st.integers(), st.text(max_size=4),
+                    st.dictionaries(st.sampled_from(["job", "micro_batch_size"]), st.integers(-1, 3))), max_size=2),
+)  # fmt: skip
+
+
+@settings(max_examples=60, deadline=None)
+@given(which=st.sampled_from(["measurements.json", "collector.json"]), junk=_JSON_JUNK, raw=st.booleans())
+def test_a_run_directory_with_broken_files_gets_one_clear_error(run_dir, tmp_path_factory, which, junk, raw):
+    """A run directory whose description files are garbage: the spec cannot be known, and the error says so."""
+    out = tmp_path_factory.mktemp("broken")
+    for name in ("records.jsonl", "collector.json", "measurements.json"):
+        (out / name).write_text((run_dir / name).read_text())
+    (out / which).write_text(str(junk)[:40] if raw else json.dumps(junk))
+    try:
+        run = read_run([str(out)], spec=None)
+    except MeshscopeError as exc:  # the only exception allowed: one line, naming the directory or the field
+        message = str(exc)
+        assert "\n" not in message
+        assert message
+        return
+    assert run.spec.layout == parse_layout("tp=2,dp=4")  # accepted only when what it read still describes the run

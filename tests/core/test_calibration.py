@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -20,13 +21,14 @@ from hypothesis import strategies as st
 from meshscope.analysis import calibrate, huber_fit, predict, render_file, retarget, ring_hops
 from meshscope.analysis.calibration import fit_link
 from meshscope.errors import MeshscopeError, PlanError
-from meshscope.jobs import load_yaml_mapping
+from meshscope.jobs import load_spec, load_yaml_mapping
 from meshscope.local import TinyJob, emulated_assumptions, tiny_job_spec
 from meshscope.plan import NcclProtocolCosts, PlanAssumptions, assumptions_from_mapping, plan_job
 from meshscope.records import CommOp, Interval, IntervalKind, Phase, RecordTable, StepRecord
 from meshscope.simulation import Noise, Phases, simulate
 from meshscope.topology import MeshAxis, parse_layout
 
+ROOT = Path(__file__).resolve().parents[2]
 JOB = TinyJob(micro_batch_size=2, micro_batches=4, block_ms=10)
 TRUTH = dataclasses.replace(
     emulated_assumptions(),
@@ -343,3 +345,14 @@ def test_huber_fit_never_returns_a_negative_term():
     coef, _ = huber_fit(x, y)
     assert (coef >= 0).all()
     assert math.isfinite(coef[0])
+
+
+def test_the_gemm_ceiling_is_recovered_under_the_roofline():
+    spec = load_spec(ROOT / "examples" / "llama3-8b-h100.yaml")
+    truth = PlanAssumptions(gemm_efficiency=0.6)
+    result = simulate(spec, steps=3, assumptions=truth, faults=[Noise(sigma=0.05)])
+    c = calibrate(result.table, spec)
+    v = value(c, "gemm_efficiency")
+    assert v.low <= 0.6 <= v.high
+    assert v.value == pytest.approx(0.6, rel=0.02)
+    assert "cannot tell the host's time per layer pass" in value(c, "host_seconds_per_layer_pass").refused

@@ -95,8 +95,9 @@ def _described_job(folder: Path) -> tuple[TinyJob, str]:
             f"{folder}: no --spec, and the run's measurements.json / collector.json cannot be read ({exc}); give "
             "--spec FILE"
         ) from None
+    ranks = measurements if isinstance(measurements, dict) else {}
     described = next(
-        (m["job"] for _, m in sorted(measurements.items()) if isinstance(m, dict) and isinstance(m.get("job"), dict)),
+        (m["job"] for _, m in sorted(ranks.items()) if isinstance(m, dict) and isinstance(m.get("job"), dict)),
         None,
     )
     if described is None or not isinstance(layout, str):
@@ -142,7 +143,10 @@ def read_run(sources: Sequence[str], *, spec: str | None, quiet: bool = True) ->
     if folder is None:
         raise PredictInputError("records files need --spec FILE (a meshscope run directory describes its own job)")
     job, layout_text = _described_job(folder)
-    layout = parse_layout(layout_text)
+    try:
+        layout = parse_layout(layout_text)
+    except MeshscopeError as exc:
+        raise PredictInputError(f"{folder / 'collector.json'}: layout {layout_text!r}: {exc}") from None
     measured_spec = tiny_job_spec(job, layout, gpus_per_node=per_node, name=table.job)
     return MeasuredRun(table=table, spec=measured_spec, base=emulated_assumptions(), one_clock=inputs.one_clock,
                        job=job, gpus_per_node=per_node, warmup_step=warmup)  # fmt: skip
