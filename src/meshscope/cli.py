@@ -209,11 +209,20 @@ def render_plan(data: dict[str, Any]) -> str:
     rows += [
         [f"exposed comm {axis}", human_seconds(s), percent(s / total)] for axis, s in sorted(t["exposed_comm"].items())
     ]
+    rows += [  # calibrated assumptions only (sync_wait_per_collective_seconds)
+        [f"sync wait {axis}", human_seconds(s), percent(s / total)]
+        for axis, s in sorted(t.get("sync_wait", {}).items())
+    ]
     rows += [
         ["pipeline bubble", human_seconds(t["bubble"]), percent(t["bubble"] / total)],
         ["optimizer", human_seconds(t["optimizer"]), percent(t["optimizer"] / total)],
-        ["total", human_seconds(t["total"]), "100.0 %"],
     ]
+    rows += [  # calibrated assumptions only (data_wait_seconds, host_overhead_seconds)
+        [label, human_seconds(t[key]), percent(t[key] / total)]
+        for key, label in (("data", "data wait"), ("other", "other (host overhead)"))
+        if t.get(key)
+    ]
+    rows += [["total", human_seconds(t["total"]), "100.0 %"]]
     out.append(render_table(["category", "expected", "share"], rows, title="\nExpected step time"))
     classes = data.get("compute_classes") or []
     if classes:
@@ -467,6 +476,55 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     return simulate_command(args)
 
 
+def _calibrate_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "records", nargs="+", help="step-record files (JSON lines, .gz ok), or a meshscope run output directory"
+    )
+    p.add_argument("--spec", help="TrainingJob manifest of the run (not needed for a meshscope run directory)")
+    p.add_argument(
+        "--out", default="assumptions.yaml", help="assumptions file to write, for --assumptions (assumptions.yaml)"
+    )
+    p.add_argument("--json", action="store_true", help="print one JSON object (base units) instead of tables")
+    _quiet_argument(p)
+    p.set_defaults(handler=_cmd_calibrate)
+
+
+def _cmd_calibrate(args: argparse.Namespace) -> int:
+    from meshscope.local import calibrate_command  # noqa: PLC0415 - loaded when the command runs
+
+    return calibrate_command(args)
+
+
+def _predict_arguments(p: argparse.ArgumentParser) -> None:
+    from meshscope.jobs import Recompute  # noqa: PLC0415 - choices of this command
+
+    p.add_argument(
+        "--from",
+        dest="source",
+        required=True,
+        metavar="OUT",
+        help="the measured run: a meshscope run output directory, or a records file with --spec",
+    )
+    p.add_argument("--layout", help="layout to predict, e.g. tp=4,pp=2,dp=1 (default: the measured one)")
+    p.add_argument("--gpus", type=int, help="GPUs of the predicted job (default: the layout's world size)")
+    p.add_argument("--hardware", help="GPU type from the catalogue (default: the measured run's)")
+    p.add_argument("--micro-batch", type=int, help="sequences per micro-batch (default: the measured run's)")
+    p.add_argument("--recompute", choices=[r.value for r in Recompute], help="activation recompute policy")
+    p.add_argument(
+        "--assumptions", metavar="FILE", help="a meshscope calibrate file (default: calibrate from --from on the fly)"
+    )
+    p.add_argument("--spec", help="TrainingJob manifest of the measured run (not needed for a meshscope run directory)")
+    p.add_argument("--json", action="store_true", help="print one JSON object (base units) instead of tables")
+    _quiet_argument(p)
+    p.set_defaults(handler=_cmd_predict)
+
+
+def _cmd_predict(args: argparse.Namespace) -> int:
+    from meshscope.local import predict_command  # noqa: PLC0415 - loaded when the command runs
+
+    return predict_command(args)
+
+
 _COMMANDS: dict[str, tuple[str, str | None, Callable[[argparse.ArgumentParser], None]]] = {
     "plan": ("plan a TrainingJob: memory per stage, collectives, expected step time", None, _plan_arguments),
     "demo": (
@@ -512,6 +570,24 @@ _COMMANDS: dict[str, tuple[str, str | None, Callable[[argparse.ArgumentParser], 
             "durations), inject named faults, and write meshscope.step/1 records."
         ),
         _simulate_arguments,
+    ),
+    "calibrate": (
+        "fit the planner's assumptions to a measured run (for --assumptions)",
+        (
+            "Fit the planner assumptions a run can tell (compute efficiency, link latency and bandwidth per link "
+            "class, optimizer, data wait, host overhead) to its step breakdown, each with a 90 % interval; refuse "
+            "what the run cannot tell; write the file plan, predict and --search load. See docs/predict.md."
+        ),
+        _calibrate_arguments,
+    ),
+    "predict": (
+        "predict another layout of a measured job, per category",
+        (
+            "Plan the measured job in another layout (GPU count, GPU, micro-batch, recompute) with the assumptions "
+            "calibrated from its run, and print the expected step per category beside the measured one, the change "
+            "and the memory check. See docs/predict.md."
+        ),
+        _predict_arguments,
     ),
 }
 """The commands in the order ``meshscope --help`` lists them."""

@@ -203,6 +203,9 @@ CLI_SURFACE = {
     "analyze": ["--allow-partial", "--json", "--spec", "-q", "--quiet", "-h", "--help"],
     "report": ["--out", "--spec", "-q", "--quiet", "-h", "--help"],
     "simulate": ["--fault", "--out", "--prefetch", "--seed", "--spec", "--steps", "-q", "--quiet", "-h", "--help"],
+    "calibrate": ["--json", "--out", "--spec", "-q", "--quiet", "-h", "--help"],
+    "predict": ["--assumptions", "--from", "--gpus", "--hardware", "--json", "--layout", "--micro-batch", "--recompute",
+                "--spec", "-q", "--quiet", "-h", "--help"],
 }  # fmt: skip
 
 

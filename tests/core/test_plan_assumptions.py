@@ -91,8 +91,14 @@ def _valid_value(name: str) -> st.SearchStrategy[object]:
         return st.floats(min_value=0.0, max_value=1.0)
     if name == "bubble_warning_fraction":
         return st.floats(min_value=0.0, max_value=10.0)
-    if name in ("compute_efficiency", "gemm_efficiency"):
+    if name in ("compute_efficiency", "gemm_efficiency", "optimizer_hbm_efficiency"):
         return st.none() | _FRACTION
+    if name in ("data_wait_seconds", "host_overhead_seconds"):
+        return st.floats(min_value=0.0, max_value=10.0)
+    if name == "nccl_algorithms":
+        return st.lists(st.sampled_from(["ring", "tree"]), min_size=1, max_size=2, unique=True)
+    if name == "nccl_protocols":
+        return st.lists(st.sampled_from(["ll", "ll128", "simple"]), min_size=1, max_size=3, unique=True)
     return _FRACTION
 
 
@@ -115,6 +121,8 @@ def test_every_valid_mapping_loads_and_is_what_it_says(data):
             assert all(getattr(got, k) == v for k, v in value.items())
         elif name == "gemm_tiles":
             assert got == tuple(tuple(t) for t in value)
+        elif name in ("nccl_algorithms", "nccl_protocols"):
+            assert got == tuple(value)
         else:
             assert got == value
     assert hash(a) == hash(assumptions_from_mapping(data))  # the planner's caches key on it

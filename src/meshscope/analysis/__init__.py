@@ -17,6 +17,9 @@ order, one module each:
 - :mod:`~meshscope.analysis.analyzing`: :func:`analyze`, the one entry point (records + optional spec ->
   :class:`Analysis`), with :func:`render_analysis` for people and ``Analysis.to_dict()`` for machines (what the
   operator's deep tier writes into its ConfigMap);
+- :mod:`~meshscope.analysis.calibration`: the planner assumptions a run can tell (:func:`calibrate` ->
+  :class:`Calibration`, :func:`render_file` for ``--assumptions``), and :mod:`~meshscope.analysis.predicting`: another
+  layout of the same job planned with them (:func:`retarget`, :func:`predict` -> :class:`Prediction`);
 - :mod:`~meshscope.analysis.commands`: ``meshscope analyze`` (:func:`analyze_command`), and :func:`read_inputs`
   (check the records files, load the spec, read the table), which ``meshscope report`` shares.
 
@@ -45,6 +48,20 @@ from meshscope.analysis.breakdown import (
     comm_category,
     estimate_clock_offsets,
 )
+from meshscope.analysis.calibration import (
+    BOOTSTRAP_SAMPLES,
+    Calibration,
+    CalibrationError,
+    FittedValue,
+    LinkFit,
+    StepCategories,
+    bootstrap_fit,
+    calibrate,
+    huber_fit,
+    render_calibration,
+    render_file,
+    ring_hops,
+)
 from meshscope.analysis.collectives import (
     CollectiveComparison,
     StageTraffic,
@@ -64,8 +81,10 @@ from meshscope.analysis.costs import (
     index_rank_steps,
 )
 from meshscope.analysis.diagnosis import Finding, diagnose
+from meshscope.analysis.predicting import Prediction, predict, retarget
 
 __all__ = [
+    "BOOTSTRAP_SAMPLES",
     "BUBBLE",
     "CATEGORIES",
     "CATEGORY_INDEX",
@@ -80,31 +99,45 @@ __all__ = [
     "Analysis",
     "AnalyzeInputError",
     "Breakdown",
+    "Calibration",
+    "CalibrationError",
     "ClockOffsets",
     "CollectiveComparison",
     "CollectiveJoin",
     "CostRow",
     "Finding",
+    "FittedValue",
     "Inputs",
+    "LinkFit",
     "MemoryComparison",
     "P2PBandwidth",
     "PipelineExpectation",
+    "Prediction",
     "RankSteps",
     "StageTraffic",
+    "StepCategories",
     "Summary",
     "Suspect",
     "analyze",
     "analyze_command",
+    "bootstrap_fit",
     "break_down",
+    "calibrate",
     "check_records_match_layout",
     "comm_category",
     "compare_collectives",
     "diagnose",
     "estimate_clock_offsets",
     "expected_pipeline",
+    "huber_fit",
     "index_rank_steps",
+    "predict",
     "read_inputs",
     "render_analysis",
+    "render_calibration",
+    "render_file",
+    "retarget",
+    "ring_hops",
     "stage_of_rows",
     "stage_traffic",
 ]

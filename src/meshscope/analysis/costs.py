@@ -438,8 +438,10 @@ def category_label(category: str) -> str:
 def stage_expected(plan: Plan, pp_rank: int) -> dict[str, float | None]:
     """The plan's expected seconds per category for one GPU of stage ``pp_rank``.
 
-    Compute, exposed comm per axis and optimizer are the stage's own; sync wait and data expect 0; checkpoint and
-    other are not planned (``None``). The bubble is the plan's bubble plus the time the stage waits for the slowest
+    Compute, exposed comm per axis and optimizer are the stage's own; sync wait expects the calibrated
+    ``sync_wait_per_collective_seconds`` x collectives per step (0 by default); data and other expect the
+    assumptions' ``data_wait_seconds`` and ``host_overhead_seconds`` (other is ``None``, not planned, while that is 0);
+    checkpoint is not planned (``None``). The bubble is the plan's bubble plus the time the stage waits for the slowest
     stage every step (the critical stage's expected step minus this stage's): a synchronous step lasts as long as
     its slowest stage, and a faster stage spends the difference waiting on its pipeline neighbours.
     """
@@ -448,14 +450,14 @@ def stage_expected(plan: Plan, pp_rank: int) -> dict[str, float | None]:
     out: dict[str, float | None] = {
         COMPUTE: t.compute_seconds,
         BUBBLE: t.bubble_seconds + max(0.0, critical.total_seconds - t.total_seconds),
-        DATA: 0.0,
+        DATA: t.data_seconds,
         OPTIMIZER: t.optimizer_seconds,
         CHECKPOINT: None,
-        OTHER: None,
+        OTHER: t.other_seconds if plan.assumptions.host_overhead_seconds > 0 else None,
     }
     for axis in AXES:
         out[comm_category(axis, TRANSFER)] = float(t.exposed_comm_seconds.get(axis.value, 0.0))
-        out[comm_category(axis, SYNC_WAIT)] = 0.0
+        out[comm_category(axis, SYNC_WAIT)] = float((t.sync_wait_seconds or {}).get(axis.value, 0.0))
     return out
 
 

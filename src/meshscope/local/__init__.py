@@ -16,7 +16,9 @@ compares with the plan and reports:
   ``cpu_contention`` note);
 - :mod:`~meshscope.local.tails`: every rank's stderr passed through, its tail kept, the likely fix
   (:func:`fix_for`);
-- :mod:`~meshscope.local.commands`: ``meshscope run`` and ``meshscope demo``.
+- :mod:`~meshscope.local.commands`: ``meshscope run`` and ``meshscope demo``;
+- :mod:`~meshscope.local.predicting`: ``meshscope calibrate`` and ``meshscope predict`` (a run's ``OUT`` directory
+  describes its own job: :func:`read_run`).
 
 The launcher must not import the report writers (:mod:`~meshscope.local.commands` ties them), nothing here may
 import torch at module level (the fork launcher imports it in the parent just before forking), and a run's exit code
@@ -38,6 +40,14 @@ from meshscope.local.emulation import (
     logits_forward_flops_per_gpu,
     tiny_job_spec,
     tiny_model,
+)
+from meshscope.local.predicting import (
+    MeasuredRun,
+    PredictInputError,
+    calibrate_command,
+    calibrate_run,
+    predict_command,
+    read_run,
 )
 from meshscope.local.running import (
     EXIT_NO_ANALYSIS,
@@ -65,6 +75,8 @@ __all__ = [
     "CpuCapacity",
     "CpuUse",
     "DemoUsageError",
+    "MeasuredRun",
+    "PredictInputError",
     "RankExit",
     "RankReceipt",
     "RunComparison",
@@ -74,6 +86,8 @@ __all__ = [
     "StderrTails",
     "TinyJob",
     "block_forward_flops_per_gpu",
+    "calibrate_command",
+    "calibrate_run",
     "compare_run",
     "data_root",
     "demo_command",
@@ -87,7 +101,9 @@ __all__ = [
     "logits_forward_flops_per_gpu",
     "loss_notes",
     "measure_capacity",
+    "predict_command",
     "rank_env",
+    "read_run",
     "report_run",
     "resolve_python",
     "run_command",

@@ -79,6 +79,11 @@ TREE_LL: Final = _nccl(6.8, 0.6, 5.0, 0.92 / 3.8)
 TREE_LL128: Final = _nccl(14.0, 1.25, 8.5, 0.92 * 120 / 128)
 TREE_SIMPLE: Final = _nccl(0.0, 28.0, 28.0, 0.92)
 
+NCCL_ALGORITHMS: Final = ("ring", "tree")
+"""The NCCL algorithms the planner prices (NVLS and CollNet are not modelled)."""
+NCCL_PROTOCOLS: Final = ("ll", "ll128", "simple")
+"""The NCCL protocols the planner prices."""
+
 GEMM_TILES: Final = ((128, 128), (128, 256), (256, 128))
 """Output tiles (rows x columns) a GEMM library picks from for large BF16 GEMMs: NVIDIA's *Matrix Multiplication
 Background User's Guide* (docs.nvidia.com/deeplearning/performance, "Tile quantization": cuBLAS tiles of 256x128,
@@ -152,6 +157,12 @@ class PlanAssumptions:
     """Tree, LL128 (base 14.0 µs, hop 1.25 / 8.5 µs, 0.92 x 120/128)."""
     tree_simple: NcclProtocolCosts = TREE_SIMPLE
     """Tree, Simple (base 0, hop 28 µs on either link: the latency of a 256 KiB chunk, 0.92)."""
+    nccl_algorithms: tuple[str, ...] = NCCL_ALGORITHMS
+    """Algorithms the planner may choose from (``ring``, ``tree``), as ``NCCL_ALGO`` restricts NCCL's. A calibrated
+    file (``meshscope calibrate``) keeps only ``ring``: a run measures the algorithm it ran, not the others."""
+    nccl_protocols: tuple[str, ...] = NCCL_PROTOCOLS
+    """Protocols the planner may choose from (``ll``, ``ll128``, ``simple``), as ``NCCL_PROTO`` restricts NCCL's; a
+    calibrated file keeps only ``simple``, whose costs it fitted."""
 
     # ---------------------------------------------------------------------------------------------- overlap
     tp_comm_overlap: float = 0.8
@@ -186,6 +197,27 @@ class PlanAssumptions:
     already shards it, so the default is ``False``."""
     bubble_warning_fraction: float = 0.10
     """Pipeline bubble, as a fraction of compute, above which the plan reports ``bubble-large``."""
+
+    # ---------------------------------------------------------------------------------------------- host side
+    optimizer_hbm_efficiency: float | None = None
+    """Achieved fraction of HBM bandwidth of the optimizer step alone, 0-1; ``None`` (default): ``hbm_efficiency``.
+    Separate because a measured optimizer step (``meshscope calibrate``) says nothing about element-wise kernels."""
+    host_seconds_per_layer_pass: float = 0.0
+    """Host time (kernel launches, Python, framework dispatch) one transformer layer adds to one micro-batch's forward
+    and backward on a GPU, seconds, on top of the kernels' own time (a third in forward, two thirds in backward).
+    Default 0. ``meshscope calibrate`` fits it on the emulated accelerator, whose kernels take exactly FLOPs ÷ peak,
+    so that what the host adds is what is left; on real GPUs it cannot be told apart from the compute efficiency
+    from one layout, and stays 0."""
+    data_wait_seconds: float = 0.0
+    """Time each step waits for the data loader, seconds. Default 0: a prefetching loader hides behind compute (no
+    formula gives it; ``meshscope calibrate`` measures it)."""
+    sync_wait_per_collective_seconds: float = 0.0
+    """Mean time a GPU waits in each collective (not pipeline send/recv) for the group's last member to arrive,
+    seconds: arrival skew from stragglers, jitter or, on shared CPUs, time slicing. Default 0 (a balanced job); the
+    expected sync wait of an axis is this x its collectives per step (``meshscope calibrate`` measures it)."""
+    host_overhead_seconds: float = 0.0
+    """Time per step outside compute, communication, the optimizer and the loader (launches, Python, logging),
+    seconds: the breakdown's ``other``. Default 0 (no formula gives it; ``meshscope calibrate`` measures it)."""
     _hash: int = field(init=False, repr=False, compare=False, default=0)
     """The hash, computed once: the planner's caches key on the assumptions thousands of times per layout search."""
 
@@ -212,6 +244,8 @@ class PlanAssumptions:
             if not isinstance(getattr(self, name), NcclProtocolCosts):
                 raise PlanError(f"assumption {name} must be NCCL protocol costs, got {getattr(self, name)!r}")
         _check_tiles(self.gemm_tiles)
+        _check_choices("nccl_algorithms", self.nccl_algorithms, NCCL_ALGORITHMS)
+        _check_choices("nccl_protocols", self.nccl_protocols, NCCL_PROTOCOLS)
         object.__setattr__(self, "_hash", hash(tuple(getattr(self, f.name) for f in fields(self) if f.compare)))
 
     @property
@@ -224,14 +258,15 @@ class PlanAssumptions:
         return self.nvlink_efficiency if link == "nvlink" else self.network_efficiency
 
     def nccl_options(self) -> dict[tuple[str, str], NcclProtocolCosts]:
-        """``{(algorithm, protocol): costs}`` for the six NCCL pairs the planner prices."""
+        """``{(algorithm, protocol): costs}`` for the NCCL pairs the planner may choose from.
+
+        Those of ``nccl_algorithms`` x ``nccl_protocols``: all six by default.
+        """
         return {
-            ("ring", "ll"): self.ring_ll,
-            ("ring", "ll128"): self.ring_ll128,
-            ("ring", "simple"): self.ring_simple,
-            ("tree", "ll"): self.tree_ll,
-            ("tree", "ll128"): self.tree_ll128,
-            ("tree", "simple"): self.tree_simple,
+            (algorithm, protocol): getattr(self, f"{algorithm}_{protocol}")
+            for algorithm in NCCL_ALGORITHMS
+            for protocol in NCCL_PROTOCOLS
+            if algorithm in self.nccl_algorithms and protocol in self.nccl_protocols
         }
 
     def to_dict(self) -> dict[str, object]:
@@ -239,6 +274,8 @@ class PlanAssumptions:
         data: dict[str, object] = dict(asdict(self))
         data.pop("_hash", None)
         data["gemm_tiles"] = [list(t) for t in self.gemm_tiles]
+        data["nccl_algorithms"] = list(self.nccl_algorithms)
+        data["nccl_protocols"] = list(self.nccl_protocols)
         return data
 
 
@@ -257,15 +294,25 @@ OVERLAP_FIELDS: Final = (
 NCCL_FIELDS: Final = ("ring_ll", "ring_ll128", "ring_simple", "tree_ll", "tree_ll128", "tree_simple")
 """Assumptions that are :class:`NcclProtocolCosts`."""
 _BOOLEANS: Final = ("causal_attention", "nccl_latency", "pp_scatter_gather")
-_OPTIONAL: Final = ("compute_efficiency", "gemm_efficiency")
+_OPTIONAL: Final = ("compute_efficiency", "gemm_efficiency", "optimizer_hbm_efficiency")
+_CHOICES: Final = {"nccl_algorithms": NCCL_ALGORITHMS, "nccl_protocols": NCCL_PROTOCOLS}
 _RANGES: Final[dict[str, tuple[float, float | None, bool]]] = {
     **dict.fromkeys(
         ("compute_efficiency", "gemm_efficiency", "attention_efficiency", "hbm_efficiency", "nvlink_efficiency",
-         "network_efficiency"),
+         "network_efficiency", "optimizer_hbm_efficiency"),
         (0.0, 1.0, True),
     ),
     **dict.fromkeys(OVERLAP_FIELDS, (0.0, 1.0, False)),
     "bubble_warning_fraction": (0.0, None, False),
+    **dict.fromkeys(
+        (
+            "data_wait_seconds",
+            "host_overhead_seconds",
+            "sync_wait_per_collective_seconds",
+            "host_seconds_per_layer_pass",
+        ),
+        (0.0, None, False),
+    ),
 }  # fmt: skip
 """``(low, high, low excluded)`` of every numeric assumption (``high`` ``None``: unbounded)."""
 
@@ -296,6 +343,15 @@ def _check_tiles(tiles: object) -> None:
             raise PlanError(
                 f"assumption gemm_tiles: each tile must be [rows, columns] of whole numbers in 1..4096, got {tile!r}"
             )
+
+
+def _check_choices(name: str, value: object, allowed: tuple[str, ...]) -> None:
+    good = isinstance(value, tuple) and bool(value) and all(isinstance(v, str) and v in allowed for v in value)
+    if not good or len(set(value)) != len(value):  # type: ignore[arg-type,call-overload]
+        names = ", ".join(allowed)
+        raise PlanError(
+            f"assumption {name} must be a non-empty list of distinct names from {names}, got {_show(value)}"
+        )
 
 
 def _snake(key: str) -> str:
@@ -371,7 +427,7 @@ def assumptions_from_mapping(
     return replace(base, **changes)
 
 
-def _override(key: str, value: object, base: PlanAssumptions, *, where: str, origin: str) -> object:
+def _override(key: str, value: object, base: PlanAssumptions, *, where: str, origin: str) -> object:  # noqa: C901 - one branch per kind of field
     """The checked value of one assumption from a mapping."""
     if key in NCCL_FIELDS:
         return _nccl_costs(where, value, getattr(base, key))
@@ -388,6 +444,14 @@ def _override(key: str, value: object, base: PlanAssumptions, *, where: str, ori
         except PlanError as exc:
             raise PlanError(f"{origin}: {exc}") from None
         return tiles
+    if key in _CHOICES:
+        if not isinstance(value, list | tuple):
+            raise PlanError(f"{where}: expected a list of names from {', '.join(_CHOICES[key])}, got {_show(value)}")
+        try:
+            _check_choices(key, tuple(value), _CHOICES[key])
+        except PlanError as exc:
+            raise PlanError(f"{origin}: {exc}") from None
+        return tuple(value)
     if key in _OPTIONAL and value is None:
         return None
     low, high, low_open = _RANGES[key]

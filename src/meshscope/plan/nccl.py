@@ -115,7 +115,11 @@ def collective_time(
             bandwidth_bytes_per_s=bus_bandwidth,
         )
     best: CollectiveTime | None = None
-    for (algorithm, protocol), costs in assumptions.nccl_options().items():
+    options = assumptions.nccl_options()
+    if op != ALL_REDUCE and all(algorithm == "tree" for algorithm, _ in options):
+        # NCCL's tree implements all-reduce only; other collectives run on rings whatever NCCL_ALGO says.
+        options = {("ring", p): getattr(assumptions, f"ring_{p}") for p in assumptions.nccl_protocols}
+    for (algorithm, protocol), costs in options.items():
         if algorithm == "tree" and op != ALL_REDUCE:
             continue  # NCCL's tree implements all-reduce only
         option = _price(op, algorithm, protocol, costs, n=n, nodes=nodes, moved=moved, bus_bandwidth=bus_bandwidth,

@@ -331,14 +331,20 @@ def plan_job(
     stages = []
     for r, params, memory, activations, compute, collectives, state, resting in drafts:
         exposed = {a.value: 0.0 for a in layout.enabled_axes}
+        sync: dict[str, float] = {}
         for c in collectives:
             exposed[c.axis] = exposed.get(c.axis, 0.0) + c.exposed_seconds_per_step
+            if assumptions.sync_wait_per_collective_seconds > 0 and c.group != "pp":
+                sync[c.axis] = sync.get(c.axis, 0.0) + c.count_per_step * assumptions.sync_wait_per_collective_seconds
         step_time = ExpectedStepTime(
             pp_rank=r,
             compute_seconds=compute.compute_seconds_per_step,
             exposed_comm_seconds=exposed,
+            sync_wait_seconds=sync or None,
             bubble_seconds=bubble_seconds,
             optimizer_seconds=optimizer_seconds(state, per_param, hardware, assumptions),
+            data_seconds=assumptions.data_wait_seconds,
+            other_seconds=assumptions.host_overhead_seconds,
         )
         stages.append(
             StagePlan(

@@ -12,9 +12,13 @@ Conventions (docs/planner.md, "Expected step time"):
   element-wise work, logits), forward, backward (data and weight gradients) and recompute; with
   ``compute_efficiency`` set (the flat model), a GPU's hardware FLOPs ÷ (dense peak x ``compute_efficiency``),
   forward = 1 pass, backward = 2 passes + recompute;
+* host: ``host_seconds_per_layer_pass`` x the stage's layers per micro-batch (a third forward, two thirds backward;
+  0 unless calibrated);
 * bubble: ``(pp - 1)/m`` (1F1B, GPipe) or ``(pp - 1)/(m·vpp)`` (interleaved) of the slowest stage's compute;
 * optimizer: bytes the Adam step streams through HBM ÷ (HBM bandwidth x ``hbm_efficiency``);
-* the step is the slowest stage's ``compute + exposed communication + bubble + optimizer``.
+* data wait and host overhead: the assumptions' ``data_wait_seconds`` and ``host_overhead_seconds`` (0 unless a run
+  was calibrated: no formula gives them);
+* the step is the slowest stage's ``compute + exposed communication + bubble + optimizer + data + other``.
 """
 
 from __future__ import annotations
@@ -131,14 +135,15 @@ def stage_compute(
         forward += logits_forward_flops(model, tokens=tokens)
     per_gpu = forward.scaled(1.0 / (layout.tp * layout.cp))
     recompute = recompute_forward_flops(per_gpu, training.recompute)
+    host = assumptions.host_seconds_per_layer_pass * len(layer_indices)  # launches and dispatch, per micro-batch
     if assumptions.compute_efficiency is not None:
         rate = peak_flops_per_s(hardware, training.precision) * assumptions.compute_efficiency
         core_passes = 3.0 + (1.0 if training.recompute in (Recompute.SELECTIVE, Recompute.FULL) else 0.0)
         return StageCompute(
             forward_flops_per_microbatch=per_gpu,
             recompute_flops_per_microbatch=recompute,
-            forward_seconds_per_microbatch=per_gpu.total / rate,
-            backward_seconds_per_microbatch=(2.0 * per_gpu.total + recompute) / rate,
+            forward_seconds_per_microbatch=per_gpu.total / rate + host / 3.0,
+            backward_seconds_per_microbatch=(2.0 * per_gpu.total + recompute) / rate + 2.0 * host / 3.0,
             attention_core_seconds_per_microbatch=core_passes * per_gpu.attention_core / rate,
             micro_batches=micro_batches,
         )
@@ -155,8 +160,8 @@ def stage_compute(
     return StageCompute(
         forward_flops_per_microbatch=per_gpu,
         recompute_flops_per_microbatch=recompute,
-        forward_seconds_per_microbatch=kernels.forward_seconds,
-        backward_seconds_per_microbatch=kernels.backward_seconds,
+        forward_seconds_per_microbatch=kernels.forward_seconds + host / 3.0,
+        backward_seconds_per_microbatch=kernels.backward_seconds + 2.0 * host / 3.0,
         attention_core_seconds_per_microbatch=kernels.seconds(OpClass.ATTENTION_CORE),
         micro_batches=micro_batches,
         kernels=kernels,
@@ -171,12 +176,14 @@ def optimizer_seconds(
     The Adam step is memory-bound; per parameter it updates it reads and writes the optimizer state
     (``2·optimizer``), reads the gradient twice (gradient-norm clipping, then Adam: ``2·gradients``) and writes the
     model weight (read and written when the weight is itself the fp32 main weight): 34 bytes for Megatron's bf16
-    default, 32 for fp32.
+    default, 32 for fp32. It streams at ``optimizer_hbm_efficiency`` (else ``hbm_efficiency``) of HBM bandwidth.
     """
     weight_passes = 2.0 if per_param.weights_are_main else 1.0
     per_updated_param = 2.0 * per_param.optimizer + 2.0 * per_param.gradients + weight_passes * per_param.weights
     traffic = state.updated_params * per_updated_param
-    return traffic / (hardware.gpu.hbm_bandwidth_bytes_per_s * assumptions.hbm_efficiency)
+    efficiency = assumptions.optimizer_hbm_efficiency
+    efficiency = assumptions.hbm_efficiency if efficiency is None else efficiency
+    return traffic / (hardware.gpu.hbm_bandwidth_bytes_per_s * efficiency)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -193,6 +200,12 @@ class ExpectedStepTime:
     """Pipeline bubble: ``bubble_fraction`` x the slowest stage's compute."""
     optimizer_seconds: float
     """Optimizer step."""
+    sync_wait_seconds: Mapping[str, float] | None = None
+    """Expected sync wait per axis (``sync_wait_per_collective_seconds`` x collectives per step; ``None``: none)."""
+    data_seconds: float = 0.0
+    """Data-loader wait (``PlanAssumptions.data_wait_seconds``; 0 unless calibrated)."""
+    other_seconds: float = 0.0
+    """Host overhead (``PlanAssumptions.host_overhead_seconds``; 0 unless calibrated)."""
 
     @property
     def exposed_comm_total_seconds(self) -> float:
@@ -200,17 +213,37 @@ class ExpectedStepTime:
         return sum(self.exposed_comm_seconds.values())
 
     @property
+    def sync_wait_total_seconds(self) -> float:
+        """Expected sync wait of all axes."""
+        return sum(self.sync_wait_seconds.values()) if self.sync_wait_seconds else 0.0
+
+    @property
     def total_seconds(self) -> float:
         """Expected step time."""
-        return self.compute_seconds + self.exposed_comm_total_seconds + self.bubble_seconds + self.optimizer_seconds
+        return (
+            self.compute_seconds
+            + self.exposed_comm_total_seconds
+            + self.sync_wait_total_seconds
+            + self.bubble_seconds
+            + self.optimizer_seconds
+            + self.data_seconds
+            + self.other_seconds
+        )
 
     def to_dict(self) -> dict[str, object]:
-        """``{compute, exposed_comm: {axis: seconds}, bubble, optimizer, total}`` in seconds, plus ``pp_rank``."""
+        """Seconds by category, plus ``pp_rank``.
+
+        ``{compute, exposed_comm: {axis: seconds}, sync_wait: {axis: seconds}, bubble, optimizer, data, other, total,
+        pp_rank}``.
+        """
         return {
             "compute": self.compute_seconds,
             "exposed_comm": dict(self.exposed_comm_seconds),
+            "sync_wait": dict(self.sync_wait_seconds or {}),
             "bubble": self.bubble_seconds,
             "optimizer": self.optimizer_seconds,
+            "data": self.data_seconds,
+            "other": self.other_seconds,
             "total": self.total_seconds,
             "pp_rank": self.pp_rank,
         }

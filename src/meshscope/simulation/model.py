@@ -458,7 +458,8 @@ def build_model(spec: JobSpec, plan: Plan, placement: Placement, phases: Phases)
         pp_message_bytes=pp_bytes,
         pp_seconds_nvlink=pp_nvl,
         pp_seconds_network=pp_net,
-        data_s=(phases.data_ms or 0.0) * MS,
+        # The loader: the phase override, else the plan's (a calibrated ``data_wait_seconds``; 0 by default).
+        data_s=phases.data_ms * MS if phases.data_ms is not None else plan.assumptions.data_wait_seconds,
         checkpoint_s=(phases.checkpoint_ms or 0.0) * MS,
         checkpoint_every=phases.checkpoint_every or 0,
         tokens=b * s * m // layout.cp,

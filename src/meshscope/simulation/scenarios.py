@@ -59,7 +59,8 @@ class Phases:
     """
 
     data_ms: float | None = None
-    """Data-loader time per step on every rank. ``None`` means 0 (the plan does not model the loader)."""
+    """Data-loader time per step on every rank. ``None``: the plan's ``data_wait_seconds`` (0 unless the assumptions
+    were calibrated from a run)."""
     forward_ms: float | None = None
     """Forward compute of one micro-batch on every pipeline stage (all its model chunks together)."""
     backward_ms: float | None = None

@@ -1,0 +1,149 @@
+"""How well ``meshscope predict`` foresees another layout of a real run, and how fast calibration is.
+
+Issue 12's checks:
+
+* **real runs**: for each (X, Y) pair, ``meshscope run`` runs layout X of the bundled ``train_tiny`` job (CPU ranks,
+  gloo, emulated accelerator), ``meshscope predict --from OUT_X --layout Y`` predicts Y from X's calibration, then Y
+  runs for real; printed: Y's predicted and measured step and the error, and per category predicted minus measured
+  (target: 5 % on step time). Pairs change dp, tp, pp and the micro-batch, on at most 8 ranks;
+* **speed**: calibration of a 64-rank, 20-step run (simulated records of examples/llama3-8b-h100.yaml; target under
+  5 s), reading excluded.
+
+    .venv/bin/python benchmarks/bench_predict.py                 # all pairs, ~2-4 min on an idle 2-core machine
+    .venv/bin/python benchmarks/bench_predict.py --pairs 2       # a quick look
+    .venv/bin/python benchmarks/bench_predict.py --pairs 0       # the speed figure only
+
+The measured Y is the stage the prediction is for (the plan's slowest stage), mean per step over the run's steps
+after the warm-up step, exposed comm = transfer + sync wait. Timings on a machine shared with other work are noisy:
+say so beside the figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from meshscope.analysis import calibrate, predict
+from meshscope.analysis.calibration import measured_stage
+from meshscope.jobs import load_spec
+from meshscope.local import calibrate_run, read_run
+from meshscope.simulation import simulate
+from meshscope.topology import parse_layout
+from timing import machine_reference
+
+ROOT = Path(__file__).resolve().parent.parent
+TRAIN = ROOT / "examples" / "train_tiny.py"
+EMULATE_MS = "10"
+STEPS = "6"
+
+PAIRS: list[tuple[str, list[str], str, list[str], str]] = [
+    ("dp=2,tp=2", [], "dp=4", [], "tp -> dp"),
+    ("dp=4", [], "dp=2,tp=2", [], "dp -> tp"),
+    ("dp=2,tp=2", [], "dp=2,pp=2", [], "tp -> pp"),
+    ("dp=2,pp=2", [], "dp=2,pp=2", ["--micro-batch-size", "1", "--micro-batches", "8"], "micro-batch 2 -> 1"),
+    ("dp=2", [], "dp=4", [], "dp 2 -> 4"),
+    ("tp=2,pp=2", [], "tp=2,pp=2,dp=2", [], "dp 1 -> 2 under tp, pp"),
+    ("tp=2,pp=2,dp=2", [], "pp=4,dp=2", [], "tp -> pp, 8 ranks"),
+]
+"""(layout X, extra train_tiny args of X, layout Y, extra args of Y, what changes)."""
+
+
+def run(layout: str, extra: list[str], out: Path) -> None:
+    nproc = parse_layout(layout).world_size
+    command = [sys.executable, "-m", "meshscope", "run", "--nproc", str(nproc), "--layout", layout, "--out", str(out),
+               "-q", "--", sys.executable, str(TRAIN), "--steps", STEPS, "--emulate", EMULATE_MS, *extra]  # fmt: skip
+    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"meshscope run {layout} failed ({done.returncode}): {(done.stdout + done.stderr)[-600:]}")
+
+
+def micro_batch_of(extra: list[str]) -> int | None:
+    return int(extra[extra.index("--micro-batch-size") + 1]) if "--micro-batch-size" in extra else None
+
+
+@dataclass(frozen=True)
+class PairResult:
+    predicted_s: float
+    measured_s: float
+    residual_on_x_s: float
+    """The calibrated plan of X minus X's measured step."""
+    categories: dict[str, tuple[float, float]]
+    """Category -> (predicted, measured) seconds per step of Y."""
+
+
+def predict_pair(x: str, x_extra: list[str], y: str, y_extra: list[str], work: Path) -> PairResult:
+    out_x, out_y = work / "x", work / "y"
+    run(x, x_extra, out_x)
+    size = micro_batch_of(y_extra)
+    predicted = json.loads(
+        subprocess.run(
+            [sys.executable, "-m", "meshscope", "predict", "--from", str(out_x), "--layout", y, "--json", "-q",
+             *(["--micro-batch", str(size)] if size else [])],
+            capture_output=True, text=True, timeout=300, check=True,
+        ).stdout
+    )  # fmt: skip
+    run(y, y_extra, out_y)
+    measured_y = calibrate_run(read_run([str(out_y)], spec=None))
+    stage = measured_stage(measured_y.measured, int(predicted["predicted"]["pp_rank"]))
+    return PairResult(
+        predicted_s=float(predicted["predicted"]["step_seconds"]),
+        measured_s=stage.total_seconds,
+        residual_on_x_s=float(predicted["calibrated_step_seconds"]) - float(predicted["measured"]["step_seconds"]),
+        categories={
+            k: (v["expected_s"], stage.seconds.get(k, 0.0))
+            for k, v in predicted["categories"].items()
+            if v["expected_s"] or stage.seconds.get(k, 0.0)
+        },
+    )
+
+
+def calibration_speed() -> None:
+    spec = load_spec(ROOT / "examples" / "llama3-8b-h100.yaml")
+    result = simulate(spec, steps=20)
+    t0 = time.perf_counter()
+    c = calibrate(result.table, spec)
+    elapsed = time.perf_counter() - t0
+    predict(c, spec)
+    print(
+        f"calibration of a {spec.world_size}-rank, 20-step run ({result.table.n_rows:,} rank-steps, "
+        f"{result.table.n_intervals:,} intervals): {elapsed:.2f} s (target < 5 s)",
+        flush=True,
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--pairs", type=int, default=len(PAIRS), help=f"(X, Y) pairs to run, 0-{len(PAIRS)}")
+    args = parser.parse_args()
+    print(f"machine reference: {machine_reference()}", flush=True)
+    calibration_speed()
+    errors = []
+    for x, x_extra, y, y_extra, what in PAIRS[: args.pairs]:
+        with tempfile.TemporaryDirectory() as tmp:
+            t0 = time.perf_counter()
+            got = predict_pair(x, x_extra, y, y_extra, Path(tmp))
+        error = (got.predicted_s - got.measured_s) / got.measured_s
+        errors.append(abs(error))
+        print(f"\n{x} {' '.join(x_extra)} -> {y} {' '.join(y_extra)} ({what}; {time.perf_counter() - t0:.0f} s wall)")
+        print(
+            f"  step: predicted {got.predicted_s * 1e3:.1f} ms, measured {got.measured_s * 1e3:.1f} ms, error "
+            f"{error:+.1%}; calibration residual on X {got.residual_on_x_s * 1e3:+.1f} ms"
+        )
+        for category, (p, m) in got.categories.items():
+            shown = f"predicted {p * 1e3:8.2f} ms  measured {m * 1e3:8.2f} ms  error {(p - m) * 1e3:+8.2f} ms"
+            print(f"  {category:<10} {shown}")
+    if errors:
+        mean = sum(errors) / len(errors)
+        print(f"\nstep-time error over {len(errors)} pairs: mean {mean:.1%}, max {max(errors):.1%} (target 5 %)")
+
+
+if __name__ == "__main__":
+    main()

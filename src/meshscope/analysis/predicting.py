@@ -1,0 +1,194 @@
+"""Prediction: the same job in another layout, planned with the assumptions its measured run calibrated.
+
+Exists for ``meshscope predict``: a user who measured layout X asks what layout Y (or another GPU count, GPU,
+micro-batch or recompute policy) will cost. :func:`retarget` builds Y's spec from X's; :func:`predict` plans it with
+the calibrated assumptions of :mod:`meshscope.analysis.calibration` and lays the expected seconds per category beside
+the measured run's, with the change per category and the memory check. Bad layouts get the planner's own errors.
+
+Pure: no files (the command reads them), no simulation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
+
+from meshscope.analysis.calibration import PRED_CATEGORIES, expected_categories
+from meshscope.errors import PlanError
+from meshscope.formatting import human_bytes, human_seconds, render_table
+from meshscope.plan import plan_job
+from meshscope.topology import default_hardware
+
+if TYPE_CHECKING:
+    from meshscope.analysis.calibration import Calibration, StepCategories
+    from meshscope.jobs import JobSpec, Recompute
+    from meshscope.plan import Plan
+    from meshscope.topology import ParallelLayout
+
+
+def category_label(category: str) -> str:
+    """``comm.tp`` -> ``exposed comm tp``; the others as they are."""
+    return f"exposed comm {category[5:]}" if category.startswith("comm.") else category
+
+
+def retarget(
+    spec: JobSpec,
+    *,
+    layout: ParallelLayout | None = None,
+    gpus: int | None = None,
+    hardware: str | None = None,
+    micro_batch_size: int | None = None,
+    recompute: Recompute | None = None,
+) -> JobSpec:
+    """``spec`` with another layout, GPU count, GPU type, micro-batch size or recompute policy (the rest kept).
+
+    The hardware keeps its wiring and gets ``gpus ÷ gpus_per_node`` nodes (default: the layout's world size), or is
+    the catalogue's ``hardware`` GPU. The global batch is kept, so a new dp or micro-batch changes the number of
+    micro-batches (the planner says so when the batch does not split).
+
+    Raises:
+        PlanError: for a GPU count that is not a whole number of nodes, naming both numbers.
+        MeshscopeError: the catalogue's error for an unknown GPU.
+    """
+    new_layout = layout if layout is not None else spec.layout
+    world = gpus if gpus is not None else new_layout.world_size
+    if hardware is not None:
+        per_node = default_hardware(hardware, nodes=1).gpus_per_node
+    else:
+        per_node = spec.hardware.gpus_per_node
+    if world < 1 or world % per_node:
+        raise PlanError(f"--gpus {world} is not a whole number of {per_node}-GPU nodes")
+    if hardware is not None:
+        hw = default_hardware(hardware, nodes=world // per_node)
+    else:
+        hw = replace(spec.hardware, nodes=world // per_node)
+    training = spec.training
+    if micro_batch_size is not None:
+        training = replace(training, micro_batch_size=micro_batch_size)
+    if recompute is not None:
+        training = replace(training, recompute=recompute)
+    return replace(spec, parallelism=replace(spec.parallelism, layout=new_layout), hardware=hw, training=training)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Prediction:
+    """Layout Y's expected step beside the measured layout X's."""
+
+    calibration: Calibration
+    """The run that was measured and what it told."""
+    spec: JobSpec
+    """Y."""
+    plan: Plan
+    """Y planned with the calibrated assumptions."""
+
+    @property
+    def measured(self) -> StepCategories:
+        """X's measured categories on the stage its calibrated plan says is slowest."""
+        return self.calibration.critical
+
+    def categories(self) -> dict[str, tuple[float, float]]:
+        """Category -> (measured on X, expected on Y), seconds per step."""
+        expected = expected_categories(self.plan)
+        got = self.measured.seconds
+        return {c: (got.get(c, 0.0), expected.get(c, 0.0)) for c in PRED_CATEGORIES}
+
+    @property
+    def expected_step_seconds(self) -> float:
+        """Y's expected step."""
+        return self.plan.expected_step_time.total_seconds
+
+    @property
+    def fits(self) -> bool:
+        """Whether every stage of Y fits in HBM."""
+        return all(s.headroom_bytes >= 0 for s in self.plan.stages)
+
+    def changes_text(self) -> str:
+        """``exposed comm tp -0.31 s, bubble +0.07 s``: the categories that change, largest first."""
+        deltas = [(c, e - m) for c, (m, e) in self.categories().items() if abs(e - m) > 0]
+        deltas.sort(key=lambda d: -abs(d[1]))
+        return ", ".join(f"{category_label(c)} {_signed(d)}" for c, d in deltas[:4]) or "no change"
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON form (base units)."""
+        c = self.calibration
+        return {
+            "measured": {"job": c.spec.name, "layout": c.spec.layout.describe(), "pp_rank": self.measured.pp_rank,
+                         "step_seconds": self.measured.total_seconds},
+            "predicted": {"layout": self.spec.layout.describe(), "world_size": self.spec.world_size,
+                          "gpu": self.spec.hardware.gpu.name, "micro_batch_size": self.spec.training.micro_batch_size,
+                          "recompute": self.spec.training.recompute.value, "micro_batches": self.plan.micro_batches,
+                          "pp_rank": self.plan.expected_step_time.pp_rank,
+                          "step_seconds": self.expected_step_seconds},
+            "categories": {
+                k: {"measured_s": m, "expected_s": e, "change_s": e - m} for k, (m, e) in self.categories().items()
+            },
+            "memory": {
+                "fits": self.fits,
+                "stages": [
+                    {"pp_rank": s.pp_rank, "peak_bytes": s.memory.total_bytes, "hbm_bytes": s.hbm_bytes,
+                     "headroom_bytes": s.headroom_bytes}
+                    for s in self.plan.stages
+                ],
+            },
+            "findings": [f.to_dict() for f in self.plan.findings],
+            "calibrated_step_seconds": c.plan.expected_step_time.total_seconds,
+            "assumptions": c.overrides,
+        }  # fmt: skip
+
+    def render(self) -> str:
+        """For people: the table of categories, the change, the memory check, the findings."""
+        c = self.calibration
+        rows = [
+            [category_label(k), human_seconds(m), human_seconds(e), _signed(e - m)]
+            for k, (m, e) in self.categories().items()
+            if m or e
+        ]
+        measured_total = self.measured.total_seconds
+        rows.append(["step", human_seconds(measured_total), human_seconds(self.expected_step_seconds),
+                     _signed(self.expected_step_seconds - measured_total)])  # fmt: skip
+        y = self.spec
+        out = [
+            (
+                f"meshscope predict: {c.spec.name} measured as {c.spec.layout.describe()} on {c.spec.world_size} x "
+                f"{c.spec.hardware.gpu.name}; predicted as {y.layout.describe()} on {y.world_size} x "
+                f"{y.hardware.gpu.name}, micro-batch {y.training.micro_batch_size} x {self.plan.micro_batches}, "
+                f"recompute {y.training.recompute.value}"
+            ),
+            render_table(
+                ["category", f"measured ({c.spec.layout.describe()})", f"expected ({y.layout.describe()})", "change"],
+                rows,
+                title=f"\nStep time per category (mean per step; measured stage {self.measured.pp_rank}, expected "
+                f"stage {self.plan.expected_step_time.pp_rank}; exposed comm measured = transfer + sync wait)",
+            ),
+            f"\nchange: {self.changes_text()}",
+            (
+                "calibration residual on the measured layout: calibrated plan "
+                f"{human_seconds(c.plan.expected_step_time.total_seconds)} vs measured "
+                f"{human_seconds(c.critical.total_seconds)} per step"
+            ),
+        ]
+        worst = min(self.plan.stages, key=lambda s: s.headroom_bytes)
+        verdict = "fits" if self.fits else "does NOT fit"
+        out.append(
+            f"memory: {verdict}: fullest stage {worst.pp_rank} peaks at {human_bytes(worst.memory.total_bytes)} of "
+            f"{human_bytes(worst.hbm_bytes)} usable HBM (headroom {human_bytes(worst.headroom_bytes)})"
+        )
+        if self.plan.findings:
+            out.append("findings:")
+            out.extend(f"  {f.severity.value.upper()} {f.code}: {f.message}" for f in self.plan.findings)
+        return "\n".join(out)
+
+
+def _signed(seconds: float) -> str:
+    text = human_seconds(abs(seconds))
+    return ("+" if seconds >= 0 else "-") + text
+
+
+def predict(calibration: Calibration, target: JobSpec) -> Prediction:
+    """Plan ``target`` with ``calibration``'s assumptions.
+
+    Raises:
+        PlanError: the planner's errors for a layout, batch or hardware that does not fit.
+    """
+    plan = plan_job(target, assumptions=calibration.assumptions)
+    return Prediction(calibration=calibration, spec=target, plan=plan)
