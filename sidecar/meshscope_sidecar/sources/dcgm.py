@@ -116,6 +116,18 @@ _LABELS_SEEN_LONGEST = 2048
 _UNSEEN: Mapping[str, str] = MappingProxyType({})
 
 
+def _labels_of(body: str) -> Mapping[str, str] | None:
+    """:func:`_parse_labels` through :data:`_LABELS_SEEN`."""
+    labels = _LABELS_SEEN.get(body, _UNSEEN)
+    if labels is _UNSEEN:
+        labels = _parse_labels(body)
+        if len(body) <= _LABELS_SEEN_LONGEST:
+            if len(_LABELS_SEEN) >= _LABELS_SEEN_MAX:
+                _LABELS_SEEN.clear()
+            _LABELS_SEEN[body] = labels
+    return labels
+
+
 def parse_exposition(text: str) -> Exposition:
     r"""Read a Prometheus text exposition; never raises.
 
@@ -143,17 +155,7 @@ def parse_exposition(text: str) -> Exposition:
                 types[type_match.group(1)] = type_match.group(2)
             continue
         match = _SAMPLE_LINE.fullmatch(line)
-        if match is None:
-            labels = None
-        else:
-            body = match.group(2) or ""
-            labels = _LABELS_SEEN.get(body, _UNSEEN)
-            if labels is _UNSEEN:
-                labels = _parse_labels(body)
-                if len(body) <= _LABELS_SEEN_LONGEST:
-                    if len(_LABELS_SEEN) >= _LABELS_SEEN_MAX:
-                        _LABELS_SEEN.clear()
-                    _LABELS_SEEN[body] = labels
+        labels = None if match is None else _labels_of(match.group(2) or "")
         if match is None or labels is None:
             junk += 1
             if first_junk is None:
