@@ -35,7 +35,7 @@ from meshscope.local.summarizing import MIN_STEPS_TO_SKIP_WARMUP
 from meshscope.plan import PlanAssumptions, assumptions_from_mapping, plan_job
 from meshscope.progress import command_progress
 from meshscope.records import RecordTable
-from meshscope.topology import parse_layout
+from meshscope.topology import AXES, parse_layout
 
 if TYPE_CHECKING:
     import argparse
@@ -124,6 +124,26 @@ def _without_warmup(table: RecordTable) -> tuple[RecordTable, int | None]:
     return RecordTable.from_records(records, notes=table.notes), first
 
 
+def _layout_of_records(table: RecordTable, text: str, *, where: Path) -> ParallelLayout:
+    """The layout ``text`` names, if it is the one the records were taken in: every rank's coordinates agree."""
+    ranks = int(np.unique(table.steps.rank).size)
+    try:
+        layout = parse_layout(text, world_size=ranks)
+    except MeshscopeError as exc:
+        raise PredictInputError(
+            f"{where}: layout {text!r} does not describe the records' {ranks} ranks: {exc}"
+        ) from None
+    s = table.steps
+    expected = layout.coords_array(s.rank.astype(np.int64))
+    for i, axis in enumerate(AXES):
+        if not np.array_equal(expected[axis], s.coord[:, i]):
+            raise PredictInputError(
+                f"{where}: layout {text!r} is not the one the records were taken in (their {axis.value} coordinates "
+                "differ); give --spec FILE"
+            )
+    return layout
+
+
 def read_run(sources: Sequence[str], *, spec: str | None, quiet: bool = True) -> MeasuredRun:
     """The records and spec of a measured run: records files with ``--spec``, or a ``meshscope run`` directory.
 
@@ -143,10 +163,7 @@ def read_run(sources: Sequence[str], *, spec: str | None, quiet: bool = True) ->
     if folder is None:
         raise PredictInputError("records files need --spec FILE (a meshscope run directory describes its own job)")
     job, layout_text = _described_job(folder)
-    try:
-        layout = parse_layout(layout_text)
-    except MeshscopeError as exc:
-        raise PredictInputError(f"{folder / 'collector.json'}: layout {layout_text!r}: {exc}") from None
+    layout = _layout_of_records(table, layout_text, where=folder / "collector.json")
     measured_spec = tiny_job_spec(job, layout, gpus_per_node=per_node, name=table.job)
     return MeasuredRun(table=table, spec=measured_spec, base=emulated_assumptions(), one_clock=inputs.one_clock,
                        job=job, gpus_per_node=per_node, warmup_step=warmup)  # fmt: skip
