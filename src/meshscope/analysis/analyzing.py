@@ -367,7 +367,8 @@ def render_analysis_dict(data: Mapping[str, Any]) -> str:
     collectives = data["expected_vs_measured"]["collectives"]
     planned = bool(memory)  # compare_memory gives one row per pipeline stage exactly when there is a plan
     seen = f"{data['ranks_seen']} of {data['world_size']} ranks seen"
-    out = [f"meshscope analyze: job {data['job']!r}: {seen}, steps {steps['first']}..{steps['last']} ({steps['count']})"]
+    span = f"steps {steps['first']}..{steps['last']} ({steps['count']})"
+    out = [f"meshscope analyze: job {data['job']!r}: {seen}, {span}"]
     # CPU contention is no data missing but a caveat on every timing: said at the top, not counted as partial data.
     contention = [n for n in data["partial_data"] if n["code"] == CPU_CONTENTION]
     partial = [n for n in data["partial_data"] if n["code"] != CPU_CONTENTION]
