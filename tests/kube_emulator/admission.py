@@ -197,7 +197,9 @@ async def call_webhook(
         )
     if result.get("patch") and obj is not None:
         if result.get("patchType") != "JSONPatch":
-            raise AdmissionDenied(500, "InternalError", f'webhook "{name}" returned patchType {result.get("patchType")!r}')
+            raise AdmissionDenied(
+                500, "InternalError", f'webhook "{name}" returned patchType {result.get("patchType")!r}'
+            )
         ops = json.loads(base64.b64decode(result["patch"]))
         obj = jsonpatch.apply_patch(obj, ops)
         record.patched = True

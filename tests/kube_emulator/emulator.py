@@ -53,7 +53,13 @@ from kmock._internal import parsing, rendering
 
 from kube_emulator.admission import AdmissionDenied, Attributes, Review, call_webhook, matching_webhooks
 from kube_emulator.schemas import FieldError, default_and_prune, validate
-from kube_emulator.selectors import SelectorError, match_fields, match_labels, parse_field_selector, parse_label_selector
+from kube_emulator.selectors import (
+    SelectorError,
+    match_fields,
+    match_labels,
+    parse_field_selector,
+    parse_label_selector,
+)
 from kube_emulator.tables import render_table, wants_table
 
 MAX_REQUEST_BYTES = 3 * 1024 * 1024
@@ -102,7 +108,9 @@ BUILTINS: dict[str, dict[str, Any]] = {
 }
 CRDS = kmock.resource(group="apiextensions.k8s.io", version="v1", plural="customresourcedefinitions")
 NAMESPACES = kmock.resource(group="", version="v1", plural="namespaces")
-VALIDATING = kmock.resource(group="admissionregistration.k8s.io", version="v1", plural="validatingwebhookconfigurations")
+VALIDATING = kmock.resource(
+    group="admissionregistration.k8s.io", version="v1", plural="validatingwebhookconfigurations"
+)
 MUTATING = kmock.resource(group="admissionregistration.k8s.io", version="v1", plural="mutatingwebhookconfigurations")
 
 
@@ -463,7 +471,9 @@ class KubeEmulator(kmock.KubernetesEmulator):
             if self._errors:
                 self._errors[-1].append(exc)
             message = f"emulator error: {type(exc).__name__}: {exc}"
-            return self._respond(500, ApiError(500, "InternalError", message, {"traceback": traceback.format_exc()}).status(), warnings)
+            return self._respond(
+                500, ApiError(500, "InternalError", message, {"traceback": traceback.format_exc()}).status(), warnings
+            )
 
     @staticmethod
     def _decode(body: bytes, content_type: str, *, strict: bool = True) -> Any:  # noqa: ANN401 - JSON
@@ -515,7 +525,9 @@ class KubeEmulator(kmock.KubernetesEmulator):
             return self._respond(200, updated, warnings)
         if method == "DELETE" and target.name is not None:
             return self._respond(200, await self._delete(target, warnings), warnings)
-        raise ApiError(405, "MethodNotAllowed", f"the server does not allow this method on the requested resource: {method}")
+        raise ApiError(
+            405, "MethodNotAllowed", f"the server does not allow this method on the requested resource: {method}"
+        )
 
     def _selected(self, target: Target, params: Any) -> tuple[Any, Any]:  # noqa: ANN401
         custom = target.resource in self._versions
@@ -678,26 +690,39 @@ class KubeEmulator(kmock.KubernetesEmulator):
                 raise ApiError(404, "NotFound", "the server could not find the requested resource")
             if meta.get("namespace", target.namespace) != target.namespace:
                 raise ApiError(
-                    400, "BadRequest", "the namespace of the provided object does not match the namespace sent on the request"
+                    400,
+                    "BadRequest",
+                    "the namespace of the provided object does not match the namespace sent on the request",
                 )
             meta["namespace"] = target.namespace
             if self._current(NAMESPACES, None, target.namespace) is None:
                 raise ApiError(
-                    404, "NotFound", f'namespaces "{target.namespace}" not found', {"name": target.namespace, "kind": "namespaces"}
+                    404,
+                    "NotFound",
+                    f'namespaces "{target.namespace}" not found',
+                    {"name": target.namespace, "kind": "namespaces"},
                 )
         else:
             meta.pop("namespace", None)
         if "status" in self.resources[resource].subresources:
             obj.pop("status", None)  # written through /status only (the strategies' PrepareForCreate)
         obj = self._prune(target, obj, params, warnings)
-        obj = await self._admit(MUTATING, self._attributes(target, "CREATE", obj, None, meta.get("name", "")), obj, warnings)
+        obj = await self._admit(
+            MUTATING, self._attributes(target, "CREATE", obj, None, meta.get("name", "")), obj, warnings
+        )
         obj = self._prune(target, obj, {"fieldValidation": "Ignore"}, warnings)
         meta = obj["metadata"]
         if not meta.get("name"):
             prefix = meta.get("generateName")
             if not prefix:
                 raise self._invalid(
-                    resource, "", [FieldError("FieldValueRequired", "metadata.name", "Required value: name or generateName is required")]
+                    resource,
+                    "",
+                    [
+                        FieldError(
+                            "FieldValueRequired", "metadata.name", "Required value: name or generateName is required"
+                        )
+                    ],
                 )
             for _ in range(8):
                 meta["name"] = prefix + "".join(random.choices(_SUFFIX, k=5))  # noqa: S311 - names, not secrets
@@ -733,15 +758,27 @@ class KubeEmulator(kmock.KubernetesEmulator):
             try:
                 return jsonpatch.apply_patch(old, body)
             except (jsonpatch.JsonPatchException, jsonpatch.JsonPointerException, TypeError) as exc:
-                raise ApiError(422, "Invalid", f"the server rejected our request due to an error in our request: {exc}") from exc
-        if content_type in ("application/merge-patch+json", "application/strategic-merge-patch+json", "application/apply-patch+yaml"):
+                raise ApiError(
+                    422, "Invalid", f"the server rejected our request due to an error in our request: {exc}"
+                ) from exc
+        if content_type in (
+            "application/merge-patch+json",
+            "application/strategic-merge-patch+json",
+            "application/apply-patch+yaml",
+        ):
             if not isinstance(body, dict):
                 raise ApiError(400, "BadRequest", "the patch is not a JSON object")
             return _merge(old, body)
         raise ApiError(415, "UnsupportedMediaType", f"the body of the request was in an unknown format: {content_type}")
 
     async def _update(  # noqa: C901, PLR0912
-        self, target: Target, method: str, content_type: str, body: Any, params: Any, warnings: list[str]  # noqa: ANN401
+        self,
+        target: Target,
+        method: str,
+        content_type: str,
+        body: Any,
+        params: Any,
+        warnings: list[str],  # noqa: ANN401
     ) -> dict[str, Any]:
         resource, name = target.resource, str(target.name)
         old = self._current(resource, target.namespace, name)

@@ -73,7 +73,9 @@ def _json_type(value: Any) -> str:
 
 def _type_ok(value: Any, wanted: str) -> bool:
     if wanted == "integer":
-        return isinstance(value, int) and not isinstance(value, bool) or (isinstance(value, float) and value.is_integer())
+        return (
+            isinstance(value, int) and not isinstance(value, bool) or (isinstance(value, float) and value.is_integer())
+        )
     if wanted == "number":
         return isinstance(value, (int, float)) and not isinstance(value, bool)
     kind = _TYPES.get(wanted)
@@ -127,7 +129,10 @@ def validate(obj: dict[str, Any], schema: dict[str, Any]) -> list[FieldError]:
     """Every schema violation of ``obj`` (defaulted and pruned first), in the API server's words."""
     errors: list[FieldError] = []
     body = {k: v for k, v in obj.items() if k not in ("apiVersion", "kind", "metadata")}
-    root = {**schema, "properties": {k: v for k, v in (schema.get("properties") or {}).items() if k not in _ROOT_FIELDS}}
+    root = {
+        **schema,
+        "properties": {k: v for k, v in (schema.get("properties") or {}).items() if k not in _ROOT_FIELDS},
+    }
     _check(body, root, "", errors)
     return errors
 
@@ -158,7 +163,9 @@ def _check(value: Any, schema: dict[str, Any], path: str, errors: list[FieldErro
     if "enum" in schema and value not in schema["enum"]:
         supported = ", ".join(_go_value(v) for v in schema["enum"])
         errors.append(
-            FieldError("FieldValueNotSupported", where, f"Unsupported value: {_go_value(value)}: supported values: {supported}")
+            FieldError(
+                "FieldValueNotSupported", where, f"Unsupported value: {_go_value(value)}: supported values: {supported}"
+            )
         )
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         if "minimum" in schema:
@@ -172,10 +179,14 @@ def _check(value: Any, schema: dict[str, Any], path: str, errors: list[FieldErro
                 than = "less than" if schema.get("exclusiveMaximum") is True else "less than or equal to"
                 errors.append(_invalid(where, value, f"{where} in body should be {than} {_num(high)}"))
         if "multipleOf" in schema and value % schema["multipleOf"]:
-            errors.append(_invalid(where, value, f"{where} in body should be a multiple of {_num(schema['multipleOf'])}"))
+            errors.append(
+                _invalid(where, value, f"{where} in body should be a multiple of {_num(schema['multipleOf'])}")
+            )
     if isinstance(value, str):
         if "maxLength" in schema and len(value) > schema["maxLength"]:
-            errors.append(FieldError("FieldValueTooLong", where, f"Too long: may not be longer than {schema['maxLength']}"))
+            errors.append(
+                FieldError("FieldValueTooLong", where, f"Too long: may not be longer than {schema['maxLength']}")
+            )
         if "minLength" in schema and len(value) < schema["minLength"]:
             errors.append(
                 _invalid(where, value, f"{where} in body should be at least {schema['minLength']} chars long")
@@ -185,7 +196,9 @@ def _check(value: Any, schema: dict[str, Any], path: str, errors: list[FieldErro
     if isinstance(value, list):
         if "maxItems" in schema and len(value) > schema["maxItems"]:
             errors.append(
-                FieldError("FieldValueTooMany", where, f"Too many: {len(value)}: must have at most {schema['maxItems']} items")
+                FieldError(
+                    "FieldValueTooMany", where, f"Too many: {len(value)}: must have at most {schema['maxItems']} items"
+                )
             )
         if "minItems" in schema and len(value) < schema["minItems"]:
             errors.append(_invalid(where, value, f"{where} in body should have at least {schema['minItems']} items"))

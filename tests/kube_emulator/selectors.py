@@ -16,7 +16,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-_KEY = re.compile(r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
+_KEY = re.compile(
+    r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
+)
 _VALUE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?$")
 _SET = re.compile(r"^(?P<key>\S+)\s+(?P<op>in|notin)\s*\((?P<values>[^()]*)\)$")
 _BINARY = re.compile(r"^(?P<key>[^=!\s]+)\s*(?P<op>==|=|!=)\s*(?P<value>\S*)$")
@@ -96,9 +98,7 @@ def parse_label_selector(selector: str) -> tuple[Requirement, ...]:
             requirements.append(Requirement(_check_key(m["key"], selector), m["op"], values))
         elif m := _BINARY.match(part):
             op = "=" if m["op"] == "==" else m["op"]
-            requirements.append(
-                Requirement(_check_key(m["key"], selector), op, (_check_value(m["value"], selector),))
-            )
+            requirements.append(Requirement(_check_key(m["key"], selector), op, (_check_value(m["value"], selector),)))
         elif part.startswith("!"):
             requirements.append(Requirement(_check_key(part[1:].strip(), selector), "!"))
         else:
@@ -174,7 +174,7 @@ def parse_field_selector(selector: str, allowed: Callable[[str], bool] | None = 
         if not m:
             raise SelectorError(f"invalid selector: {selector!r}; can't understand {part!r}")
         if allowed is not None and not allowed(m["key"]):
-            raise SelectorError(f'field label not supported: {m["key"]}')
+            raise SelectorError(f"field label not supported: {m['key']}")
         requirements.append(FieldRequirement(m["key"], m["op"] != "!=", m["value"]))
     return tuple(requirements)
 

@@ -35,7 +35,9 @@ def write_kubeconfig(path: Path, server: str, *, namespace: str = "default") -> 
         "kind": "Config",
         "clusters": [{"name": "emulator", "cluster": {"server": server}}],
         "users": [{"name": "tester", "user": {"token": "dummy"}}],
-        "contexts": [{"name": "emulator", "context": {"cluster": "emulator", "user": "tester", "namespace": namespace}}],
+        "contexts": [
+            {"name": "emulator", "context": {"cluster": "emulator", "user": "tester", "namespace": namespace}}
+        ],
         "current-context": "emulator",
     }
     path.write_text(yaml.safe_dump(config))

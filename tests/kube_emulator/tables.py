@@ -151,7 +151,9 @@ def render_table(
     declared = printer_columns or [AGE_COLUMN]
     rows = []
     for obj in objects:
-        row: dict[str, Any] = {"cells": [obj.get("metadata", {}).get("name", "")] + [cell(c, obj, now) for c in declared]}
+        row: dict[str, Any] = {
+            "cells": [obj.get("metadata", {}).get("name", "")] + [cell(c, obj, now) for c in declared]
+        }
         if (partial := _row_object(obj, include_object)) is not None:
             row["object"] = partial
         rows.append(row)
