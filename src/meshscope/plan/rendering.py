@@ -7,16 +7,24 @@ compute anything the planner does not.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from meshscope.formatting import human_bytes, human_count, human_seconds, human_si, percent, render_table
 
 if TYPE_CHECKING:
     from meshscope.jobs import JobSpec
-    from meshscope.plan.planning import Plan
 
 
-def render_plan_report(spec: JobSpec, plan: Plan) -> str:
+class _Planned(Protocol):
+    """What the text needs of a :class:`~meshscope.plan.Plan` (this module sits below the planner's)."""
+
+    @property
+    def total_params(self) -> int: ...
+
+    def to_dict(self) -> dict[str, Any]: ...
+
+
+def render_plan_report(spec: JobSpec, plan: _Planned) -> str:
     """``meshscope plan FILE``'s whole text: a header naming job, model, hardware and layout, then the tables."""
     header = (
         f"meshscope plan: {spec.name} — {spec.model.name} ({human_count(plan.total_params)} params) on "
