@@ -15,7 +15,6 @@ Not emulated: ``namespaceSelector``, ``matchConditions``, ``reinvocationPolicy``
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import json
 import ssl
@@ -75,7 +74,7 @@ class Review:
 
 
 def _rule_matches(rule: dict[str, Any], attrs: Attributes) -> bool:
-    def has(values: Any, value: str) -> bool:  # noqa: ANN401 - a JSON list
+    def has(values: Any, value: str) -> bool:
         return "*" in (values or ()) or value in (values or ())
 
     resource = attrs.resource + (f"/{attrs.subresource}" if attrs.subresource else "")
@@ -109,12 +108,13 @@ def _object_selected(webhook: dict[str, Any], attrs: Attributes) -> bool:
 
 def matching_webhooks(configurations: list[dict[str, Any]], attrs: Attributes) -> list[dict[str, Any]]:
     """The webhooks of ``configurations`` (sorted by name) whose rules and objectSelector match ``attrs``."""
-    found = []
-    for config in sorted(configurations, key=lambda c: c.get("metadata", {}).get("name", "")):
-        for webhook in config.get("webhooks") or ():
-            if any(_rule_matches(r, attrs) for r in webhook.get("rules") or ()) and _object_selected(webhook, attrs):
-                found.append(webhook)
-    return found
+    ordered = sorted(configurations, key=lambda c: c.get("metadata", {}).get("name", ""))
+    return [
+        webhook
+        for config in ordered
+        for webhook in config.get("webhooks") or ()
+        if any(_rule_matches(r, attrs) for r in webhook.get("rules") or ()) and _object_selected(webhook, attrs)
+    ]
 
 
 def _review(attrs: Attributes, obj: dict[str, Any] | None) -> dict[str, Any]:
@@ -149,6 +149,25 @@ def _context(webhook: dict[str, Any]) -> ssl.SSLContext:
     return ssl.create_default_context()
 
 
+async def _exchange(webhook: dict[str, Any], review: dict[str, Any]) -> dict[str, Any]:
+    """POST the review; the webhook's ``response``. Raises what the caller counts as "could not be called"."""
+    url = (webhook.get("clientConfig") or {}).get("url")
+    if not url:
+        raise ValueError("only clientConfig.url is emulated, not clientConfig.service")
+    timeout = aiohttp.ClientTimeout(total=float(webhook.get("timeoutSeconds") or DEFAULT_TIMEOUT_S))
+    async with (
+        aiohttp.ClientSession(timeout=timeout) as session,
+        session.post(url, json=review, ssl=_context(webhook)) as response,
+    ):
+        if response.status != 200:
+            raise ValueError(f"expected response.status 200, got {response.status}")
+        answer = json.loads(await response.read())
+    result = answer["response"]
+    if result.get("uid") != review["request"]["uid"]:
+        raise ValueError(f"expected response.uid={review['request']['uid']!r}, got {result.get('uid')!r}")
+    return dict(result)
+
+
 async def call_webhook(
     webhook: dict[str, Any], attrs: Attributes, obj: dict[str, Any] | None, reviews: list[Review]
 ) -> tuple[dict[str, Any] | None, list[str]]:
@@ -158,25 +177,12 @@ async def call_webhook(
         AdmissionDenied: when it denies, or cannot be called and its ``failurePolicy`` is ``Fail``.
     """
     name = webhook.get("name", "")
-    url = (webhook.get("clientConfig") or {}).get("url")
     record = Review(webhook=name, operation=attrs.operation, resource=attrs.resource, allowed=None)
     reviews.append(record)
     review = _review(attrs, obj)
     try:
-        if not url:
-            raise ValueError("only clientConfig.url is emulated, not clientConfig.service")
-        timeout = aiohttp.ClientTimeout(total=float(webhook.get("timeoutSeconds") or DEFAULT_TIMEOUT_S))
-        async with (
-            aiohttp.ClientSession(timeout=timeout) as session,
-            session.post(url, json=review, ssl=_context(webhook)) as response,
-        ):
-            if response.status != 200:
-                raise ValueError(f"expected response.status 200, got {response.status}")
-            answer = json.loads(await response.read())
-        result = answer["response"]
-        if result.get("uid") != review["request"]["uid"]:
-            raise ValueError(f"expected response.uid={review['request']['uid']!r}, got {result.get('uid')!r}")
-    except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError, KeyError, TypeError) as exc:
+        result = await _exchange(webhook, review)
+    except (TimeoutError, aiohttp.ClientError, OSError, ValueError, KeyError, TypeError) as exc:
         record.error = f"{type(exc).__name__}: {exc}"
         if webhook.get("failurePolicy", "Fail") == "Ignore":
             return obj, []

@@ -33,10 +33,9 @@ from __future__ import annotations
 
 import asyncio
 import copy
-import datetime
+import datetime as dt
 import json
 import random
-import string
 import traceback
 import uuid
 from dataclasses import dataclass
@@ -220,10 +219,10 @@ def make_server(emulator: KubeEmulator, *, host: str = "127.0.0.1", port: int | 
 
 
 def _now() -> str:
-    return datetime.datetime.now(tz=datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return dt.datetime.now(tz=dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def _merge(base: Any, patch: Any) -> Any:  # noqa: ANN401 - JSON
+def _merge(base: Any, patch: Any) -> Any:
     """RFC 7386 merge patch (``$``-directives of strategic merge patches dropped)."""
     if not isinstance(patch, dict):
         return copy.deepcopy(patch)
@@ -253,6 +252,7 @@ class KubeEmulator(kmock.KubernetesEmulator):
     _rv: int = attrs.field(default=0, init=False)
     _events: list[WatchEvent] = attrs.field(factory=list, init=False)
     _tick: asyncio.Event | None = attrs.field(default=None, init=False)
+    _closing: bool = attrs.field(default=False, init=False)
 
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
@@ -301,6 +301,13 @@ class KubeEmulator(kmock.KubernetesEmulator):
             self.objects[key] = copy.deepcopy(new)
         self._events.append(WatchEvent(self._rv, resource, kind, old, copy.deepcopy(new)))
         del self._events[:-EVENT_HISTORY]
+        if self._tick is not None:
+            tick, self._tick = self._tick, None
+            tick.set()
+
+    def end_watches(self) -> None:
+        """End every open watch (before the server stops, which waits for its handlers)."""
+        self._closing = True
         if self._tick is not None:
             tick, self._tick = self._tick, None
             tick.set()
@@ -369,11 +376,10 @@ class KubeEmulator(kmock.KubernetesEmulator):
 
     def _unregister_crd(self, crd: dict[str, Any]) -> None:
         for res in [r for r, v in self._versions.items() if v.crd == crd["metadata"]["name"]]:
-            for obj in self._stored(res):
-                old = copy.deepcopy(obj)
-                obj = copy.deepcopy(obj)
-                obj["metadata"]["resourceVersion"] = self._next_rv()
-                self._record(res, "DELETED", old, obj)
+            for stored in self._stored(res):
+                old, gone = copy.deepcopy(stored), copy.deepcopy(stored)
+                gone["metadata"]["resourceVersion"] = self._next_rv()
+                self._record(res, "DELETED", old, gone)
             del self._versions[res]
             del self.resources[res]
 
@@ -460,8 +466,6 @@ class KubeEmulator(kmock.KubernetesEmulator):
         self._requests.append(request)
         warnings: list[str] = []
         try:
-            if len(body) > MAX_REQUEST_BYTES:
-                raise ApiError(413, "RequestEntityTooLarge", f"Request entity too large: limit is {MAX_REQUEST_BYTES}")
             return await self._serve(raw_request, request, target, warnings)
         except ApiError as exc:
             return self._respond(exc.code, exc.status(), warnings)
@@ -476,9 +480,14 @@ class KubeEmulator(kmock.KubernetesEmulator):
             )
 
     @staticmethod
-    def _decode(body: bytes, content_type: str, *, strict: bool = True) -> Any:  # noqa: ANN401 - JSON
+    def _decode(body: bytes, content_type: str, *, strict: bool = True) -> Any:
         if not body:
             return None
+        if "protobuf" in content_type and strict:
+            # kubectl's typed generators (create configmap / secret) send protobuf; real servers speak it too.
+            raise ApiError(
+                415, "UnsupportedMediaType", f"the emulator decodes JSON and YAML bodies only, not {content_type}"
+            )
         try:
             if content_type == "application/apply-patch+yaml":
                 return yaml.safe_load(body)
@@ -489,7 +498,7 @@ class KubeEmulator(kmock.KubernetesEmulator):
             return None
 
     @staticmethod
-    def _respond(code: int, payload: Any, warnings: list[str]) -> aiohttp.web.Response:  # noqa: ANN401 - JSON
+    def _respond(code: int, payload: Any, warnings: list[str]) -> aiohttp.web.Response:
         response = aiohttp.web.json_response(payload, status=code)
         for warning in dict.fromkeys(warnings):
             escaped = warning.replace("\\", "\\\\").replace('"', '\\"')
@@ -499,6 +508,8 @@ class KubeEmulator(kmock.KubernetesEmulator):
     async def _serve(
         self, raw: aiohttp.web.BaseRequest, request: rendering.Request, target: Target, warnings: list[str]
     ) -> aiohttp.web.StreamResponse:
+        if len(request.body) > MAX_REQUEST_BYTES:
+            raise ApiError(413, "RequestEntityTooLarge", f"Request entity too large: limit is {MAX_REQUEST_BYTES}")
         resource = target.resource
         if resource not in self.resources:
             raise ApiError(404, "NotFound", "the server could not find the requested resource")
@@ -529,7 +540,7 @@ class KubeEmulator(kmock.KubernetesEmulator):
             405, "MethodNotAllowed", f"the server does not allow this method on the requested resource: {method}"
         )
 
-    def _selected(self, target: Target, params: Any) -> tuple[Any, Any]:  # noqa: ANN401
+    def _selected(self, target: Target, params: Any) -> tuple[Any, Any]:
         custom = target.resource in self._versions
 
         def allowed(path: str) -> bool:
@@ -552,7 +563,7 @@ class KubeEmulator(kmock.KubernetesEmulator):
             return False
         return match_labels(labels, meta.get("labels")) and match_fields(fields, obj)
 
-    def _get(self, raw: aiohttp.web.BaseRequest, target: Target, params: Any) -> aiohttp.web.Response:  # noqa: ANN401
+    def _get(self, raw: aiohttp.web.BaseRequest, target: Target, params: Any) -> aiohttp.web.Response:
         resource = target.resource
         version = self._versions.get(resource)
         table = wants_table(raw.headers.get("Accept", ""))
@@ -607,7 +618,7 @@ class KubeEmulator(kmock.KubernetesEmulator):
             },
         )
 
-    def _prune(self, target: Target, obj: dict[str, Any], params: Any, warnings: list[str]) -> dict[str, Any]:  # noqa: ANN401
+    def _prune(self, target: Target, obj: dict[str, Any], params: Any, warnings: list[str]) -> dict[str, Any]:
         version = self._versions.get(target.resource)
         if version is None or version.schema is None:
             return obj
@@ -648,7 +659,7 @@ class KubeEmulator(kmock.KubernetesEmulator):
         if len(json.dumps(obj)) > MAX_OBJECT_BYTES:
             raise ApiError(500, "InternalError", "etcdserver: request is too large")
 
-    def _attributes(self, target: Target, operation: str, obj: Any, old: Any, name: str) -> Attributes:  # noqa: ANN401
+    def _attributes(self, target: Target, operation: str, obj: Any, old: Any, name: str) -> Attributes:
         _, kind = self._kind(target.resource)
         return Attributes(
             group=target.group,
@@ -663,14 +674,14 @@ class KubeEmulator(kmock.KubernetesEmulator):
             old=old,
         )
 
-    async def _admit(self, config: kmock.resource, attrs_: Attributes, obj: Any, warnings: list[str]) -> Any:  # noqa: ANN401
+    async def _admit(self, config: kmock.resource, attrs_: Attributes, obj: Any, warnings: list[str]) -> Any:
         """Call the matching webhooks of one kind of configuration in order; the object as they left it."""
         for webhook in matching_webhooks(self._stored(config), attrs_):
             obj, said = await call_webhook(webhook, attrs_, obj, self.reviews)
             warnings.extend(said)
         return obj
 
-    async def _create(self, target: Target, obj: Any, params: Any, warnings: list[str]) -> dict[str, Any]:  # noqa: ANN401
+    async def _create(self, target: Target, obj: Any, params: Any, warnings: list[str]) -> dict[str, Any]:  # noqa: C901 - the create path, step by step
         resource = target.resource
         api_version, kind = self._kind(resource)
         if not isinstance(obj, dict):
@@ -725,7 +736,7 @@ class KubeEmulator(kmock.KubernetesEmulator):
                     ],
                 )
             for _ in range(8):
-                meta["name"] = prefix + "".join(random.choices(_SUFFIX, k=5))  # noqa: S311 - names, not secrets
+                meta["name"] = prefix + "".join(random.choices(_SUFFIX, k=5))
                 if self._current(resource, target.namespace, meta["name"]) is None:
                     break
         name = meta["name"]
@@ -749,7 +760,7 @@ class KubeEmulator(kmock.KubernetesEmulator):
             self._register_crd(obj)
         return obj
 
-    def _patched(self, old: dict[str, Any], method: str, content_type: str, body: Any) -> dict[str, Any]:  # noqa: ANN401
+    def _patched(self, old: dict[str, Any], method: str, content_type: str, body: Any) -> dict[str, Any]:
         if method == "PUT":
             if not isinstance(body, dict):
                 raise ApiError(400, "BadRequest", "the body of the request is not a JSON object")
@@ -771,14 +782,14 @@ class KubeEmulator(kmock.KubernetesEmulator):
             return _merge(old, body)
         raise ApiError(415, "UnsupportedMediaType", f"the body of the request was in an unknown format: {content_type}")
 
-    async def _update(  # noqa: C901, PLR0912
+    async def _update(  # noqa: C901
         self,
         target: Target,
         method: str,
         content_type: str,
         body: Any,
         params: Any,
-        warnings: list[str],  # noqa: ANN401
+        warnings: list[str],
     ) -> dict[str, Any]:
         resource, name = target.resource, str(target.name)
         old = self._current(resource, target.namespace, name)
@@ -863,7 +874,7 @@ class KubeEmulator(kmock.KubernetesEmulator):
 
     # ------------------------------------------------------------------------------------------------ watch
 
-    async def _watch(self, raw: aiohttp.web.BaseRequest, target: Target, params: Any) -> aiohttp.web.StreamResponse:  # noqa: ANN401
+    async def _watch(self, raw: aiohttp.web.BaseRequest, target: Target, params: Any) -> aiohttp.web.StreamResponse:  # noqa: C901 - the watch cache rules
         selectors = self._selected(target, params)
         resource = target.resource
         since = params.get("resourceVersion", "")
@@ -912,6 +923,8 @@ class KubeEmulator(kmock.KubernetesEmulator):
                 position = max(position, self._rv)
                 if pending:
                     continue
+                if self._closing:
+                    break
                 if self._tick is None:
                     self._tick = asyncio.Event()
                 remaining = None if deadline is None else deadline - loop.time()

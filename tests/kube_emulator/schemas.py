@@ -73,8 +73,8 @@ def _json_type(value: Any) -> str:
 
 def _type_ok(value: Any, wanted: str) -> bool:
     if wanted == "integer":
-        return (
-            isinstance(value, int) and not isinstance(value, bool) or (isinstance(value, float) and value.is_integer())
+        return (isinstance(value, int) and not isinstance(value, bool)) or (
+            isinstance(value, float) and value.is_integer()
         )
     if wanted == "number":
         return isinstance(value, (int, float)) and not isinstance(value, bool)
@@ -99,7 +99,7 @@ def default_and_prune(obj: dict[str, Any], schema: dict[str, Any]) -> tuple[dict
     return out, unknown
 
 
-def _walk(node: Any, schema: dict[str, Any], path: str, unknown: list[str], *, root: bool = False) -> None:
+def _walk(node: Any, schema: dict[str, Any], path: str, unknown: list[str], *, root: bool = False) -> None:  # noqa: C901 - one case per schema keyword
     if isinstance(node, dict):
         properties = schema.get("properties")
         extra = schema.get("additionalProperties")
@@ -137,7 +137,7 @@ def validate(obj: dict[str, Any], schema: dict[str, Any]) -> list[FieldError]:
     return errors
 
 
-def _check(value: Any, schema: dict[str, Any], path: str, errors: list[FieldError]) -> None:  # noqa: C901, PLR0912
+def _check(value: Any, schema: dict[str, Any], path: str, errors: list[FieldError]) -> None:  # noqa: C901
     where = path or "<root>"
     if value is None:
         if not schema.get("nullable") and "type" in schema:

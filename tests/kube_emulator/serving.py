@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import yaml
@@ -20,6 +19,7 @@ from kube_emulator.emulator import KubeEmulator, make_server
 
 if TYPE_CHECKING:
     from collections.abc import Callable
+    from pathlib import Path
 
     import kmock
 
@@ -62,7 +62,7 @@ class RunningEmulator:
         self.emulator, self._server = self._run(start())
         self.url = str(self._server.url).rstrip("/")
 
-    def _run(self, coro: Any, timeout_s: float = TIMEOUT_S) -> Any:  # noqa: ANN401
+    def _run(self, coro: Any, timeout_s: float = TIMEOUT_S) -> Any:
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout_s)
 
     def call(self, fn: Callable[[KubeEmulator], T]) -> T:
@@ -81,6 +81,7 @@ class RunningEmulator:
         """Stop the server (open watches end) and the loop; wait for the thread."""
 
         async def stop() -> None:
+            self.emulator.end_watches()
             await self._server.__aexit__(None, None, None)
             await self.emulator.__aexit__(None, None, None)
 
