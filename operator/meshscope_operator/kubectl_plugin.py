@@ -129,17 +129,37 @@ def cost_text(args: argparse.Namespace) -> str:
     named = f"ConfigMap {namespace}/{ref} (status.costTableRef of TrainingJob {args.name})"
     if config_map is None:
         raise PluginError(f"{named} not found")
-    raw = (config_map.get("data") or {}).get(COST_TABLE_KEY)
+    data = config_map.get("data")
+    raw = data.get(COST_TABLE_KEY) if isinstance(data, dict) else None
     if not isinstance(raw, str):
         raise PluginError(f"{named} has no data key {COST_TABLE_KEY!r}")
+    return cost_table_text(raw, where=named, as_json=args.json)
+
+
+def cost_table_text(raw: str, *, where: str, as_json: bool = False) -> str:
+    """The cost table stored as ``raw`` (the ConfigMap's JSON), as ``meshscope analyze`` prints it.
+
+    Args:
+        raw: ``data[COST_TABLE_KEY]``.
+        where: names the ConfigMap in the error message.
+        as_json: give the JSON back, indented, instead of the table.
+
+    Raises:
+        PluginError: whatever ``raw`` holds that is not an ``Analysis.to_dict()``.
+    """
     try:
         data = json.loads(raw)
-        if args.json:
+        if as_json:
             return json.dumps(data, indent=2)
         return render_analysis_dict(data)
-    except (ValueError, KeyError, TypeError, AttributeError, IndexError) as exc:
+    except (ValueError, KeyError, TypeError, AttributeError, IndexError, OverflowError) as exc:
         detail = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-        raise PluginError(f"{named}: data key {COST_TABLE_KEY!r} is not a meshscope cost table ({detail})") from exc
+        raise PluginError(f"{where}: data key {COST_TABLE_KEY!r} is not a meshscope cost table ({detail})") from exc
+
+
+def _one_line(exc: Exception, limit: int = 2000) -> str:
+    text = " ".join(str(exc).split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -152,10 +172,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         else:
             text = cost_text(args)
     except MeshscopeError as exc:
-        sys.stderr.write(f"{PROG}: error: {exc}\n")
+        sys.stderr.write(f"{PROG}: error: {_one_line(exc)}\n")
         return EXIT_USAGE
     except PluginError as exc:
-        sys.stderr.write(f"{PROG}: error: {exc}\n")
+        sys.stderr.write(f"{PROG}: error: {_one_line(exc)}\n")
         return exc.code
     sys.stdout.write(text + "\n")
     return EXIT_OK
