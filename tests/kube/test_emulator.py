@@ -8,8 +8,11 @@ from __future__ import annotations
 import datetime as dt
 import json
 import socket
+import subprocess
+import sys
 import urllib.error
 import urllib.request
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -17,6 +20,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kube_emulator import RunningEmulator
+from kube_emulator.kubectl import Kubectl
 from kube_emulator.schemas import default_and_prune, validate
 from kube_emulator.selectors import (
     SelectorError,
@@ -491,3 +495,48 @@ def test_deleting_a_crd_removes_its_resource(api) -> None:
     assert api("GET", "/apis/example.io/v1/namespaces/default/gadgets")[0] == 404
     code, wrong, _ = api("POST", crds, {**CRD, "metadata": {"name": "wrong"}})
     assert (code, wrong["details"]["causes"][0]["field"]) == (422, "metadata.name")
+
+
+def test_a_watch_from_a_version_older_than_the_kept_history_gets_410(monkeypatch) -> None:
+    monkeypatch.setattr("kube_emulator.emulator.EVENT_HISTORY", 4)
+    running = RunningEmulator()
+    try:
+        call = Api(running.url)
+        first = call("POST", "/api/v1/namespaces/default/configmaps", {"metadata": {"name": "cm-0"}})[1]
+        for i in range(1, 6):
+            call("POST", "/api/v1/namespaces/default/configmaps", {"metadata": {"name": f"cm-{i}"}})
+        rv = first["metadata"]["resourceVersion"]
+        _, stream, _ = call(
+            "GET", f"/api/v1/namespaces/default/configmaps?watch=true&resourceVersion={rv}&timeoutSeconds=1"
+        )
+        (event,) = map(json.loads, stream.splitlines())
+        assert event["type"] == "ERROR"
+        assert (event["object"]["code"], event["object"]["reason"]) == (410, "Expired")
+    finally:
+        running.close()
+
+
+def test_the_standalone_mode_serves_kubectl(tmp_path) -> None:
+    port = _closed_port()
+    kubeconfig = tmp_path / "kubeconfig"
+    tests = Path(__file__).resolve().parents[1]
+    server = subprocess.Popen(
+        [sys.executable, "-m", "kube_emulator", str(port), str(kubeconfig)],
+        cwd=tests,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        line = server.stdout.readline()  # the server says so once it listens (or exits, giving "")
+        assert line == f"serving http://127.0.0.1:{port}; kubeconfig {kubeconfig}\n"
+        done = Kubectl(kubeconfig, tmp_path).run("get", "namespaces", "-o", "name")
+        assert done.stdout == "namespace/default\nnamespace/kube-system\n"
+    finally:
+        server.send_signal(2)  # SIGINT: the server closes and exits
+        try:
+            assert server.wait(timeout=30) == 0
+        finally:
+            if server.poll() is None:
+                server.kill()
+                server.wait(timeout=30)
+            server.stdout.close()

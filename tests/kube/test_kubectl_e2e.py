@@ -184,9 +184,18 @@ def test_get_tj_prints_the_crds_printer_columns_with_values_from_status(cluster:
     names = [r[0] for r in wide[1:]]
     assert names == ["bad-tp16-h100", "llama3-70b-h100"]  # the list is sorted by name
     assert len(wide[2]) == 2  # no status yet: the server sends null cells, kubectl prints them blank (name, age)
+    by_category = _columns(cluster.kubectl.run("get", "meshscope", check=True).stdout)  # the CRD's category
+    assert [r[0] for r in by_category[1:]] == names
     everywhere = _columns(cluster.kubectl.run("get", "tj", "-A", check=True).stdout)
     assert everywhere[0][:2] == ["NAMESPACE", "NAME"]
     assert everywhere[1][:3] == [NAMESPACE, "bad-tp16-h100", "dp8-tp16"]
+
+
+def test_a_field_the_crd_does_not_declare_is_pruned_with_kubectls_warning(cluster: Cluster, operator) -> None:
+    done = cluster.kubectl.run("patch", "tj", "bad-tp16-h100", "--type=merge", "-p", '{"spec": {"bogus": 1}}')
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == 'Warning: unknown field "spec.bogus"\n'
+    assert done.stdout == "trainingjob.meshscope.io/bad-tp16-h100 patched (no change)\n"
 
 
 def test_describe_tj_shows_spec_and_status(cluster: Cluster, operator) -> None:
