@@ -3,7 +3,7 @@
 - ``cluster``: a :class:`~kube_emulator.RunningEmulator` with the test namespace, and a :class:`~kube_emulator.
   kubectl.Kubectl` for it; the CRD is applied with ``kubectl apply --validate=false`` (what a user does).
 - ``operator``: the operator's registry as ``meshscope-operator`` builds it, run by ``kopf.operator`` in a thread
-  of its own (tests/operator_serving.py's recipe), logged in to the emulator, serving its webhooks over HTTPS
+  of its own (tests/operator_serving.py's recipe), logged in to the emulator (kopf and reconcile's own client), serving its webhooks over HTTPS
   (trustme certificates) and **managing** its webhook configurations (``webhook_managed``), so the emulator calls
   the webhooks because kopf registered them, as in a cluster. Stopped with its stop flag, within a deadline.
 """
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -89,6 +90,7 @@ def operator(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iter
         liveness_port=0,
         namespaces=(NAMESPACE,),
         sidecar_image="registry.example/meshscope-sidecar:test",
+        api_server=cluster.api.url,  # reconcile's own client (meshscope_operator.kubeapi) talks to the emulator
     )
     registry = kopf.OperatorRegistry()
     register(registry, settings)
@@ -132,6 +134,20 @@ def operator(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iter
 
         thread.run(stopped(), TIMEOUT_S + 5)
         thread.close()
+
+
+def wait_reconciled(cluster: Cluster, name: str) -> dict[str, Any]:
+    """The TrainingJob once reconcile has written its status for the current spec (observedGeneration)."""
+    deadline = time.monotonic() + TIMEOUT_S
+    while True:
+        done = cluster.kubectl.run("get", "tj", name, "-o", "json")
+        obj = json.loads(done.stdout) if done.returncode == 0 else {}
+        status = obj.get("status") or {}
+        if obj and status.get("observedGeneration") == obj["metadata"]["generation"]:
+            return obj
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"reconcile did not write the status of {name} within {TIMEOUT_S} s: {status}")
+        time.sleep(0.05)
 
 
 def write(tmp_path: Path, name: str, text: str) -> Path:
