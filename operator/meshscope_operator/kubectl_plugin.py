@@ -55,7 +55,8 @@ class _Parser(argparse.ArgumentParser):
         self.exit(EXIT_USAGE, f"{PROG}: error: {message} (see '{PROG} --help')\n")
 
 
-def _parser() -> argparse.ArgumentParser:
+def build_parser() -> argparse.ArgumentParser:
+    """The plugin's whole command line (frozen by tests/operator/test_kubectl_plugin.py)."""
     parser = _Parser(prog=PROG, description="meshscope for TrainingJobs in a cluster (docs/operator.md, kubectl).")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     plan = sub.add_parser("plan", help="plan a TrainingJob file, as `meshscope plan FILE` prints it")
@@ -164,7 +165,7 @@ def _one_line(exc: Exception, limit: int = 2000) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``kubectl-meshscope``; returns the exit status."""
-    args = _parser().parse_args(sys.argv[1:] if argv is None else list(argv))
+    args = build_parser().parse_args(sys.argv[1:] if argv is None else list(argv))
     try:
         if args.command == "plan":
             spec = load_spec(args.file)

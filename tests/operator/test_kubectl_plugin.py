@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from meshscope.analysis import analyze, render_analysis
 from meshscope.cli import main as meshscope_main
 from meshscope.records import read_table
-from meshscope_operator.kubectl_plugin import PluginError, cost_table_text, main
+from meshscope_operator.kubectl_plugin import PluginError, build_parser, cost_table_text, main
 
 ROOT = Path(__file__).resolve().parents[2]
 RECORDS = ROOT / "tests" / "data" / "pp2_tp2_dp2_straggler" / "records.jsonl"
@@ -110,3 +110,16 @@ def test_bad_command_lines_exit_2_with_one_line(argv, start, capsys) -> None:
     err = capsys.readouterr().err
     assert err.startswith(start), err
     assert err.count("\n") == 1
+
+
+PLUGIN_SURFACE = {
+    "plan": ["-h", "--help"],
+    "cost": ["--context", "--json", "--kubeconfig", "-n", "--namespace", "-h", "--help"],
+}
+
+
+def test_the_plugins_command_line_is_frozen() -> None:
+    parser = build_parser()
+    sub = next(a for a in parser._actions if a.dest == "command")
+    surface = {name: sorted(o for a in p._actions for o in a.option_strings) for name, p in sub.choices.items()}
+    assert surface == {name: sorted(opts) for name, opts in PLUGIN_SURFACE.items()}
