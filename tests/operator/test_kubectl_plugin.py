@@ -4,6 +4,8 @@ and ``plan`` printing what ``meshscope plan`` prints. Through the real kubectl: 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -123,3 +125,12 @@ def test_the_plugins_command_line_is_frozen() -> None:
     sub = next(a for a in parser._actions if a.dest == "command")
     surface = {name: sorted(o for a in p._actions for o in a.option_strings) for name, p in sub.choices.items()}
     assert surface == {name: sorted(opts) for name, opts in PLUGIN_SURFACE.items()}
+
+
+def test_the_plugin_needs_neither_kopf_nor_a_kubernetes_client() -> None:
+    code = (
+        "import sys, meshscope_operator.kubectl_plugin; "
+        "print(sorted(m for m in ('kopf', 'kubernetes', 'aiohttp') if m in sys.modules))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    assert done.stdout == "[]\n"
