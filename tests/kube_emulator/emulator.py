@@ -484,7 +484,7 @@ class KubeEmulator(kmock.KubernetesEmulator):
         if not body:
             return None
         if "protobuf" in content_type and strict:
-            # kubectl's typed generators (create configmap / secret) send protobuf; real servers speak it too.
+            # kubectl's typed generators (create configmap / secret) send protobuf, which the API server decodes.
             raise ApiError(
                 415, "UnsupportedMediaType", f"the emulator decodes JSON and YAML bodies only, not {content_type}"
             )
@@ -646,7 +646,7 @@ class KubeEmulator(kmock.KubernetesEmulator):
         if resource == CRDS:
             errors.extend(self._crd_errors(obj))
         annotations = meta.get("annotations") or {}
-        if sum(len(k) + len(str(v)) for k, v in annotations.items()) > MAX_ANNOTATIONS_BYTES:
+        if sum(len(k.encode()) + len(str(v).encode()) for k, v in annotations.items()) > MAX_ANNOTATIONS_BYTES:
             errors.append(
                 FieldError(
                     "FieldValueTooLong",
@@ -656,7 +656,7 @@ class KubeEmulator(kmock.KubernetesEmulator):
             )
         if errors:
             raise self._invalid(resource, meta.get("name", ""), errors)
-        if len(json.dumps(obj)) > MAX_OBJECT_BYTES:
+        if len(json.dumps(obj, ensure_ascii=False).encode()) > MAX_OBJECT_BYTES:
             raise ApiError(500, "InternalError", "etcdserver: request is too large")
 
     def _attributes(self, target: Target, operation: str, obj: Any, old: Any, name: str) -> Attributes:
