@@ -71,6 +71,7 @@ EVENT_HISTORY = 4096
 """Watch events kept for resuming watches; older resourceVersions get 410 Gone."""
 
 _SUFFIX = "bcdfghjklmnpqrstvwxz2456789"  # what generateName appends (k8s.io/apiserver names.SimpleNameGenerator)
+_NAMES = random.Random()  # noqa: S311 - names, not secrets; its own generator leaves the global one (Hypothesis') alone
 _ALL_VERBS = {"create", "delete", "get", "list", "patch", "update", "watch"}
 
 
@@ -736,7 +737,7 @@ class KubeEmulator(kmock.KubernetesEmulator):
                     ],
                 )
             for _ in range(8):
-                meta["name"] = prefix + "".join(random.choices(_SUFFIX, k=5))
+                meta["name"] = prefix + "".join(_NAMES.choices(_SUFFIX, k=5))
                 if self._current(resource, target.namespace, meta["name"]) is None:
                     break
         name = meta["name"]
