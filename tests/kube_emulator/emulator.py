@@ -71,7 +71,7 @@ EVENT_HISTORY = 4096
 """Watch events kept for resuming watches; older resourceVersions get 410 Gone."""
 
 _SUFFIX = "bcdfghjklmnpqrstvwxz2456789"  # what generateName appends (k8s.io/apiserver names.SimpleNameGenerator)
-_NAMES = random.Random()  # noqa: S311 - names, not secrets; its own generator leaves the global one (Hypothesis') alone
+_NAMES = random.Random()  # its own generator: names never touch the global one (which Hypothesis watches)
 _ALL_VERBS = {"create", "delete", "get", "list", "patch", "update", "watch"}
 
 
