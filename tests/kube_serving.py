@@ -74,7 +74,18 @@ def _webhooks(cluster: Cluster) -> dict[str, list[str]]:
 
 @pytest.fixture(scope="module")
 def operator(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[OperatorSettings]:
-    certs = tmp_path_factory.mktemp("certs")
+    with running_operator(cluster, tmp_path_factory.mktemp("certs")) as settings:
+        yield settings
+
+
+@contextlib.contextmanager
+def running_operator(cluster: Cluster, certs: Path) -> Iterator[OperatorSettings]:
+    """The operator on ``cluster`` until the block ends (its webhooks registered when the block starts).
+
+    Args:
+        cluster: the emulated cluster (the CRD applied).
+        certs: an empty directory for trustme's certificates.
+    """
     ca = trustme.CA()
     issued = ca.issue_cert("127.0.0.1", "localhost")
     issued.cert_chain_pems[0].write_to_path(str(certs / "tls.crt"))
