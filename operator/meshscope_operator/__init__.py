@@ -8,7 +8,9 @@
   environment);
 - :mod:`~meshscope_operator.admission`: the two webhooks as kopf handlers, thin;
 - :mod:`~meshscope_operator.handlers`: :func:`register`, every handler on an explicit registry;
-- :mod:`~meshscope_operator.__main__`: the ``meshscope-operator`` entry point.
+- :mod:`~meshscope_operator.__main__`: the ``meshscope-operator`` entry point;
+- :mod:`~meshscope_operator.kubectl_plugin`: ``kubectl-meshscope`` (``kubectl meshscope cost|plan``), which needs
+  only the core and kubectl, not kopf.
 
 Reconcile (the Indexed Job, status, the cost table) comes in later slices of issue 11 (docs/operator.md). It
 imports the core only through its package faces and never the sidecar.

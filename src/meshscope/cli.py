@@ -17,11 +17,11 @@ import json
 import os
 import sys
 import traceback
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from meshscope import __version__
 from meshscope.errors import MeshscopeError
-from meshscope.formatting import human_bytes, human_count, human_seconds, human_si, percent, render_table
+from meshscope.formatting import human_bytes, human_seconds, percent, render_table
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Collection, Sequence
@@ -102,7 +102,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     if not args.file:
         raise _UsageError("plan needs a TrainingJob FILE, or --search --gpus N --model NAME --hardware GPU")
     from meshscope.jobs import load_spec  # noqa: PLC0415 - a command's modules load when it runs
-    from meshscope.plan import plan_job  # noqa: PLC0415
+    from meshscope.plan import plan_job, render_plan_report  # noqa: PLC0415
 
     spec = load_spec(args.file)
     plan = plan_job(spec, assumptions=_assumptions(args.assumptions))
@@ -110,13 +110,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     if args.json:
         _print_json(data)
     else:
-        header = (
-            f"meshscope plan: {spec.name} — {spec.model.name} ({human_count(plan.total_params)} params) on "
-            f"{spec.world_size} x {spec.hardware.gpu.name} ({spec.hardware.nodes} nodes x "
-            f"{spec.hardware.gpus_per_node} GPUs), {spec.layout.describe()}"
-        )
-        print(header)
-        print(render_plan(data))
+        print(render_plan_report(spec, plan))
     return EXIT_OK
 
 
@@ -132,128 +126,6 @@ def _assumptions(path: str | None) -> PlanAssumptions | None:
     from meshscope.plan import assumptions_from_mapping  # noqa: PLC0415
 
     return assumptions_from_mapping(load_yaml_mapping(path), origin=path)
-
-
-def render_plan(data: dict[str, Any]) -> str:
-    """The plan as readable tables, findings first."""
-    out: list[str] = []
-    findings = data["findings"]
-    if findings:
-        rows = [[f["severity"].upper(), f["code"], f["message"]] for f in findings]
-        out.append(_render_left(["severity", "finding", "evidence"], rows, title=f"\nFindings ({len(findings)})"))
-    else:
-        out.append("\nFindings: none")
-
-    rows = []
-    for st in data["stages"]:
-        mem = st["memory_bytes"]
-        rows.append(
-            [
-                str(st["pp_rank"]),
-                str(st["layers"]),
-                human_count(st["params"]),
-                human_bytes(mem["weights"]),
-                human_bytes(mem["gradients"]),
-                human_bytes(mem["optimizer"]),
-                human_bytes(mem["activations"]),
-                human_bytes(mem["total"]),
-                human_bytes(st.get("headroom_bytes", 0)),
-            ]
-        )
-    out.append(
-        render_table(
-            ["stage", "layers", "params/GPU", "weights", "gradients", "optimizer", "activations", "total", "headroom"],
-            rows,
-            title="\nMemory per GPU, per pipeline stage",
-        )
-    )
-
-    rows = []
-    for c in data["collectives"]:
-        rows.append(
-            [
-                c["axis"],
-                c["op"],
-                human_bytes(c["message_bytes"]),
-                f"{c['count_per_step']:,}",
-                human_bytes(c["bytes_per_gpu_per_step"]),
-                c["link"],
-                f"{c['flops_per_byte']:,.0f}",
-                f"{c['link_budget_flops_per_byte']:,.0f}",
-                human_seconds(c["exposed_seconds_per_step"]),
-                c["purpose"],
-            ]
-        )
-    out.append(
-        render_table(
-            [
-                "axis",
-                "collective",
-                "message",
-                "count/step",
-                "bytes/GPU/step",
-                "link",
-                "FLOPs/byte",
-                "budget",
-                "exposed",
-                "what",
-            ],
-            rows,
-            title="\nCollectives per step (per GPU; FLOPs/byte below the link budget cannot be hidden)",
-        )
-    )
-
-    t = data["expected_step_seconds"]
-    total = t["total"] or 1.0
-    rows = [["compute", human_seconds(t["compute"]), percent(t["compute"] / total)]]
-    rows += [
-        [f"exposed comm {axis}", human_seconds(s), percent(s / total)] for axis, s in sorted(t["exposed_comm"].items())
-    ]
-    rows += [  # calibrated assumptions only (sync_wait_per_collective_seconds)
-        [f"sync wait {axis}", human_seconds(s), percent(s / total)]
-        for axis, s in sorted(t.get("sync_wait", {}).items())
-    ]
-    rows += [
-        ["pipeline bubble", human_seconds(t["bubble"]), percent(t["bubble"] / total)],
-        ["optimizer", human_seconds(t["optimizer"]), percent(t["optimizer"] / total)],
-    ]
-    rows += [  # calibrated assumptions only (data_wait_seconds, host_overhead_seconds)
-        [label, human_seconds(t[key]), percent(t[key] / total)]
-        for key, label in (("data", "data wait"), ("other", "other (host overhead)"))
-        if t.get(key)
-    ]
-    rows += [["total", human_seconds(t["total"]), "100.0 %"]]
-    out.append(render_table(["category", "expected", "share"], rows, title="\nExpected step time"))
-    classes = data.get("compute_classes") or []
-    if classes:
-        rows = [
-            [
-                c["op"],
-                human_seconds(c["seconds_per_step"]),
-                human_si(c["flops_per_step"], "FLOP"),
-                human_bytes(c["bytes_per_step"]),
-                "bytes-bound" if c["efficiency"] is None else percent(c["efficiency"]),
-            ]
-            for c in classes
-        ]
-        title = (
-            f"\nCompute per operation class, stage {t['pp_rank']} ({data.get('compute_model', 'roofline')}; "
-            f"efficiency = FLOPs ÷ (seconds x dense peak))"
-        )
-        out.append(render_table(["class", "seconds/step", "FLOPs/step", "HBM bytes/step", "efficiency"], rows,
-                                title=title))  # fmt: skip
-    out.append(
-        f"\nFLOPs per step: {human_si(data['flops_per_step'], 'FLOP')} (model FLOPs, causal attention halved); "
-        f"pipeline bubble: {percent(data['bubble_fraction'])} of ideal compute"
-    )
-    return "\n".join(out)
-
-
-def _render_left(headers: list[str], rows: list[list[str]], *, title: str) -> str:
-    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers[:-1])]
-    lines = [title, "  ".join(h.ljust(w) for h, w in zip(headers[:-1], widths, strict=True)) + "  " + headers[-1]]
-    lines.extend("  ".join(c.ljust(w) for c, w in zip(r[:-1], widths, strict=True)) + "  " + r[-1] for r in rows)
-    return "\n".join(lines)
 
 
 def _cmd_search(args: argparse.Namespace) -> int:

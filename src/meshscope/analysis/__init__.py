@@ -27,7 +27,13 @@ It computes on numpy columns, vectorised over rank-steps and intervals; it must 
 command), draw, launch, or import torch. Import the names from here (``from meshscope.analysis import analyze``).
 """
 
-from meshscope.analysis.analyzing import Analysis, analyze, check_records_match_layout, render_analysis
+from meshscope.analysis.analyzing import (
+    Analysis,
+    analyze,
+    check_records_match_layout,
+    render_analysis,
+    render_analysis_dict,
+)
 from meshscope.analysis.breakdown import (
     BUBBLE,
     CATEGORIES,
@@ -134,6 +140,7 @@ __all__ = [
     "predict",
     "read_inputs",
     "render_analysis",
+    "render_analysis_dict",
     "render_calibration",
     "render_file",
     "retarget",

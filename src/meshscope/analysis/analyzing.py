@@ -44,7 +44,7 @@ from meshscope.progress import NO_PROGRESS
 from meshscope.topology import AXES, Link
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Mapping, Sequence
 
     from meshscope.analysis.breakdown import Breakdown, P2PBandwidth
     from meshscope.jobs import JobSpec
@@ -270,27 +270,32 @@ def _count(value: float | None) -> str:
 
 def render_collectives(collectives: Sequence[CollectiveComparison]) -> str:
     """The per-stage collectives table (docs/cost-table.md, "Expected vs measured"), with a line on what differs."""
+    return _render_collectives([c.to_dict() for c in collectives])
+
+
+def _render_collectives(collectives: Sequence[Mapping[str, Any]]) -> str:
+    """:func:`render_collectives` from the rows' JSON form (``Analysis.to_dict()["expected_vs_measured"]``)."""
     rows = []
     for c in collectives:
-        status = _STATUS_TEXT[c.status]
-        if c.status == "partial_sizes" and c.sized_share is not None:
-            status += f" ({percent(c.sized_share)} of intervals carry bytes)"
-        if c.share_of_rank_steps is not None and c.share_of_rank_steps < 1.0:
-            status += f", on {percent(c.share_of_rank_steps)} of rank-steps"
-        delta = c.delta_bytes_per_step
+        status = _STATUS_TEXT[c["status"]]
+        if c["status"] == "partial_sizes" and c["sized_share"] is not None:
+            status += f" ({percent(c['sized_share'])} of intervals carry bytes)"
+        if c["share_of_rank_steps"] is not None and c["share_of_rank_steps"] < 1.0:
+            status += f", on {percent(c['share_of_rank_steps'])} of rank-steps"
+        delta, ratio = c["delta_bytes_per_step"], c["ratio"]
         rows.append(
             [
-                str(c.pp_rank),
-                c.axis,
-                c.op,
-                _bytes(c.expected_bytes_per_step),
-                _bytes(c.measured_bytes_per_step),
-                "-" if c.ratio is None else (f"{c.ratio:.3f}x" if c.ratio >= 0.1 else f"{c.ratio:.3g}x"),
+                str(c["pp_rank"]),
+                c["axis"],
+                c["op"],
+                _bytes(c["expected_bytes_per_step"]),
+                _bytes(c["measured_bytes_per_step"]),
+                "-" if ratio is None else (f"{ratio:.3f}x" if ratio >= 0.1 else f"{ratio:.3g}x"),
                 "-" if delta is None else ("+" if delta > 0 else "") + human_bytes(delta),
-                _count(c.expected_count_per_step),
-                _count(c.measured_count_per_step),
-                _bytes(c.expected_message_bytes),
-                _bytes(c.measured_message_bytes),
+                _count(c["expected_count_per_step"]),
+                _count(c["measured_count_per_step"]),
+                _bytes(c["expected_message_bytes"]),
+                _bytes(c["measured_message_bytes"]),
                 status,
             ]
         )
@@ -301,9 +306,9 @@ def render_collectives(collectives: Sequence[CollectiveComparison]) -> str:
         "the step's instances, not bus bytes; measured: median over the stage's rank-steps)"
     )
     lines = [render_table(headers, rows, title=title)]
-    compared = [c for c in collectives if c.status in {"match", "differs"}]
-    matched = sum(c.status == "match" for c in compared)
-    others = Counter(c.status for c in collectives if c not in compared)
+    compared = [c for c in collectives if c["status"] in {"match", "differs"}]
+    matched = sum(c["status"] == "match" for c in compared)
+    others = Counter(c["status"] for c in collectives if c["status"] not in {"match", "differs"})
     left = ", ".join(f"{n} {_STATUS_TEXT[status].lower()}" for status, n in sorted(others.items()))
     lines.append(
         f"  {matched} of {len(compared)} compared rows match within {percent(MATCH_TOLERANCE)} in bytes per step"
@@ -312,19 +317,21 @@ def render_collectives(collectives: Sequence[CollectiveComparison]) -> str:
     aggregated = [
         c
         for c in compared
-        if c.status == "match"
-        and c.expected_count_per_step is not None
-        and c.measured_count_per_step is not None
-        and c.measured_count_per_step < c.expected_count_per_step
+        if c["status"] == "match"
+        and c["expected_count_per_step"] is not None
+        and c["measured_count_per_step"] is not None
+        and c["measured_count_per_step"] < c["expected_count_per_step"]
     ]
     uneven = [
         c
         for c in collectives
-        if c.measured_min_bytes_per_step is not None and c.measured_min_bytes_per_step != c.measured_max_bytes_per_step
+        if c["measured_min_bytes_per_step"] is not None
+        and c["measured_min_bytes_per_step"] != c["measured_max_bytes_per_step"]
     ]
     lines.extend(
-        f"  stage {c.pp_rank} {c.axis} {c.op}: rank-steps differ, from {_bytes(c.measured_min_bytes_per_step)} to "
-        f"{_bytes(c.measured_max_bytes_per_step)} per step (median {_bytes(c.measured_bytes_per_step)})"
+        f"  stage {c['pp_rank']} {c['axis']} {c['op']}: rank-steps differ, from "
+        f"{_bytes(c['measured_min_bytes_per_step'])} to {_bytes(c['measured_max_bytes_per_step'])} per step "
+        f"(median {_bytes(c['measured_bytes_per_step'])})"
         for c in uneven[:_MAX_UNEVEN_LINES]
     )
     if len(uneven) > _MAX_UNEVEN_LINES:
@@ -340,89 +347,110 @@ def render_collectives(collectives: Sequence[CollectiveComparison]) -> str:
 def render_analysis(analysis: Analysis) -> str:
     """The analysis for people: findings, the cost table, the summary, expected vs measured, partial data.
 
-    Every number carries its unit.
+    Every number carries its unit. The same text as :func:`render_analysis_dict` of ``analysis.to_dict()``.
     """
-    a = analysis
-    s = a.summary
-    steps = f"steps {a.first_step}..{a.last_step} ({a.step_count})"
-    out = [f"meshscope analyze: job {a.job!r}: {a.ranks_seen} of {a.world_size} ranks seen, {steps}"]
+    return render_analysis_dict(analysis.to_dict())
+
+
+def render_analysis_dict(data: Mapping[str, Any]) -> str:
+    """:func:`render_analysis` from the analysis' JSON form (:meth:`Analysis.to_dict`, docs/cost-table.md).
+
+    For a table stored away from its records: ``kubectl meshscope cost`` prints what the operator's deep tier kept
+    in a ConfigMap exactly as ``meshscope analyze`` prints it.
+
+    Raises:
+        KeyError, TypeError, ValueError: for data not of that shape.
+    """
+    s = data["summary"]
+    steps = data["steps"]
+    memory = data["expected_vs_measured"]["memory"]
+    collectives = data["expected_vs_measured"]["collectives"]
+    planned = bool(memory)  # compare_memory gives one row per pipeline stage exactly when there is a plan
+    seen = f"{data['ranks_seen']} of {data['world_size']} ranks seen"
+    span = f"steps {steps['first']}..{steps['last']} ({steps['count']})"
+    out = [f"meshscope analyze: job {data['job']!r}: {seen}, {span}"]
     # CPU contention is no data missing but a caveat on every timing: said at the top, not counted as partial data.
-    contention = [n for n in a.partial_data if n.code == CPU_CONTENTION]
-    partial = [n for n in a.partial_data if n.code != CPU_CONTENTION]
-    out.extend(f"CPU CONTENTION: {n.message}" for n in contention)
+    contention = [n for n in data["partial_data"] if n["code"] == CPU_CONTENTION]
+    partial = [n for n in data["partial_data"] if n["code"] != CPU_CONTENTION]
+    out.extend(f"CPU CONTENTION: {n['message']}" for n in contention)
     if partial:
         out.append(f"PARTIAL DATA ({len(partial)} notes, listed at the end): rows marked '(partial data)'")
-    if a.findings:
-        lines = [f"\nFindings ({len(a.findings)}, most costly first)"]
-        for i, f in enumerate(a.findings, 1):
-            lines.append(f"{i}. [{f.severity.value.upper()}] {f.code}: {f.message}")
+    findings = data["findings"]
+    if findings:
+        lines = [f"\nFindings ({len(findings)}, most costly first)"]
+        for i, f in enumerate(findings, 1):
+            lines.append(f"{i}. [{str(f['severity']).upper()}] {f['code']}: {f['message']}")
         out.append("\n".join(lines))
     else:
         out.append("\nFindings: none")
-    out.append(_render_rows(a))
-    gpu_util = "not reported" if s.reported_gpu_util is None else percent(s.reported_gpu_util)
+    out.append(_render_rows(data))
+    gpu_util = "not reported" if s["reported_gpu_util"] is None else percent(s["reported_gpu_util"])
     out.append(
         "\n".join(
             [
                 "\nSummary",
-                f"  step time: median {human_seconds(s.median_step_seconds)}, max {human_seconds(s.max_step_seconds)}",
                 (
-                    f"  straggler gap: {human_seconds(s.straggler_gap_seconds)} (slowest rank {s.slowest_rank}, "
+                    f"  step time: median {human_seconds(s['median_step_seconds'])}, "
+                    f"max {human_seconds(s['max_step_seconds'])}"
+                ),
+                (
+                    f"  straggler gap: {human_seconds(s['straggler_gap_seconds'])} (slowest rank {s['slowest_rank']}, "
                     "own time without waiting, vs the median rank)"
                 ),
                 (
-                    f"  efficiency: {percent(s.efficiency)} (ideal step {human_seconds(s.ideal_step_seconds)} = "
-                    f"compute + optimizer{' as planned' if a.plan is not None else ' of the median rank'})"
+                    f"  efficiency: {percent(s['efficiency'])} (ideal step {human_seconds(s['ideal_step_seconds'])} = "
+                    f"compute + optimizer{' as planned' if planned else ' of the median rank'})"
                 ),
                 (
-                    f"  useful compute: {percent(s.useful_compute_share)} of the step; reported GPU utilisation: "
+                    f"  useful compute: {percent(s['useful_compute_share'])} of the step; reported GPU utilisation: "
                     f"{gpu_util} (a GPU waiting in a collective reads as busy)"
                 ),
             ]
         )
     )
-    if a.collectives:
-        out.append(render_collectives(a.collectives))
-    if a.memory:
+    if collectives:
+        out.append(_render_collectives(collectives))
+    if memory:
         rows = [
             [
-                str(m.pp_rank),
-                "-" if m.expected_bytes is None else human_bytes(m.expected_bytes),
-                "not measured" if m.measured_peak_bytes is None else human_bytes(m.measured_peak_bytes),
+                str(m["pp_rank"]),
+                "-" if m["expected_bytes"] is None else human_bytes(m["expected_bytes"]),
+                "not measured" if m["measured_peak_bytes"] is None else human_bytes(m["measured_peak_bytes"]),
             ]
-            for m in a.memory
+            for m in memory
         ]
         out.append(render_table(["stage", "planned", "measured peak"], rows, title="\nMemory per GPU per stage"))
     if partial:
         out.append("\nPartial data")
-        out.extend(f"  {n.code} ({n.count:,}): {n.message}" for n in partial)
+        out.extend(f"  {n['code']} ({n['count']:,}): {n['message']}" for n in partial)
     return "\n".join(out)
 
 
-def _render_rows(a: Analysis) -> str:
-    device = a.rank_steps.device
+def _render_rows(data: Mapping[str, Any]) -> str:
+    device = data["device"]
+    rows_data = data["rows"]
     headers = ["category", "expected", "median", "p95", "worst rank", "worst", "share", "delta", f"{device}-h/day"]
     rows = [
         [
-            r.label,
-            _seconds(r.expected_seconds),
-            human_seconds(r.measured_median_seconds),
-            human_seconds(r.measured_p95_seconds),
-            "-" if r.worst_rank is None else str(r.worst_rank),
-            human_seconds(r.worst_seconds),
-            percent(r.share_of_step),
-            _signed_seconds(r.delta_seconds),
-            f"{r.gpu_hours_per_day:,.1f} {device}-h",
+            r["label"],
+            _seconds(r["expected_seconds"]),
+            human_seconds(r["measured_median_seconds"]),
+            human_seconds(r["measured_p95_seconds"]),
+            "-" if r["worst_rank"] is None else str(r["worst_rank"]),
+            human_seconds(r["worst_seconds"]),
+            percent(r["share_of_step"]),
+            _signed_seconds(r["delta_seconds"]),
+            f"{r['gpu_hours_per_day']:,.1f} {device}-h",
         ]
-        for r in a.rows
+        for r in rows_data
     ]
     units = "GPUs" if device == "GPU" else "ranks"
-    title = f"\nCost table (per step; median over rank-steps; {device}-hours per day at {a.world_size} {units})"
+    title = f"\nCost table (per step; median over rank-steps; {device}-hours per day at {data['world_size']} {units})"
     table = render_table(headers, rows, title=title).split("\n")
     # Top suspects go after the numbers, left-aligned: title, header and rule lines come first.
     width = max(len(line) for line in table[2:])
     body = [*table[:2], table[2].ljust(width) + "  top suspect", table[3]]
-    for line, r in zip(table[4:], a.rows, strict=True):
-        body.append(line.ljust(width) + "  " + ("" if r.suspect is None else r.suspect.message))
-    body.extend(f"  {r.label} expected: {r.expected_basis}" for r in a.rows if r.expected_basis)
+    for line, r in zip(table[4:], rows_data, strict=True):
+        body.append(line.ljust(width) + "  " + ("" if r["suspect"] is None else r["suspect"]["message"]))
+    body.extend(f"  {r['label']} expected: {r['expected_basis']}" for r in rows_data if r["expected_basis"])
     return "\n".join(body)

@@ -33,6 +33,7 @@ from meshscope.plan.findings import Finding, Severity
 from meshscope.plan.flops import ForwardFlops, StepFlops, layer_forward_flops, logits_forward_flops, step_flops
 from meshscope.plan.memory import ActivationBreakdown, MemoryBreakdown, StageParams
 from meshscope.plan.planning import Plan, StagePlan, plan_job
+from meshscope.plan.rendering import render_plan, render_plan_report
 from meshscope.plan.search import Candidate, SearchRequest, SearchResult, search_layouts
 from meshscope.plan.timing import ExpectedStepTime, StageCompute, bubble_fraction, stage_compute
 
@@ -60,6 +61,8 @@ __all__ = [
     "layer_forward_flops",
     "logits_forward_flops",
     "plan_job",
+    "render_plan",
+    "render_plan_report",
     "search_layouts",
     "stage_compute",
     "step_flops",
