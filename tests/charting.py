@@ -80,3 +80,77 @@ def schema_error(values: dict[str, Any]) -> str | None:
         except helm.HelmValuesError as exc:
             return str(exc)
     return None
+
+
+# -- values.yaml's `# --` comments: the README's "Values" table ------------------------------------------------------
+
+VALUES_BEGIN = "<!-- values: generated from values.yaml by `python tests/charting.py`; do not edit -->"
+VALUES_END = "<!-- values: end -->"
+
+
+@dataclass(frozen=True)
+class DocumentedValue:
+    """One key of values.yaml with a ``# --`` comment above it."""
+
+    path: str
+    default: Any
+    description: str
+
+
+def documented_values(text: str | None = None) -> list[DocumentedValue]:
+    """Every ``# --``-documented key of values.yaml, in file order, with its default and its comment's text.
+
+    The comment is the ``# --`` line and every ``#`` line after it up to the key; a key's path comes from the
+    indentation of the keys above it (two spaces a level, as values.yaml is written).
+    """
+    text = (CHART / "values.yaml").read_text() if text is None else text
+    values = yaml.safe_load(text)
+    out: list[DocumentedValue] = []
+    stack: list[tuple[int, str]] = []
+    doc: list[str] | None = None
+    for line in text.splitlines():
+        stripped = line.strip()
+        if stripped.startswith("# --"):
+            doc = [stripped.removeprefix("# --").strip()]
+            continue
+        if stripped.startswith("#"):
+            if doc is not None:
+                doc.append(stripped.removeprefix("#").strip())
+            continue
+        if not stripped or stripped.startswith("- ") or ":" not in stripped:
+            continue
+        indent = len(line) - len(line.lstrip())
+        key = stripped.split(":", 1)[0]
+        while stack and stack[-1][0] >= indent:
+            stack.pop()
+        stack.append((indent, key))
+        if doc is not None:
+            path = [k for _, k in stack]
+            default: Any = values
+            for k in path:
+                default = default[k]
+            out.append(DocumentedValue(path=".".join(path), default=default, description=" ".join(doc)))
+            doc = None
+    return out
+
+
+def values_table() -> str:
+    """The README's "Values" table."""
+    rows = ["| Key | Default | Description |", "|---|---|---|"]
+    for value in documented_values():
+        default = json.dumps(value.default, separators=(", ", ": "))
+        description = value.description.replace("|", r"\|")
+        rows.append(f"| `{value.path}` | `{default}` | {description} |")
+    return "\n".join(rows)
+
+
+def readme_with_values_table(readme: str) -> str:
+    """``readme`` with the text between the two markers replaced by :func:`values_table`."""
+    head, _, rest = readme.partition(VALUES_BEGIN)
+    _, _, tail = rest.partition(VALUES_END)
+    return f"{head}{VALUES_BEGIN}\n{values_table()}\n{VALUES_END}{tail}"
+
+
+if __name__ == "__main__":
+    readme_path = CHART / "README.md"
+    readme_path.write_text(readme_with_values_table(readme_path.read_text()))

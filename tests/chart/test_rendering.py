@@ -8,10 +8,10 @@ references for the fields the chart uses, with unknown fields rejected.
 
 from __future__ import annotations
 
+import json
 import subprocess
 import tomllib
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import helm_python as helm
 import jsonschema
@@ -20,6 +20,11 @@ import pytest
 import yaml
 
 from charting import CHART, CONFIGURATIONS, KUBE_VERSION, NAMESPACE, ROOT, ci_values, render, render_configuration
+from meshscope_operator.injection import LABEL, InjectionTarget, sidecar_container
+from meshscope_operator.settings import OperatorSettings
+
+if TYPE_CHECKING:
+    from pathlib import Path
 
 CUSTOM_KINDS = {"PrometheusRule", "PodMonitor", "Certificate", "Issuer"}
 
@@ -161,7 +166,9 @@ def test_every_rendered_object_is_valid(configuration: str) -> None:
     for obj in rendered.objects:
         where = f"{obj['kind']} {obj['metadata']['name']}"
         if obj["kind"] in CUSTOM_KINDS:
-            errors = [f"{'.'.join(map(str, e.absolute_path))}: {e.message}" for e in _validator(obj["kind"]).iter_errors(obj)]
+            errors = [
+                f"{'.'.join(map(str, e.absolute_path))}: {e.message}" for e in _validator(obj["kind"]).iter_errors(obj)
+            ]
             assert errors == [], (where, errors)
         else:
             try:
@@ -220,7 +227,10 @@ def test_objects_live_in_the_release_namespace_or_are_cluster_scoped(configurati
 def test_the_charts_copies_are_byte_identical_to_their_sources() -> None:
     copies = {
         CHART / "files" / "crds" / "trainingjobs.meshscope.io.yaml": ROOT / "crds" / "trainingjobs.meshscope.io.yaml",
-        CHART / "files" / "monitoring" / "recording-rules.yaml": ROOT / "sidecar" / "monitoring" / "recording-rules.yaml",
+        CHART / "files" / "monitoring" / "recording-rules.yaml": ROOT
+        / "sidecar"
+        / "monitoring"
+        / "recording-rules.yaml",
         CHART / "files" / "monitoring" / "dashboard.json": ROOT / "sidecar" / "monitoring" / "dashboard.json",
     }
     for copy, source in copies.items():
@@ -265,9 +275,6 @@ def test_promtool_accepts_the_rendered_rules(tmp_path: Path) -> None:
 
 
 def test_the_pod_monitor_scrapes_the_injected_sidecars_port() -> None:
-    from meshscope_operator.injection import LABEL, InjectionTarget, sidecar_container
-    from meshscope_operator.settings import OperatorSettings
-
     sidecar = sidecar_container(
         InjectionTarget(job="j", layout="dp=8,tp=1,pp=1,cp=1,ep=1", gpus_per_node=8), OperatorSettings()
     )
@@ -288,8 +295,6 @@ def test_the_pod_monitor_scrapes_the_injected_sidecars_port() -> None:
 
 
 def test_the_dashboard_config_map_holds_the_dashboard_for_grafanas_sidecar() -> None:
-    import json
-
     dashboard = json.loads((ROOT / "sidecar" / "monitoring" / "dashboard.json").read_text())
     config_map = render().one("ConfigMap")
     assert config_map["metadata"]["labels"]["grafana_dashboard"] == "1"
