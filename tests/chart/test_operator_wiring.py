@@ -151,6 +151,11 @@ def test_more_replicas_without_peering_is_refused_with_a_reason() -> None:
         render({"operator": {"replicas": 3}})
 
 
+def test_the_webhook_and_liveness_ports_must_differ() -> None:
+    with pytest.raises(helm.HelmRenderError, match=r"webhook\.port=8080 and operator\.livenessPort=8080: .* cannot share"):
+        render({"webhook": {"port": 8080}})
+
+
 def test_an_existing_service_account_must_be_named() -> None:
     with pytest.raises(helm.HelmRenderError, match=r"serviceAccount\.name: set it"):
         render({"serviceAccount": {"create": False}})

@@ -104,21 +104,22 @@ watched, and into a Role in each watched namespace otherwise.
 # Reconcile and the cost tiers write the plan, the cost summary and conditions into status.
 - apiGroups: [meshscope.io]
   resources: [trainingjobs/status]
-  verbs: [get, patch]
+  verbs: [patch]
 # kopf posts Events for warnings and errors; reconcile posts one for each new finding.
 - apiGroups: [""]
   resources: [events]
   verbs: [create]
-# Reconcile materialises a TrainingJob as an Indexed Job; re-running it reads and patches the existing one.
+# Reconcile materialises a TrainingJob as an Indexed Job; on a conflict (409) it reads the existing one to compare.
+# Never patched or deleted: the garbage collector removes it with its TrainingJob.
 - apiGroups: [batch]
   resources: [jobs]
-  verbs: [get, create, patch]
-# Its headless Service (stable DNS names for the pods: the master address), the placement ConfigMap the sidecars
-# mount and the full cost table's ConfigMap: created, read back and patched the same way.
+  verbs: [get, create]
+# Its headless Service (stable DNS names for the pods: the master address; a drifted selector is patched), the
+# placement ConfigMap the sidecars mount and the full cost table's ConfigMap (created, or patched where they exist).
 - apiGroups: [""]
   resources: [services, configmaps]
   verbs: [get, create, patch]
-# Where the job's pods landed (their nodes: the real placement) and the sidecars' addresses (the deep tier).
+# The index of the job's pods: where they landed (the real placement) and the sidecars' addresses (the deep tier).
 - apiGroups: [""]
   resources: [pods]
   verbs: [get, list, watch]
@@ -135,10 +136,10 @@ watched, and into a Role in each watched namespace otherwise.
 - apiGroups: [apiextensions.k8s.io]
   resources: [customresourcedefinitions]
   verbs: [list, watch]
-# Placement: the NVLink domain and network tiers of a pod's node are node labels.
+# Placement: the NVLink domain and network tiers of a pod's node are its labels, read node by node.
 - apiGroups: [""]
   resources: [nodes]
-  verbs: [get, list, watch]
+  verbs: [get]
 {{- if .Values.operator.namespaces }}
 # kopf watching named namespaces follows which of them exist.
 - apiGroups: [""]
