@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -70,6 +71,39 @@ def _render(values_json: str, release: str, namespace: str) -> Rendered:
 def render_configuration(configuration: str) -> Rendered:
     """Render one of the supported configurations."""
     return render(ci_values(configuration))
+
+
+def container(rendered: Rendered) -> dict[str, Any]:
+    (only,) = rendered.one("Deployment")["spec"]["template"]["spec"]["containers"]
+    return only
+
+
+def kubelet_env(env: list[dict[str, Any]]) -> dict[str, str]:
+    """The environment the process sees: Kubernetes' ``$(VAR)`` expansion of each value, in order.
+
+    As k8s.io/kubernetes ``third_party/forked/golang/expansion``: ``$$`` is a literal ``$``, ``$(NAME)`` becomes the
+    value of a variable defined earlier in the list and stays as written otherwise.
+    """
+    seen: dict[str, str] = {}
+    for item in env:
+        assert set(item) == {"name", "value"}, item  # every setting is a plain value
+        seen[item["name"]] = re.sub(
+            r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_]*)\)",
+            lambda m: "$" if m.group(0) == "$$" else seen.get(m.group(1), m.group(0)),
+            item["value"],
+        )
+    return seen
+
+
+def chart_webhooks(rendered: Rendered) -> dict[str, dict[str, Any]]:
+    out = {}
+    for kind, reason in (
+        ("ValidatingWebhookConfiguration", "validating"),
+        ("MutatingWebhookConfiguration", "mutating"),
+    ):
+        for webhook in rendered.one(kind)["webhooks"]:
+            out[f"{reason}/{webhook['name']}"] = webhook
+    return out
 
 
 def schema_error(values: dict[str, Any]) -> str | None:

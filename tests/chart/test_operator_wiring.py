@@ -10,7 +10,6 @@ the table in charts/meshscope/README.md.
 from __future__ import annotations
 
 import base64
-import re
 import ssl
 from dataclasses import fields, replace
 from typing import TYPE_CHECKING, Any
@@ -20,7 +19,19 @@ import kopf
 import pytest
 from kopf._core.engines.admission import build_webhooks
 
-from charting import CHART, CONFIGURATIONS, NAMESPACE, ROOT, Rendered, ci_values, render, render_configuration
+from charting import (
+    CHART,
+    CONFIGURATIONS,
+    NAMESPACE,
+    ROOT,
+    Rendered,
+    chart_webhooks,
+    ci_values,
+    container,
+    kubelet_env,
+    render,
+    render_configuration,
+)
 from meshscope_operator.admission import MUTATE_ID, VALIDATE_ID
 from meshscope_operator.handlers import register
 from meshscope_operator.settings import OperatorSettings, env_name, settings_from
@@ -29,28 +40,6 @@ if TYPE_CHECKING:
     from pathlib import Path
 
 SETTINGS_ENV = {env_name(f.name) for f in fields(OperatorSettings)}
-
-
-def container(rendered: Rendered) -> dict[str, Any]:
-    (only,) = rendered.one("Deployment")["spec"]["template"]["spec"]["containers"]
-    return only
-
-
-def kubelet_env(env: list[dict[str, Any]]) -> dict[str, str]:
-    """The environment the process sees: Kubernetes' ``$(VAR)`` expansion of each value, in order.
-
-    As k8s.io/kubernetes ``third_party/forked/golang/expansion``: ``$$`` is a literal ``$``, ``$(NAME)`` becomes the
-    value of a variable defined earlier in the list and stays as written otherwise.
-    """
-    seen: dict[str, str] = {}
-    for item in env:
-        assert set(item) == {"name", "value"}, item  # every setting is a plain value
-        seen[item["name"]] = re.sub(
-            r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_]*)\)",
-            lambda m: "$" if m.group(0) == "$$" else seen.get(m.group(1), m.group(0)),
-            item["value"],
-        )
-    return seen
 
 
 # -- The Deployment's environment: every setting, and what the operator makes of it ---------------------------------
@@ -152,7 +141,9 @@ def test_more_replicas_without_peering_is_refused_with_a_reason() -> None:
 
 
 def test_the_webhook_and_liveness_ports_must_differ() -> None:
-    with pytest.raises(helm.HelmRenderError, match=r"webhook\.port=8080 and operator\.livenessPort=8080: .* cannot share"):
+    with pytest.raises(
+        helm.HelmRenderError, match=r"webhook\.port=8080 and operator\.livenessPort=8080: .* cannot share"
+    ):
         render({"webhook": {"port": 8080}})
 
 
@@ -187,17 +178,6 @@ def kopf_webhooks(service: dict[str, Any]) -> dict[str, dict[str, Any]]:
     )
     kinds = {h.id: h.reason.value for h in registry._webhooks.get_all_handlers()}
     return {f"{kinds[w['name'].split('.')[0]]}/{w['name']}": w for w in built}
-
-
-def chart_webhooks(rendered: Rendered) -> dict[str, dict[str, Any]]:
-    out = {}
-    for kind, reason in (
-        ("ValidatingWebhookConfiguration", "validating"),
-        ("MutatingWebhookConfiguration", "mutating"),
-    ):
-        for webhook in rendered.one(kind)["webhooks"]:
-            out[f"{reason}/{webhook['name']}"] = webhook
-    return out
 
 
 @pytest.mark.parametrize("configuration", CONFIGURATIONS)
