@@ -9,15 +9,30 @@ Importable by name (``pythonpath = ["tests"]``), like ``operator_serving``.
 
 from __future__ import annotations
 
+import asyncio
+import base64
+import contextlib
 import functools
 import json
+import os
 import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import helm_python as helm
+import kmock
 import yaml
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
 
 ROOT = Path(__file__).resolve().parents[1]
 CHART = ROOT / "charts" / "meshscope"
@@ -188,3 +203,169 @@ def readme_with_values_table(readme: str) -> str:
 if __name__ == "__main__":
     readme_path = CHART / "README.md"
     readme_path.write_text(readme_with_values_table(readme_path.read_text()))
+
+
+# -- kmock, the Kubernetes API emulator, served on loopback ---------------------------------------------------------
+
+API_TIMEOUT_S = 30.0
+
+
+class KmockApi:
+    """kmock's emulator with ``resources`` declared, served on loopback from a thread and loop of its own (every
+    wait bounded); :meth:`close` stops both."""
+
+    def __init__(self, resources: dict[str, dict[str, Any]]) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name="kmock", daemon=True)
+        self.thread.start()
+        self.emulator, self.server = self.run(self._start(resources))
+        self.url = str(self.server.url).rstrip("/")
+
+    def run(self, coro: Any) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(API_TIMEOUT_S)
+
+    @staticmethod
+    async def _start(resources: dict[str, dict[str, Any]]) -> tuple[Any, Any]:
+        emulator = kmock.KubernetesEmulator()
+        await emulator.__aenter__()
+        server = kmock.Server(emulator)
+        await server.__aenter__()
+        for key, info in resources.items():
+            emulator.resources[key] = kmock.ResourceInfo(**info)
+        return emulator, server
+
+    def paths(self) -> list[str]:
+        """The paths of every request the API has had, in order."""
+
+        async def collect() -> list[str]:
+            return [request.url.path for request in self.emulator]
+
+        return list(self.run(collect()))
+
+    async def _stop(self) -> None:
+        await self.server.__aexit__(None, None, None)
+        await self.emulator.__aexit__(None, None, None)
+
+    def close(self) -> None:
+        self.run(self._stop())
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(API_TIMEOUT_S)
+        if not self.thread.is_alive():
+            self.loop.close()
+
+
+OPERATOR_RESOURCES: dict[str, dict[str, Any]] = {
+    # what kopf waits for before any watch (shared/reference/kubernetes-testing.md, trap T5)
+    "apiextensions.k8s.io/v1/customresourcedefinitions": {
+        "kind": "CustomResourceDefinition",
+        "namespaced": False,
+        "verbs": {"list", "watch"},
+    },
+    "v1/namespaces": {"kind": "Namespace", "namespaced": False, "verbs": {"list", "watch"}},
+    # the pod webhook's resource: kopf serves a webhook only for resources discovery lists
+    "v1/pods": {"kind": "Pod", "namespaced": True, "verbs": {"list", "watch", "get"}},
+    "meshscope.io/v1alpha1/trainingjobs": {
+        "kind": "TrainingJob",
+        "namespaced": True,
+        "verbs": {"list", "watch", "get", "patch"},
+        "subresources": {"status"},
+    },
+}
+"""What the operator needs of the API to start and serve its webhooks."""
+
+
+# -- meshscope-operator in a process of its own, started with the rendered Deployment's environment ------------------
+
+
+@dataclass(frozen=True)
+class OperatorProcess:
+    """A running ``meshscope-operator`` and where it listens."""
+
+    process: subprocess.Popen[bytes]
+    webhook_port: int
+    liveness_port: int
+    log: Path
+    """Its stdout and stderr (a file, never a pipe: kopf logs every request, and a full pipe would stop it)."""
+
+    def ready(self, timeout_s: float, api: KmockApi) -> str | None:
+        """Wait until kopf's /healthz answers 200 and kopf has asked ``api`` for TrainingJobs (it logged in: /healthz
+        alone answers before kopf's first API call); ``None`` then, else why not (the process' last output)."""
+        deadline = time.monotonic() + timeout_s
+        healthy = False
+        while time.monotonic() < deadline and self.process.poll() is None:
+            if not healthy:
+                try:
+                    with urllib.request.urlopen(f"http://127.0.0.1:{self.liveness_port}/healthz", timeout=5) as r:
+                        healthy = r.status == 200
+                except OSError:
+                    pass
+            if healthy and any(path.endswith("/trainingjobs") for path in api.paths()):
+                return None
+            time.sleep(0.1)
+        self.stop()
+        err = self.log.read_text(errors="replace")
+        return f"not ready within {timeout_s} s (exit status {self.process.returncode}): {err[-1500:]}"
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(30)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(30)
+
+
+def _free_port() -> int:
+    with contextlib.closing(socket.socket()) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextlib.contextmanager
+def operator_process(
+    rendered: Rendered, workdir: Path, api_url: str, argv: list[str] | None = None
+) -> Iterator[OperatorProcess]:
+    """Start ``meshscope-operator`` (this environment's entry point, as the image's ENTRYPOINT; or ``argv``) with the
+    Deployment's environment; only the listen address and ports (loopback, free) and the certificate directory
+    (``workdir``, holding the rendered Secret's files) differ. It reaches the API through a kubeconfig for
+    ``api_url``.
+    """
+    c = container(rendered)
+    env = kubelet_env(c["env"])
+    mount = next(m["mountPath"] for m in c["volumeMounts"] if m["name"] == "webhook-certificates")
+    certs = workdir / "webhook"
+    certs.mkdir()
+    for key, value in rendered.one("Secret")["data"].items():
+        (certs / key).write_bytes(base64.b64decode(value))
+    kubeconfig = workdir / "kubeconfig"
+    kubeconfig.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [{"name": "api", "cluster": {"server": api_url}}],
+                "users": [{"name": "operator", "user": {"token": "dummy"}}],
+                "contexts": [{"name": "api", "context": {"cluster": "api", "user": "operator"}}],
+                "current-context": "api",
+            }
+        )
+    )
+    webhook_port, liveness_port = _free_port(), _free_port()
+    child = {k: v.replace(mount, str(certs)) for k, v in env.items()} | {
+        "MESHSCOPE_OPERATOR_WEBHOOK_ADDR": "127.0.0.1",
+        "MESHSCOPE_OPERATOR_WEBHOOK_PORT": str(webhook_port),
+        "MESHSCOPE_OPERATOR_LIVENESS_PORT": str(liveness_port),
+        "KUBECONFIG": str(kubeconfig),
+        "PATH": os.environ.get("PATH", ""),
+        "PYTHONDONTWRITEBYTECODE": "1",
+    }
+    entry = Path(sys.executable).with_name("meshscope-operator")
+    log = workdir / "operator.log"
+    with log.open("wb") as out:
+        process = subprocess.Popen(argv or [str(entry)], env=child, stdout=out, stderr=subprocess.STDOUT)
+    running = OperatorProcess(process=process, webhook_port=webhook_port, liveness_port=liveness_port, log=log)
+    try:
+        yield running
+    finally:
+        running.stop()

@@ -7,56 +7,26 @@ is reused whole, and the webhook configurations carry its CA; none, or one missi
 
 from __future__ import annotations
 
-import asyncio
 import base64
-import threading
 from typing import TYPE_CHECKING, Any
 
 import helm_python as helm
-import kmock
 import pytest
 import yaml
 
-from charting import CHART, RELEASE, render
+from charting import CHART, RELEASE, KmockApi, render
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
-TIMEOUT_S = 30.0
 SECRET = f"{RELEASE}-meshscope-webhook-tls"
 
 
-class _Api:
-    """kmock's emulator served on loopback from a thread and loop of its own."""
+class _Api(KmockApi):
+    """kmock serving Secrets, and Helm rendering against it."""
 
     def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, name="kmock-helm", daemon=True)
-        self.thread.start()
-        self.emulator, self.server = self.run(self._start())
-        self.url = str(self.server.url).rstrip("/")
-
-    def run(self, coro: Any) -> Any:
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(TIMEOUT_S)
-
-    async def _start(self) -> tuple[Any, Any]:
-        emulator = kmock.KubernetesEmulator()
-        await emulator.__aenter__()
-        server = kmock.Server(emulator)
-        await server.__aenter__()
-        emulator.resources["v1/secrets"] = kmock.ResourceInfo(kind="Secret", namespaced=True, verbs={"get", "list"})
-        return emulator, server
-
-    async def _stop(self) -> None:
-        await self.server.__aexit__(None, None, None)
-        await self.emulator.__aexit__(None, None, None)
-
-    def close(self) -> None:
-        self.run(self._stop())
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(TIMEOUT_S)
-        assert not self.thread.is_alive()
-        self.loop.close()
+        super().__init__({"v1/secrets": {"kind": "Secret", "namespaced": True, "verbs": {"get", "list"}}})
 
     def store_secret(self, namespace: str, data: dict[str, str]) -> None:
         body = {

@@ -29,32 +29,26 @@ import kopf
 import pytest
 import yaml
 
-from charting import NAMESPACE, ROOT, Rendered, chart_webhooks, container, kubelet_env, render
+from charting import (
+    NAMESPACE,
+    OPERATOR_RESOURCES,
+    ROOT,
+    KmockApi,
+    Rendered,
+    chart_webhooks,
+    container,
+    kubelet_env,
+    operator_process,
+    render,
+)
 from meshscope_operator.handlers import register
-from meshscope_operator.settings import OperatorSettings, settings_from
+from meshscope_operator.settings import settings_from
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
     from pathlib import Path
 
 TIMEOUT_S = 30.0
-RESOURCES: dict[str, dict[str, Any]] = {
-    # what kopf waits for before any watch (shared/reference/kubernetes-testing.md, trap T5)
-    "apiextensions.k8s.io/v1/customresourcedefinitions": {
-        "kind": "CustomResourceDefinition",
-        "namespaced": False,
-        "verbs": {"list", "watch"},
-    },
-    "v1/namespaces": {"kind": "Namespace", "namespaced": False, "verbs": {"list", "watch"}},
-    # the pod webhook's resource: kopf serves a webhook only for resources discovery lists
-    "v1/pods": {"kind": "Pod", "namespaced": True, "verbs": {"list", "watch", "get"}},
-    "meshscope.io/v1alpha1/trainingjobs": {
-        "kind": "TrainingJob",
-        "namespaced": True,
-        "verbs": {"list", "watch", "get", "patch"},
-        "subresources": {"status"},
-    },
-}
 
 
 def _free_port() -> int:
@@ -82,8 +76,8 @@ class _Loop:
 class Running:
     """The operator as the chart configures it, and how the API server and the kubelet reach it."""
 
-    def __init__(self, rendered: Rendered, settings: OperatorSettings, liveness_port: int) -> None:
-        self.settings = settings
+    def __init__(self, rendered: Rendered, webhook_port: int, liveness_port: int) -> None:
+        self.webhook_port = webhook_port
         self.liveness_port = liveness_port
         service = rendered.one("Service")["metadata"]["name"]
         self.service_host = f"{service}.{NAMESPACE}.svc"
@@ -113,7 +107,7 @@ class Running:
                 "dryRun": False,
             },
         }
-        raw = socket.create_connection(("127.0.0.1", self.settings.webhook_port), timeout=TIMEOUT_S)
+        raw = socket.create_connection(("127.0.0.1", self.webhook_port), timeout=TIMEOUT_S)
         # The hostname the API server checks for a service reference: <service>.<namespace>.svc
         with context.wrap_socket(raw, server_hostname=self.service_host) as tls:
             connection = http.client.HTTPConnection(self.service_host, timeout=TIMEOUT_S)
@@ -147,7 +141,7 @@ def running(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
         await emulator.__aenter__()
         server = kmock.Server(emulator)
         await server.__aenter__()
-        for key, info in RESOURCES.items():
+        for key, info in OPERATOR_RESOURCES.items():
             emulator.resources[key] = kmock.ResourceInfo(**info)
         return emulator, server
 
@@ -185,7 +179,7 @@ def running(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
     task = operator.run(start_operator())
     try:
         operator.run(asyncio.wait_for(flags["ready"].wait(), TIMEOUT_S))
-        yield Running(rendered, settings, liveness_port)
+        yield Running(rendered, settings.webhook_port, liveness_port)
     finally:
         operator.loop.call_soon_threadsafe(flags["stop"].set)
 
@@ -250,3 +244,37 @@ def test_the_liveness_probe_path_is_answered(running: Running) -> None:
             return int(r.status)
 
     assert _until("kopf's /healthz", probe) == 200
+
+
+@pytest.mark.xfail(
+    strict=True,
+    raises=AssertionError,
+    reason="meshscope_operator.__main__ runs kopf with a plain kopf.OperatorRegistry(), which has none of kopf's "
+    "login handlers (only kopf's default SmartOperatorRegistry adds them: service account, kubeconfig, client "
+    "libraries), so the process ends at start-up with kopf's LoginError 'Ran out of valid credentials' in a cluster "
+    "too; operator/ is not this chart's to change (issue 11). Remove this mark once it logs in.",
+)
+def test_meshscope_operator_as_the_image_runs_it_logs_in_and_serves(tmp_path: Path) -> None:
+    api = KmockApi(OPERATOR_RESOURCES)
+    try:
+        rendered = render()
+        with operator_process(rendered, tmp_path, api.url) as process:
+            problem = process.ready(TIMEOUT_S, api)
+            if problem is not None and "LoginError" not in problem:
+                pytest.fail(problem)  # anything but the known defect is a real failure, not the expected one
+            assert problem is None, problem
+            client = Running(rendered, process.webhook_port, process.liveness_port)
+            job = yaml.safe_load((ROOT / "examples" / "bad-tp16-h100.yaml").read_text())
+            job["metadata"]["namespace"] = NAMESPACE
+            response = _until(
+                "the TrainingJob webhook of the process",
+                lambda: client.review(
+                    "validating/trainingjobs.meshscope.io",
+                    job,
+                    ("meshscope.io", "v1alpha1", "trainingjobs", "TrainingJob"),
+                ),
+            )
+            assert any(w.startswith("tp-crosses-nvlink-domain: tp=16") for w in response["warnings"])
+            assert process.process.poll() is None  # still running
+    finally:
+        api.close()
