@@ -78,6 +78,10 @@ def test_custom_values_reach_the_operator() -> None:
     assert settings.dcgm_url == "http://dcgm-exporter.gpu-operator.svc:9400/metrics"
     assert settings.nccl_debug_subsys == "INIT,COLL,NET"
     assert settings.webhook_managed == ""  # the chart installs the configurations
+    assert settings.api_server == "https://10.0.0.1:443"
+    assert settings.master_port == 29400
+    assert settings.nvlink_domain_label == "example.com/nvlink-domain"
+    assert settings.network_tier_labels == ("example.com/leaf", "example.com/spine", "example.com/core")
 
 
 def test_an_empty_dcgm_url_reaches_the_operator_as_no_dcgm_source() -> None:

@@ -13,7 +13,7 @@ from typing import Any
 
 import kubernetes_validate
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from charting import CHART, CONFIGURATIONS, ci_values, documented_values, schema_error
@@ -138,6 +138,30 @@ def test_the_closed_kubernetes_objects_have_the_fields_of_kubernetes_1_32(defini
     ours = SCHEMA["$defs"][definition]
     assert ours["additionalProperties"] is False
     assert set(ours["properties"]) == set(theirs["properties"])
+
+
+_LABEL_TEXT = st.text(alphabet="abcXYZ019-._/", min_size=1, max_size=20)
+
+
+@SETTINGS
+@given(key=_LABEL_TEXT | st.sampled_from(["nvidia.com/gpu.clique", "a/b/c", "-a", "a_b", "x" * 64, "p.q/" + "y" * 63]))
+def test_the_schema_and_the_operator_agree_on_node_label_keys(key: str) -> None:
+    assert (schema_error(at("topology.nvlinkDomainLabel", key)) is None) == operator_accepts(
+        "nvlink_domain_label", key
+    ), key
+    assert (schema_error(at("topology.networkTierLabels", [key])) is None) == operator_accepts(
+        "network_tier_labels", key
+    ), key
+
+
+@SETTINGS
+@given(
+    url=st.sampled_from(["https://10.0.0.1:443", "http://api", "https://h/p?q", "ftp://h", "https://", "https:// h"])
+    | st.text(alphabet="htps:/.a1 ", min_size=1, max_size=16)
+)
+def test_the_schema_and_the_operator_agree_on_the_api_server_url(url: str) -> None:
+    assume(url.strip() == url)  # the operator strips the value; the chart passes it as written
+    assert (schema_error(at("operator.apiServer", url)) is None) == operator_accepts("api_server", url), url
 
 
 def test_every_schema_property_is_a_documented_value_and_back() -> None:
