@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import json
 import subprocess
+import tarfile
 import tomllib
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import Any
 
 import helm_python as helm
 import jsonschema
@@ -22,9 +24,6 @@ import yaml
 from charting import CHART, CONFIGURATIONS, KUBE_VERSION, NAMESPACE, ROOT, ci_values, render, render_configuration
 from meshscope_operator.injection import LABEL, InjectionTarget, sidecar_container
 from meshscope_operator.settings import OperatorSettings
-
-if TYPE_CHECKING:
-    from pathlib import Path
 
 CUSTOM_KINDS = {"PrometheusRule", "PodMonitor", "Certificate", "Issuer"}
 
@@ -319,3 +318,40 @@ def test_notes_tell_what_to_do_next_with_files_that_exist() -> None:
         assert (ROOT / path).is_file(), path
     assert "kubectl get tj" in notes
     assert "rollout status deployment/demo-meshscope" in notes
+
+
+def test_the_packaged_chart_renders_the_same_objects(tmp_path: Path) -> None:
+    # `helm package` applies .helmignore: what .Files.Get reads must be in the archive, the ci/ values must not.
+    archive = Path(helm.package(str(CHART), destination=str(tmp_path)))
+    assert archive.name == "meshscope-0.1.0.tgz"
+    with tarfile.open(archive) as tar:
+        names = set(tar.getnames())
+    assert {
+        "meshscope/files/crds/trainingjobs.meshscope.io.yaml",
+        "meshscope/files/monitoring/recording-rules.yaml",
+        "meshscope/files/monitoring/dashboard.json",
+        "meshscope/values.schema.json",
+        "meshscope/README.md",
+    } <= names
+    assert not [n for n in names if n.startswith("meshscope/ci/")]
+    with helm.Chart.load_archive(archive.read_bytes()) as chart:
+        manifests = chart.render({}, name="demo", namespace=NAMESPACE)
+    packaged = [
+        doc
+        for path, text in sorted(manifests.items())
+        if not path.endswith("NOTES.txt")
+        for doc in yaml.safe_load_all(text)
+        if doc
+    ]
+
+    def without_certificates(objects: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        # fresh certificates on every render: everything else must be equal
+        out = json.loads(json.dumps(objects))
+        for obj in out:
+            if obj["kind"] == "Secret":
+                obj["data"] = {}
+            for webhook in obj.get("webhooks", []):
+                webhook["clientConfig"].pop("caBundle", None)
+        return out
+
+    assert without_certificates(packaged) == without_certificates(list(render().objects))
