@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import copy
 import functools
 import json
 import os
@@ -65,8 +66,12 @@ def ci_values(configuration: str) -> dict[str, Any]:
 
 
 def render(values: dict[str, Any] | None = None, *, release: str = RELEASE, namespace: str = NAMESPACE) -> Rendered:
-    """Render the chart with ``values`` (merged over values.yaml by Helm, checked against values.schema.json)."""
-    return _render(json.dumps(values or {}, sort_keys=True), release, namespace)
+    """Render the chart with ``values`` (merged over values.yaml by Helm, checked against values.schema.json).
+
+    Renders are cached; each call gets its own copy of the objects, so that a test changing one cannot change what
+    the next test reads.
+    """
+    return copy.deepcopy(_render(json.dumps(values or {}, sort_keys=True), release, namespace))
 
 
 @functools.cache

@@ -395,3 +395,12 @@ def test_rbac_grants_no_wildcards_no_secrets_no_webhook_configurations() -> None
                 assert "*" not in (group, resource, verb)
                 assert resource != "secrets"
                 assert group != "admissionregistration.k8s.io"
+
+
+def test_peered_replicas_keep_one_operator_through_a_drain() -> None:
+    assert render().of_kind("PodDisruptionBudget") == []  # one replica: a budget would block every drain
+    rendered = render_configuration("custom")
+    budget = rendered.one("PodDisruptionBudget")
+    assert budget["spec"]["minAvailable"] == 1
+    labels = rendered.one("Deployment")["spec"]["template"]["metadata"]["labels"]
+    assert budget["spec"]["selector"]["matchLabels"].items() <= labels.items()
