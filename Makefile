@@ -5,7 +5,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 
-.PHONY: demo test lint typecheck contracts unit bench mutate crds clean venv system-deps
+.PHONY: demo test lint typecheck contracts unit bench mutate crds chart-files clean venv system-deps
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -74,6 +74,15 @@ mutate: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_planner.py
+
+## make chart-files (or make crds): copy the CRD, the recording rules and the dashboard into the Helm chart, which
+## can read only its own folder; tests/chart fails while a copy differs from its source.
+CHART_FILES := charts/meshscope/files
+chart-files:
+	cp crds/trainingjobs.meshscope.io.yaml $(CHART_FILES)/crds/
+	cp sidecar/monitoring/recording-rules.yaml sidecar/monitoring/dashboard.json $(CHART_FILES)/monitoring/
+
+crds: chart-files
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis .mutate
