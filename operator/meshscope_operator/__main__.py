@@ -14,7 +14,7 @@ import logging
 import os
 import sys
 from dataclasses import fields
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from meshscope_operator.settings import OperatorSettings, SettingsError, env_name, settings_from
 
@@ -31,6 +31,13 @@ def _parser() -> argparse.ArgumentParser:
         description="The meshscope Kubernetes operator: admission webhooks for TrainingJobs and training pods. "
         f"Configured by environment variables only: {names} (docs/operator.md).",
     )
+
+
+def _login(**kwargs: Any) -> object:  # noqa: ANN401 - kopf's login kwargs
+    """Credentials for kopf: the pod's service account, else the kubeconfig; ``None`` when neither is there."""
+    import kopf  # noqa: PLC0415
+
+    return kopf.login_with_service_account(**kwargs) or kopf.login_with_kubeconfig(**kwargs)
 
 
 def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
@@ -54,6 +61,11 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     from meshscope_operator.handlers import register  # noqa: PLC0415
 
     registry = kopf.OperatorRegistry()
+    # A registry of our own has none of the login handlers kopf's default one adds: without this the operator ends
+    # at start with "Ran out of valid credentials" (tests/chart/test_chart_runs_the_operator.py runs it as the
+    # image does). In a pod the service account's token; outside one, $KUBECONFIG or ~/.kube/config (kopf docs,
+    # "Authentication").
+    kopf.on.login(registry=registry)(_login)
     register(registry, settings)
     liveness = f"http://0.0.0.0:{settings.liveness_port}/healthz" if settings.liveness_port else None
     kopf.run(

@@ -246,14 +246,6 @@ def test_the_liveness_probe_path_is_answered(running: Running) -> None:
     assert _until("kopf's /healthz", probe) == 200
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="meshscope_operator.__main__ runs kopf with a plain kopf.OperatorRegistry(), which has none of kopf's "
-    "login handlers (only kopf's default SmartOperatorRegistry adds them: service account, kubeconfig, client "
-    "libraries), so the process ends at start-up with kopf's LoginError 'Ran out of valid credentials' in a cluster "
-    "too; operator/ is not this chart's to change (issue 11). Remove this mark once it logs in.",
-)
 def test_meshscope_operator_as_the_image_runs_it_logs_in_and_serves(tmp_path: Path) -> None:
     api = KmockApi(OPERATOR_RESOURCES)
     try:
