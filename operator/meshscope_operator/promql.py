@@ -119,7 +119,7 @@ class StoreClient:
                 status = response.status
         except TimeoutError:
             raise MetricsError("StoreTimeout", f"no answer to {expr!r} within {self.timeout_s:g} s") from None
-        except aiohttp.ClientError as exc:
+        except (aiohttp.ClientError, RuntimeError) as exc:  # RuntimeError: the session closed (operator stopping)
             raise MetricsError("StoreUnreachable", f"cannot query {self.url}: {exc}"[:500]) from None
         if len(raw) > MAX_RESPONSE_BYTES:
             raise MetricsError("BadAnswer", f"the answer to {expr!r} exceeds {MAX_RESPONSE_BYTES:,} bytes")

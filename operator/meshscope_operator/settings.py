@@ -145,7 +145,7 @@ class OperatorSettings:
     300; default 10). Also sent to the store as its ``timeout`` parameter, so it gives up too."""
     deep_interval_seconds: float = 300.0
     """Seconds between two deep analyses of a TrainingJob (``MESHSCOPE_OPERATOR_DEEP_INTERVAL_SECONDS``, 10 to
-    86400; default 300). The annotation ``meshscope.io/analyze-now`` runs one at once."""
+    86400; default 300). The annotation ``analyze.meshscope.io/now`` runs one at once."""
     deep_window_steps: int = 2
     """Steps of records pulled from every sidecar per deep analysis (``MESHSCOPE_OPERATOR_DEEP_WINDOW_STEPS``, 1 to
     64, the most a sidecar keeps; default 2: at 16,384 ranks of Llama 3 405B that is 38 M intervals, about 4 GiB of

@@ -8,7 +8,7 @@ registry everything that writes the cost table into ``TrainingJob.status`` (docs
   ``topCost`` (measured side) unless a deep analysis wrote them within two of its intervals; condition
   ``MetricsAvailable`` (``False`` with the reason when the store fails);
 - **deep**: every ``deep_interval_seconds`` (first after one interval), and at once when the TrainingJob carries
-  the annotation ``meshscope.io/analyze-now`` (removed after the run): :mod:`~meshscope_operator.deep` -> the
+  the annotation ``analyze.meshscope.io/now`` (removed after the run): :mod:`~meshscope_operator.deep` -> the
   ConfigMap ``NAME-meshscope-costs`` (owned by the TrainingJob) and the bounded summary in status; condition
   ``CostTableAvailable``.
 
@@ -62,8 +62,11 @@ if TYPE_CHECKING:
     from meshscope.jobs import JobSpec
     from meshscope_operator.settings import OperatorSettings
 
-ANALYZE_NOW = "meshscope.io/analyze-now"
-"""Annotation that asks for a deep analysis now (any value); the operator removes it once the analysis ran."""
+ANALYZE_NOW = "analyze.meshscope.io/now"
+"""Annotation that asks for a deep analysis now (any value: a new value is a new request); the operator removes it
+once the analysis ran. Not under ``meshscope.io/``: kopf keeps its own state there and leaves every annotation with
+that prefix out of what it compares to see a change (kopf ``_cogs/configs/diffbase.py``), so a request there would
+never reach an update handler."""
 METRICS_TIMER_ID = "costs-metrics"
 DEEP_TIMER_ID = "costs-deep"
 ANALYZE_NOW_ID = "costs-analyze-now"
@@ -86,6 +89,9 @@ class _State:
     """(namespace, name) -> newest step analysed: the next window starts after it."""
     deep_done: dict[tuple[str, str], float] = field(default_factory=dict)
     """(namespace, name) -> ``time.monotonic()`` of the last deep analysis written."""
+    asked: dict[tuple[str, str], str] = field(default_factory=dict)
+    """(namespace, name) -> the value of the last ``analyze.meshscope.io/now`` answered: a request seen again
+    (an event that predates the annotation's removal) is not run twice."""
 
 
 def _condition(body: kopf.Body, patch: kopf.Patch, **fields: Any) -> None:  # noqa: ANN401 - condition fields
@@ -217,6 +223,26 @@ async def _pull(state: _State, settings: OperatorSettings, key: tuple[str, str],
     return pulled
 
 
+async def answer_request(state: _State, settings: OperatorSettings, *, body: kopf.Body, patch: kopf.Patch) -> None:
+    """Run the deep tier for a new ``analyze.meshscope.io/now`` value (once per value), then remove the annotation."""
+    meta = body.get("metadata", {})
+    key = (str(meta.get("namespace", "")), str(meta.get("name", "")))
+    asked = str(meta.get("annotations", {}).get(ANALYZE_NOW, ""))
+    if state.asked.get(key) != asked:
+        state.asked[key] = asked
+        await run_deep(state, settings, body=body, patch=patch)
+    patch.metadata.annotations[ANALYZE_NOW] = None
+
+
+async def _close(state: _State) -> None:
+    closing = (state.api, state.http)
+    state.api, state.http = None, None  # a handler still running sees the tiers as off, not a closed session
+    for session in closing:
+        if session is not None:
+            with contextlib.suppress(Exception):
+                await session.close()
+
+
 def register_costs(
     registry: kopf.OperatorRegistry,
     settings: OperatorSettings,
@@ -244,10 +270,7 @@ def register_costs(
 
     @kopf.on.cleanup(registry=registry)
     async def costs_close(**_: object) -> None:
-        for closing in (state.api, state.http):
-            if closing is not None:
-                with contextlib.suppress(Exception):
-                    await closing.close()
+        await _close(state)
 
     if settings.metrics_url:
 
@@ -281,5 +304,4 @@ def register_costs(
         GROUP, VERSION, PLURAL, id=ANALYZE_NOW_ID, annotations={ANALYZE_NOW: kopf.PRESENT}, registry=registry
     )
     async def costs_analyze_now(body: kopf.Body, patch: kopf.Patch, **_: object) -> None:
-        await run_deep(state, operator_settings, body=body, patch=patch)
-        patch.metadata.annotations[ANALYZE_NOW] = None
+        await answer_request(state, operator_settings, body=body, patch=patch)

@@ -1,0 +1,272 @@
+"""The deep tier end to end: kopf against kmock, real sidecars as the pods, the core's analysis in status.
+
+The cluster (kmock) holds a TrainingJob of 4 nodes (16 ranks, tp=2, dp=8) annotated ``analyze.meshscope.io/now``,
+and its pods: two whose sidecars run for real on their pod IPs (127.0.0.2 and 127.0.0.3, one port, as in a
+cluster), one whose sidecar is dead (127.0.0.4: nothing listens), one still Pending, and a pod of another job.
+The operator (``register_costs`` on a fresh registry, kopf's real machinery, recipe C of
+shared/reference/kubernetes-testing.md) must pull the window, analyse it, write the ConfigMap with its owner
+reference, the bounded summary and the conditions, remove the annotation, and answer a second annotation with the
+next window. The expected numbers are the core's ``analyze`` of the same records (the window's steps of the live
+pods' ranks) run here. The store is down all along: ``MetricsAvailable=False``, never an error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import socket
+import threading
+import time
+import urllib.request
+from typing import TYPE_CHECKING, Any
+
+import kmock
+import kopf
+import pytest
+
+from cost_sidecars import JOB, NAMESPACE, feed_all, job_manifest, sidecars, simulated_job
+from meshscope.analysis import analyze
+from meshscope.records import table_from_lines
+from meshscope_operator.costs import ANALYSIS_KEY, COST_TABLE_AVAILABLE, METRICS_AVAILABLE, status_from_analysis
+from meshscope_operator.handlers import ANNOTATION_PREFIX
+from meshscope_operator.settings import OperatorSettings
+from meshscope_operator.tiers import ANALYZE_NOW, register_costs
+from operator_serving import RESOURCES
+from sidecar.promstack import free_port
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+    from pathlib import Path
+
+TIMEOUT_S = 30.0
+TJ = ("meshscope.io/v1alpha1/trainingjobs", NAMESPACE, JOB)
+CM = ("v1/configmaps", NAMESPACE, f"{JOB}-meshscope-costs")
+LIVE = ("127.0.0.2", "127.0.0.3")
+
+
+def _pod(name: str, *, job: str = JOB, ip: str | None, phase: str = "Running") -> dict[str, Any]:
+    status: dict[str, Any] = {"phase": phase}
+    if ip is not None:
+        status["podIP"] = ip
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": NAMESPACE, "labels": {"meshscope.io/trainingjob": job}},
+        "spec": {"containers": [{"name": "trainer", "image": "trainer:1"}]},
+        "status": status,
+    }
+
+
+def _shared_port() -> int:
+    with socket.socket() as s:
+        s.bind((LIVE[0], 0))
+        port: int = s.getsockname()[1]
+    with socket.socket() as s:
+        s.bind((LIVE[1], port))  # free on the other address too (fails the test otherwise: run it again)
+    return port
+
+
+class _Loop:
+    def __init__(self, name: str) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name=name, daemon=True)
+        self.thread.start()
+
+    def run(self, coro: Any, timeout_s: float = TIMEOUT_S) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout_s)
+
+    def close(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(TIMEOUT_S)
+        if not self.thread.is_alive():
+            self.loop.close()
+
+
+@contextlib.contextmanager
+def _operator(settings: OperatorSettings, objects: dict[tuple[str, str, str], dict[str, Any]]) -> Iterator[Any]:
+    """kmock with ``objects``, and the cost tiers' handlers running against it; both stopped on the way out."""
+    mock_loop = _Loop("kmock")
+
+    async def start_mock() -> tuple[Any, Any]:
+        emulator = kmock.KubernetesEmulator()
+        await emulator.__aenter__()
+        server = kmock.Server(emulator)
+        await server.__aenter__()
+        resources = {
+            **RESOURCES,
+            "v1/configmaps": {"kind": "ConfigMap", "namespaced": True, "verbs": {"list", "get", "create", "patch"}},
+        }
+        for key, info in resources.items():
+            emulator.resources[key] = kmock.ResourceInfo(**info)
+        for key, obj in objects.items():
+            emulator.objects[key] = obj
+        return emulator, server
+
+    emulator, server = mock_loop.run(start_mock())
+    api_url = str(server.url).rstrip("/")
+    info = kopf.ConnectionInfo(server=api_url, insecure=True, scheme="Bearer", token="dummy")
+
+    async def connection() -> kopf.ConnectionInfo:
+        return info
+
+    registry = kopf.OperatorRegistry()
+    register_costs(registry, settings, connection=connection)
+
+    @kopf.on.login(registry=registry)
+    def login(**_: Any) -> kopf.ConnectionInfo:
+        return info
+
+    @kopf.on.startup(registry=registry)
+    def plain_kmock(settings: kopf.OperatorSettings, **_: Any) -> None:
+        # what configure_kopf sets, less the webhook server (no admission handlers here)
+        settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=ANNOTATION_PREFIX)
+        settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+            prefix=ANNOTATION_PREFIX, key="last-handled-configuration"
+        )
+        settings.posting.enabled = False  # trap T7
+        settings.scanning.disabled = True  # trap T6
+
+    op_loop = _Loop("kopf")
+    flags: dict[str, asyncio.Event] = {}
+
+    async def start() -> asyncio.Task[None]:
+        flags["stop"], flags["ready"] = asyncio.Event(), asyncio.Event()
+        return asyncio.get_running_loop().create_task(
+            kopf.operator(
+                registry=registry,
+                standalone=True,
+                namespaces=[NAMESPACE],
+                stop_flag=flags["stop"],
+                ready_flag=flags["ready"],
+            )
+        )
+
+    task = op_loop.run(start())
+    try:
+        op_loop.run(asyncio.wait_for(flags["ready"].wait(), TIMEOUT_S))
+        yield emulator, api_url
+    finally:
+        op_loop.loop.call_soon_threadsafe(flags["stop"].set)
+
+        async def stopped() -> None:
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.wait_for(task, TIMEOUT_S)
+
+        op_loop.run(stopped(), TIMEOUT_S + 5)
+        op_loop.close()
+
+        async def stop_mock() -> None:
+            await server.__aexit__(None, None, None)
+            await emulator.__aexit__(None, None, None)
+
+        mock_loop.run(stop_mock())
+        mock_loop.close()
+
+
+def _condition(emulator: Any, kind: str) -> dict[str, Any] | None:
+    status = emulator.objects[TJ].get("status") or {}
+    return next((c for c in status.get("conditions", []) if c.get("type") == kind), None)
+
+
+def _wait(what: str, check: Any) -> Any:
+    deadline = time.monotonic() + TIMEOUT_S
+    while True:
+        with contextlib.suppress(KeyError):
+            got = check()
+            if got:
+                return got
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {TIMEOUT_S:.0f} s waiting for {what}")
+        time.sleep(0.1)
+
+
+def _expected(job: Any, steps: set[int]) -> dict[str, Any]:
+    lines = [x for x in job.lines_of(range(8)) if json.loads(x)["step"] in steps]
+    return analyze(table_from_lines(lines), spec=job.spec).to_dict()
+
+
+def test_the_deep_tier_writes_the_cores_analysis(tmp_path: Path) -> None:
+    job = simulated_job(4, tmp_path)
+    port = _shared_port()
+    tj = job_manifest(4)
+    tj["metadata"]["annotations"] = {ANALYZE_NOW: "1"}
+    objects = {
+        TJ: tj,
+        ("v1/pods", NAMESPACE, "tiny-0"): _pod("tiny-0", ip=LIVE[0]),
+        ("v1/pods", NAMESPACE, "tiny-1"): _pod("tiny-1", ip=LIVE[1]),
+        ("v1/pods", NAMESPACE, "tiny-2"): _pod("tiny-2", ip="127.0.0.4"),  # its sidecar is dead
+        ("v1/pods", NAMESPACE, "tiny-3"): _pod("tiny-3", ip=None, phase="Pending"),
+        ("v1/pods", NAMESPACE, "other-0"): _pod("other-0", job="other", ip="127.0.0.5"),
+    }
+    settings = OperatorSettings(
+        namespaces=(NAMESPACE,),
+        sidecar_port=port,
+        metrics_url=f"http://127.0.0.1:{free_port()}",  # nothing listens: the store is down
+        metrics_interval_seconds=1.0,
+        metrics_timeout_seconds=0.5,
+        deep_interval_seconds=3600.0,  # only on demand in this test
+        deep_timeout_seconds=5.0,
+    )
+    with sidecars(job, [(LIVE[0], port), (LIVE[1], port)]) as running:
+        feed_all(job, running)
+        with _operator(settings, objects) as (emulator, api_url):
+            done = _wait("the deep analysis", lambda: _condition(emulator, COST_TABLE_AVAILABLE))
+            assert (done["status"], done["reason"]) == ("True", "PartialData"), done
+            _wait("the annotation removed", lambda: ANALYZE_NOW not in emulator.objects[TJ]["metadata"]["annotations"])
+            configmap = emulator.objects[CM]
+            status = emulator.objects[TJ]["status"]
+
+            # the ConfigMap: owned by the TrainingJob, the core's analysis of the window (steps 0-1, ranks 0-7)
+            assert configmap["metadata"]["ownerReferences"] == [
+                {
+                    "apiVersion": "meshscope.io/v1alpha1",
+                    "kind": "TrainingJob",
+                    "name": JOB,
+                    "uid": tj["metadata"]["uid"],
+                    "controller": True,
+                    "blockOwnerDeletion": True,
+                }
+            ]
+            written = json.loads(configmap["data"][ANALYSIS_KEY])
+            want = _expected(job, {0, 1})
+            assert written["steps"] == {"first": 0, "last": 1, "count": 2}
+            assert written["ranks_seen"] == 8
+            assert written["rows"] == want["rows"]
+            assert written["summary"] == want["summary"]
+            assert [f["code"] for f in written["findings"]] == [f["code"] for f in want["findings"]]
+            ours = {n["code"]: n for n in written["partial_data"]}
+            assert "tiny-2" in ours["sidecars_unreachable"]["message"]
+            assert ours["sidecars_unreachable"]["count"] == 1
+            assert "tiny-3" in ours["pods_not_running"]["message"]
+            assert "other-0" not in json.dumps(written["partial_data"])  # another job's pod is not this job's
+            assert written["partial_data"][-len(want["partial_data"]) :] == want["partial_data"]
+
+            # the status: the bounded summary of that same analysis, and the condition of the store
+            summary = status_from_analysis(want, configmap=CM[2])
+            assert status["costTable"] == summary["costTable"]
+            assert status["stepTimeSeconds"] == want["summary"]["median_step_seconds"]
+            assert status["findingsList"] == summary["findingsList"]
+            assert status["costTableRef"] == CM[2]
+            metrics = _wait("the store's condition", lambda: _condition(emulator, METRICS_AVAILABLE))
+            assert (metrics["status"], metrics["reason"]) == ("False", "StoreUnreachable")
+            assert "steps 0-1" in done["message"]
+
+            # asked again: the next window
+            request = urllib.request.Request(
+                f"{api_url}/apis/meshscope.io/v1alpha1/namespaces/{NAMESPACE}/trainingjobs/{JOB}",
+                data=json.dumps({"metadata": {"annotations": {ANALYZE_NOW: "2"}}}).encode(),
+                headers={"Content-Type": "application/merge-patch+json"},
+                method="PATCH",
+            )
+            with urllib.request.urlopen(request, timeout=10):
+                pass
+
+            def second_window() -> dict[str, Any] | None:
+                c = _condition(emulator, COST_TABLE_AVAILABLE)
+                return c if c is not None and "steps 2-3" in c["message"] else None
+
+            again = _wait("the second window", second_window)
+            assert again["status"] == "True"
+            second = json.loads(emulator.objects[CM]["data"][ANALYSIS_KEY])
+            assert second["rows"] == _expected(job, {2, 3})["rows"]
