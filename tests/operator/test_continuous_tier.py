@@ -24,11 +24,14 @@ from typing import TYPE_CHECKING, Any
 import aiohttp
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from cost_sidecars import JOB, feed_all, sidecars, simulated_job
 from meshscope.analysis import CATEGORIES, break_down
 from meshscope_operator.costs import status_from_reading
-from meshscope_operator.promql import ATTEMPTS, MetricsError, StoreClient, read_job
+from meshscope_operator.promql import ATTEMPTS, REASONS, MetricsError, StoreClient, read_job
+from meshscope_operator.promql import _vector as _vector_of
 from sidecar.promstack import free_port, start_prometheus, start_victoria_metrics, start_vmalert
 
 if TYPE_CHECKING:
@@ -237,3 +240,44 @@ def test_a_store_error_is_not_retried() -> None:
 def test_a_wrong_answer_is_refused(status: int, body: bytes) -> None:
     with _store(lambda _p: (status, body)) as wrong:
         assert _reason(wrong.url) == "BadAnswer"
+
+
+_json = st.recursive(
+    st.none() | st.booleans() | st.floats(allow_nan=False) | st.integers() | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    max_leaves=20,
+)
+_answer = st.fixed_dictionaries(
+    {
+        "status": st.sampled_from(["success", "error", "weird"]),
+        "data": st.fixed_dictionaries(
+            {
+                "resultType": st.sampled_from(["vector", "matrix", "scalar"]),
+                "result": st.lists(
+                    st.fixed_dictionaries(
+                        {"metric": st.dictionaries(st.text(max_size=5), _json, max_size=3), "value": _json}
+                    ),
+                    max_size=3,
+                )
+                | _json,
+            }
+        )
+        | _json,
+    }
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(body=_answer | _json)
+def test_any_answer_is_samples_or_a_named_reason(body: Any) -> None:
+    try:
+        samples = _vector_of(body, "q")
+    except MetricsError as exc:
+        failure: MetricsError | None = exc
+    else:
+        failure = None
+    if failure is not None:
+        assert failure.reason in REASONS
+        assert "\n" not in str(failure)
+        return
+    assert all(isinstance(v, float) and all(isinstance(k, str) for k in labels) for labels, v in samples)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import http.server
 import json
 import socket
 import threading
@@ -21,14 +22,19 @@ import time
 import urllib.request
 from typing import TYPE_CHECKING, Any
 
+import aiohttp
 import kmock
 import kopf
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from cost_sidecars import JOB, NAMESPACE, feed_all, job_manifest, sidecars, simulated_job
 from meshscope.analysis import analyze
+from meshscope.errors import ParseError
 from meshscope.records import table_from_lines
 from meshscope_operator.costs import ANALYSIS_KEY, COST_TABLE_AVAILABLE, METRICS_AVAILABLE, status_from_analysis
+from meshscope_operator.deep import Pulled, Target, analyse_window, pull_window, targets_of
 from meshscope_operator.handlers import ANNOTATION_PREFIX
 from meshscope_operator.settings import OperatorSettings
 from meshscope_operator.tiers import ANALYZE_NOW, register_costs
@@ -270,3 +276,149 @@ def test_the_deep_tier_writes_the_cores_analysis(tmp_path: Path) -> None:
             assert again["status"] == "True"
             second = json.loads(emulator.objects[CM]["data"][ANALYSIS_KEY])
             assert second["rows"] == _expected(job, {2, 3})["rows"]
+
+
+# ---------------------------------------------------------------------------------------------------- the pull
+
+
+class _Stub(http.server.ThreadingHTTPServer):
+    """A sidecar that hangs (``delay_s``) or answers an error: what a broken pod looks like from the operator."""
+
+    daemon_threads = True
+
+    def __init__(self, status: int, delay_s: float = 0.0) -> None:
+        self.release = threading.Event()
+        outer = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                outer.release.wait(delay_s)
+                body = b"overloaded\n"
+                self.send_response(status)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                with contextlib.suppress(OSError):
+                    self.wfile.write(body)
+
+            def log_message(self, *_args: object) -> None:
+                return
+
+        super().__init__(("127.0.0.1", 0), Handler)
+        self.thread = threading.Thread(target=self.serve_forever, daemon=True)
+        self.thread.start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}"
+
+    def close(self) -> None:
+        self.release.set()
+        self.shutdown()
+        self.server_close()
+        self.thread.join(10)
+
+
+def _pull(targets: list[Target], **bounds: Any) -> Pulled:
+    async def go() -> Pulled:
+        async with aiohttp.ClientSession() as session:
+            args = {"since_step": -1, "window_steps": 2, "timeout_s": 5.0, "concurrency": 1} | bounds
+            return await pull_window(session, targets, **args)
+
+    return asyncio.run(go())
+
+
+def test_the_pull_is_bounded_and_names_what_it_missed(tmp_path: Path) -> None:
+    job = simulated_job(2, tmp_path)
+    hung, failing = _Stub(200, delay_s=30.0), _Stub(503)
+    try:
+        with sidecars(job, [("127.0.0.1", 0), ("127.0.0.1", 0)]) as running:
+            feed_all(job, running)
+            a, b = (Target(pod=f"tiny-{i}", url=s.url) for i, s in enumerate(running))
+            window = [x for x in job.lines if json.loads(x)["step"] in {0, 1}]
+            of_a = [x for x in window if json.loads(x)["rank"] < 4]
+            of_b = [x for x in window if json.loads(x)["rank"] >= 4]
+
+            whole = _pull([a, b], pod_max_bytes=1 << 20, total_max_bytes=1 << 30)
+            assert sorted(whole.lines) == sorted(window)  # exactly the window: steps 0-1 of every rank
+            assert (whole.notes, whole.pods_answered, whole.last_step) == ([], 2, 1)
+            assert whole.bytes_read == sum(map(len, window))
+
+            # a byte cap per pod: each answer cut at a whole record, the cut named
+            cap = sum(map(len, of_a[:3])) + 10
+            cut = _pull([a, b], pod_max_bytes=cap, total_max_bytes=1 << 30)
+            assert [(n.code, n.count) for n in cut.notes] == [("sidecar_answer_cut", 2)]
+            assert [x for x in cut.lines if json.loads(x)["rank"] < 4] == of_a[:3]  # step 0 of ranks 0-2
+            assert all(line in window for line in cut.lines)
+            assert cut.bytes_read <= 2 * cap
+
+            # a total cap: the first pod takes it, the second is not asked (one at a time here)
+            total = sum(map(len, of_a))
+            spent = _pull([a, b], pod_max_bytes=1 << 20, total_max_bytes=total)
+            assert sorted(spent.lines) == sorted(of_a)
+            assert [(n.code, n.count) for n in spent.notes] == [("records_over_budget", 1)]
+            assert "tiny-1" in spent.notes[0].message
+            assert spent.bytes_read == total
+
+            # a hung and a failing sidecar: noted with the pod and why, the others analysed
+            broken = _pull(
+                [a, b, Target(pod="tiny-hung", url=hung.url), Target(pod="tiny-503", url=failing.url)],
+                pod_max_bytes=1 << 20,
+                total_max_bytes=1 << 30,
+                timeout_s=0.5,
+                concurrency=4,
+            )
+            assert sorted(broken.lines) == sorted(of_a + of_b)
+            [note] = broken.notes
+            assert (note.code, note.count) == ("sidecars_unreachable", 2)
+            assert "tiny-hung (no answer within 0.5 s)" in note.message
+            assert "tiny-503 (HTTP 503" in note.message
+    finally:
+        hung.close()
+        failing.close()
+
+
+def test_pods_without_an_ip_are_noted_not_asked() -> None:
+    targets, notes = targets_of(
+        [_pod("b", ip="10.0.0.7"), _pod("a", ip="fd00::7"), _pod("c", ip=None, phase="Pending")], port=9402
+    )
+    assert targets == [Target(pod="a", url="http://[fd00::7]:9402"), Target(pod="b", url="http://10.0.0.7:9402")]
+    assert [(n.code, n.count) for n in notes] == [("pods_not_running", 1)]
+    assert "c" in notes[0].message
+
+
+_garbage = st.one_of(
+    st.binary(max_size=200),
+    st.text(max_size=200).map(str.encode),
+    st.builds(
+        lambda d: json.dumps(d).encode(),
+        st.dictionaries(
+            st.sampled_from(["schema", "job", "step", "rank"]), st.integers() | st.text(max_size=5), max_size=4
+        ),
+    ),
+)
+
+
+@pytest.fixture(scope="module")
+def tiny_lines(tmp_path_factory: pytest.TempPathFactory) -> list[bytes]:
+    return simulated_job(2, tmp_path_factory.mktemp("fuzz")).lines[:16]
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(garbage=st.lists(_garbage, max_size=4), at=st.integers(0, 16))
+def test_garbage_from_a_sidecar_is_left_out_or_refused_in_one_line(
+    tiny_lines: list[bytes], garbage: list[bytes], at: int
+) -> None:
+    lines = [*tiny_lines[:at], *(g.replace(b"\n", b" ") + b"\n" for g in garbage), *tiny_lines[at:]]
+    try:
+        result = analyse_window(lines, spec=None, notes=[])
+    except ParseError as exc:
+        message = str(exc)
+    else:
+        message = ""
+    if message:
+        assert message.strip()
+        return
+    if garbage:
+        codes = [n["code"] for n in result.analysis["partial_data"]]
+        assert "invalid_records" in codes or len(result.analysis["rows"]) > 0
+    assert json.loads(result.json)["rows"] == result.analysis["rows"]
