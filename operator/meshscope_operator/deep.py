@@ -269,8 +269,11 @@ class Result:
     json: str
 
 
-def analyse_window(lines: Sequence[bytes], *, spec: JobSpec | None, notes: Sequence[Note]) -> Result:
+def analyse_window(lines: list[bytes], *, spec: JobSpec | None, notes: Sequence[Note]) -> Result:
     """Build the table of ``lines`` and run :func:`meshscope.analysis.analyze` (blocking: call it in a thread).
+
+    ``lines`` is consumed: emptied once the table is built, so that the records' JSON (as large as the table) is
+    not held while the analysis runs.
 
     A pod whose records spoil the table (one bad line fails the whole table) is not needed to find: the table is
     built from all lines first, and only when that fails line by line, leaving the bad lines out with a note.
@@ -297,5 +300,7 @@ def analyse_window(lines: Sequence[bytes], *, spec: JobSpec | None, notes: Seque
             ),
         ]
         table = table_from_lines(good, where="sidecars")
+        good.clear()
+    lines.clear()
     analysis = analyze(table, spec=spec, notes=notes).to_dict()
     return Result(analysis=analysis, json=encode_analysis(analysis))

@@ -179,7 +179,7 @@ async def run_deep(state: _State, settings: OperatorSettings, *, body: kopf.Body
             fail("AnalysisFailed", str(exc).splitlines()[0] + (f" (spec: {spec_error})" if spec_error else ""))
             return
         finally:
-            del pulled.lines[:]  # the records are not kept past the analysis
+            pulled.lines.clear()  # the records are not kept past the analysis (analyse_window empties it too)
     configmap = configmap_for(dict(body), result.json)
     try:
         await state.api.apply_configmap(configmap)
