@@ -13,15 +13,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import http.server
 import json
 import shutil
 import threading
 import time
+import urllib.parse
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import aiohttp
+import kopf
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -30,6 +33,8 @@ from hypothesis import strategies as st
 from cost_sidecars import JOB, feed_all, sidecars, simulated_job
 from meshscope.analysis import CATEGORIES, break_down
 from meshscope_operator.costs import status_from_reading
+from meshscope_operator.settings import OperatorSettings
+from meshscope_operator.tiers import _State, read_metrics
 from meshscope_operator.promql import ATTEMPTS, REASONS, MetricsError, StoreClient, read_job
 from meshscope_operator.promql import _vector as _vector_of
 from sidecar.promstack import free_port, start_prometheus, start_victoria_metrics, start_vmalert
@@ -107,6 +112,7 @@ def _expected(job: Any) -> dict[str, Any]:
     return {"median": median, "max": max(per_rank_step), "shares": shares}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("store", ["prometheus", "victoria-metrics"])
 def test_the_status_rows_are_the_records_through_the_core(stores: dict[str, Any], store: str) -> None:
     service: Service = stores[store]
@@ -129,6 +135,7 @@ def test_the_status_rows_are_the_records_through_the_core(stores: dict[str, Any]
     assert status["topCost"].startswith(("exposed comm " + top.split(".")[1]) if top.startswith("comm.") else top)
 
 
+@pytest.mark.slow
 def test_another_jobs_name_reads_no_data(stores: dict[str, Any]) -> None:
     async def go() -> None:
         async with aiohttp.ClientSession() as session:
@@ -281,3 +288,49 @@ def test_any_answer_is_samples_or_a_named_reason(body: Any) -> None:
         assert "\n" not in str(failure)
         return
     assert all(isinstance(v, float) and all(isinstance(k, str) for k in labels) for labels, v in samples)
+
+
+def _answers(path: str) -> tuple[int, bytes]:
+    """A store holding one job's job-level series: median step 2 s, slowest 2.5 s, shares 60 % compute and 40 % dp
+    exposed communication, every other series 0.5."""
+    query = urllib.parse.parse_qs(urllib.parse.urlparse(path).query)["query"][0]
+    if query.startswith("job_category_axis:"):
+        result = [
+            {"metric": {"job": JOB, "category": "compute", "axis": ""}, "value": [0, "0.6"]},
+            {"metric": {"job": JOB, "category": "exposed_comm", "axis": "dp"}, "value": [0, "0.4"]},
+        ]
+    else:
+        value = {"job:meshscope_step_seconds:median_rate5m": "2", "job:meshscope_step_seconds:max_rate5m": "2.5"}
+        result = [{"metric": {"job": JOB}, "value": [0, value.get(query.split("{")[0], "0.5")]}]
+    return 200, json.dumps({"status": "success", "data": {"resultType": "vector", "result": result}}).encode()
+
+
+@pytest.mark.parametrize("deep_age_s", [None, 10.0, 1000.0], ids=["no-deep", "fresh-deep", "stale-deep"])
+def test_the_timer_leaves_the_rows_to_a_recent_deep_analysis(deep_age_s: float | None) -> None:
+    settings = OperatorSettings(metrics_timeout_seconds=5.0, deep_interval_seconds=300.0)
+    body = {"metadata": {"name": JOB, "namespace": "training", "generation": 2}, "status": {"conditions": []}}
+    patch = kopf.Patch()
+
+    async def go(url: str) -> None:
+        async with aiohttp.ClientSession() as session:
+            state = _State(http=session)
+            if deep_age_s is not None:
+                state.deep_done[("training", JOB)] = time.monotonic() - deep_age_s
+            await read_metrics(state, dataclasses.replace(settings, metrics_url=url), body=kopf.Body(body), patch=patch)
+
+    with _store(_answers) as store:
+        asyncio.run(go(store.url))
+    status = dict(patch.status)
+    assert status["stepTimeSeconds"] == 2.0
+    [condition] = status["conditions"]
+    assert (condition["type"], condition["status"], condition["observedGeneration"]) == ("MetricsAvailable", "True", 2)
+    assert "median step 2.00 s (slowest rank 2.50 s)" in condition["message"]
+    assert "useful compute 50.0 % vs reported GPU utilisation 50.0 %" in condition["message"]
+    if deep_age_s == 10.0:  # within two deep intervals: the deep table (expected beside measured) stays
+        assert "costTable" not in status
+    else:
+        assert status["costTable"] == [
+            {"category": "compute", "shareOfStep": 0.6, "measuredSeconds": 1.2},
+            {"category": "comm.dp", "shareOfStep": 0.4, "measuredSeconds": 0.8},
+        ]
+        assert status["topCost"] == "exposed comm dp 40.0%"

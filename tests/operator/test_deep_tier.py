@@ -37,7 +37,8 @@ from meshscope_operator.costs import ANALYSIS_KEY, COST_TABLE_AVAILABLE, METRICS
 from meshscope_operator.deep import Pulled, Target, analyse_window, pull_window, targets_of
 from meshscope_operator.handlers import ANNOTATION_PREFIX
 from meshscope_operator.settings import OperatorSettings
-from meshscope_operator.tiers import ANALYZE_NOW, register_costs
+from meshscope_operator.kube import KubeApi
+from meshscope_operator.tiers import ANALYZE_NOW, _State, register_costs, run_deep
 from operator_serving import RESOURCES
 from sidecar.promstack import free_port
 
@@ -422,3 +423,38 @@ def test_garbage_from_a_sidecar_is_left_out_or_refused_in_one_line(
         codes = [n["code"] for n in result.analysis["partial_data"]]
         assert "invalid_records" in codes or len(result.analysis["rows"]) > 0
     assert json.loads(result.json)["rows"] == result.analysis["rows"]
+
+
+@pytest.mark.parametrize(
+    ("api", "reason"),
+    [("down", "ApiError"), ("none", "NoApiAccess"), ("no-pods", "NoSidecars")],
+)
+def test_what_stops_an_analysis_is_a_condition(api: str, reason: str) -> None:
+    body = kopf.Body({**job_manifest(2), "status": {}})
+    patch = kopf.Patch()
+    settings = OperatorSettings(deep_timeout_seconds=2.0)
+
+    async def go() -> None:
+        state = _State(http=aiohttp.ClientSession())
+        closing = []
+        if api == "down":
+            state.api = KubeApi(kopf.ConnectionInfo(server=f"http://127.0.0.1:{free_port()}", insecure=True))
+        elif api == "no-pods":
+            state.api = _NoPods(kopf.ConnectionInfo(server="http://127.0.0.1:1", insecure=True))
+        try:
+            await run_deep(state, settings, body=body, patch=patch)
+        finally:
+            closing = [s for s in (state.api, state.http) if s is not None]
+            for s in closing:
+                await s.close()
+
+    asyncio.run(go())
+    [condition] = patch.status["conditions"]
+    assert (condition["type"], condition["status"], condition["reason"]) == (COST_TABLE_AVAILABLE, "False", reason)
+    assert "\n" not in condition["message"]
+    assert "costTable" not in patch.status  # nothing analysed: the last table stays as it was
+
+
+class _NoPods(KubeApi):
+    async def list_pods(self, namespace: str, labels: dict[str, str]) -> list[dict[str, Any]]:
+        return []
