@@ -33,10 +33,10 @@ from hypothesis import strategies as st
 from cost_sidecars import JOB, feed_all, sidecars, simulated_job
 from meshscope.analysis import CATEGORIES, break_down
 from meshscope_operator.costs import status_from_reading
-from meshscope_operator.settings import OperatorSettings
-from meshscope_operator.tiers import _State, read_metrics
 from meshscope_operator.promql import ATTEMPTS, REASONS, MetricsError, StoreClient, read_job
 from meshscope_operator.promql import _vector as _vector_of
+from meshscope_operator.settings import OperatorSettings
+from meshscope_operator.tiers import _State, read_metrics
 from sidecar.promstack import free_port, start_prometheus, start_victoria_metrics, start_vmalert
 
 if TYPE_CHECKING:

@@ -36,8 +36,8 @@ from meshscope.records import table_from_lines
 from meshscope_operator.costs import ANALYSIS_KEY, COST_TABLE_AVAILABLE, METRICS_AVAILABLE, status_from_analysis
 from meshscope_operator.deep import Pulled, Target, analyse_window, pull_window, targets_of
 from meshscope_operator.handlers import ANNOTATION_PREFIX
-from meshscope_operator.settings import OperatorSettings
 from meshscope_operator.kube import KubeApi
+from meshscope_operator.settings import OperatorSettings
 from meshscope_operator.tiers import ANALYZE_NOW, _State, register_costs, run_deep
 from operator_serving import RESOURCES
 from sidecar.promstack import free_port
