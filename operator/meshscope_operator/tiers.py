@@ -23,10 +23,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime as dt
-import logging
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
+from urllib.parse import quote
 
 import aiohttp
 import kopf
@@ -52,13 +52,11 @@ from meshscope_operator.deep import (
     pull_window,
     targets_of,
 )
-from meshscope_operator.kube import KubeApi, KubeError
+from meshscope_operator.kubeapi import ApiError, ConflictError, KubeApi
 from meshscope_operator.promql import MetricsError, StoreClient, read_job
 from meshscope_operator.spec import GROUP, PLURAL, VERSION, job_spec
 
 if TYPE_CHECKING:
-    from collections.abc import Awaitable, Callable
-
     from meshscope.jobs import JobSpec
     from meshscope_operator.settings import OperatorSettings
 
@@ -70,8 +68,6 @@ never reach an update handler."""
 METRICS_TIMER_ID = "costs-metrics"
 DEEP_TIMER_ID = "costs-deep"
 ANALYZE_NOW_ID = "costs-analyze-now"
-
-log = logging.getLogger("meshscope_operator.tiers")
 
 
 def _now() -> str:
@@ -110,17 +106,20 @@ def _spec_or_none(body: kopf.Body) -> tuple[JobSpec | None, str]:
         return None, str(exc).splitlines()[0]
 
 
-async def _login(settings: kopf.OperatorSettings) -> kopf.ConnectionInfo | None:
-    """Kopf's own credentials: the pod's service account, else the kubeconfig (``None`` when neither exists)."""
-    for login in (kopf.login_with_service_account, kopf.login_with_kubeconfig):
-        try:
-            info = login(settings=settings)
-        except Exception as exc:  # noqa: BLE001 - any failure of one way to log in means: try the next
-            log.debug("login for the cost table: %s failed: %r", login.__name__, exc)
-            continue
-        if info is not None:
-            return info
-    return None
+async def _pods(api: KubeApi, namespace: str, name: str) -> list[dict[str, Any]]:
+    """The pods labelled ``meshscope.io/trainingjob=NAME``; the label is checked here too (not every API filters)."""
+    selector = quote(f"{JOB_LABEL}={name}")
+    pods = await api.list(f"/api/v1/namespaces/{quote(namespace)}/pods?labelSelector={selector}")
+    return [p for p in pods if (p.get("metadata", {}).get("labels") or {}).get(JOB_LABEL) == name]
+
+
+async def _apply(api: KubeApi, configmap: dict[str, Any]) -> None:
+    """Create the ConfigMap, or merge-patch it where it exists (its data replaced)."""
+    base = f"/api/v1/namespaces/{quote(configmap['metadata']['namespace'])}/configmaps"
+    try:
+        await api.create(base, configmap)
+    except ConflictError:
+        await api.patch(f"{base}/{quote(configmap['metadata']['name'])}", configmap)
 
 
 async def read_metrics(state: _State, settings: OperatorSettings, *, body: kopf.Body, patch: kopf.Patch) -> None:
@@ -151,12 +150,11 @@ async def run_deep(state: _State, settings: OperatorSettings, *, body: kopf.Body
         _condition(body, patch, type_=COST_TABLE_AVAILABLE, status="False", reason=reason, message=message)
 
     if state.api is None or state.http is None:
-        fail("NoApiAccess", "the operator found no API credentials at startup (service account or kubeconfig)")
-        return
+        return  # the operator is stopping
     spec, spec_error = _spec_or_none(body)
     try:
-        pods = await state.api.list_pods(namespace, {JOB_LABEL: name})
-    except KubeError as exc:
+        pods = await _pods(state.api, namespace, name)
+    except ApiError as exc:
         fail("ApiError", str(exc))
         return
     targets, notes = targets_of(pods, port=settings.sidecar_port)
@@ -182,8 +180,8 @@ async def run_deep(state: _State, settings: OperatorSettings, *, body: kopf.Body
             pulled.lines.clear()  # the records are not kept past the analysis (analyse_window empties it too)
     configmap = configmap_for(dict(body), result.json)
     try:
-        await state.api.apply_configmap(configmap)
-    except KubeError as exc:
+        await _apply(state.api, configmap)
+    except ApiError as exc:
         fail("ApiError", f"writing ConfigMap {configmap_name(name)}: {exc}")
         return
     if pulled.last_step is not None:
@@ -243,30 +241,19 @@ async def _close(state: _State) -> None:
                 await session.close()
 
 
-def register_costs(
-    registry: kopf.OperatorRegistry,
-    settings: OperatorSettings,
-    *,
-    connection: Callable[[], Awaitable[kopf.ConnectionInfo | None]] | None = None,
-) -> None:
+def register_costs(registry: kopf.OperatorRegistry, settings: OperatorSettings) -> None:
     """Add the cost table's handlers to ``registry``, bound to ``settings``.
 
-    Args:
-        registry: the operator's registry.
-        settings: the operator's settings (intervals, store, caps).
-        connection: where the API calls go (tests: the API mock); default kopf's own login (service account, else
-            kubeconfig) at startup.
+    The API calls (the pods, the ConfigMap) go through reconcile's wrapper (:class:`~meshscope_operator.kubeapi.
+    KubeApi`): ``MESHSCOPE_OPERATOR_API_SERVER`` when set, else the pod's service account.
     """
     state = _State()
     operator_settings = settings
 
     @kopf.on.startup(registry=registry)
-    async def costs_sessions(settings: kopf.OperatorSettings, **_: object) -> None:
-        info = await connection() if connection is not None else await _login(settings)
-        state.api = KubeApi(info, timeout_s=operator_settings.deep_timeout_seconds) if info is not None else None
+    async def costs_sessions(**_: object) -> None:
+        state.api = KubeApi(operator_settings.api_server)
         state.http = aiohttp.ClientSession()
-        if info is None:
-            log.warning("no API credentials for the deep tier: the cost table's ConfigMaps will not be written")
 
     @kopf.on.cleanup(registry=registry)
     async def costs_close(**_: object) -> None:
