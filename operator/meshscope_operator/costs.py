@@ -167,12 +167,17 @@ def status_findings(findings: Sequence[Mapping[str, Any]]) -> list[dict[str, str
     return out
 
 
-def status_from_analysis(analysis: Mapping[str, Any], *, configmap: str) -> dict[str, Any]:
+def status_from_analysis(
+    analysis: Mapping[str, Any], *, configmap: str, planner_findings: Sequence[Mapping[str, Any]] = ()
+) -> dict[str, Any]:
     """The deep tier's status fields of one ``Analysis.to_dict()`` (without conditions).
 
     Args:
         analysis: ``Analysis.to_dict()`` (docs/cost-table.md's JSON shape).
         configmap: the name of the ConfigMap holding the whole of it (``costTableRef``).
+        planner_findings: the plan's findings (``{code, severity, message}``, what reconcile writes into
+            ``findings``/``findingsList``): kept after the measured ones, those of a code the analysis also raised
+            left out, so that the deep tier does not drop what the planner found.
 
     Returns:
         ``stepTimeSeconds``, ``topCost``, ``costTable``, ``findings``, ``findingsList``, ``costTableRef``: every
@@ -180,6 +185,8 @@ def status_from_analysis(analysis: Mapping[str, Any], *, configmap: str) -> dict
     """
     rows = status_rows(analysis)
     findings = list(analysis.get("findings", []))
+    measured = {str(f.get("code")) for f in findings}
+    findings += [f for f in planner_findings if str(f.get("code")) not in measured]
     status: dict[str, Any] = {
         "costTable": rows,
         "findings": len(findings),

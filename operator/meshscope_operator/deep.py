@@ -267,6 +267,8 @@ class Result:
 
     analysis: dict[str, Any]
     json: str
+    planner_findings: list[dict[str, str]] = field(default_factory=list)
+    """The plan's findings (``{code, severity, message}``), empty without a spec."""
 
 
 def analyse_window(lines: list[bytes], *, spec: JobSpec | None, notes: Sequence[Note]) -> Result:
@@ -302,5 +304,7 @@ def analyse_window(lines: list[bytes], *, spec: JobSpec | None, notes: Sequence[
         table = table_from_lines(good, where="sidecars")
         good.clear()
     lines.clear()
-    analysis = analyze(table, spec=spec, notes=notes).to_dict()
-    return Result(analysis=analysis, json=encode_analysis(analysis))
+    done = analyze(table, spec=spec, notes=notes)
+    analysis = done.to_dict()
+    planner = [f.to_dict() for f in done.plan.findings] if done.plan is not None else []
+    return Result(analysis=analysis, json=encode_analysis(analysis), planner_findings=planner)

@@ -187,7 +187,10 @@ async def run_deep(state: _State, settings: OperatorSettings, *, body: kopf.Body
     if pulled.last_step is not None:
         state.cursor[key] = pulled.last_step
     state.deep_done[key] = time.monotonic()
-    patch.status.update(status_from_analysis(result.analysis, configmap=configmap_name(name)))
+    summary = status_from_analysis(
+        result.analysis, configmap=configmap_name(name), planner_findings=result.planner_findings
+    )
+    patch.status.update(summary)
     partial = bool(result.analysis.get("partial_data"))
     message = analysis_message(result.analysis) + (f"; analysed without the spec: {spec_error}" if spec_error else "")
     _condition(

@@ -219,3 +219,16 @@ def test_hostile_analyses_still_give_a_valid_bounded_status(
     _valid(status)
     assert status["findings"] == len(findings)
     assert len(json.dumps(status).encode()) < 64 * 1024
+
+
+def test_the_planners_findings_follow_the_measured_ones(small: Any) -> None:
+    measured = small.to_dict()
+    planner = [
+        {"code": measured["findings"][0]["code"], "severity": "info", "message": "the planner said so too"},
+        {"code": "bubble-large", "severity": "warning", "message": "bubble 12 % of the step"},
+    ]
+    status = status_from_analysis(measured, configmap="x", planner_findings=planner)
+    codes = [f["code"] for f in status["findingsList"]]
+    assert codes == [f["code"] for f in measured["findings"]] + ["bubble-large"]  # the duplicate code left out
+    assert status["findings"] == len(measured["findings"]) + 1
+    _valid(status)

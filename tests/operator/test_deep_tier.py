@@ -185,9 +185,10 @@ def _wait(what: str, check: Any) -> Any:
         time.sleep(0.1)
 
 
-def _expected(job: Any, steps: set[int]) -> dict[str, Any]:
+def _expected(job: Any, steps: set[int]) -> Any:
+    """The core's analysis of the window's records of the live pods' ranks (0-7)."""
     lines = [x for x in job.lines_of(range(8)) if json.loads(x)["step"] in steps]
-    return analyze(table_from_lines(lines), spec=job.spec).to_dict()
+    return analyze(table_from_lines(lines), spec=job.spec)
 
 
 def test_the_deep_tier_writes_the_cores_analysis(tmp_path: Path) -> None:
@@ -233,7 +234,8 @@ def test_the_deep_tier_writes_the_cores_analysis(tmp_path: Path) -> None:
                 }
             ]
             written = json.loads(configmap["data"][ANALYSIS_KEY])
-            want = _expected(job, {0, 1})
+            expected = _expected(job, {0, 1})
+            want = expected.to_dict()
             assert written["steps"] == {"first": 0, "last": 1, "count": 2}
             assert written["ranks_seen"] == 8
             assert written["rows"] == want["rows"]
@@ -247,8 +249,12 @@ def test_the_deep_tier_writes_the_cores_analysis(tmp_path: Path) -> None:
             assert written["partial_data"][-len(want["partial_data"]) :] == want["partial_data"]
 
             # the status: the bounded summary of that same analysis, and the condition of the store
-            summary = status_from_analysis(want, configmap=CM[2])
+            planner = [f.to_dict() for f in expected.plan.findings]
+            summary = status_from_analysis(want, configmap=CM[2], planner_findings=planner)
             assert status["costTable"] == summary["costTable"]
+            assert status["findings"] == len(want["findings"]) + len(
+                {f.code for f in expected.plan.findings} - {f["code"] for f in want["findings"]}
+            )
             assert status["stepTimeSeconds"] == want["summary"]["median_step_seconds"]
             assert status["findingsList"] == summary["findingsList"]
             assert status["costTableRef"] == CM[2]
@@ -273,7 +279,7 @@ def test_the_deep_tier_writes_the_cores_analysis(tmp_path: Path) -> None:
             again = _wait("the second window", second_window)
             assert again["status"] == "True"
             second = json.loads(emulator.objects[CM]["data"][ANALYSIS_KEY])
-            assert second["rows"] == _expected(job, {2, 3})["rows"]
+            assert second["rows"] == _expected(job, {2, 3}).to_dict()["rows"]
 
 
 # ---------------------------------------------------------------------------------------------------- the pull
