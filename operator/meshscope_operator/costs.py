@@ -308,8 +308,19 @@ def configmap_name(job: str) -> str:
     return job[: 253 - len(CONFIGMAP_SUFFIX)] + CONFIGMAP_SUFFIX
 
 
+def _finite(value: Any) -> Any:  # noqa: ANN401 - JSON
+    """``value`` with every NaN or infinity made ``null`` (JSON has neither; the analysis keeps ``None`` for absent)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(v) for v in value]
+    return value
+
+
 def encode_analysis(analysis: Mapping[str, Any], *, budget_bytes: int = CONFIGMAP_DATA_BUDGET_BYTES) -> str:
-    """``analysis`` as compact JSON of at most ``budget_bytes`` UTF-8 bytes.
+    """``analysis`` as compact JSON of at most ``budget_bytes`` UTF-8 bytes (NaN and infinities as ``null``).
 
     What is cut when it does not fit, in this order, until it fits: each finding's ``evidence``; the
     ``expected_vs_measured.collectives`` entries beyond the first 64; findings beyond the first 20 (status's own
@@ -321,7 +332,7 @@ def encode_analysis(analysis: Mapping[str, Any], *, budget_bytes: int = CONFIGMA
         ValueError: if even the trimmed JSON exceeds the budget (it cannot at any job size: what is left is bounded
             by categories, stages and notes).
     """
-    text = json.dumps(analysis, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    text = json.dumps(_finite(analysis), separators=(",", ":"), ensure_ascii=False, allow_nan=False)
     size = len(text.encode())
     if size <= budget_bytes:
         return text

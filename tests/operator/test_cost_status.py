@@ -141,6 +141,10 @@ def test_a_large_analysis_is_trimmed_to_the_configmap_budget(small: Any) -> None
     assert len(out["findings"]) == 400  # evidence alone was enough
     assert encode_analysis(d) == json.dumps(d, separators=(",", ":"), ensure_ascii=False)  # fits: untouched
     assert len(whole) < CONFIGMAP_DATA_BUDGET_BYTES
+    odd = {**d, "summary": {**d["summary"], "efficiency": float("nan"), "ideal_step_seconds": float("inf")}}
+    got = json.loads(encode_analysis(odd))["summary"]
+    assert (got.pop("efficiency"), got.pop("ideal_step_seconds")) == (None, None)  # JSON has no NaN or inf
+    assert got == {k: v for k, v in d["summary"].items() if k not in {"efficiency", "ideal_step_seconds"}}
 
 
 def test_the_configmap_is_owned_by_the_trainingjob() -> None:
