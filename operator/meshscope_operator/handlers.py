@@ -20,6 +20,7 @@ from meshscope_operator.admission import INDEX_ID, register_admission
 from meshscope_operator.injection import InjectionTarget, target_from_body
 from meshscope_operator.reconciling import register_reconcile
 from meshscope_operator.spec import GROUP, PLURAL, VERSION
+from meshscope_operator.tiers import register_costs
 
 if TYPE_CHECKING:
     from meshscope_operator.settings import OperatorSettings
@@ -73,3 +74,4 @@ def register(registry: kopf.OperatorRegistry, settings: OperatorSettings) -> Non
 
     register_admission(registry, settings)
     register_reconcile(registry, settings)
+    register_costs(registry, settings)

@@ -12,6 +12,7 @@ handler (:mod:`~meshscope_operator.handlers`).
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING
@@ -45,6 +46,8 @@ _LABEL_KEY = re.compile(
     r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$"
 )
 _URL = re.compile(r"^https?://[^\s/]+(/[^\s]*)?$")
+_STORE_URL = re.compile(r"^https?://[^\s/?#]+(/[^\s?#]*)?$")
+MiB = 1 << 20
 
 
 class SettingsError(ValueError):
@@ -129,6 +132,35 @@ class OperatorSettings:
     """Node labels naming the network switch at each tier, closest first (``MESHSCOPE_OPERATOR_NETWORK_TIER_LABELS``,
     comma-separated, at most 8); default topograph's. The first one a node has is its network block. A
     TrainingJob's ``spec.topology.networkTierLabels`` overrides them for that job."""
+    # ---- the cost table's two tiers (docs/operator.md, "The cost table")
+    metrics_url: str = ""
+    """Base URL of the Prometheus-compatible store the continuous tier queries over ``/api/v1/query``
+    (``MESHSCOPE_OPERATOR_METRICS_URL``): Prometheus, VictoriaMetrics (``vmselect``'s ``/select/0/prometheus``),
+    Thanos Query, Mimir (``/prometheus``). Empty (the default): no continuous tier."""
+    metrics_interval_seconds: float = 30.0
+    """Seconds between two reads of the store per TrainingJob (``MESHSCOPE_OPERATOR_METRICS_INTERVAL_SECONDS``,
+    1 to 86400; default 30, the usual scrape interval: a faster read sees the same samples)."""
+    metrics_timeout_seconds: float = 10.0
+    """Seconds one query may take, connection included (``MESHSCOPE_OPERATOR_METRICS_TIMEOUT_SECONDS``, 0.1 to
+    300; default 10). Also sent to the store as its ``timeout`` parameter, so it gives up too."""
+    deep_interval_seconds: float = 300.0
+    """Seconds between two deep analyses of a TrainingJob (``MESHSCOPE_OPERATOR_DEEP_INTERVAL_SECONDS``, 10 to
+    86400; default 300). The annotation ``analyze.meshscope.io/now`` runs one at once."""
+    deep_window_steps: int = 2
+    """Steps of records pulled from every sidecar per deep analysis (``MESHSCOPE_OPERATOR_DEEP_WINDOW_STEPS``, 1 to
+    64, the most a sidecar keeps; default 2: at 16,384 ranks of Llama 3 405B that is 38 M intervals, about 4 GiB of
+    working set, docs/scale.md)."""
+    deep_timeout_seconds: float = 30.0
+    """Seconds one sidecar's ``/v1/steps`` answer may take (``MESHSCOPE_OPERATOR_DEEP_TIMEOUT_SECONDS``, 0.1 to
+    600; default 30); a sidecar that takes longer is noted as missing, not waited for."""
+    deep_concurrency: int = 64
+    """Sidecars asked at the same time (``MESHSCOPE_OPERATOR_DEEP_CONCURRENCY``, 1 to 4096; default 64)."""
+    deep_pod_max_bytes: int = 64 * MiB
+    """Most bytes read from one sidecar per analysis (``MESHSCOPE_OPERATOR_DEEP_POD_MAX_BYTES``, 1 KiB to 1 GiB;
+    default 64 MiB, twice what a sidecar keeps); beyond it the answer is cut at a whole record and noted."""
+    deep_total_max_bytes: int = 8192 * MiB
+    """Most bytes read from all sidecars together per analysis (``MESHSCOPE_OPERATOR_DEEP_TOTAL_MAX_BYTES``, 1 KiB
+    to 64 GiB; default 8 GiB): bounds the deep tier's working set; pods past it are noted as missing."""
 
 
 _ENV = {f.name: PREFIX + f.name.upper() for f in fields(OperatorSettings)}
@@ -148,6 +180,37 @@ def _int(name: str, value: str, *, minimum: int, maximum: int) -> int:
     if not minimum <= number <= maximum:
         raise SettingsError(f"{name}={value!r} is not a whole number from {minimum} to {maximum}")
     return number
+
+
+def _seconds(name: str, value: str, *, minimum: float, maximum: float) -> float:
+    try:
+        number = float(value.strip())
+    except ValueError:
+        number = math.nan
+    if not minimum <= number <= maximum:  # NaN and inf fail too
+        raise SettingsError(f"{name}={value!r} is not a number of seconds from {minimum:g} to {maximum:g}")
+    return number
+
+
+def _optional_seconds(
+    raw: Mapping[str, str], field_name: str, default: float, *, minimum: float, maximum: float
+) -> float:
+    if field_name not in raw:
+        return default
+    return _seconds(_ENV[field_name], raw[field_name], minimum=minimum, maximum=maximum)
+
+
+def _optional_int(raw: Mapping[str, str], field_name: str, default: int, *, minimum: int, maximum: int) -> int:
+    if field_name not in raw:
+        return default
+    return _int(_ENV[field_name], raw[field_name], minimum=minimum, maximum=maximum)
+
+
+def _store_url(value: str) -> str:
+    url = value.rstrip("/")
+    if url:
+        _match(_ENV["metrics_url"], url, _STORE_URL, "an http:// or https:// URL without a query")
+    return url
 
 
 def _match(name: str, value: str, pattern: re.Pattern[str], what: str) -> str:
@@ -238,6 +301,27 @@ def settings_from(environ: Mapping[str, str]) -> OperatorSettings:
         master_port=port("master_port", d.master_port, 1),
         nvlink_domain_label=_label_key(_ENV["nvlink_domain_label"], text("nvlink_domain_label", d.nvlink_domain_label)),
         network_tier_labels=_tier_labels(raw.get("network_tier_labels"), d.network_tier_labels),
+        metrics_url=_store_url(text("metrics_url", d.metrics_url)),
+        metrics_interval_seconds=_optional_seconds(
+            raw, "metrics_interval_seconds", d.metrics_interval_seconds, minimum=1.0, maximum=86400.0
+        ),
+        metrics_timeout_seconds=_optional_seconds(
+            raw, "metrics_timeout_seconds", d.metrics_timeout_seconds, minimum=0.1, maximum=300.0
+        ),
+        deep_interval_seconds=_optional_seconds(
+            raw, "deep_interval_seconds", d.deep_interval_seconds, minimum=10.0, maximum=86400.0
+        ),
+        deep_window_steps=_optional_int(raw, "deep_window_steps", d.deep_window_steps, minimum=1, maximum=64),
+        deep_timeout_seconds=_optional_seconds(
+            raw, "deep_timeout_seconds", d.deep_timeout_seconds, minimum=0.1, maximum=600.0
+        ),
+        deep_concurrency=_optional_int(raw, "deep_concurrency", d.deep_concurrency, minimum=1, maximum=4096),
+        deep_pod_max_bytes=_optional_int(
+            raw, "deep_pod_max_bytes", d.deep_pod_max_bytes, minimum=1024, maximum=1024 * MiB
+        ),
+        deep_total_max_bytes=_optional_int(
+            raw, "deep_total_max_bytes", d.deep_total_max_bytes, minimum=1024, maximum=64 * 1024 * MiB
+        ),
     )
 
 

@@ -73,3 +73,49 @@ def test_a_bad_value_names_the_variable_and_what_fits(variable: str, value: str,
     with pytest.raises(SettingsError, match="^" + variable) as err:
         settings_from({variable: value})
     assert message in str(err.value)
+
+
+def test_the_cost_tiers_settings_are_read() -> None:
+    s = settings_from(
+        {
+            "MESHSCOPE_OPERATOR_METRICS_URL": "http://vmselect.monitoring:8481/select/0/prometheus/",
+            "MESHSCOPE_OPERATOR_METRICS_INTERVAL_SECONDS": "15",
+            "MESHSCOPE_OPERATOR_METRICS_TIMEOUT_SECONDS": "2.5",
+            "MESHSCOPE_OPERATOR_DEEP_INTERVAL_SECONDS": "600",
+            "MESHSCOPE_OPERATOR_DEEP_WINDOW_STEPS": "4",
+            "MESHSCOPE_OPERATOR_DEEP_TIMEOUT_SECONDS": "12",
+            "MESHSCOPE_OPERATOR_DEEP_CONCURRENCY": "128",
+            "MESHSCOPE_OPERATOR_DEEP_POD_MAX_BYTES": "1048576",
+            "MESHSCOPE_OPERATOR_DEEP_TOTAL_MAX_BYTES": "1073741824",
+        }
+    )
+    assert s.metrics_url == "http://vmselect.monitoring:8481/select/0/prometheus"  # the trailing slash dropped
+    assert (s.metrics_interval_seconds, s.metrics_timeout_seconds) == (15.0, 2.5)
+    assert (s.deep_interval_seconds, s.deep_window_steps, s.deep_timeout_seconds) == (600.0, 4, 12.0)
+    assert (s.deep_concurrency, s.deep_pod_max_bytes, s.deep_total_max_bytes) == (128, 1 << 20, 1 << 30)
+    d = settings_from({})
+    assert d.metrics_url == ""  # no store: no continuous tier
+    assert (d.deep_interval_seconds, d.deep_window_steps, d.deep_pod_max_bytes) == (300.0, 2, 64 << 20)
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "message"),
+    [
+        ("MESHSCOPE_OPERATOR_METRICS_URL", "prometheus:9090", "is not an http:// or https:// URL without a query"),
+        ("MESHSCOPE_OPERATOR_METRICS_URL", "http://p:9090/api?x=1", "without a query"),
+        ("MESHSCOPE_OPERATOR_METRICS_INTERVAL_SECONDS", "0.5", "is not a number of seconds from 1 to 86400"),
+        ("MESHSCOPE_OPERATOR_METRICS_TIMEOUT_SECONDS", "nan", "is not a number of seconds from 0.1 to 300"),
+        ("MESHSCOPE_OPERATOR_DEEP_INTERVAL_SECONDS", "inf", "from 10 to 86400"),
+        ("MESHSCOPE_OPERATOR_DEEP_INTERVAL_SECONDS", "5m", "is not a number of seconds"),
+        ("MESHSCOPE_OPERATOR_DEEP_WINDOW_STEPS", "65", "is not a whole number from 1 to 64"),
+        ("MESHSCOPE_OPERATOR_DEEP_TIMEOUT_SECONDS", "-1", "from 0.1 to 600"),
+        ("MESHSCOPE_OPERATOR_DEEP_CONCURRENCY", "0", "from 1 to 4096"),
+        ("MESHSCOPE_OPERATOR_DEEP_POD_MAX_BYTES", "64Mi", "is not a whole number from 1024 to 1073741824"),
+        ("MESHSCOPE_OPERATOR_DEEP_TOTAL_MAX_BYTES", "100", "from 1024 to 68719476736"),
+    ],
+    ids=lambda v: v if v.startswith("MESHSCOPE") else "",
+)
+def test_a_bad_cost_tier_setting_names_the_variable(variable: str, value: str, message: str) -> None:
+    with pytest.raises(SettingsError, match="^" + variable) as err:
+        settings_from({variable: value})
+    assert message in str(err.value)
