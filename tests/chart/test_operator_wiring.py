@@ -54,8 +54,11 @@ def test_the_env_sets_exactly_the_operators_settings(configuration: str) -> None
 
 def test_the_default_env_gives_the_operators_defaults() -> None:
     settings = settings_from(kubelet_env(container(render())["env"]))
-    # the one difference: the chart mounts the CA beside the certificate
-    assert settings == replace(OperatorSettings(), webhook_ca_file="/etc/meshscope/webhook/ca.crt")
+    # the differences: the chart mounts the CA beside the certificate, and bounds the deep tier's pull to fit the
+    # operator's memory limit (1Gi) instead of the operator's own 8 GiB (values.yaml, costs.deep.totalMaxBytes)
+    assert settings == replace(
+        OperatorSettings(), webhook_ca_file="/etc/meshscope/webhook/ca.crt", deep_total_max_bytes=384 << 20
+    )
 
 
 def test_custom_values_reach_the_operator() -> None:
