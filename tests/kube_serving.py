@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import time
 from dataclasses import dataclass
@@ -79,12 +80,13 @@ def operator(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iter
 
 
 @contextlib.contextmanager
-def running_operator(cluster: Cluster, certs: Path) -> Iterator[OperatorSettings]:
+def running_operator(cluster: Cluster, certs: Path, **overrides: Any) -> Iterator[OperatorSettings]:
     """The operator on ``cluster`` until the block ends (its webhooks registered when the block starts).
 
     Args:
         cluster: the emulated cluster (the CRD applied).
         certs: an empty directory for trustme's certificates.
+        overrides: other :class:`OperatorSettings` fields (the cost tiers' store and intervals, the ports).
     """
     ca = trustme.CA()
     issued = ca.issue_cert("127.0.0.1", "localhost")
@@ -103,6 +105,7 @@ def running_operator(cluster: Cluster, certs: Path) -> Iterator[OperatorSettings
         sidecar_image="registry.example/meshscope-sidecar:test",
         api_server=cluster.api.url,  # reconcile's own client (meshscope_operator.kubeapi) talks to the emulator
     )
+    settings = dataclasses.replace(settings, **overrides)
     registry = kopf.OperatorRegistry()
     register(registry, settings)
     api_url = cluster.api.url

@@ -89,6 +89,7 @@ def _info(kind: str, *, namespaced: bool, status: bool = False, short: tuple[str
 BUILTINS: dict[str, dict[str, Any]] = {
     "v1/namespaces": _info("Namespace", namespaced=False, status=True, short=("ns",)),
     "v1/pods": _info("Pod", namespaced=True, status=True, short=("po",)),
+    "v1/nodes": _info("Node", namespaced=False, status=True, short=("no",)),
     "v1/events": _info("Event", namespaced=True, short=("ev",)),
     "v1/configmaps": _info("ConfigMap", namespaced=True, short=("cm",)),
     "v1/secrets": _info("Secret", namespaced=True),
