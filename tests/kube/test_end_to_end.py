@@ -24,7 +24,6 @@ and asserts on values, never on timings.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import re
 import signal
@@ -46,6 +45,7 @@ from cost_sidecars import CLEAN, Sidecar
 from kube_serving import NAMESPACE, Cluster, running_operator, wait_reconciled, write
 from meshscope.analysis import CATEGORIES, break_down
 from meshscope.jobs import spec_from_manifest
+from meshscope.plan import plan_job
 from meshscope.records import table_from_lines, write_records
 from meshscope.simulation import Straggler, simulate
 from meshscope_operator.costs import ANALYSIS_KEY, COST_TABLE_AVAILABLE, METRICS_AVAILABLE, status_from_analysis
@@ -417,59 +417,62 @@ def _schedule(cluster: Cluster, case: JobCase, job: dict[str, Any], tmp: Path) -
     return pods
 
 
-def test_trainingjobs_to_cost_tables_through_kubectl(
-    cluster: Cluster,
-    e2e_operator: OperatorSettings,
-    prometheus: Service,
-    running: Running,
-    pods_root: Path,
-    tmp_path: Path,
-) -> None:
-    settings = e2e_operator
-    # ---- the nodes, labelled as GPU feature discovery and topograph label them
-    nodes = [{"apiVersion": "v1", "kind": "Node", "metadata": {"name": n, "labels": l}} for n, l in NODE_LABELS.items()]
-    done = cluster.kubectl.run(
-        "create", "--validate=false", "-f", str(write(tmp_path, "nodes.yaml", yaml.safe_dump_all(nodes)))
-    )
-    assert done.returncode == 0, done.stderr
+@dataclass
+class World:
+    """What the phases of the test share: the parts, and what each phase found."""
 
-    # ---- the TrainingJobs, applied
+    cluster: Cluster
+    settings: OperatorSettings
+    prometheus: Service
+    running: Running
+    pods_root: Path
+    tmp: Path
+    pods: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    sidecars: dict[str, list[Sidecar]] = field(default_factory=dict)
+    trainers: dict[str, list[tuple[dict[str, Any], dict[str, str]]]] = field(default_factory=dict)
+    """Per job, per pod: the training container and its environment as the kubelet resolved it."""
+    records: dict[str, list[bytes]] = field(default_factory=dict)
+
+
+def _apply_and_schedule(w: World) -> None:
+    """Nodes and TrainingJobs through kubectl; reconcile's Job and Service; the Job's pods, bound and Running."""
+    nodes = [{"apiVersion": "v1", "kind": "Node", "metadata": {"name": n, "labels": v}} for n, v in NODE_LABELS.items()]
+    path = write(w.tmp, "nodes.yaml", yaml.safe_dump_all(nodes))
+    done = w.cluster.kubectl.run("create", "--validate=false", "-f", str(path))
+    assert done.returncode == 0, done.stderr
     for case in (SIM, GLOO):
-        path = write(tmp_path, f"{case.name}.yaml", yaml.safe_dump(case.manifest()))
-        done = cluster.kubectl.run("apply", "--validate=false", "-f", str(path))
+        path = write(w.tmp, f"{case.name}.yaml", yaml.safe_dump(case.manifest()))
+        done = w.cluster.kubectl.run("apply", "--validate=false", "-f", str(path))
         assert done.returncode == 0, done.stderr
         assert done.stdout == f"trainingjob.meshscope.io/{case.name} created\n"
-
-    # ---- reconcile: the Indexed Job with the sidecar, the headless Service
-    pods: dict[str, list[dict[str, Any]]] = {}
     for case in (SIM, GLOO):
-        tj = wait_reconciled(cluster, case.name)
-        job = _wait(f"Job {case.name}", lambda c=case: _get_json(cluster, "job", c.name))
+        tj = wait_reconciled(w.cluster, case.name)
+        job = _wait(f"Job {case.name}", lambda c=case: _get_json(w.cluster, "job", c.name))
         assert job["metadata"]["ownerReferences"][0]["uid"] == tj["metadata"]["uid"]
         assert (job["spec"]["completionMode"], job["spec"]["completions"]) == ("Indexed", len(case.nodes))
         init = job["spec"]["template"]["spec"]["initContainers"]
         assert [(c["name"], c["restartPolicy"], c["image"]) for c in init] == [
-            ("meshscope-sidecar", "Always", settings.sidecar_image)
+            ("meshscope-sidecar", "Always", w.settings.sidecar_image)
         ]
-        service = _wait(f"Service {case.name}", lambda c=case: _get_json(cluster, "service", c.name))
-        assert service["spec"]["clusterIP"] == "None"
-        pods[case.name] = _schedule(cluster, case, job, tmp_path)
-        for pod in pods[case.name]:  # the pod webhook saw the template's injection and added nothing
+        service = _wait(f"Service {case.name}", lambda c=case: _get_json(w.cluster, "service", c.name))
+        assert (service["spec"]["clusterIP"], service["spec"]["publishNotReadyAddresses"]) == ("None", True)
+        w.pods[case.name] = _schedule(w.cluster, case, job, w.tmp)
+        for pod in w.pods[case.name]:  # the pod webhook saw the template's injection and added nothing
             assert [c["name"] for c in pod["spec"]["initContainers"]] == ["meshscope-sidecar"]
 
-    # ---- the placement, published from the nodes' labels once every pod is bound
-    placements: dict[str, dict[str, str]] = {}
+
+def _placement_data(cluster: Cluster, name: str) -> dict[str, str]:
+    data = _get_json(cluster, "configmap", f"{name}-placement").get("data") or {}
+    return data if "placement.json" in data else {}
+
+
+def _published_placements(w: World) -> dict[str, dict[str, str]]:
+    """The placement ConfigMaps, once the operator wrote them from the nodes' labels."""
+    placements = {}
     for case in (SIM, GLOO):
-        cm = _wait(
-            f"ConfigMap {case.name}-placement",
-            lambda c=case: (
-                (_get_json(cluster, "configmap", f"{c.name}-placement").get("data") or {}).get("placement.json")
-                and _get_json(cluster, "configmap", f"{c.name}-placement")
-            ),
-        )
-        doc = json.loads(cm["data"]["placement.json"])
+        data = _wait(f"ConfigMap {case.name}-placement", lambda c=case: _placement_data(w.cluster, c.name))
         g = case.gpus_per_node
-        assert doc["nodes"] == {
+        assert json.loads(data["placement.json"])["nodes"] == {
             node: {
                 "nvlink_domain": NODE_LABELS[node][CLIQUE],
                 "network_tier": NODE_LABELS[node][LEAF],
@@ -477,63 +480,71 @@ def test_trainingjobs_to_cost_tables_through_kubectl(
             }
             for i, (node, _) in enumerate(case.nodes)
         }
-        placements[f"{case.name}-placement"] = cm["data"]
+        placements[f"{case.name}-placement"] = data
+    return placements
 
-    # ---- the kubelet: a sidecar per pod, with the environment and volumes of the pod object
-    sidecars: dict[str, list[Sidecar]] = {}
-    trainers: dict[str, list[tuple[dict[str, Any], dict[str, str]]]] = {}
+
+def _start_sidecars(w: World, placements: dict[str, dict[str, str]]) -> None:
+    """The kubelet: one sidecar per pod with the pod object's environment and volumes; the trainers' environment."""
     for case in (SIM, GLOO):
-        sidecars[case.name], trainers[case.name] = [], []
-        for index, pod in enumerate(pods[case.name]):
-            dirs = volume_dirs(pod, pods_root / f"{case.name}{index}", placements)
-            [sidecar_spec] = pod["spec"]["initContainers"]
-            env = container_env(pod, sidecar_spec, mounts_of(sidecar_spec, dirs))
-            assert env["MESHSCOPE_SIDECAR_PORT"] == str(settings.sidecar_port)
-            sidecar = Sidecar(node_rank=index, host=pod["status"]["podIP"], port=settings.sidecar_port, socket_path="")
+        w.sidecars[case.name], w.trainers[case.name] = [], []
+        for index, pod in enumerate(w.pods[case.name]):
+            dirs = volume_dirs(pod, w.pods_root / f"{case.name}{index}", placements)
+            [spec] = pod["spec"]["initContainers"]
+            env = container_env(pod, spec, mounts_of(spec, dirs))
+            port = int(env["MESHSCOPE_SIDECAR_PORT"])
+            # cost_sidecars.Sidecar runs and reads the process; its environment is the pod's, whole
+            sidecar = Sidecar(node_rank=index, host=pod["status"]["podIP"], port=port, socket_path="")
             sidecar.socket_path = env["MESHSCOPE_SIDECAR_SOCKETS"].removeprefix("unix:")
             sidecar.env = {**CLEAN, **env, "MESHSCOPE_SIDECAR_TRAIN_POLL_SECONDS": "0.2"}
-            running.sidecars.append(sidecar)
+            w.running.sidecars.append(sidecar)
             sidecar.start(env["MESHSCOPE_LAYOUT"])
-            sidecars[case.name].append(sidecar)
+            w.sidecars[case.name].append(sidecar)
             [trainer] = pod["spec"]["containers"]
-            trainers[case.name].append((trainer, container_env(pod, trainer, mounts_of(trainer, dirs))))
-    for s in running.sidecars:
+            w.trainers[case.name].append((trainer, container_env(pod, trainer, mounts_of(trainer, dirs))))
+    for s in w.running.sidecars:
         s.wait_serving()
 
-    # ---- the placement reached the sidecars: each one's identity is its node's ranks, clique and leaf
+
+def _check_identities(w: World) -> None:
+    """The placement reached the sidecars: each one's identity is its node's ranks, clique and leaf."""
     for case in (SIM, GLOO):
-        for index, ((node, _), s) in enumerate(zip(case.nodes, sidecars[case.name], strict=True)):
+        for index, ((node, _), s) in enumerate(zip(case.nodes, w.sidecars[case.name], strict=True)):
             with urllib.request.urlopen(s.url + "/healthz", timeout=10) as r:
                 health = json.loads(r.read())
             assert health["mode"] == "full", health
             g = case.gpus_per_node
-            ranks = ", ".join(f"gpu {i} = rank {index * g + i}" for i in range(g))
             assert f"job {case.name!r} on node {node!r}" in health["identity"]
-            assert ranks in health["identity"], health["identity"]
+            assert ", ".join(f"gpu {i} = rank {index * g + i}" for i in range(g)) in health["identity"]
             assert "ranks from " in health["identity"]  # from the placement file, not the default rule
 
     def zeros() -> list[dict[str, Any]]:
-        got = prometheus.query("meshscope_steps_total == 0")
+        got = w.prometheus.query("meshscope_steps_total == 0")
         return got if len(got) == SIM.world + GLOO.world else []
 
+    # Scraped at zero before any step: every rate() ratio of the rules is then exactly the job's totals.
     scraped = _wait("Prometheus to scrape every rank's counters at 0", zeros)
     labelled = {(r["metric"]["node"], r["metric"]["nvlink_domain"], r["metric"]["network_tier"]) for r in scraped}
     assert labelled == {(n, v[CLIQUE], v[LEAF]) for n, v in NODE_LABELS.items()}
 
-    # ---- (a) the simulated ranks, through the SDK's transport into each pod's record socket
-    spec = spec_from_manifest({**SIM.manifest(), "metadata": {"name": SIM.name, "namespace": NAMESPACE}})
-    simulated = simulate(spec, steps=STEPS, faults=[Straggler(rank=5, factor=1.5)])
-    write_records(tmp_path / "sim.jsonl", simulated.table)
-    sim_lines = (tmp_path / "sim.jsonl").read_bytes().splitlines(keepends=True)
-    sim_lines.sort(key=lambda x: (json.loads(x)["step"], json.loads(x)["rank"]))
-    for index, s in enumerate(sidecars[SIM.name]):
-        g = SIM.gpus_per_node
-        s.feed([x for x in sim_lines if index * g <= json.loads(x)["rank"] < (index + 1) * g])
 
-    # ---- (b) the real gloo ranks, started as torchrun would start them in each pod
-    master = pods["gloo"][0]["status"]["podIP"]  # the cluster's DNS: gloo-0.gloo.training.svc
-    for trainer, env in trainers[GLOO.name]:
+def _feed_simulated(w: World) -> None:
+    """(a) The core's simulator as the sim job's ranks, through the SDK's transport into each pod's socket."""
+    spec = spec_from_manifest({**SIM.manifest(), "metadata": {"name": SIM.name, "namespace": NAMESPACE}})
+    write_records(w.tmp / "sim.jsonl", simulate(spec, steps=STEPS, faults=[Straggler(rank=5, factor=1.5)]).table)
+    lines = (w.tmp / "sim.jsonl").read_bytes().splitlines(keepends=True)
+    lines.sort(key=lambda x: (json.loads(x)["step"], json.loads(x)["rank"]))
+    g = SIM.gpus_per_node
+    for index, s in enumerate(w.sidecars[SIM.name]):
+        s.feed([x for x in lines if index * g <= json.loads(x)["rank"] < (index + 1) * g])
+
+
+def _run_gloo(w: World) -> None:
+    """(b) The real gloo ranks, started as torchrun starts them in each pod, with the pod's environment."""
+    master = w.pods[GLOO.name][0]["status"]["podIP"]  # the cluster's DNS: gloo-0.gloo.training.svc is pod 0
+    for trainer, env in w.trainers[GLOO.name]:
         assert env["MASTER_ADDR"] == f"gloo-0.gloo.{NAMESPACE}.svc"
+        assert env["MESHSCOPE_COLLECTOR"].endswith("/records.sock")
         nproc = int(env["NPROC_PER_NODE"])
         for local in range(nproc):
             rank_env = {
@@ -546,94 +557,124 @@ def test_trainingjobs_to_cost_tables_through_kubectl(
                 "OMP_NUM_THREADS": "1",
             }
             command = [sys.executable if c == "python" else c for c in trainer["command"]]
-            running.ranks.append(subprocess.Popen(command, env=rank_env, cwd=ROOT))
-    codes = [p.wait(timeout=180) for p in running.ranks]
-    assert codes == [0] * GLOO.world
+            w.running.ranks.append(subprocess.Popen(command, env=rank_env, cwd=ROOT))
+    assert [p.wait(timeout=180) for p in w.running.ranks] == [0] * GLOO.world
 
-    # ---- every step in the sidecars and in Prometheus
+
+def _collect(w: World) -> None:
+    """Every step in every sidecar (their records kept for the checks) and scraped by Prometheus."""
+
     def all_records(c: JobCase) -> list[bytes]:
-        lines = _records_of(sidecars[c.name])
+        lines = _records_of(w.sidecars[c.name])
         return lines if len(lines) == c.world * STEPS else []
 
-    records = {c.name: _wait(f"{c.name}'s records", lambda c=c: all_records(c)) for c in (SIM, GLOO)}
     for case in (SIM, GLOO):
+        w.records[case.name] = _wait(f"{case.name}'s records", lambda c=case: all_records(c))
         total = f'sum(meshscope_steps_total{{job="{case.name}"}})'
         _wait(
             f"every step of {case.name} scraped",
-            lambda t=total, c=case: [r["value"][1] for r in prometheus.query(t)] == [str(c.world * STEPS)],
+            lambda t=total, c=case: [r["value"][1] for r in w.prometheus.query(t)] == [str(c.world * STEPS)],
         )
 
-    # ---- the continuous tier: stepTimeSeconds and (before any deep analysis) topCost, from the recording rules
+
+def _continuous_status(w: World, case: JobCase) -> dict[str, Any]:
+    """The status once the continuous tier wrote the step time the records give (polled: the rules catch up)."""
+    want = _median_step_seconds(w.records[case.name])
+
+    def read() -> dict[str, Any]:
+        obj = _get_json(w.cluster, "tj", case.name)
+        status = obj.get("status") or {}
+        ok = _condition(obj, METRICS_AVAILABLE).get("status") == "True"
+        return status if ok and status.get("stepTimeSeconds") == pytest.approx(want, rel=1e-6) else {}
+
+    return _wait(f"the continuous tier's step time of {case.name} ({want:.6f} s)", read)
+
+
+def _check_deep(w: World, case: JobCase) -> dict[str, Any]:
+    """The deep tier's ConfigMap, status and ``kubectl meshscope cost`` against ``meshscope analyze`` of the same
+    records; returns that independent analysis."""
+    obj = _wait(f"the deep analysis of {case.name}", lambda: _analysed(w.cluster, case.name))
+    status = obj["status"]
+    assert status["costTableRef"] == f"{case.name}-meshscope-costs"
+    configmap = _get_json(w.cluster, "configmap", status["costTableRef"])
+    assert configmap["metadata"]["ownerReferences"][0]["uid"] == obj["metadata"]["uid"]
+    written = json.loads(configmap["data"][ANALYSIS_KEY])
+
+    # The independent path: the window's records as the sidecars hold them, through `meshscope analyze --spec`.
+    # The operator concatenates the sidecars' answers in the order they arrive, and the core's analysis of the same
+    # records depends on their order by microseconds (node codes follow first appearance, and the clock offsets
+    # differ with the reference node: tests/core/test_record_order.py), so both orders of the two pods are analysed
+    # and the ConfigMap must be exactly one of them.
+    manifest = {**case.manifest(), "metadata": {"name": case.name, "namespace": NAMESPACE}}
+    spec_file = str(write(w.tmp, f"{case.name}-spec.yaml", yaml.safe_dump(manifest)))
+    per_pod = [[x for x in _records_of([s]) if json.loads(x)["step"] in WINDOW] for s in w.sidecars[case.name]]
+    candidates = []
+    for i, order in enumerate((per_pod, per_pod[::-1])):
+        window = w.tmp / f"{case.name}-window-{i}.jsonl"
+        window.write_bytes(b"".join(b"".join(lines) for lines in order))
+        args = (str(window), "--spec", spec_file, "--quiet")
+        candidates.append((args, json.loads(_meshscope("analyze", *args, "--json"))))
+    matching = [(a, e) for a, e in candidates if e["rows"] == written["rows"]]
+    assert matching, (written["rows"], [e["rows"] for _, e in candidates])
+    args, expected = matching[0]
+    assert written["steps"] == {"first": WINDOW[0], "last": WINDOW[-1], "count": len(WINDOW)}
+    assert written["ranks_seen"] == case.world
+    for key in ("summary", "findings", "expected_vs_measured"):
+        assert written[key] == expected[key], key
+    # every pod answered: the only partial-data notes are the core's own, on these records
+    assert written["partial_data"] == expected["partial_data"]
+    condition = _condition(obj, COST_TABLE_AVAILABLE)
+    assert condition["reason"] == ("PartialData" if expected["partial_data"] else "Analysed"), condition
+    summary = status_from_analysis(expected, configmap=status["costTableRef"], planner_findings=[])
+    assert status["costTable"] == summary["costTable"]
+    assert status["topCost"] == summary["topCost"]
+    planned = {f.code for f in plan_job(spec_from_manifest(manifest)).findings}
+    measured = {f["code"] for f in expected["findings"]}
+    assert status["findings"] == len(expected["findings"]) + len(planned - measured)
+
+    printed = w.cluster.kubectl.run("meshscope", "cost", case.name, "-n", NAMESPACE)
+    assert printed.returncode == 0, printed.stderr
+    assert printed.stdout == _meshscope("analyze", *args)
+    return expected
+
+
+def test_trainingjobs_to_cost_tables_through_kubectl(
+    cluster: Cluster,
+    e2e_operator: OperatorSettings,
+    prometheus: Service,
+    running: Running,
+    pods_root: Path,
+    tmp_path: Path,
+) -> None:
+    w = World(cluster, e2e_operator, prometheus, running, pods_root, tmp_path)
+    _apply_and_schedule(w)
+    _start_sidecars(w, _published_placements(w))
+    _check_identities(w)
+    _feed_simulated(w)
+    _run_gloo(w)
+    _collect(w)
+
+    # the continuous tier: the step time and (before any deep analysis) the top cost, from the recording rules
     for case in (SIM, GLOO):
-        want = _median_step_seconds(records[case.name])
-
-        def read(c: JobCase = case, w: float = want) -> dict[str, Any]:
-            obj = _get_json(cluster, "tj", c.name)
-            status = obj.get("status") or {}
-            ok = _condition(obj, METRICS_AVAILABLE).get("status") == "True"
-            return status if ok and status.get("stepTimeSeconds") == pytest.approx(w, rel=1e-6) else {}
-
-        status = _wait(f"the continuous tier's step time of {case.name} ({want:.6f} s)", read)
-        top = _top_continuous_category(records[case.name])
-        assert status["topCost"].startswith(top + " "), (status["topCost"], top)
+        status = _continuous_status(w, case)
+        assert status["topCost"].startswith(_top_continuous_category(w.records[case.name]) + " "), status["topCost"]
         assert "costTableRef" not in status
 
-    # ---- the deep tier, on demand
-    deep_step: dict[str, float] = {}
+    # the deep tier, on demand
     for case in (SIM, GLOO):
         cluster.kubectl.run("annotate", "tj", case.name, f"{ANALYZE_NOW}=1", check=True)
-    for case in (SIM, GLOO):
-        obj = _wait(f"the deep analysis of {case.name}", lambda c=case: _analysed(cluster, c.name))
-        status = obj["status"]
-        assert status["costTableRef"] == f"{case.name}-meshscope-costs"
-        configmap = _get_json(cluster, "configmap", status["costTableRef"])
-        assert configmap["metadata"]["ownerReferences"][0]["uid"] == obj["metadata"]["uid"]
-        written = json.loads(configmap["data"][ANALYSIS_KEY])
+    analyses = {case.name: _check_deep(w, case) for case in (SIM, GLOO)}
 
-        # the independent path: the window's records as the sidecars hold them, through `meshscope analyze`
-        window = [x for x in records[case.name] if json.loads(x)["step"] in WINDOW]
-        (tmp_path / f"{case.name}-window.jsonl").write_bytes(b"".join(window))
-        spec_file = write(
-            tmp_path,
-            f"{case.name}-spec.yaml",
-            yaml.safe_dump({**case.manifest(), "metadata": {"name": case.name, "namespace": NAMESPACE}}),
-        )
-        args = (str(tmp_path / f"{case.name}-window.jsonl"), "--spec", str(spec_file), "--quiet")
-        expected = json.loads(_meshscope("analyze", *args, "--json"))
-        assert written["steps"] == {"first": WINDOW[0], "last": WINDOW[-1], "count": len(WINDOW)}
-        assert written["ranks_seen"] == case.world
-        assert written["rows"] == expected["rows"]
-        assert written["summary"] == expected["summary"]
-        deep_step[case.name] = expected["summary"]["median_step_seconds"]
-        assert written["findings"] == expected["findings"]
-        # every pod answered: the only partial-data notes are the core's own on these records
-        assert written["partial_data"] == expected["partial_data"]
-        condition = _condition(obj, COST_TABLE_AVAILABLE)
-        assert condition["reason"] == ("PartialData" if expected["partial_data"] else "Analysed"), condition
-        summary = status_from_analysis(expected, configmap=status["costTableRef"], planner_findings=[])
-        assert status["costTable"] == summary["costTable"]
-        assert status["topCost"] == summary["topCost"]
-
-        # kubectl meshscope cost prints what meshscope analyze prints for the same records and spec
-        printed = cluster.kubectl.run("meshscope", "cost", case.name, "-n", NAMESPACE)
-        assert printed.returncode == 0, printed.stderr
-        assert printed.stdout == _meshscope("analyze", *args)
-
-    # ---- kubectl get tj: the printer columns from that status
-    deep = {c.name: _get_json(cluster, "tj", c.name)["status"] for c in (SIM, GLOO)}
-    table = [
-        re.split(r"\s{2,}", line.strip())
-        for line in cluster.kubectl.run("get", "tj", check=True).stdout.strip().splitlines()
-    ]
+    # kubectl get tj: the printer columns from that status. The continuous tier keeps writing the store's step time
+    # (the deep tier wrote its window's once): wait for it, so that nothing writes the row while kubectl reads it.
+    statuses = {case.name: _continuous_status(w, case) for case in (SIM, GLOO)}
+    text = cluster.kubectl.run("get", "tj", check=True).stdout
+    table = [re.split(r"\s{2,}", line.strip()) for line in text.strip().splitlines()]
     assert table[0] == ["NAME", "LAYOUT", "WORLD", "PHASE", "STEP", "TOP COST", "FINDINGS", "AGE"]
-    rows = {r[0]: r for r in table[1:]}
-    for case in (GLOO, SIM):
-        s = deep[case.name]
-        row = rows[case.name]
-        layout = f"dp{case.dp}-tp{case.tp}"
-        assert row[1:4] == [layout, str(case.world), s["phase"]]
-        # the continuous tier keeps writing the store's step time; the deep tier wrote its window's median
-        step = float(row[4])
-        candidates = (_median_step_seconds(records[case.name]), deep_step[case.name])
-        assert any(step == pytest.approx(c, rel=1e-3) for c in candidates), (step, candidates)
-        assert row[5:7] == [s["topCost"], str(s["findings"])]
+    assert [r[0] for r in table[1:]] == ["gloo", "sim"]
+    for case, row in zip((GLOO, SIM), table[1:], strict=True):
+        s = statuses[case.name]
+        assert row[1:4] == [f"dp{case.dp}-tp{case.tp}", str(case.world), s["phase"]]
+        assert float(row[4]) == pytest.approx(_median_step_seconds(w.records[case.name]), rel=1e-6)
+        expected = status_from_analysis(analyses[case.name], configmap="", planner_findings=[])
+        assert row[5:7] == [expected["topCost"], str(s["findings"])]
