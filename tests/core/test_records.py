@@ -316,8 +316,9 @@ def test_from_arrays_builds_the_same_table_as_from_records():
         node_names=("node-0",),
         nvlink_domain_names=("nvl-0",),
         network_tier_names=("block-0",),
-        group_names=("tp:0", "pp:0-1"),
+        group_names=("pp:0-1", "tp:0"),  # every table numbers names in natural order, whatever came first
     )
+    assert expected.group_names == ("pp:0-1", "tp:0")
     assert built.to_records() == tuple(records)
 
 
@@ -1047,3 +1048,21 @@ def test_the_in_memory_reader_agrees_with_the_file_reader_on_any_change(tmp_path
         _outcome(lambda: table_from_lines(lines, where=str(path))),
     )
     assert from_file == in_memory
+
+
+def test_names_are_numbered_in_natural_order_whatever_order_the_records_come_in(tmp_path):
+    objs = []
+    for rank, node in enumerate(["node-10", "node-2", "node-2", "node-10"]):
+        obj = good_json(rank)
+        obj["node"] = node
+        objs.append(obj)
+    lines = [json.dumps(o).encode() + b"\n" for o in objs]
+    forward, backward = table_from_lines(lines), table_from_lines(lines[::-1])
+    path = write_lines(tmp_path / "r.jsonl", objs[::-1])
+    by_objects = RecordTable.from_records(read_records(path).records)
+    for table in (forward, backward, by_objects):
+        assert table.node_names == ("node-2", "node-10")  # natural order: 2 before 10
+        nodes = {int(r): table.node_name(int(c)) for r, c in zip(table.steps.rank, table.steps.node, strict=True)}
+        assert nodes == {0: "node-10", 1: "node-2", 2: "node-2", 3: "node-10"}
+    assert forward.group_names == backward.group_names == by_objects.group_names
+    assert list(forward.group_names) == sorted(forward.group_names)

@@ -51,7 +51,7 @@ from meshscope.records.schema import (
     Note,
     _job_mismatch,
 )
-from meshscope.records.tables import IntervalColumns, RecordTable, StepColumns
+from meshscope.records.tables import IntervalColumns, RecordTable, StepColumns, sorted_codes
 from meshscope.topology import AXES
 
 if TYPE_CHECKING:
@@ -675,14 +675,19 @@ def _table_of(raw: _Raw, *, notes: tuple[Note, ...], source_files: tuple[str, ..
     rows = dict(raw.rows)
     counts = rows.pop("n_intervals")
     row = np.repeat(np.arange(counts.shape[0], dtype=np.int32), counts)
+    intervals = dict(raw.intervals)
+    names: dict[str, tuple[str, ...]] = {}
+    for name in ("node", "nvlink_domain", "network_tier"):
+        names[name], rows[name] = sorted_codes(raw.names[name], rows[name])
+    names["group"], intervals["group"] = sorted_codes(raw.names["group"], intervals["group"])
     return RecordTable(
         job=raw.job or "",
         steps=StepColumns.build(**rows),
-        intervals=IntervalColumns.build(row=row, **raw.intervals),
-        node_names=raw.names["node"],
-        nvlink_domain_names=raw.names["nvlink_domain"],
-        network_tier_names=raw.names["network_tier"],
-        group_names=raw.names["group"],
+        intervals=IntervalColumns.build(row=row, **intervals),
+        node_names=names["node"],
+        nvlink_domain_names=names["nvlink_domain"],
+        network_tier_names=names["network_tier"],
+        group_names=names["group"],
         source_files=source_files,
         notes=notes,
     )

@@ -13,6 +13,7 @@ This module must not read or write files and must not analyse (no breakdown, no 
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -44,7 +45,7 @@ from meshscope.records.schema import (
 from meshscope.topology import AXES, RankCoord
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable, Sequence
+    from collections.abc import Iterable, Mapping, Sequence
 
     from numpy.typing import ArrayLike, NDArray
 
@@ -251,6 +252,34 @@ class IntervalColumns:
         return int(self.row.shape[0])
 
 
+def _natural(name: str) -> tuple[tuple[int, str, int], ...]:
+    """Sort key putting ``node-2`` before ``node-10``: text and numbers alternately, numbers by value."""
+    return tuple((0, part, 0) if i % 2 == 0 else (1, "", int(part)) for i, part in enumerate(_DIGITS.split(name)))
+
+
+_DIGITS = re.compile(r"(\d+)")
+
+
+def sorted_codes(names: Sequence[str], codes: NDArray[Any]) -> tuple[tuple[str, ...], NDArray[Any]]:
+    """``names`` in natural order (``node-2`` before ``node-10``), ``codes`` renumbered to match (unknown ones kept).
+
+    Readers number nodes, domains, tiers and groups as they first meet them; the order records arrive in (files
+    given in another order, sidecars answering the operator in another order) must not change any result, and ties
+    broken by code (the clock alignment's spanning tree, for one) would. Every table numbers them by name.
+    """
+    keys = [(_natural(n), n) for n in names]  # the name itself breaks ties (node-07 and node-7)
+    if keys == sorted(keys):
+        return tuple(names), codes
+    order = sorted(range(len(names)), key=keys.__getitem__)
+    new_code = np.empty(len(names), dtype=np.int64)
+    new_code[order] = np.arange(len(names), dtype=np.int64)
+    arr = np.asarray(codes)
+    known = arr >= 0
+    out = arr.copy()
+    out[known] = new_code[arr[known]].astype(arr.dtype, copy=False)
+    return tuple(names[i] for i in order), out
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RecordTable:
     """All step records of one job as numpy columns. Validated on construction (vectorised).
@@ -339,6 +368,17 @@ _NO_BETWEEN = [UNKNOWN] * len(BETWEEN_KINDS)
 _NET_FIELDS = ("seq", "size_bytes", "group_size", "peer")
 
 
+def _by_name(
+    codes: Mapping[str, Iterable[str]], rows: dict[str, Any], ivs: dict[str, Any]
+) -> dict[str, tuple[str, ...]]:
+    """The names of each coded field in sorted order, ``rows`` and ``ivs`` renumbered to match (in place)."""
+    names: dict[str, tuple[str, ...]] = {}
+    for name in ("node", "nvlink_domain", "network_tier"):
+        names[name], rows[name] = sorted_codes(tuple(codes[name]), np.asarray(rows[name], dtype=np.int64))
+    names["group"], ivs["group"] = sorted_codes(tuple(codes["group"]), np.asarray(ivs["group"], dtype=np.int64))
+    return names
+
+
 def _table_of_records(records: Iterable[StepRecord], *, notes: tuple[Note, ...]) -> RecordTable:  # noqa: PLR0915 - one field after another
     """Columns from record objects; names are coded in the order they first appear.
 
@@ -413,14 +453,15 @@ def _table_of_records(records: Iterable[StepRecord], *, notes: tuple[Note, ...])
         )
     coord = np.asarray(rows.pop("coord"), dtype=np.int64).reshape(n, len(AXES))
     between_us = np.asarray(rows.pop("between_us"), dtype=np.int64).reshape(n, len(BETWEEN_KINDS))
+    names = _by_name(codes, rows, ivs)
     return RecordTable(
         job=job[0] if job else "",
         steps=StepColumns.build(coord=coord, between_us=between_us, **rows),
         intervals=IntervalColumns.build(group_size=group_size, **ivs),
-        node_names=tuple(codes["node"]),
-        nvlink_domain_names=tuple(codes["nvlink_domain"]),
-        network_tier_names=tuple(codes["network_tier"]),
-        group_names=tuple(codes["group"]),
+        node_names=names["node"],
+        nvlink_domain_names=names["nvlink_domain"],
+        network_tier_names=names["network_tier"],
+        group_names=names["group"],
         notes=notes,
     )
 
