@@ -36,6 +36,7 @@ from meshscope.plan.memory import (
 from meshscope.plan.timing import (
     ExpectedStepTime,
     bubble_fraction,
+    contended,
     optimizer_seconds,
     peak_flops_per_s,
     stage_compute,
@@ -277,6 +278,8 @@ def plan_job(
         raise PlanError(f"placement has {placement.world_size} ranks but layout {layout.describe()} has {world}")
     m = _check_batch(training, layout)
     schedule = resolve_schedule(training, layout)
+    given = assumptions
+    assumptions = contended(assumptions, world, bubble_fraction(layout.pp, m, vpp=layout.vpp, schedule=schedule))
     ranges = stage_layer_ranges(
         model.layers,
         layout,
@@ -334,8 +337,9 @@ def plan_job(
         sync: dict[str, float] = {}
         for c in collectives:
             exposed[c.axis] = exposed.get(c.axis, 0.0) + c.exposed_seconds_per_step
-            if assumptions.sync_wait_per_collective_seconds > 0 and c.group != "pp":
-                sync[c.axis] = sync.get(c.axis, 0.0) + c.count_per_step * assumptions.sync_wait_per_collective_seconds
+            wait = assumptions.sync_wait_per_collective(c.axis)
+            if wait > 0 and c.group != "pp":
+                sync[c.axis] = sync.get(c.axis, 0.0) + c.count_per_step * wait
         step_time = ExpectedStepTime(
             pp_rank=r,
             compute_seconds=compute.compute_seconds_per_step,
@@ -391,7 +395,7 @@ def plan_job(
         bubble_fraction=fraction,
         expected_step_time=critical.step_time,
         findings=findings,
-        assumptions=assumptions,
+        assumptions=given,
         peak_flops_per_s=peak_flops_per_s(hardware, training.precision),
         total_params=total_params(model),
         active_params=active_params(model),
