@@ -95,6 +95,12 @@ def _valid_value(name: str) -> st.SearchStrategy[object]:
         return st.none() | _FRACTION
     if name in ("data_wait_seconds", "host_overhead_seconds"):
         return st.floats(min_value=0.0, max_value=10.0)
+    if name.endswith("_sync_wait_per_collective_seconds"):
+        return st.none() | st.floats(min_value=0.0, max_value=1.0)
+    if name == "cpu_cores":
+        return st.none() | st.floats(min_value=0.1, max_value=64.0)
+    if name in ("cpu_contention_at_fit", "comm_time_scale"):
+        return st.floats(min_value=1.0, max_value=20.0)
     if name == "nccl_algorithms":
         return st.lists(st.sampled_from(["ring", "tree"]), min_size=1, max_size=2, unique=True)
     if name == "nccl_protocols":
