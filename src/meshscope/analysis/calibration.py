@@ -56,9 +56,7 @@ from meshscope.analysis.costs import index_rank_steps
 from meshscope.analysis.transfers import place_of_rows
 from meshscope.errors import MeshscopeError, ParseCode, ParseError
 from meshscope.formatting import human_seconds, render_table
-from meshscope.plan import NcclProtocolCosts, PlanAssumptions, plan_job
-from meshscope.plan.assumptions import SYNC_WAIT_AXIS_FIELDS
-from meshscope.plan.timing import cpu_contention
+from meshscope.plan import SYNC_WAIT_AXIS_FIELDS, NcclProtocolCosts, PlanAssumptions, cpu_contention, plan_job
 from meshscope.records import OPS, CommOp
 from meshscope.topology import AXES, Link, MeshAxis
 
@@ -1120,5 +1118,3 @@ def _fit_contention(
     overrides["cpu_cores"] = base.cpu_cores
     overrides["cpu_contention_at_fit"] = kappa
     return replace(base, cpu_contention_at_fit=kappa)
-
-

@@ -16,8 +16,7 @@ from typing import TYPE_CHECKING, Any
 from meshscope.analysis.calibration import PRED_CATEGORIES, expected_categories
 from meshscope.errors import PlanError
 from meshscope.formatting import human_bytes, human_seconds, render_table
-from meshscope.plan import plan_job
-from meshscope.plan.assumptions import SYNC_WAIT_AXIS_FIELDS
+from meshscope.plan import SYNC_WAIT_AXIS_FIELDS, plan_job
 from meshscope.topology import default_hardware
 
 if TYPE_CHECKING:
@@ -101,9 +100,7 @@ class Prediction:
         """
         refused = {v.name for v in self.calibration.values if v.refused is not None}
         planned = {c.axis for c in self.plan.collectives if c.group != "pp"}
-        return tuple(
-            axis for axis, name in SYNC_WAIT_AXIS_FIELDS.items() if axis in planned and name in refused
-        )
+        return tuple(axis for axis, name in SYNC_WAIT_AXIS_FIELDS.items() if axis in planned and name in refused)
 
     @property
     def expected_step_seconds(self) -> float:
@@ -149,6 +146,12 @@ class Prediction:
             "assumptions": c.overrides,
         }  # fmt: skip
 
+    def _not_calibrated_line(self) -> str:
+        return (
+            f"not calibrated: {', '.join(self.not_calibrated())}: the measured run had no such collectives, so their "
+            "sync wait is the plan's model (the base assumptions), their transfer the fit of the link they cross"
+        )
+
     def render(self) -> str:
         """For people: the table of categories, the change, the memory check, the findings."""
         c = self.calibration
@@ -177,15 +180,7 @@ class Prediction:
                 f"stage {self.plan.expected_step_time.pp_rank}; exposed comm measured = transfer + sync wait)",
             ),
             f"\nchange: {self.changes_text()}",
-            *(
-                [
-                    f"not calibrated: {', '.join(self.not_calibrated())}: the measured run had no such collectives, so "
-                    "their sync wait is the plan's model (the base assumptions), their transfer the fit of the link "
-                    "they cross"
-                ]
-                if self.not_calibrated()
-                else []
-            ),
+            *([self._not_calibrated_line()] if self.not_calibrated() else []),
             (
                 "calibration residual on the measured layout: calibrated plan "
                 f"{human_seconds(c.plan.expected_step_time.total_seconds)} vs measured "

@@ -29,7 +29,6 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from meshscope.jobs import PipelineSchedule, Precision, Recompute
-from meshscope.plan.assumptions import SYNC_WAIT_AXIS_FIELDS
 from meshscope.plan.flops import ForwardFlops, layer_forward_flops, logits_forward_flops, recompute_forward_flops
 from meshscope.plan.kernels import OpClass, StageKernels, stage_kernels
 
@@ -79,16 +78,19 @@ def contended(assumptions: PlanAssumptions, world_size: int, bubble: float) -> P
     ratio = cpu_contention(world_size, bubble, assumptions.cpu_cores) / assumptions.cpu_contention_at_fit
     if ratio == 1.0:
         return assumptions
-    per_axis = {
-        name: None if getattr(assumptions, name) is None else getattr(assumptions, name) * ratio
-        for name in SYNC_WAIT_AXIS_FIELDS.values()
-    }
+
+    def stretched(value: float | None) -> float | None:
+        return None if value is None else value * ratio
+
     return replace(
         assumptions,
         host_seconds_per_layer_pass=assumptions.host_seconds_per_layer_pass * ratio,
         sync_wait_per_collective_seconds=assumptions.sync_wait_per_collective_seconds * ratio,
+        dp_sync_wait_per_collective_seconds=stretched(assumptions.dp_sync_wait_per_collective_seconds),
+        tp_sync_wait_per_collective_seconds=stretched(assumptions.tp_sync_wait_per_collective_seconds),
+        cp_sync_wait_per_collective_seconds=stretched(assumptions.cp_sync_wait_per_collective_seconds),
+        ep_sync_wait_per_collective_seconds=stretched(assumptions.ep_sync_wait_per_collective_seconds),
         comm_time_scale=assumptions.comm_time_scale * ratio,
-        **per_axis,
     )
 
 
