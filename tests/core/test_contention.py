@@ -123,6 +123,14 @@ def test_predicting_the_measured_layout_is_unchanged_by_the_contention_model(dp4
     assert p.expected_step_seconds == pytest.approx(c.critical.total_seconds, rel=0.005)
 
 
+def test_the_simulator_fed_the_calibration_reproduces_the_run(dp4):
+    spec, result, c = dp4
+    again = simulate(spec, steps=6, assumptions=c.assumptions, faults=[Noise(sigma=0.03)])  # data wait calibrated
+    measured = float(np.mean(result.table.steps.end_us - result.table.steps.start_us))
+    resimulated = float(np.mean(again.table.steps.end_us - again.table.steps.start_us))
+    assert resimulated == pytest.approx(measured, rel=0.02)
+
+
 def test_a_pipeline_frees_cores_and_the_prediction_follows(dp4):
     _, _, c = dp4
     target = tiny("dp=2,pp=2")  # 4 micro-batches of 2: bubble 1/4, 3.2 busy ranks, kappa 1.6
