@@ -215,3 +215,23 @@ def test_any_collector_json_gives_positive_cores_or_none(tmp_path_factory, cpu, 
     (folder / "collector.json").write_text(json.dumps(body))
     got = cpu_cores_of_run(folder)
     assert got is None or (math.isfinite(got) and got > 0)
+
+
+# ---------------------------------------------------------------------------------------------------- the bubble
+
+
+def test_the_bubble_includes_the_micro_batches_in_path_communication():
+    """Narayanan et al. 2021 §2.2: bubble = (p - 1)(t_f + t_b), and a micro-batch's t_f + t_b waits for its tp
+    collectives; dp's gradient reduction is once per step, outside the micro-batches' path."""
+    spec = tiny("tp=2,pp=2,dp=2")  # 4 micro-batches: bubble fraction 1/4
+    a = dataclasses.replace(emulated_assumptions(), nvlink_efficiency=0.01, tp_sync_wait_per_collective_seconds=1e-3)
+    plan = plan_job(spec, assumptions=a)
+    assert plan.bubble_fraction == pytest.approx(0.25)
+    per_stage = []
+    for s in plan.stages:
+        t = s.step_time
+        tp = t.exposed_comm_seconds["tp"] + (t.sync_wait_seconds or {}).get("tp", 0.0)
+        assert tp > 0.01 * t.compute_seconds  # slow links: the tp term is not negligible here
+        per_stage.append(t.compute_seconds + tp)
+    assert plan.expected_step_time.bubble_seconds == pytest.approx(0.25 * max(per_stage), rel=1e-12)
+    assert plan.expected_step_time.bubble_seconds > 0.25 * max(s.step_time.compute_seconds for s in plan.stages)

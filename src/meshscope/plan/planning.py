@@ -44,7 +44,7 @@ from meshscope.plan.timing import (
 from meshscope.topology import AXES, Placement
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping
+    from collections.abc import Mapping, Sequence
 
     from meshscope.jobs import JobSpec, PipelineSchedule, TrainingConfig
     from meshscope.plan.kernels import ComputeClass, StageKernels
@@ -238,6 +238,19 @@ def _check_batch(training: TrainingConfig, layout: ParallelLayout) -> int:
     return training.micro_batches(dp)
 
 
+IN_PATH_AXES = ("tp", "cp", "ep")
+"""Axes whose collectives run inside every micro-batch's forward and backward (a pipeline stage waits for them)."""
+
+
+def _in_path_seconds(collectives: Sequence[CollectivePlan], assumptions: PlanAssumptions) -> float:
+    """Exposed seconds per step of a stage's in-path collectives (tp, cp, ep), with their expected sync wait."""
+    return sum(
+        c.exposed_seconds_per_step + c.count_per_step * assumptions.sync_wait_per_collective(c.axis)
+        for c in collectives
+        if c.axis in IN_PATH_AXES
+    )
+
+
 def plan_job(
     spec: JobSpec,
     *,
@@ -329,8 +342,8 @@ def plan_job(
 
     fraction = bubble_fraction(layout.pp, m, vpp=layout.vpp, schedule=schedule)
     peak = peak_flops_per_s(hardware, training.precision)
-    slowest_compute = max(d[4].compute_seconds_per_step for d in drafts)
-    bubble_seconds = fraction * slowest_compute
+    slowest_path = max(d[4].compute_seconds_per_step + _in_path_seconds(d[5], assumptions) for d in drafts)
+    bubble_seconds = fraction * slowest_path
     stages = []
     for r, params, memory, activations, compute, collectives, state, resting in drafts:
         exposed = {a.value: 0.0 for a in layout.enabled_axes}

@@ -16,7 +16,8 @@ Conventions (docs/planner.md, "Expected step time"):
   0 unless calibrated);
 * CPU contention (only with ``cpu_cores``, a CPU testbed): host time, sync waits and collectives stretched by
   :func:`cpu_contention` of the layout over the calibrated run's (:func:`contended`);
-* bubble: ``(pp - 1)/m`` (1F1B, GPipe) or ``(pp - 1)/(m·vpp)`` (interleaved) of the slowest stage's compute;
+* bubble: ``(pp - 1)/m`` (1F1B, GPipe) or ``(pp - 1)/(m·vpp)`` (interleaved) of the slowest stage's compute and
+  exposed in-path (tp, cp, ep) communication: what a micro-batch's forward and backward take;
 * optimizer: bytes the Adam step streams through HBM ÷ (HBM bandwidth x ``hbm_efficiency``);
 * data wait and host overhead: the assumptions' ``data_wait_seconds`` and ``host_overhead_seconds`` (0 unless a run
   was calibrated: no formula gives them);
@@ -240,7 +241,7 @@ class ExpectedStepTime:
     exposed_comm_seconds: Mapping[str, float]
     """Communication not hidden behind compute, per axis (``tp``, ``cp``, ``ep``, ``pp``, ``dp``)."""
     bubble_seconds: float
-    """Pipeline bubble: ``bubble_fraction`` x the slowest stage's compute."""
+    """Pipeline bubble: ``bubble_fraction`` x the slowest stage's compute and exposed tp, cp and ep communication."""
     optimizer_seconds: float
     """Optimizer step."""
     sync_wait_seconds: Mapping[str, float] | None = None
