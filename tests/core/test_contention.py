@@ -66,7 +66,7 @@ def test_contended_stretches_host_sync_and_collectives_by_the_ratio():
     assert got.tp_sync_wait_per_collective_seconds == pytest.approx(0.005)
     assert got.dp_sync_wait_per_collective_seconds is None  # unset stays unset (falls back to the all-axes value)
     assert got.sync_wait_per_collective("dp") == pytest.approx(0.0025)
-    assert got.comm_time_scale == pytest.approx(2.5)
+    assert got.cpu_time_scale == pytest.approx(2.5)
     # A GPU cluster (no cpu_cores): nothing depends on ranks ÷ cores.
     gpu = dataclasses.replace(a, cpu_cores=None)
     assert contended(gpu, 8, 0.0) is gpu
@@ -84,6 +84,8 @@ def test_the_planner_applies_contention_to_host_compute_and_collectives():
     assert p_busy.expected_step_time.compute_seconds == pytest.approx(sleep + 16 * 0.01 * 2)
     for a, b in zip(p_free.collectives, p_busy.collectives, strict=True):
         assert b.seconds_per_instance == pytest.approx(2 * a.seconds_per_instance, rel=1e-12)
+    # AdamW runs on the CPU too.
+    assert p_busy.expected_step_time.optimizer_seconds == pytest.approx(2 * p_free.expected_step_time.optimizer_seconds)
     assert p_busy.assumptions == busy  # the plan keeps the assumptions it was given, not the stretched ones
 
 

@@ -83,7 +83,7 @@ _MEASURED_TIMES: dict[str, st.SearchStrategy[object]] = {
     **dict.fromkeys(SYNC_WAIT_AXIS_FIELDS.values(), st.none() | st.floats(min_value=0.0, max_value=1.0)),
     "cpu_cores": st.none() | st.floats(min_value=0.1, max_value=64.0),
     "cpu_contention_at_fit": st.floats(min_value=1.0, max_value=20.0),
-    "comm_time_scale": st.floats(min_value=1.0, max_value=20.0),
+    "cpu_time_scale": st.floats(min_value=1.0, max_value=20.0),
     **dict.fromkeys(("data_wait_seconds", "host_overhead_seconds"), st.floats(min_value=0.0, max_value=10.0)),
 }
 """Valid values of the measured-time assumptions: per-step waits, per-axis sync waits, CPU contention."""

@@ -239,9 +239,10 @@ class PlanAssumptions:
     """The contention factor ``max(1, busy ranks ÷ cpu_cores)`` of the run the host time per layer pass, the sync
     waits and the link fits were measured on (``meshscope calibrate`` writes it); 1 by default. Only used with
     ``cpu_cores``."""
-    comm_time_scale: float = 1.0
-    """Multiplies every collective's expected seconds (latency and payload). Default 1; the planner sets it to the
-    CPU contention ratio of the planned layout when ``cpu_cores`` is set (not meant to be set by hand)."""
+    cpu_time_scale: float = 1.0
+    """Multiplies the expected seconds of what a CPU testbed runs on its cores besides the host term and sync waits:
+    every collective (latency and payload) and the optimizer step (AdamW on the CPU). Default 1; the planner sets it to
+    the CPU contention ratio of the planned layout when ``cpu_cores`` is set (not meant to be set by hand)."""
     _hash: int = field(init=False, repr=False, compare=False, default=0)
     """The hash, computed once: the planner's caches key on the assumptions thousands of times per layout search."""
 
@@ -359,7 +360,7 @@ _RANGES: Final[dict[str, tuple[float, float | None, bool]]] = {
     ),
     "cpu_cores": (0.0, None, True),
     "cpu_contention_at_fit": (1.0, None, False),
-    "comm_time_scale": (0.0, None, True),
+    "cpu_time_scale": (0.0, None, True),
 }  # fmt: skip
 """``(low, high, low excluded)`` of every numeric assumption (``high`` ``None``: unbounded)."""
 

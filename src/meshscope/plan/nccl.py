@@ -115,7 +115,7 @@ def collective_time(
                 protocol="simple",
                 bandwidth_bytes_per_s=bus_bandwidth,
             ),
-            assumptions.comm_time_scale,
+            assumptions.cpu_time_scale,
         )
     best: CollectiveTime | None = None
     options = assumptions.nccl_options()
@@ -130,11 +130,11 @@ def collective_time(
         if best is None or option.seconds < best.seconds:
             best = option
     assert best is not None  # the ring options always exist
-    return _scaled(best, assumptions.comm_time_scale)
+    return _scaled(best, assumptions.cpu_time_scale)
 
 
 def _scaled(t: CollectiveTime, scale: float) -> CollectiveTime:
-    """``t`` stretched by ``scale`` (``comm_time_scale``: CPU contention); the cheapest option stays the cheapest."""
+    """``t`` stretched by ``scale`` (``cpu_time_scale``: CPU contention); the cheapest option stays the cheapest."""
     if scale == 1.0:
         return t
     return replace(t, seconds=t.seconds * scale, latency_seconds=t.latency_seconds * scale,

@@ -359,7 +359,7 @@ def plan_job(
             exposed_comm_seconds=exposed,
             sync_wait_seconds=sync or None,
             bubble_seconds=bubble_seconds,
-            optimizer_seconds=optimizer_seconds(state, per_param, hardware, assumptions),
+            optimizer_seconds=optimizer_seconds(state, per_param, hardware, assumptions) * assumptions.cpu_time_scale,
             data_seconds=assumptions.data_wait_seconds,
             other_seconds=assumptions.host_overhead_seconds,
         )

@@ -14,8 +14,8 @@ Conventions (docs/planner.md, "Expected step time"):
   forward = 1 pass, backward = 2 passes + recompute;
 * host: ``host_seconds_per_layer_pass`` x the stage's layers per micro-batch (a third forward, two thirds backward;
   0 unless calibrated);
-* CPU contention (only with ``cpu_cores``, a CPU testbed): host time, sync waits and collectives stretched by
-  :func:`cpu_contention` of the layout over the calibrated run's (:func:`contended`);
+* CPU contention (only with ``cpu_cores``, a CPU testbed): host time, sync waits, collectives and the optimizer
+  stretched by :func:`cpu_contention` of the layout over the calibrated run's (:func:`contended`);
 * bubble: ``(pp - 1)/m`` (1F1B, GPipe) or ``(pp - 1)/(m·vpp)`` (interleaved) of the slowest stage's compute and
   exposed in-path (tp, cp, ep) communication: what a micro-batch's forward and backward take;
 * optimizer: bytes the Adam step streams through HBM ÷ (HBM bandwidth x ``hbm_efficiency``);
@@ -69,7 +69,8 @@ def cpu_contention(world_size: int, bubble: float, cpu_cores: float) -> float:
 
 
 def contended(assumptions: PlanAssumptions, world_size: int, bubble: float) -> PlanAssumptions:
-    """``assumptions`` with the host, sync-wait and collective times stretched to ``world_size`` ranks' contention.
+    """``assumptions`` with the host, sync-wait, collective and optimizer times stretched to ``world_size`` ranks'
+    contention.
 
     The ratio is :func:`cpu_contention` of the planned layout over ``cpu_contention_at_fit`` (the run the values
     were measured on), so planning the measured layout again changes nothing. Unchanged without ``cpu_cores``.
@@ -91,7 +92,7 @@ def contended(assumptions: PlanAssumptions, world_size: int, bubble: float) -> P
         tp_sync_wait_per_collective_seconds=stretched(assumptions.tp_sync_wait_per_collective_seconds),
         cp_sync_wait_per_collective_seconds=stretched(assumptions.cp_sync_wait_per_collective_seconds),
         ep_sync_wait_per_collective_seconds=stretched(assumptions.ep_sync_wait_per_collective_seconds),
-        comm_time_scale=assumptions.comm_time_scale * ratio,
+        cpu_time_scale=assumptions.cpu_time_scale * ratio,
     )
 
 
