@@ -69,8 +69,7 @@ def cpu_contention(world_size: int, bubble: float, cpu_cores: float) -> float:
 
 
 def contended(assumptions: PlanAssumptions, world_size: int, bubble: float) -> PlanAssumptions:
-    """``assumptions`` with the host, sync-wait, collective and optimizer times stretched to ``world_size`` ranks'
-    contention.
+    """``assumptions`` with host, sync-wait, collective and optimizer times stretched to ``world_size`` ranks' use.
 
     The ratio is :func:`cpu_contention` of the planned layout over ``cpu_contention_at_fit`` (the run the values
     were measured on), so planning the measured layout again changes nothing. Unchanged without ``cpu_cores``.
