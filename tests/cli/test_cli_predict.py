@@ -225,3 +225,44 @@ def test_a_run_directory_with_broken_files_gets_one_clear_error(run_dir, tmp_pat
         assert message
         return
     assert run.spec.layout == parse_layout("tp=2,dp=4")  # accepted only when what it read still describes the run
+
+
+@pytest.fixture(scope="module")
+def cpu_run_dir(tmp_path_factory) -> Path:
+    """A dp=4 run on one machine whose collector measured 2 cores, half of their time taken by other processes."""
+    out = tmp_path_factory.mktemp("cpu-run")
+    spec = tiny_job_spec(JOB, parse_layout("dp=4"), gpus_per_node=None)
+    result = simulate(spec, steps=6, assumptions=TRUTH, phases=Phases(data_ms=3))
+    write_records(out / "records.jsonl", result.table)
+    cpu = {"ranks": 4, "cores": 2.0, "busy_fraction": 0.4, "foreign_fraction": 0.5}
+    (out / "collector.json").write_text(json.dumps({"layout": layout_text(spec.layout), "cpu": cpu}))
+    (out / "measurements.json").write_text(json.dumps({"0": {"job": JOB.to_dict()}}))
+    return out
+
+
+def test_a_cpu_run_is_calibrated_and_predicted_with_its_contention(cpu_run_dir, tmp_path, capsys):
+    path = tmp_path / "a.yaml"
+    code, _, err = _run(capsys, "calibrate", str(cpu_run_dir), "--out", str(path))
+    assert (code, err) == (0, "")
+    mapping = load_yaml_mapping(path)
+    assert mapping["cpu_cores"] == pytest.approx(1.0)  # 2 cores, half taken by others
+    assert mapping["cpu_contention_at_fit"] == pytest.approx(4.0)  # 4 busy ranks on 1 core
+    host = mapping["host_seconds_per_layer_pass"]
+    # dp=2 has 2 busy ranks: contention 2, half the measured run's, so the host time per layer pass halves.
+    code, out, err = _run(capsys, "predict", "--from", str(cpu_run_dir), "--layout", "dp=2", "--json", "-q")
+    assert (code, err) == (0, "")
+    got = json.loads(out)
+    sleep = plan_job(
+        tiny_job_spec(JOB, parse_layout("dp=2"), gpus_per_node=None), assumptions=emulated_assumptions()
+    ).expected_step_time.compute_seconds
+    assert got["categories"]["compute"]["expected_s"] == pytest.approx(sleep + 4 * host / 2, rel=1e-6)
+    assert got["not_calibrated"] == []
+
+
+def test_an_axis_the_run_never_had_is_marked_not_calibrated(cpu_run_dir, capsys):
+    code, out, err = _run(capsys, "predict", "--from", str(cpu_run_dir), "--layout", "tp=2,dp=2")
+    assert (code, err) == (0, "")
+    assert "exposed comm tp (not calibrated)" in out
+    assert "not calibrated: tp: the measured run had no such collectives" in out
+    code, out, _ = _run(capsys, "predict", "--from", str(cpu_run_dir), "--layout", "tp=2,dp=2", "--json", "-q")
+    assert json.loads(out)["not_calibrated"] == ["tp"]

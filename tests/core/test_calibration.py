@@ -284,12 +284,15 @@ def test_predicting_the_measured_layout_gives_back_the_measured_step(sigma):
     c = calibrate(result.table, spec, base=BASE)
     p = predict(c, spec)
     measured = c.critical.total_seconds
-    # Noise makes ranks arrive apart: sync wait, which the calibration charges per collective.
-    sync_wait = float(np.mean(sum(result.break_down().us(f"comm.{a}.sync_wait") for a in ("dp", "tp")))) / 1e6
-    assert (sync_wait == 0) == (sigma == 0)
-    assert value(c, "sync_wait_per_collective_seconds").value == pytest.approx(
-        sync_wait / sum(x.count_per_step for x in c.plan.stages[0].collectives), rel=1e-6
-    )
+    # Noise makes ranks arrive apart: sync wait, which the calibration charges per collective of each axis.
+    rs = result.break_down()
+    for axis in ("dp", "tp"):
+        sync_wait = float(np.mean(rs.us(f"comm.{axis}.sync_wait"))) / 1e6
+        assert (sync_wait == 0) == (sigma == 0)
+        count = sum(x.count_per_step for x in c.plan.stages[0].collectives if x.axis == axis)
+        assert value(c, f"{axis}_sync_wait_per_collective_seconds").value == pytest.approx(
+            sync_wait / count, rel=1e-6, abs=1e-12
+        )
     assert p.expected_step_seconds == pytest.approx(measured, rel=0.005)
     for category, (got, expected) in p.categories().items():
         assert expected == pytest.approx(got, abs=0.005 * measured), category

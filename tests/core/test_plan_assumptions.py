@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from meshscope.cli import main
 from meshscope.errors import MeshscopeError, PlanError
 from meshscope.plan import PlanAssumptions, assumptions_from_mapping
-from meshscope.plan.assumptions import ASSUMPTION_NAMES, NCCL_FIELDS, OVERLAP_FIELDS
+from meshscope.plan.assumptions import ASSUMPTION_NAMES, NCCL_FIELDS, OVERLAP_FIELDS, SYNC_WAIT_AXIS_FIELDS
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
@@ -79,6 +79,16 @@ _NCCL = st.fixed_dictionaries(
 )
 
 
+_MEASURED_TIMES: dict[str, st.SearchStrategy[object]] = {
+    **dict.fromkeys(SYNC_WAIT_AXIS_FIELDS.values(), st.none() | st.floats(min_value=0.0, max_value=1.0)),
+    "cpu_cores": st.none() | st.floats(min_value=0.1, max_value=64.0),
+    "cpu_contention_at_fit": st.floats(min_value=1.0, max_value=20.0),
+    "cpu_time_scale": st.floats(min_value=1.0, max_value=20.0),
+    **dict.fromkeys(("data_wait_seconds", "host_overhead_seconds"), st.floats(min_value=0.0, max_value=10.0)),
+}
+"""Valid values of the measured-time assumptions: per-step waits, per-axis sync waits, CPU contention."""
+
+
 def _valid_value(name: str) -> st.SearchStrategy[object]:
     if name in NCCL_FIELDS:
         return _NCCL
@@ -93,8 +103,8 @@ def _valid_value(name: str) -> st.SearchStrategy[object]:
         return st.floats(min_value=0.0, max_value=10.0)
     if name in ("compute_efficiency", "gemm_efficiency", "optimizer_hbm_efficiency"):
         return st.none() | _FRACTION
-    if name in ("data_wait_seconds", "host_overhead_seconds"):
-        return st.floats(min_value=0.0, max_value=10.0)
+    if name in _MEASURED_TIMES:
+        return _MEASURED_TIMES[name]
     if name == "nccl_algorithms":
         return st.lists(st.sampled_from(["ring", "tree"]), min_size=1, max_size=2, unique=True)
     if name == "nccl_protocols":

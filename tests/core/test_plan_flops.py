@@ -218,8 +218,9 @@ def test_expected_time_categories_add_up_and_mfu_stays_below_efficiency():
     )
     assert step.total_seconds == pytest.approx(parts)
     # The sum holds by construction; its parts are pinned by hand. The bubble: 1F1B with p = 2 stages and
-    # m = 64 / 4 = 16 micro-batches idles (p - 1) / m of the stage's compute (Narayanan et al. 2021 §2.2).
-    assert step.bubble_seconds == pytest.approx(step.compute_seconds * (2 - 1) / 16)
+    # m = 64 / 4 = 16 micro-batches idles (p - 1) / m of the stage's time in the micro-batches' path, its compute and
+    # exposed tp communication (Narayanan et al. 2021 §2.2: (p - 1)(t_f + t_b); no sync wait is assumed here).
+    assert step.bubble_seconds == pytest.approx((step.compute_seconds + step.exposed_comm_seconds["tp"]) * (2 - 1) / 16)
     # The compute: m x (forward + backward) of the slowest stage, the last one (it adds the logits), whose model
     # FLOPs per micro-batch (no recompute) run at the efficient bf16 peak of an H100 SXM (989 TFLOP/s dense).
     last = plan.stages[-1]

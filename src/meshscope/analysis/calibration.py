@@ -56,9 +56,9 @@ from meshscope.analysis.costs import index_rank_steps
 from meshscope.analysis.transfers import place_of_rows
 from meshscope.errors import MeshscopeError, ParseCode, ParseError
 from meshscope.formatting import human_seconds, render_table
-from meshscope.plan import NcclProtocolCosts, PlanAssumptions, plan_job
+from meshscope.plan import SYNC_WAIT_AXIS_FIELDS, NcclProtocolCosts, PlanAssumptions, cpu_contention, plan_job
 from meshscope.records import OPS, CommOp
-from meshscope.topology import AXES, Link
+from meshscope.topology import AXES, Link, MeshAxis
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -534,13 +534,15 @@ def calibrate(
         check_records_match_layout(table, spec.layout, origin=f"spec {spec.name!r}")
     except MeshscopeError as exc:
         raise CalibrationError(str(exc)) from None
+    values: list[FittedValue] = []
+    changes: dict[str, Any] = {}
+    overrides: dict[str, Any] = {}
+    given = base
+    base = _fit_contention(spec, base=base, values=values, overrides=overrides)
     plan0 = _planned_with(spec, base)
     bd = break_down(table, p2p_bandwidth_bytes_per_s=p2p_bandwidth(spec, plan0), align_clocks=not one_clock)
     rs = index_rank_steps(bd)
     stage = stage_of_rows(table)
-    values: list[FittedValue] = []
-    changes: dict[str, Any] = {}
-    overrides: dict[str, Any] = {}
 
     if emulated and base.flat_compute:
         _fit_host_compute(spec, base=base, rs=rs, stage=stage, values=values, changes=changes, overrides=overrides)
@@ -572,7 +574,7 @@ def calibrate(
     plan = _planned_with(spec, calibrated)
     return Calibration(
         spec=spec,
-        base=base,
+        base=given,
         assumptions=calibrated,
         values=tuple(values),
         links=links,
@@ -1049,24 +1051,70 @@ def _fit_sync_wait(
     changes: dict[str, Any],
     overrides: dict[str, Any],
 ) -> None:
-    """Mean sync wait per collective, from the breakdown's sync wait of every axis but pp.
+    """Mean sync wait per collective of every axis but pp that the run measured, each from its own collectives.
 
-    Per rank-step, over the plan's collectives per step of that rank's stage: the plan's count, so that records that
-    merge instances (the simulator's) fit alike.
+    Per rank-step, the axis' sync wait over the plan's collectives per step of that axis on the rank's stage: the
+    plan's count, so that records that merge instances (the simulator's) fit alike. An axis the layout does not
+    run (degree 1, or no collectives planned) is refused: its sync wait is the base's, never another axis' fit.
     """
     plan = _planned_with(spec, base)
-    counts = np.array([sum(c.count_per_step for c in s.collectives if c.group != "pp") for s in plan.stages], float)
-    per_row = counts[np.clip(stage, 0, spec.layout.pp - 1)]
-    if not (per_row > 0).any():
-        return
-    waits = sum(rs.us(comm_category(a, SYNC_WAIT)) for a in AXES if a.value != "pp") / 1e6
-    ok = per_row > 0
-    mean, low, high = _bootstrap_mean(np.asarray(waits)[ok] / per_row[ok])
+    rows = np.clip(stage, 0, spec.layout.pp - 1)
+    for axis, name in SYNC_WAIT_AXIS_FIELDS.items():
+        counts = np.array(
+            [sum(c.count_per_step for c in s.collectives if c.axis == axis and c.group != "pp") for s in plan.stages],
+            dtype=np.float64,
+        )
+        per_row = counts[rows]
+        ok = per_row > 0
+        base_value = base.sync_wait_per_collective(axis)
+        if not ok.any():
+            values.append(FittedValue(
+                name=name, value=None, low=None, high=None, base=base_value, unit="s", basis="-",
+                refused=f"the run has no {axis} collectives ({axis}={getattr(spec.layout, axis)}): not calibrated, a "
+                f"layout with {axis} gets the plan's model (the base value), not another axis' fit",
+            ))  # fmt: skip
+            continue
+        waits = rs.us(comm_category(MeshAxis(axis), SYNC_WAIT)) / 1e6
+        mean, low, high = _bootstrap_mean(np.asarray(waits)[ok] / per_row[ok])
+        values.append(FittedValue(
+            name=name, value=mean, low=low, high=high, base=base_value, unit="s",
+            basis=f"mean {axis} sync wait per step over {int(ok.sum()):,} rank-steps ÷ the plan's "
+            f"{int(per_row.max()):,} {axis} collectives per step: arrival skew (stragglers, jitter, time slicing)",
+        ))  # fmt: skip
+        changes[name] = mean
+        overrides[name] = mean
+
+
+def _fit_contention(
+    spec: JobSpec, *, base: PlanAssumptions, values: list[FittedValue], overrides: dict[str, Any]
+) -> PlanAssumptions:
+    """On a CPU testbed (``base.cpu_cores`` set), the contention the run's values are measured at.
+
+    Returns ``base`` with ``cpu_contention_at_fit`` set, so that the calibrated plan of the measured layout is not
+    stretched, and another layout's is by the ratio of the two contentions (:func:`meshscope.plan.contended`).
+    """
+    if base.cpu_cores is None:
+        values.append(FittedValue(
+            name="cpu_cores", value=None, low=None, high=None, base=None, unit="", basis="-",
+            refused="no CPU figures (a GPU run, or records without a meshscope run directory): every rank has its own "
+            "host, so host, sync-wait and collective times are not scaled with ranks ÷ cores",
+        ))  # fmt: skip
+        return base
+    layout = spec.layout
+    plan = _planned_with(spec, replace(base, cpu_cores=None))
+    kappa = cpu_contention(layout.world_size, plan.bubble_fraction, base.cpu_cores)
+    busy = layout.world_size / (1.0 + plan.bubble_fraction)
     values.append(FittedValue(
-        name="sync_wait_per_collective_seconds", value=mean, low=low, high=high,
-        base=base.sync_wait_per_collective_seconds, unit="s",
-        basis=f"mean sync wait per step over {int(ok.sum()):,} rank-steps ÷ the plan's {int(per_row.max()):,} "
-        "collectives per step: arrival skew (stragglers, jitter, time slicing), charged to every collective alike",
+        name="cpu_cores", value=base.cpu_cores, low=None, high=None, base=None, unit="",
+        basis="the cores the ranks could run on less the share other processes took over the run "
+        "(collector.json: cpu.cores x (1 - foreign_fraction))",
     ))  # fmt: skip
-    changes["sync_wait_per_collective_seconds"] = mean
-    overrides["sync_wait_per_collective_seconds"] = mean
+    values.append(FittedValue(
+        name="cpu_contention_at_fit", value=kappa, low=None, high=None, base=1.0, unit="",
+        basis=f"max(1, busy ranks ÷ cores) = max(1, {busy:.3g} ÷ {base.cpu_cores:.3g}): {layout.world_size} ranks, "
+        f"of which a share 1 ÷ (1 + bubble {plan.bubble_fraction:.3g}) compute at once; the host time, sync waits "
+        "and link fits below are measured at this contention",
+    ))  # fmt: skip
+    overrides["cpu_cores"] = base.cpu_cores
+    overrides["cpu_contention_at_fit"] = kappa
+    return replace(base, cpu_contention_at_fit=kappa)

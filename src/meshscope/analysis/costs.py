@@ -439,7 +439,8 @@ def stage_expected(plan: Plan, pp_rank: int) -> dict[str, float | None]:
     """The plan's expected seconds per category for one GPU of stage ``pp_rank``.
 
     Compute, exposed comm per axis and optimizer are the stage's own; sync wait expects the calibrated
-    ``sync_wait_per_collective_seconds`` x collectives per step (0 by default); data and other expect the
+    sync wait per collective of the axis (``PlanAssumptions.sync_wait_per_collective``) x its collectives per step
+    (0 by default); data and other expect the
     assumptions' ``data_wait_seconds`` and ``host_overhead_seconds`` (other is ``None``, not planned, while that is 0);
     checkpoint is not planned (``None``). The bubble is the plan's bubble plus the time the stage waits for the slowest
     stage every step (the critical stage's expected step minus this stage's): a synchronous step lasts as long as

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from meshscope.analysis.calibration import PRED_CATEGORIES, expected_categories
 from meshscope.errors import PlanError
 from meshscope.formatting import human_bytes, human_seconds, render_table
-from meshscope.plan import plan_job
+from meshscope.plan import SYNC_WAIT_AXIS_FIELDS, plan_job
 from meshscope.topology import default_hardware
 
 if TYPE_CHECKING:
@@ -92,6 +92,16 @@ class Prediction:
         got = self.measured.seconds
         return {c: (got.get(c, 0.0), expected.get(c, 0.0)) for c in PRED_CATEGORIES}
 
+    def not_calibrated(self) -> tuple[str, ...]:
+        """Axes Y communicates on that the measured run had no collectives of: priced by the plan's model.
+
+        Their sync wait is the base assumptions' (the run cannot tell it, and another axis' is not transferred);
+        their transfer uses the fit of the link they cross, which the run's other collectives measured.
+        """
+        refused = {v.name for v in self.calibration.values if v.refused is not None}
+        planned = {c.axis for c in self.plan.collectives if c.group != "pp"}
+        return tuple(axis for axis, name in SYNC_WAIT_AXIS_FIELDS.items() if axis in planned and name in refused)
+
     @property
     def expected_step_seconds(self) -> float:
         """Y's expected step."""
@@ -131,18 +141,27 @@ class Prediction:
                 ],
             },
             "findings": [f.to_dict() for f in self.plan.findings],
+            "not_calibrated": list(self.not_calibrated()),
             "calibrated_step_seconds": c.plan.expected_step_time.total_seconds,
             "assumptions": c.overrides,
         }  # fmt: skip
 
+    def _not_calibrated_line(self) -> str:
+        return (
+            f"not calibrated: {', '.join(self.not_calibrated())}: the measured run had no such collectives, so their "
+            "sync wait is the plan's model (the base assumptions), their transfer the fit of the link they cross"
+        )
+
     def render(self) -> str:
         """For people: the table of categories, the change, the memory check, the findings."""
         c = self.calibration
+        loose = {f"comm.{axis}" for axis in self.not_calibrated()}
         rows = [
-            [category_label(k), human_seconds(m), human_seconds(e), _signed(e - m)]
+            [category_label(k) + (" (not calibrated)" if k in loose else ""), human_seconds(m), human_seconds(e),
+             _signed(e - m)]
             for k, (m, e) in self.categories().items()
             if m or e
-        ]
+        ]  # fmt: skip
         measured_total = self.measured.total_seconds
         rows.append(["step", human_seconds(measured_total), human_seconds(self.expected_step_seconds),
                      _signed(self.expected_step_seconds - measured_total)])  # fmt: skip
@@ -161,6 +180,7 @@ class Prediction:
                 f"stage {self.plan.expected_step_time.pp_rank}; exposed comm measured = transfer + sync wait)",
             ),
             f"\nchange: {self.changes_text()}",
+            *([self._not_calibrated_line()] if self.not_calibrated() else []),
             (
                 "calibration residual on the measured layout: calibrated plan "
                 f"{human_seconds(c.plan.expected_step_time.total_seconds)} vs measured "

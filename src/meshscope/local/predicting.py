@@ -12,6 +12,7 @@ builds the specs of the measured and the predicted layout, and prints. Errors ar
 from __future__ import annotations
 
 import json
+import math
 import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -105,6 +106,31 @@ def _described_job(folder: Path) -> tuple[TinyJob, str]:
     return TinyJob.from_dict(described), layout
 
 
+MIN_CORE_SHARE = 0.05
+"""The least share of its cores a run is taken to have had, however much foreign load ``collector.json`` reports
+(a foreign fraction near 1 is a measurement over a run that mostly waited, not a machine with no cores)."""
+
+
+def cpu_cores_of_run(folder: Path) -> float | None:
+    """The cores a ``meshscope run``'s ranks had: ``cpu.cores`` x (1 - ``cpu.foreign_fraction``) of collector.json.
+
+    ``None`` when the file has no usable CPU figures (then no contention model is applied).
+    """
+    try:
+        cpu = json.loads((folder / "collector.json").read_text()).get("cpu")
+    except (OSError, ValueError, AttributeError):
+        return None
+    if not isinstance(cpu, dict):
+        return None
+    cores, foreign = cpu.get("cores"), cpu.get("foreign_fraction")
+    if isinstance(cores, bool) or not isinstance(cores, int | float) or not math.isfinite(cores) or cores <= 0:
+        return None
+    share = 1.0
+    if isinstance(foreign, int | float) and not isinstance(foreign, bool) and math.isfinite(foreign):
+        share = min(1.0, max(MIN_CORE_SHARE, 1.0 - float(foreign)))
+    return float(cores) * share
+
+
 def _ranks_per_node(table: RecordTable) -> int | None:
     """Ranks per node of the records (``None``: every rank on one node)."""
     s = table.steps
@@ -165,7 +191,9 @@ def read_run(sources: Sequence[str], *, spec: str | None, quiet: bool = True) ->
     job, layout_text = _described_job(folder)
     layout = _layout_of_records(table, layout_text, where=folder / "collector.json")
     measured_spec = tiny_job_spec(job, layout, gpus_per_node=per_node, name=table.job)
-    return MeasuredRun(table=table, spec=measured_spec, base=emulated_assumptions(), one_clock=inputs.one_clock,
+    # train_tiny runs its ranks on this machine's CPU cores: the contention model applies (docs/predict.md).
+    base = replace(emulated_assumptions(), cpu_cores=cpu_cores_of_run(folder))
+    return MeasuredRun(table=table, spec=measured_spec, base=base, one_clock=inputs.one_clock,
                        job=job, gpus_per_node=per_node, warmup_step=warmup)  # fmt: skip
 
 

@@ -27,7 +27,12 @@ It must not read files or records and must not analyse measurements. Import the 
 
 from __future__ import annotations
 
-from meshscope.plan.assumptions import NcclProtocolCosts, PlanAssumptions, assumptions_from_mapping
+from meshscope.plan.assumptions import (
+    SYNC_WAIT_AXIS_FIELDS,
+    NcclProtocolCosts,
+    PlanAssumptions,
+    assumptions_from_mapping,
+)
 from meshscope.plan.comms import CollectiveOp, CollectivePlan
 from meshscope.plan.findings import Finding, Severity
 from meshscope.plan.flops import ForwardFlops, StepFlops, layer_forward_flops, logits_forward_flops, step_flops
@@ -35,9 +40,17 @@ from meshscope.plan.memory import ActivationBreakdown, MemoryBreakdown, StagePar
 from meshscope.plan.planning import Plan, StagePlan, plan_job
 from meshscope.plan.rendering import render_plan, render_plan_report
 from meshscope.plan.search import Candidate, SearchRequest, SearchResult, search_layouts
-from meshscope.plan.timing import ExpectedStepTime, StageCompute, bubble_fraction, stage_compute
+from meshscope.plan.timing import (
+    ExpectedStepTime,
+    StageCompute,
+    bubble_fraction,
+    contended,
+    cpu_contention,
+    stage_compute,
+)
 
 __all__ = [
+    "SYNC_WAIT_AXIS_FIELDS",
     "ActivationBreakdown",
     "Candidate",
     "CollectiveOp",
@@ -58,6 +71,8 @@ __all__ = [
     "StepFlops",
     "assumptions_from_mapping",
     "bubble_fraction",
+    "contended",
+    "cpu_contention",
     "layer_forward_flops",
     "logits_forward_flops",
     "plan_job",

@@ -218,6 +218,31 @@ class PlanAssumptions:
     host_overhead_seconds: float = 0.0
     """Time per step outside compute, communication, the optimizer and the loader (launches, Python, logging),
     seconds: the breakdown's ``other``. Default 0 (no formula gives it; ``meshscope calibrate`` measures it)."""
+    dp_sync_wait_per_collective_seconds: float | None = None
+    """``sync_wait_per_collective_seconds`` for the dp axis alone; ``None`` (default): the all-axes value.
+    ``meshscope calibrate`` fits it per axis the run measured: the arrival skew of a data-parallel gradient
+    reduce-scatter at the end of backward is not that of a tensor-parallel all-reduce inside every layer."""
+    tp_sync_wait_per_collective_seconds: float | None = None
+    """The same for tp."""
+    cp_sync_wait_per_collective_seconds: float | None = None
+    """The same for cp."""
+    ep_sync_wait_per_collective_seconds: float | None = None
+    """The same for ep."""
+    cpu_cores: float | None = None
+    """CPU cores every rank of the job shares, on a CPU testbed (``meshscope run`` of ``train_tiny``, many ranks on
+    one machine): the cores the ranks could run on less the share other processes took (``OUT/collector.json``'s
+    ``cpu.cores`` x (1 - ``foreign_fraction``)). ``None`` (default): every rank has its own accelerator and host
+    (a GPU cluster), so the host, sync-wait and collective times do not depend on how many ranks there are. When set,
+    the planner models CPU contention: those times are stretched by ``max(1, busy ranks ÷ cpu_cores)`` relative to
+    ``cpu_contention_at_fit`` (docs/predict.md, "CPU contention")."""
+    cpu_contention_at_fit: float = 1.0
+    """The contention factor ``max(1, busy ranks ÷ cpu_cores)`` of the run the host time per layer pass, the sync
+    waits and the link fits were measured on (``meshscope calibrate`` writes it); 1 by default. Only used with
+    ``cpu_cores``."""
+    cpu_time_scale: float = 1.0
+    """Multiplies the expected seconds of what a CPU testbed runs on its cores besides the host term and sync waits:
+    every collective (latency and payload) and the optimizer step (AdamW on the CPU). Default 1; the planner sets it to
+    the CPU contention ratio of the planned layout when ``cpu_cores`` is set (not meant to be set by hand)."""
     _hash: int = field(init=False, repr=False, compare=False, default=0)
     """The hash, computed once: the planner's caches key on the assumptions thousands of times per layout search."""
 
@@ -252,6 +277,12 @@ class PlanAssumptions:
     def flat_compute(self) -> bool:
         """Whether the flat model (one ``compute_efficiency`` for every FLOP) replaces the per-operation roofline."""
         return self.compute_efficiency is not None
+
+    def sync_wait_per_collective(self, axis: str) -> float:
+        """Expected sync wait per collective of ``axis``, seconds: its own value if set, else the all-axes one."""
+        name = SYNC_WAIT_AXIS_FIELDS.get(axis)
+        own = getattr(self, name) if name is not None else None
+        return self.sync_wait_per_collective_seconds if own is None else float(own)
 
     def link_efficiency(self, link: str) -> float:
         """Achieved fraction of ``link``'s bandwidth (``nvlink`` or ``network``)."""
@@ -294,7 +325,20 @@ OVERLAP_FIELDS: Final = (
 NCCL_FIELDS: Final = ("ring_ll", "ring_ll128", "ring_simple", "tree_ll", "tree_ll128", "tree_simple")
 """Assumptions that are :class:`NcclProtocolCosts`."""
 _BOOLEANS: Final = ("causal_attention", "nccl_latency", "pp_scatter_gather")
-_OPTIONAL: Final = ("compute_efficiency", "gemm_efficiency", "optimizer_hbm_efficiency")
+SYNC_WAIT_AXIS_FIELDS: Final = {
+    "dp": "dp_sync_wait_per_collective_seconds",
+    "tp": "tp_sync_wait_per_collective_seconds",
+    "cp": "cp_sync_wait_per_collective_seconds",
+    "ep": "ep_sync_wait_per_collective_seconds",
+}
+"""Axis -> its own sync wait per collective (pp sends have no sync wait term: the bubble prices their waits)."""
+_OPTIONAL: Final = (
+    "compute_efficiency",
+    "gemm_efficiency",
+    "optimizer_hbm_efficiency",
+    "cpu_cores",
+    *SYNC_WAIT_AXIS_FIELDS.values(),
+)
 _CHOICES: Final = {"nccl_algorithms": NCCL_ALGORITHMS, "nccl_protocols": NCCL_PROTOCOLS}
 _RANGES: Final[dict[str, tuple[float, float | None, bool]]] = {
     **dict.fromkeys(
@@ -310,9 +354,13 @@ _RANGES: Final[dict[str, tuple[float, float | None, bool]]] = {
             "host_overhead_seconds",
             "sync_wait_per_collective_seconds",
             "host_seconds_per_layer_pass",
+            *SYNC_WAIT_AXIS_FIELDS.values(),
         ),
         (0.0, None, False),
     ),
+    "cpu_cores": (0.0, None, True),
+    "cpu_contention_at_fit": (1.0, None, False),
+    "cpu_time_scale": (0.0, None, True),
 }  # fmt: skip
 """``(low, high, low excluded)`` of every numeric assumption (``high`` ``None``: unbounded)."""
 

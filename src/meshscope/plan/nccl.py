@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Final
 
 if TYPE_CHECKING:
@@ -107,12 +107,15 @@ def collective_time(
     bus_bandwidth = link_bandwidth_bytes_per_s * assumptions.link_efficiency(link)
     moved = message_bytes * bus_factor(op, n)
     if not assumptions.nccl_latency or n == 1:
-        return CollectiveTime(
-            seconds=moved / bus_bandwidth,
-            latency_seconds=0.0,
-            algorithm="bandwidth-only",
-            protocol="simple",
-            bandwidth_bytes_per_s=bus_bandwidth,
+        return _scaled(
+            CollectiveTime(
+                seconds=moved / bus_bandwidth,
+                latency_seconds=0.0,
+                algorithm="bandwidth-only",
+                protocol="simple",
+                bandwidth_bytes_per_s=bus_bandwidth,
+            ),
+            assumptions.cpu_time_scale,
         )
     best: CollectiveTime | None = None
     options = assumptions.nccl_options()
@@ -127,7 +130,15 @@ def collective_time(
         if best is None or option.seconds < best.seconds:
             best = option
     assert best is not None  # the ring options always exist
-    return best
+    return _scaled(best, assumptions.cpu_time_scale)
+
+
+def _scaled(t: CollectiveTime, scale: float) -> CollectiveTime:
+    """``t`` stretched by ``scale`` (``cpu_time_scale``: CPU contention); the cheapest option stays the cheapest."""
+    if scale == 1.0:
+        return t
+    return replace(t, seconds=t.seconds * scale, latency_seconds=t.latency_seconds * scale,
+                   bandwidth_bytes_per_s=t.bandwidth_bytes_per_s / scale)  # fmt: skip
 
 
 def _price(

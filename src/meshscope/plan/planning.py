@@ -36,6 +36,7 @@ from meshscope.plan.memory import (
 from meshscope.plan.timing import (
     ExpectedStepTime,
     bubble_fraction,
+    contended,
     optimizer_seconds,
     peak_flops_per_s,
     stage_compute,
@@ -43,7 +44,7 @@ from meshscope.plan.timing import (
 from meshscope.topology import AXES, Placement
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping
+    from collections.abc import Mapping, Sequence
 
     from meshscope.jobs import JobSpec, PipelineSchedule, TrainingConfig
     from meshscope.plan.kernels import ComputeClass, StageKernels
@@ -237,6 +238,19 @@ def _check_batch(training: TrainingConfig, layout: ParallelLayout) -> int:
     return training.micro_batches(dp)
 
 
+IN_PATH_AXES = ("tp", "cp", "ep")
+"""Axes whose collectives run inside every micro-batch's forward and backward (a pipeline stage waits for them)."""
+
+
+def _in_path_seconds(collectives: Sequence[CollectivePlan], assumptions: PlanAssumptions) -> float:
+    """Exposed seconds per step of a stage's in-path collectives (tp, cp, ep), with their expected sync wait."""
+    return sum(
+        c.exposed_seconds_per_step + c.count_per_step * assumptions.sync_wait_per_collective(c.axis)
+        for c in collectives
+        if c.axis in IN_PATH_AXES
+    )
+
+
 def plan_job(
     spec: JobSpec,
     *,
@@ -277,6 +291,8 @@ def plan_job(
         raise PlanError(f"placement has {placement.world_size} ranks but layout {layout.describe()} has {world}")
     m = _check_batch(training, layout)
     schedule = resolve_schedule(training, layout)
+    given = assumptions
+    assumptions = contended(assumptions, world, bubble_fraction(layout.pp, m, vpp=layout.vpp, schedule=schedule))
     ranges = stage_layer_ranges(
         model.layers,
         layout,
@@ -326,23 +342,24 @@ def plan_job(
 
     fraction = bubble_fraction(layout.pp, m, vpp=layout.vpp, schedule=schedule)
     peak = peak_flops_per_s(hardware, training.precision)
-    slowest_compute = max(d[4].compute_seconds_per_step for d in drafts)
-    bubble_seconds = fraction * slowest_compute
+    slowest_path = max(d[4].compute_seconds_per_step + _in_path_seconds(d[5], assumptions) for d in drafts)
+    bubble_seconds = fraction * slowest_path
     stages = []
     for r, params, memory, activations, compute, collectives, state, resting in drafts:
         exposed = {a.value: 0.0 for a in layout.enabled_axes}
         sync: dict[str, float] = {}
         for c in collectives:
             exposed[c.axis] = exposed.get(c.axis, 0.0) + c.exposed_seconds_per_step
-            if assumptions.sync_wait_per_collective_seconds > 0 and c.group != "pp":
-                sync[c.axis] = sync.get(c.axis, 0.0) + c.count_per_step * assumptions.sync_wait_per_collective_seconds
+            wait = assumptions.sync_wait_per_collective(c.axis)
+            if wait > 0 and c.group != "pp":
+                sync[c.axis] = sync.get(c.axis, 0.0) + c.count_per_step * wait
         step_time = ExpectedStepTime(
             pp_rank=r,
             compute_seconds=compute.compute_seconds_per_step,
             exposed_comm_seconds=exposed,
             sync_wait_seconds=sync or None,
             bubble_seconds=bubble_seconds,
-            optimizer_seconds=optimizer_seconds(state, per_param, hardware, assumptions),
+            optimizer_seconds=optimizer_seconds(state, per_param, hardware, assumptions) * assumptions.cpu_time_scale,
             data_seconds=assumptions.data_wait_seconds,
             other_seconds=assumptions.host_overhead_seconds,
         )
@@ -391,7 +408,7 @@ def plan_job(
         bubble_fraction=fraction,
         expected_step_time=critical.step_time,
         findings=findings,
-        assumptions=assumptions,
+        assumptions=given,
         peak_flops_per_s=peak_flops_per_s(hardware, training.precision),
         total_params=total_params(model),
         active_params=active_params(model),

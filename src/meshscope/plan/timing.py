@@ -14,7 +14,10 @@ Conventions (docs/planner.md, "Expected step time"):
   forward = 1 pass, backward = 2 passes + recompute;
 * host: ``host_seconds_per_layer_pass`` x the stage's layers per micro-batch (a third forward, two thirds backward;
   0 unless calibrated);
-* bubble: ``(pp - 1)/m`` (1F1B, GPipe) or ``(pp - 1)/(m·vpp)`` (interleaved) of the slowest stage's compute;
+* CPU contention (only with ``cpu_cores``, a CPU testbed): host time, sync waits, collectives and the optimizer
+  stretched by :func:`cpu_contention` of the layout over the calibrated run's (:func:`contended`);
+* bubble: ``(pp - 1)/m`` (1F1B, GPipe) or ``(pp - 1)/(m·vpp)`` (interleaved) of the slowest stage's compute and
+  exposed in-path (tp, cp, ep) communication: what a micro-batch's forward and backward take;
 * optimizer: bytes the Adam step streams through HBM ÷ (HBM bandwidth x ``hbm_efficiency``);
 * data wait and host overhead: the assumptions' ``data_wait_seconds`` and ``host_overhead_seconds`` (0 unless a run
   was calibrated: no formula gives them);
@@ -23,7 +26,7 @@ Conventions (docs/planner.md, "Expected step time"):
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from meshscope.jobs import PipelineSchedule, Precision, Recompute
@@ -49,6 +52,47 @@ def bubble_fraction(pp: int, micro_batches: int, *, vpp: int = 1, schedule: Pipe
         return 0.0
     chunks = vpp if schedule is PipelineSchedule.INTERLEAVED else 1
     return (pp - 1) / (micro_batches * chunks)
+
+
+def cpu_contention(world_size: int, bubble: float, cpu_cores: float) -> float:
+    """How much sharing ``cpu_cores`` stretches a rank's host time: ``max(1, busy ranks ÷ cores)``.
+
+    On a CPU testbed every rank's host work (the tiny tensors' math, autograd, gloo's threads) runs on the same
+    cores; the kernel's fair scheduler (CFS) gives each of ``n`` runnable ranks ``cores ÷ n`` of a core once
+    ``n > cores`` (sched(7)), so a fixed amount of CPU work takes ``n ÷ cores`` times as long. Ranks idle in a
+    pipeline bubble do not compete: of the pipelined step a stage computes ``1 ÷ (1 + bubble fraction)``
+    (``m ÷ (m + p - 1)`` for 1F1B, Narayanan et al. 2021 §2.2), so ``busy ranks = world ÷ (1 + bubble)``.
+    On a GPU cluster each rank has its own host, and the planner does not apply this (``cpu_cores`` unset).
+    """
+    busy = world_size / (1.0 + bubble)
+    return max(1.0, busy / cpu_cores)
+
+
+def contended(assumptions: PlanAssumptions, world_size: int, bubble: float) -> PlanAssumptions:
+    """``assumptions`` with host, sync-wait, collective and optimizer times stretched to ``world_size`` ranks' use.
+
+    The ratio is :func:`cpu_contention` of the planned layout over ``cpu_contention_at_fit`` (the run the values
+    were measured on), so planning the measured layout again changes nothing. Unchanged without ``cpu_cores``.
+    """
+    if assumptions.cpu_cores is None:
+        return assumptions
+    ratio = cpu_contention(world_size, bubble, assumptions.cpu_cores) / assumptions.cpu_contention_at_fit
+    if ratio == 1.0:
+        return assumptions
+
+    def stretched(value: float | None) -> float | None:
+        return None if value is None else value * ratio
+
+    return replace(
+        assumptions,
+        host_seconds_per_layer_pass=assumptions.host_seconds_per_layer_pass * ratio,
+        sync_wait_per_collective_seconds=assumptions.sync_wait_per_collective_seconds * ratio,
+        dp_sync_wait_per_collective_seconds=stretched(assumptions.dp_sync_wait_per_collective_seconds),
+        tp_sync_wait_per_collective_seconds=stretched(assumptions.tp_sync_wait_per_collective_seconds),
+        cp_sync_wait_per_collective_seconds=stretched(assumptions.cp_sync_wait_per_collective_seconds),
+        ep_sync_wait_per_collective_seconds=stretched(assumptions.ep_sync_wait_per_collective_seconds),
+        cpu_time_scale=assumptions.cpu_time_scale * ratio,
+    )
 
 
 def peak_flops_per_s(hardware: HardwareConfig, precision: Precision) -> float:
@@ -197,7 +241,7 @@ class ExpectedStepTime:
     exposed_comm_seconds: Mapping[str, float]
     """Communication not hidden behind compute, per axis (``tp``, ``cp``, ``ep``, ``pp``, ``dp``)."""
     bubble_seconds: float
-    """Pipeline bubble: ``bubble_fraction`` x the slowest stage's compute."""
+    """Pipeline bubble: ``bubble_fraction`` x the slowest stage's compute and exposed tp, cp and ep communication."""
     optimizer_seconds: float
     """Optimizer step."""
     sync_wait_seconds: Mapping[str, float] | None = None

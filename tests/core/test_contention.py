@@ -1,0 +1,239 @@
+"""The CPU contention model and the per-axis sync wait of calibration (issue 12: predictions on the CPU testbed).
+
+Expected values are derived by hand from the model's definition (docs/predict.md, "CPU contention"):
+``kappa = max(1, world ÷ (1 + bubble fraction) ÷ cpu_cores)`` and every host, sync-wait and collective time of a
+layout stretched by ``kappa ÷ cpu_contention_at_fit``. Calibrated runs are simulated (an independent path: the
+simulator schedules the records itself from a plan made with known assumptions).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from meshscope.analysis import calibrate, predict
+from meshscope.local import TinyJob, emulated_assumptions, tiny_job_spec
+from meshscope.local.predicting import cpu_cores_of_run
+from meshscope.plan import contended, cpu_contention, plan_job
+from meshscope.simulation import Noise, Phases, simulate
+from meshscope.topology import parse_layout
+
+JOB = TinyJob(micro_batch_size=2, micro_batches=4, block_ms=10)
+
+
+def tiny(layout: str):
+    return tiny_job_spec(JOB, parse_layout(layout), gpus_per_node=None)
+
+
+def value(c, name):
+    return next(v for v in c.values if v.name == name)
+
+
+# ---------------------------------------------------------------------------------------------------- the factor
+
+
+@pytest.mark.parametrize(
+    ("world", "bubble", "cores", "expected"),
+    [
+        (4, 0.0, 2.0, 2.0),  # 4 ranks computing at once on 2 cores: each gets half a core
+        (4, 0.25, 2.0, 1.6),  # pp=2, m=4: a stage computes 4/5 of the step, 3.2 ranks busy on 2 cores
+        (2, 0.0, 4.0, 1.0),  # fewer ranks than cores: no contention, never below 1
+        (8, 0.75, 0.5, 8 / 1.75 / 0.5),  # pp=4, m=4 on half a core's worth of free CPU
+    ],
+)
+def test_contention_is_busy_ranks_over_cores(world, bubble, cores, expected):
+    assert cpu_contention(world, bubble, cores) == pytest.approx(expected, rel=1e-12)
+
+
+def test_contended_stretches_host_sync_and_collectives_by_the_ratio():
+    a = dataclasses.replace(
+        emulated_assumptions(),
+        cpu_cores=2.0,
+        cpu_contention_at_fit=1.6,
+        host_seconds_per_layer_pass=0.01,
+        sync_wait_per_collective_seconds=0.001,
+        tp_sync_wait_per_collective_seconds=0.002,
+    )
+    got = contended(a, 8, 0.0)  # kappa = 8 / 2 = 4; ratio 4 / 1.6 = 2.5
+    assert got.host_seconds_per_layer_pass == pytest.approx(0.025)
+    assert got.sync_wait_per_collective_seconds == pytest.approx(0.0025)
+    assert got.tp_sync_wait_per_collective_seconds == pytest.approx(0.005)
+    assert got.dp_sync_wait_per_collective_seconds is None  # unset stays unset (falls back to the all-axes value)
+    assert got.sync_wait_per_collective("dp") == pytest.approx(0.0025)
+    assert got.cpu_time_scale == pytest.approx(2.5)
+    # A GPU cluster (no cpu_cores): nothing depends on ranks ÷ cores.
+    gpu = dataclasses.replace(a, cpu_cores=None)
+    assert contended(gpu, 8, 0.0) is gpu
+
+
+def test_the_planner_applies_contention_to_host_compute_and_collectives():
+    spec = tiny("dp=4")  # 4 micro-batches x 4 layers = 16 layer passes
+    free = dataclasses.replace(emulated_assumptions(), host_seconds_per_layer_pass=0.01)
+    # 1 core, fitted at contention 2: dp=4 has kappa 4, so every host and collective time doubles.
+    busy = dataclasses.replace(free, cpu_cores=1.0, cpu_contention_at_fit=2.0)
+    p_free, p_busy = plan_job(spec, assumptions=free), plan_job(spec, assumptions=busy)
+    sleep = plan_job(spec, assumptions=emulated_assumptions()).expected_step_time.compute_seconds
+    assert p_free.micro_batches == 4
+    assert p_free.expected_step_time.compute_seconds == pytest.approx(sleep + 16 * 0.01)
+    assert p_busy.expected_step_time.compute_seconds == pytest.approx(sleep + 16 * 0.01 * 2)
+    for a, b in zip(p_free.collectives, p_busy.collectives, strict=True):
+        assert b.seconds_per_instance == pytest.approx(2 * a.seconds_per_instance, rel=1e-12)
+    # AdamW runs on the CPU too.
+    assert p_busy.expected_step_time.optimizer_seconds == pytest.approx(2 * p_free.expected_step_time.optimizer_seconds)
+    assert p_busy.assumptions == busy  # the plan keeps the assumptions it was given, not the stretched ones
+
+
+# ---------------------------------------------------------------------------------------------------- calibration
+
+TRUTH = dataclasses.replace(emulated_assumptions(), nccl_latency=False, nvlink_efficiency=0.3,
+                            optimizer_hbm_efficiency=0.2, host_seconds_per_layer_pass=0.004, cpu_cores=2.0)  # fmt: skip
+"""A simulated CPU testbed: 4 ms of host work per layer pass with every rank alone on a core, 2 cores."""
+BASE = dataclasses.replace(emulated_assumptions(), nccl_latency=False, cpu_cores=2.0)
+
+
+def simulated(layout: str, *, sigma: float = 0.03):
+    spec = tiny(layout)
+    result = simulate(spec, steps=6, assumptions=TRUTH, phases=Phases(data_ms=1), faults=[Noise(sigma=sigma)])
+    return spec, result
+
+
+@pytest.fixture(scope="module")
+def dp4():
+    spec, result = simulated("dp=4")
+    return spec, result, calibrate(result.table, spec, base=BASE, emulated=True)
+
+
+def test_calibration_records_the_contention_it_measured_at(dp4):
+    _, _, c = dp4
+    # dp=4 without a pipeline: 4 busy ranks on 2 cores.
+    assert value(c, "cpu_contention_at_fit").value == pytest.approx(2.0)
+    assert c.assumptions.cpu_contention_at_fit == pytest.approx(2.0)
+    # The host time per layer pass is what the run measured: 4 ms stretched by 2.
+    assert value(c, "host_seconds_per_layer_pass").value == pytest.approx(0.008, rel=0.05)
+    assert c.overrides["cpu_cores"] == 2.0
+
+
+def test_predicting_the_measured_layout_is_unchanged_by_the_contention_model(dp4):
+    spec, _, c = dp4
+    p = predict(c, spec)
+    assert p.expected_step_seconds == pytest.approx(c.critical.total_seconds, rel=0.005)
+
+
+def test_the_simulator_fed_the_calibration_reproduces_the_run(dp4):
+    spec, result, c = dp4
+    again = simulate(spec, steps=6, assumptions=c.assumptions, faults=[Noise(sigma=0.03)])  # data wait calibrated
+    measured = float(np.mean(result.table.steps.end_us - result.table.steps.start_us))
+    resimulated = float(np.mean(again.table.steps.end_us - again.table.steps.start_us))
+    assert resimulated == pytest.approx(measured, rel=0.02)
+
+
+def test_a_pipeline_frees_cores_and_the_prediction_follows(dp4):
+    _, _, c = dp4
+    target = tiny("dp=2,pp=2")  # 4 micro-batches of 2: bubble 1/4, 3.2 busy ranks, kappa 1.6
+    p = predict(c, target)
+    plain = plan_job(target, assumptions=emulated_assumptions())  # the emulated sleep alone
+    passes = p.plan.micro_batches * p.plan.stages[p.plan.expected_step_time.pp_rank].layers
+    host = (
+        p.plan.expected_step_time.compute_seconds
+        - plain.stages[p.plan.expected_step_time.pp_rank].step_time.compute_seconds
+    )
+    fitted = value(c, "host_seconds_per_layer_pass").value
+    assert host / passes == pytest.approx(fitted * 1.6 / 2.0, rel=1e-6)
+    # ... and against the simulated run of the target (4 ms x 1.6 per pass there).
+    _, result_y = simulated("dp=2,pp=2")
+    simulated_step = float(np.mean(result_y.table.steps.end_us - result_y.table.steps.start_us)) / 1e6
+    assert p.expected_step_seconds == pytest.approx(simulated_step, rel=0.15)  # the simulator's own bubble: 15 %
+
+
+def test_an_axis_the_run_never_measured_is_not_calibrated(dp4):
+    _, _, c = dp4
+    dp_wait = value(c, "dp_sync_wait_per_collective_seconds")
+    assert dp_wait.refused is None
+    assert dp_wait.value > 0  # the noise makes ranks arrive apart
+    tp_wait = value(c, "tp_sync_wait_per_collective_seconds")
+    assert tp_wait.value is None
+    assert "not calibrated" in tp_wait.refused
+    p = predict(c, tiny("dp=2,tp=2"))
+    assert p.not_calibrated() == ("tp",)
+    sync = p.plan.expected_step_time.sync_wait_seconds or {}
+    assert sync.get("tp", 0.0) == 0.0  # the base's model (0 s), not dp's fit
+    assert sync["dp"] > 0
+    assert "exposed comm tp (not calibrated)" in p.render()
+    assert p.to_dict()["not_calibrated"] == ["tp"]
+    assert predict(c, tiny("dp=4")).not_calibrated() == ()
+
+
+def test_without_cpu_figures_no_contention_is_modelled():
+    spec, result = simulated("dp=4")
+    c = calibrate(result.table, spec, base=dataclasses.replace(BASE, cpu_cores=None), emulated=True)
+    assert "every rank has its own host" in value(c, "cpu_cores").refused
+    assert "cpu_contention_at_fit" not in c.overrides
+
+
+# ---------------------------------------------------------------------------------------------------- collector.json
+
+
+@pytest.mark.parametrize(
+    ("cpu", "expected"),
+    [
+        ({"cores": 2.0, "foreign_fraction": 0.25}, 1.5),
+        ({"cores": 2.0, "foreign_fraction": None}, 2.0),
+        ({"cores": 4, "foreign_fraction": 0.999}, 4 * 0.05),  # at least 5 % of the cores
+        ({"cores": 0, "foreign_fraction": 0.1}, None),
+        ({"cores": "2"}, None),
+        ("junk", None),
+    ],
+)
+def test_cores_of_a_run_come_from_collector_json(tmp_path, cpu, expected):
+    (tmp_path / "collector.json").write_text(json.dumps({"cpu": cpu}))
+    got = cpu_cores_of_run(tmp_path)
+    assert got == (None if expected is None else pytest.approx(expected))
+
+
+def test_a_run_without_collector_json_has_no_cores(tmp_path):
+    assert cpu_cores_of_run(tmp_path) is None
+    (tmp_path / "collector.json").write_text("{not json")
+    assert cpu_cores_of_run(tmp_path) is None
+
+
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.floats(allow_nan=False) | st.integers(-10, 10) | st.text(max_size=4),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3),
+    max_leaves=8,
+)
+
+
+@settings(max_examples=80, deadline=None)
+@given(cpu=_JSON, cores=_JSON, foreign=_JSON)
+def test_any_collector_json_gives_positive_cores_or_none(tmp_path_factory, cpu, cores, foreign):
+    folder = tmp_path_factory.mktemp("run")
+    body = {"cpu": {"cores": cores, "foreign_fraction": foreign}} if cpu is None else {"cpu": cpu}
+    (folder / "collector.json").write_text(json.dumps(body))
+    got = cpu_cores_of_run(folder)
+    assert got is None or (math.isfinite(got) and got > 0)
+
+
+# ---------------------------------------------------------------------------------------------------- the bubble
+
+
+def test_the_bubble_includes_the_micro_batches_in_path_communication():
+    """Narayanan et al. 2021 §2.2: bubble = (p - 1)(t_f + t_b), and a micro-batch's t_f + t_b waits for its tp
+    collectives; dp's gradient reduction is once per step, outside the micro-batches' path."""
+    spec = tiny("tp=2,pp=2,dp=2")  # 4 micro-batches: bubble fraction 1/4
+    a = dataclasses.replace(emulated_assumptions(), nvlink_efficiency=0.01, tp_sync_wait_per_collective_seconds=1e-3)
+    plan = plan_job(spec, assumptions=a)
+    assert plan.bubble_fraction == pytest.approx(0.25)
+    per_stage = []
+    for s in plan.stages:
+        t = s.step_time
+        tp = t.exposed_comm_seconds["tp"] + (t.sync_wait_seconds or {}).get("tp", 0.0)
+        assert tp > 0.01 * t.compute_seconds  # slow links: the tp term is not negligible here
+        per_stage.append(t.compute_seconds + tp)
+    assert plan.expected_step_time.bubble_seconds == pytest.approx(0.25 * max(per_stage), rel=1e-12)
+    assert plan.expected_step_time.bubble_seconds > 0.25 * max(s.step_time.compute_seconds for s in plan.stages)
