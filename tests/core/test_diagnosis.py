@@ -15,6 +15,7 @@ from meshscope.analysis.diagnosis import (
     DATA_MIN_SHARE,
     MIN_COST_SHARE,
     RUNQUEUE_CONTENTION_SHARE,
+    STEP_JITTER_SIGMAS,
     STRAGGLER_EXPLAINS,
     STRAGGLER_MIN_EXCESS,
     Finding,
@@ -372,6 +373,22 @@ def test_a_straggler_slow_in_two_phases_is_explained_by_both() -> None:
     assert (f.suspects[0].rank, f.evidence["phase_is_data"]) == (5, 1)
     assert f.evidence["excess_seconds"] < STRAGGLER_EXPLAINS * f.cost_seconds_per_step
     assert f.cost_seconds_per_step == pytest.approx(1.7e-3, rel=0.01)
+
+
+@pytest.mark.parametrize(("slow", "named"), [(1.3, True), (1.2, False)], ids=["above-the-error", "below"])
+def test_a_persistent_straggler_stands_out_of_a_swinging_run_by_its_steps_number(slow: float, named: bool) -> None:
+    # Every rank computes 1.5x as long in odd steps (a host whose load swings): each step's median own time
+    # alternates by 10 ms, a robust sigma of 1.4826 x 5 ms = 7.41 ms. Rank 5 computes `slow` x as long in all 16
+    # steps: 1.3 costs its peers 6 ms in even steps and 9 ms in odd ones, 7.5 ms a step, under 1.5 sigma (11.1 ms)
+    # but above the standard error bar of a persistent straggler, 3 sigma / sqrt(16) = 5.56 ms; 1.2 costs 5 ms.
+    swing = {(r, s): 1.5 for r in range(8) for s in range(16) if s % 2}
+    found = findings(Job(slow={5: slow}, slow_in_step=swing, steps=16, noise=0.0))
+    stragglers = [f for f in found if f.code == "straggler"]
+    assert len(stragglers) == int(named), [f.message for f in found]
+    if named:
+        assert stragglers[0].suspects[0].rank == 5
+        assert stragglers[0].cost_seconds_per_step == pytest.approx(7.5e-3, rel=0.01)
+        assert stragglers[0].cost_seconds_per_step < STEP_JITTER_SIGMAS * 7.413e-3
 
 
 def test_stragglers_on_one_node_are_one_finding_naming_the_node() -> None:
