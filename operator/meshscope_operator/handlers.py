@@ -3,8 +3,9 @@
 Exists so that one call, :func:`register`, gives a registry everything the operator does, for ``__main__`` and for
 tests alike (each test run gets a fresh ``kopf.OperatorRegistry``, as kopf's own tests do). Now: the startup
 handler that configures kopf (STYLE.md §4), the index of TrainingJobs that the pod webhook reads, the two
-admission webhooks (:mod:`~meshscope_operator.admission`) and reconcile (:mod:`~meshscope_operator.reconciling`:
-status, the Job and Service, the placement). The cost table comes in later slices of issue 11.
+admission webhooks (:mod:`~meshscope_operator.admission`), reconcile (:mod:`~meshscope_operator.reconciling`:
+status, the Job and Service, the placement) and the children followed (:mod:`~meshscope_operator.following`: the
+Job's run into status, deleted children made again). The cost table comes in later slices of issue 11.
 
 It must hold no logic of its own: each handler calls one pure function.
 """
@@ -17,6 +18,7 @@ from typing import TYPE_CHECKING
 import kopf
 
 from meshscope_operator.admission import INDEX_ID, register_admission
+from meshscope_operator.following import register_following
 from meshscope_operator.injection import InjectionTarget, target_from_body
 from meshscope_operator.reconciling import register_reconcile
 from meshscope_operator.spec import GROUP, PLURAL, VERSION
@@ -73,5 +75,6 @@ def register(registry: kopf.OperatorRegistry, settings: OperatorSettings) -> Non
         return {(namespace or "", name): target_from_body(body)}
 
     register_admission(registry, settings)
-    register_reconcile(registry, settings)
+    api, publisher = register_reconcile(registry, settings)
+    register_following(registry, settings, api, publisher)
     register_costs(registry, settings)
