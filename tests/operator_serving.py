@@ -64,8 +64,16 @@ RESOURCES: dict[str, dict[str, Any]] = {
     "v1/namespaces": {"kind": "Namespace", "namespaced": False, "verbs": {"list", "watch", "get"}},
     "v1/pods": {"kind": "Pod", "namespaced": True, "verbs": {"list", "watch", "get", "create", "patch", "delete"}},
     "v1/events": {"kind": "Event", "namespaced": True, "verbs": {"list", "watch", "get", "create", "patch"}},
-    "v1/services": {"kind": "Service", "namespaced": True, "verbs": {"list", "watch", "get", "create", "patch"}},
-    "v1/configmaps": {"kind": "ConfigMap", "namespaced": True, "verbs": {"list", "watch", "get", "create", "patch"}},
+    "v1/services": {
+        "kind": "Service",
+        "namespaced": True,
+        "verbs": {"list", "watch", "get", "create", "patch", "delete"},
+    },
+    "v1/configmaps": {
+        "kind": "ConfigMap",
+        "namespaced": True,
+        "verbs": {"list", "watch", "get", "create", "patch", "delete"},
+    },
     "v1/nodes": {"kind": "Node", "namespaced": False, "verbs": {"list", "watch", "get", "create", "patch"}},
     "batch/v1/jobs": {
         "kind": "Job",
