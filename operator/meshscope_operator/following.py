@@ -15,8 +15,8 @@ on objects labelled ``meshscope.io/trainingjob`` (no finalizer is put on any of 
 - **the placement ConfigMap deleted**: published again from the pod index.
 
 A restore or a status write that fails is not retried by kopf (event handlers are not); it is kept pending here and
-tried again by a timer with a delay doubling from 5 s to 300 s, the failure written into the ``Ready`` condition by
-reconcile. One restore at a time per TrainingJob.
+tried again by one task of the operator's with a delay doubling from 5 s to 300 s per TrainingJob, the failure
+written into the ``Ready`` condition by reconcile. One restore at a time per TrainingJob.
 
 It must hold no builders of its own: manifests, status and phases come from the pure modules.
 """
@@ -24,6 +24,7 @@ It must hold no builders of its own: manifests, status and phases come from the 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -48,8 +49,8 @@ from meshscope_operator.statuses import ConditionType, Phase, generation_of, mer
 if TYPE_CHECKING:
     from meshscope_operator.settings import OperatorSettings
 
-RESTORE_TICK_S = 5.0
-"""Seconds between the timer's looks at pending restores (each TrainingJob's; a look without one does nothing)."""
+IDLE_WAIT_S = 300.0
+"""Longest sleep of the keeper's retry task with nothing pending (it is woken when a restore fails)."""
 STATUS_ATTEMPTS = 3
 """Status writes tried (read, then patch at that resourceVersion) before the write is left to a restore."""
 
@@ -130,6 +131,40 @@ class ChildKeeper:
         self._pending: dict[Key, tuple[int, float]] = {}
         """Per TrainingJob: failures so far, and when (clock) to try again."""
         self._locks: dict[Key, asyncio.Lock] = {}
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        """Start the retry task (the operator's startup): it restores each pending TrainingJob when its delay ends."""
+        if self._task is None or self._task.done():
+            self._task = asyncio.get_running_loop().create_task(self._retry_forever(), name="meshscope-keeper")
+
+    async def stop(self) -> None:
+        """Stop the retry task (the operator's cleanup)."""
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    async def _retry_forever(self) -> None:
+        while True:
+            now = self._clock()
+            due = [k for k, (_, at) in self._pending.items() if at <= now]
+            for key in due:
+                try:
+                    outcome = await self.restore(key)
+                except Exception:  # noqa: BLE001 - a bug must not end the retries of every other TrainingJob
+                    _log.exception("restore of TrainingJob %s/%s failed", *key)
+                    self.failed(key)
+                else:
+                    _log.info("TrainingJob %s/%s: %s", *key, outcome)
+            self._wake.clear()  # before looking: a failure counted from here on wakes the wait below
+            soonest = min((at for _, at in self._pending.values()), default=self._clock() + IDLE_WAIT_S)
+            wait_s = soonest - self._clock()
+            if wait_s > 0:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), wait_s)
 
     def pending(self, key: Key) -> tuple[int, float] | None:
         """``(failures, due time)`` of a pending restore, else ``None``."""
@@ -145,6 +180,7 @@ class ChildKeeper:
         failures = self._pending.get(key, (0, 0.0))[0]
         delay = retry_delay(failures)
         self._pending[key] = (failures + 1, self._clock() + delay)
+        self._wake.set()
         return delay
 
     def forget(self, key: Key) -> None:
@@ -226,8 +262,17 @@ def register_following(
 ) -> ChildKeeper:
     """Add the handlers that follow the children to ``registry``; the keeper they share."""
     keeper = ChildKeeper(api, settings, publisher)
+
+    @kopf.on.startup(registry=registry)
+    async def start_keeper(**_: object) -> None:
+        keeper.start()
+
+    @kopf.on.cleanup(registry=registry)
+    async def stop_keeper(**_: object) -> None:
+        await keeper.stop()
+
     _register_job_and_service(registry, keeper)
-    _register_placement_and_timer(registry, keeper, api, publisher)
+    _register_placement(registry, api, publisher)
     return keeper
 
 
@@ -257,9 +302,7 @@ def _register_job_and_service(registry: kopf.OperatorRegistry, keeper: ChildKeep
             logger.info("Service of TrainingJob %s/%s deleted: %s", *key, await keeper.restore(key))
 
 
-def _register_placement_and_timer(
-    registry: kopf.OperatorRegistry, keeper: ChildKeeper, api: KubeApi, publisher: PlacementPublisher
-) -> None:
+def _register_placement(registry: kopf.OperatorRegistry, api: KubeApi, publisher: PlacementPublisher) -> None:
     @kopf.on.event("v1", "configmaps", id="keep-placement", labels={LABEL: kopf.PRESENT}, registry=registry)
     async def keep_placement(
         body: kopf.Body,
@@ -276,11 +319,3 @@ def _register_placement_and_timer(
             going = False  # not known: the publisher's index of TrainingJobs decides
         if not going:
             await publish_logged(publisher, key, kwargs, logger)
-
-    @kopf.timer(GROUP, VERSION, PLURAL, id="children-restore", interval=RESTORE_TICK_S, registry=registry)
-    async def children_restore(
-        name: str, namespace: str | None, logger: logging.Logger | logging.LoggerAdapter[Any], **_: object
-    ) -> None:
-        key = (namespace or "", name)
-        if keeper.due(key):
-            logger.info("TrainingJob %s/%s: %s", *key, await keeper.restore(key))
