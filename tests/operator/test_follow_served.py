@@ -157,6 +157,7 @@ def test_the_jobs_run_moves_the_phase_and_leaves_the_cost_tiers_fields_alone(ser
         lambda: (o := get(served, f"{TJ}/follow")) and condition(o, "Ready").get("reason") == "RunFinished" and o,
     )
     assert gone["status"]["phase"] == "Succeeded"
+    assert {k: gone["status"][k] for k in COST_FIELDS} == COST_FIELDS  # reconcile's own status patch kept them too
     assert "not made again for the same spec" in condition(gone, "Ready")["message"]
     assert get(served, f"{JOBS}/follow") is None
     assert creates_of(served, JOBS, "follow") == 1

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from meshscope_operator.following import ChildKeeper, is_going, job_status_patch, trainingjob_key
-from meshscope_operator.kubeapi import KubeApi
+from meshscope_operator.kubeapi import ApiError, KubeApi
 from meshscope_operator.reconciling import PlacementPublisher
 from meshscope_operator.runs import finished_run, job_progress
 from meshscope_operator.settings import OperatorSettings
@@ -269,3 +269,36 @@ def test_the_keepers_backoff_doubles_from_5_to_300_seconds() -> None:
     keeper.forget(key)
     assert not keeper.due(key)
     asyncio.run(api.close())
+
+
+class _Api(KubeApi):
+    """Our own API wrapper with the server replaced by a script: the TrainingJob changes once between read and write."""
+
+    def __init__(self) -> None:
+        super().__init__("http://127.0.0.1:9")
+        self.version = 1
+        self.patches: list[dict[str, Any]] = []
+
+    async def get(self, path: str) -> dict[str, Any] | None:
+        assert path == "/apis/meshscope.io/v1alpha1/namespaces/ml/trainingjobs/big"
+        return {**_tj([]), "metadata": {**_tj([])["metadata"], "resourceVersion": str(self.version)}}
+
+    async def patch(self, path: str, body: Any) -> dict[str, Any]:
+        assert path.endswith("/trainingjobs/big/status")
+        self.patches.append(body)
+        if body["metadata"]["resourceVersion"] != "2":
+            self.version = 2  # another writer got there first
+            raise ApiError("PATCH", path, 409, "the object has been modified")
+        return {}
+
+
+def test_a_status_write_refused_as_stale_is_read_again_and_written_at_the_new_version() -> None:
+    api = _Api()
+    settings_ = OperatorSettings(api_server="http://127.0.0.1:9")
+    keeper = ChildKeeper(api, settings_, PlacementPublisher(api, settings_))
+    job = _job({"startTime": START, "active": 16, "ready": 16})
+    job["metadata"]["ownerReferences"] = [{"uid": "u1"}]
+    outcome = asyncio.run(keeper.follow(job))
+    assert outcome == "phase Running"
+    assert [p["metadata"]["resourceVersion"] for p in api.patches] == ["1", "2"]
+    assert all(set(p["status"]) == {"phase", "conditions"} for p in api.patches)
