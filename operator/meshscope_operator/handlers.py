@@ -5,7 +5,8 @@ tests alike (each test run gets a fresh ``kopf.OperatorRegistry``, as kopf's own
 handler that configures kopf (STYLE.md §4), the index of TrainingJobs that the pod webhook reads, the two
 admission webhooks (:mod:`~meshscope_operator.admission`), reconcile (:mod:`~meshscope_operator.reconciling`:
 status, the Job and Service, the placement) and the children followed (:mod:`~meshscope_operator.following`: the
-Job's run into status, deleted children made again). The cost table comes in later slices of issue 11.
+Job's run into status, deleted children made again) and the cost table's two tiers
+(:mod:`~meshscope_operator.tiers`).
 
 It must hold no logic of its own: each handler calls one pure function.
 """
