@@ -20,7 +20,7 @@ import kopf
 
 from meshscope_operator.admission import INDEX_ID, register_admission
 from meshscope_operator.following import register_following
-from meshscope_operator.injection import InjectionTarget, target_from_body
+from meshscope_operator.injection import LABEL, InjectionTarget, target_from_body
 from meshscope_operator.reconciling import register_reconcile
 from meshscope_operator.spec import GROUP, PLURAL, VERSION
 from meshscope_operator.tiers import register_costs
@@ -54,6 +54,10 @@ def configure_kopf(kopf_settings: kopf.OperatorSettings, settings: OperatorSetti
     kopf_settings.posting.level = logging.WARNING  # Events for warnings and errors only, not every handler run
     # A watch the server never closes can go stale silently behind a load balancer; ask the server to end each one
     # after 10 minutes (kopf docs, configuration: "Watching"), and bound every other request.
+    # The operator's handlers on Pods, Jobs, Services and ConfigMaps all filter on this label; asking the server for
+    # only those keeps kopf from watching (and dropping) every other object of the kind (kopf docs, "Watching").
+    for kind in (("v1", "pods"), ("batch", "v1", "jobs"), ("v1", "services"), ("v1", "configmaps")):
+        kopf_settings.watching.label_selectors[kind] = LABEL
     kopf_settings.watching.server_timeout = 600
     kopf_settings.watching.client_timeout = 660
     kopf_settings.watching.connect_timeout = 30

@@ -258,3 +258,16 @@ def test_a_recreation_that_keeps_failing_backs_off_and_says_why(served: Served) 
     attempts = creates_of(served, JOBS, "flaky") - 1  # the first, before the deletion
     assert attempts >= 2
     assert attempts <= 2 + elapsed_s / FIRST_RETRY_S
+
+
+def test_the_children_are_watched_with_the_label_selector_only(served: Served) -> None:
+    async def watches() -> dict[str, set[str]]:
+        found: dict[str, set[str]] = {}
+        for r in served.mock:
+            if r.url.query.get("watch") == "true":
+                found.setdefault(r.url.path, set()).add(r.url.query.get("labelSelector", ""))
+        return found
+
+    found = served.mock_loop.run(watches())
+    for collection in (JOBS, SERVICES, CONFIGMAPS, PODS):
+        assert found.get(collection) == {"meshscope.io/trainingjob"}, (collection, found)
