@@ -64,8 +64,16 @@ RESOURCES: dict[str, dict[str, Any]] = {
     "v1/namespaces": {"kind": "Namespace", "namespaced": False, "verbs": {"list", "watch", "get"}},
     "v1/pods": {"kind": "Pod", "namespaced": True, "verbs": {"list", "watch", "get", "create", "patch", "delete"}},
     "v1/events": {"kind": "Event", "namespaced": True, "verbs": {"list", "watch", "get", "create", "patch"}},
-    "v1/services": {"kind": "Service", "namespaced": True, "verbs": {"list", "watch", "get", "create", "patch"}},
-    "v1/configmaps": {"kind": "ConfigMap", "namespaced": True, "verbs": {"list", "watch", "get", "create", "patch"}},
+    "v1/services": {
+        "kind": "Service",
+        "namespaced": True,
+        "verbs": {"list", "watch", "get", "create", "patch", "delete"},
+    },
+    "v1/configmaps": {
+        "kind": "ConfigMap",
+        "namespaced": True,
+        "verbs": {"list", "watch", "get", "create", "patch", "delete"},
+    },
     "v1/nodes": {"kind": "Node", "namespaced": False, "verbs": {"list", "watch", "get", "create", "patch"}},
     "batch/v1/jobs": {
         "kind": "Job",
@@ -105,18 +113,80 @@ def training_job(name: str, spec: dict[str, Any], *, generation: int = 1) -> dic
 
 
 class NamingEmulator(kmock.KubernetesEmulator):
-    """kmock with one thing of the API server's added: a create with ``generateName`` and no name gets a name."""
+    """kmock with a few things of the API server's added.
+
+    - a create with ``generateName`` and no name gets a name;
+    - every write gives the object a new ``metadata.resourceVersion`` (one counter for all, as etcd's revision), and
+      a write that names a ``resourceVersion`` (a merge patch's ``metadata.resourceVersion``, a JSON patch's ``test``
+      of ``/metadata/resourceVersion``) is refused when the object has changed since: 409 Conflict for a merge
+      patch (the API server's precondition), 422 for a failed ``test`` (RFC 6902), as the API server answers;
+    - :attr:`faults`: ``(METHOD, path) -> HTTP status`` answered instead of serving the request (a test's outage).
+    """
 
     _generated = 0
+    _revision = 1000
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.faults: dict[tuple[str, str], int] = {}
 
     async def _handle(self, request: Any) -> Any:
+        fault = self.faults.get((str(request.method.value).upper(), request.url.path))
+        if fault is not None:
+            return _status_response(fault, f"injected fault {fault}")
         data = request.data
         if request.resource is not None and request.action == kmock.action.CREATE and isinstance(data, dict):
             meta = data.setdefault("metadata", {})
             if isinstance(meta, dict) and not meta.get("name") and meta.get("generateName"):
                 NamingEmulator._generated += 1
                 meta["name"] = f"{meta['generateName']}{NamingEmulator._generated:05d}"
+            if isinstance(meta, dict) and not meta.get("resourceVersion"):
+                meta["resourceVersion"] = self._next_revision()
+        elif request.resource is not None and request.action == kmock.action.UPDATE and request.name is not None:
+            refused = self._versioned(request)
+            if refused is not None:
+                return refused
         return await super()._handle(request)
+
+    @classmethod
+    def _next_revision(cls) -> str:
+        cls._revision += 1
+        return str(cls._revision)
+
+    def _versioned(self, request: Any) -> Any:
+        """Check a patch's resourceVersion against the stored object's, and make the patch set a new one."""
+        key = (request.resource, request.namespace, request.name)
+        if key not in self._objects or self._objects[key].deleted:
+            return None
+        current = self._objects[key].last.raw.get("metadata", {}).get("resourceVersion")
+        data = request.data
+        if isinstance(data, dict):
+            meta = data.setdefault("metadata", {})
+            wanted = meta.get("resourceVersion") if isinstance(meta, dict) else None
+            if wanted is not None and wanted != current:
+                return _status_response(
+                    409, "the object has been modified; please apply your changes to the latest version"
+                )
+            if isinstance(meta, dict):
+                meta["resourceVersion"] = self._next_revision()
+        elif isinstance(data, list):
+            for op in data:
+                tested = (
+                    isinstance(op, dict) and op.get("op") == "test" and op.get("path") == "/metadata/resourceVersion"
+                )
+                if tested and op.get("value") != current:
+                    return _status_response(422, "the test operation on /metadata/resourceVersion failed")
+            data.append({"op": "replace", "path": "/metadata/resourceVersion", "value": self._next_revision()})
+        return None
+
+
+def _status_response(code: int, message: str) -> Any:
+    import aiohttp.web  # noqa: PLC0415 - only the emulator answers by hand
+
+    reasons = {409: "Conflict", 422: "Invalid"}
+    body = {"kind": "Status", "apiVersion": "v1", "status": "Failure", "message": message, "code": code}
+    body["reason"] = reasons.get(code, "InternalError")
+    return aiohttp.web.json_response(body, status=code)
 
 
 # TrainingJobs the cluster holds before the operator starts: the pod webhook finds them through kopf's index.

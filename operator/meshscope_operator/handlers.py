@@ -3,8 +3,10 @@
 Exists so that one call, :func:`register`, gives a registry everything the operator does, for ``__main__`` and for
 tests alike (each test run gets a fresh ``kopf.OperatorRegistry``, as kopf's own tests do). Now: the startup
 handler that configures kopf (STYLE.md §4), the index of TrainingJobs that the pod webhook reads, the two
-admission webhooks (:mod:`~meshscope_operator.admission`) and reconcile (:mod:`~meshscope_operator.reconciling`:
-status, the Job and Service, the placement). The cost table comes in later slices of issue 11.
+admission webhooks (:mod:`~meshscope_operator.admission`), reconcile (:mod:`~meshscope_operator.reconciling`:
+status, the Job and Service, the placement) and the children followed (:mod:`~meshscope_operator.following`: the
+Job's run into status, deleted children made again) and the cost table's two tiers
+(:mod:`~meshscope_operator.tiers`).
 
 It must hold no logic of its own: each handler calls one pure function.
 """
@@ -17,7 +19,8 @@ from typing import TYPE_CHECKING
 import kopf
 
 from meshscope_operator.admission import INDEX_ID, register_admission
-from meshscope_operator.injection import InjectionTarget, target_from_body
+from meshscope_operator.following import register_following
+from meshscope_operator.injection import LABEL, InjectionTarget, target_from_body
 from meshscope_operator.reconciling import register_reconcile
 from meshscope_operator.spec import GROUP, PLURAL, VERSION
 from meshscope_operator.tiers import register_costs
@@ -51,6 +54,10 @@ def configure_kopf(kopf_settings: kopf.OperatorSettings, settings: OperatorSetti
     kopf_settings.posting.level = logging.WARNING  # Events for warnings and errors only, not every handler run
     # A watch the server never closes can go stale silently behind a load balancer; ask the server to end each one
     # after 10 minutes (kopf docs, configuration: "Watching"), and bound every other request.
+    # The operator's handlers on Pods, Jobs, Services and ConfigMaps all filter on this label; asking the server for
+    # only those keeps kopf from watching (and dropping) every other object of the kind (kopf docs, "Watching").
+    for kind in (("v1", "pods"), ("batch", "v1", "jobs"), ("v1", "services"), ("v1", "configmaps")):
+        kopf_settings.watching.label_selectors[kind] = LABEL
     kopf_settings.watching.server_timeout = 600
     kopf_settings.watching.client_timeout = 660
     kopf_settings.watching.connect_timeout = 30
@@ -73,5 +80,6 @@ def register(registry: kopf.OperatorRegistry, settings: OperatorSettings) -> Non
         return {(namespace or "", name): target_from_body(body)}
 
     register_admission(registry, settings)
-    register_reconcile(registry, settings)
+    api, publisher = register_reconcile(registry, settings)
+    register_following(registry, settings, api, publisher)
     register_costs(registry, settings)

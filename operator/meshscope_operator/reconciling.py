@@ -56,12 +56,14 @@ from meshscope_operator.placements import (
     raised_codes,
     resolve_placement,
 )
+from meshscope_operator.runs import Progress, finished_run, job_progress
 from meshscope_operator.spec import GROUP, PLURAL, VERSION, job_spec
 from meshscope_operator.statuses import (
     Condition,
     ConditionType,
     Phase,
     cut,
+    generation_of,
     planned_fields,
     planned_message,
     status_patch,
@@ -166,25 +168,66 @@ async def reconcile_training_job(
         status.update(status_patch(body, phase=Phase.INVALID, fields=fields, conditions=conditions, now=now))
         raise kopf.PermanentError(str(exc)) from None
     uid = str(_meta(body).get("uid"))
+    finished = finished_run(body, generation_of(body))
     try:
         service_note = await _ensure_service(api, service, uid)
-        job_note, restart = await _ensure_job(api, job, uid)
+        outcome = await _ensure_job(api, job, uid, keep_finished=finished is not None)
     except ApiError as exc:
         ready = Condition(type=ConditionType.READY, status=False, reason="ApiError", message=str(exc))
-        status.update(status_patch(body, phase=Phase.PLANNED, fields=fields, conditions=[planned, ready], now=now))
+        phase = _run_phase(body) or Phase.PLANNED  # a failed request says nothing about a running Job
+        status.update(status_patch(body, phase=phase, fields=fields, conditions=[planned, ready], now=now))
         if isinstance(exc, TransientApiError):
             raise kopf.TemporaryError(str(exc), delay=retry_delay(retry)) from None
         if exc.status == 403:
             raise kopf.TemporaryError(str(exc), delay=FORBIDDEN_RETRY_S) from None
         raise kopf.PermanentError(str(exc)) from None
-    problems = [n for n in (service_note, job_note) if n]
-    ready = Condition(
+    problems = [n for n in (service_note, outcome.note) if n]
+    progress = job_progress(outcome.job, spec.hardware.nodes) if outcome.job is not None else finished
+    ready = _ready_condition(spec, problems, gone_finished=finished if outcome.job is None else None)
+    restart_condition = _restart_condition(spec, restart=outcome.restart)
+    conditions = [planned, ready, restart_condition]
+    phase = Phase.PLANNED
+    if progress is not None and not problems:
+        conditions.append(progress.running)
+        phase = progress.phase
+    status.update(status_patch(body, phase=phase, fields=fields, conditions=conditions, now=now))
+    if problems:
+        # Someone else's object holds the name; check again later (it may be deleted), without a retry storm.
+        raise kopf.TemporaryError("; ".join(problems), delay=LAST_RETRY_S)
+
+
+def _run_phase(body: Mapping[str, object]) -> Phase | None:
+    """The stored phase when it is one the Job's run gave (Pending, Running, Succeeded, Failed)."""
+    status = body.get("status")
+    phase = status.get("phase") if isinstance(status, Mapping) else None
+    runs = (Phase.PENDING, Phase.RUNNING, Phase.SUCCEEDED, Phase.FAILED)
+    return next((p for p in runs if p.value == phase), None)
+
+
+def _ready_condition(spec: JobSpec, problems: list[str], *, gone_finished: Progress | None) -> Condition:
+    if problems:
+        return Condition(type=ConditionType.READY, status=False, reason="NameTaken", message="; ".join(problems))
+    if gone_finished is not None:
+        return Condition(
+            type=ConditionType.READY,
+            status=False,
+            reason="RunFinished",
+            message=(
+                f"Job {spec.name} {gone_finished.phase.value.lower()} and is gone (deleted, or its "
+                "ttlSecondsAfterFinished ran out); it is not made again for the same spec, which would run the "
+                "training a second time: change the spec to run again"
+            ),
+        )
+    return Condition(
         type=ConditionType.READY,
-        status=not problems,
-        reason="NameTaken" if problems else "ChildrenCreated",
-        message="; ".join(problems) or f"Job {spec.name} ({spec.hardware.nodes} pods) and Service {spec.name} exist",
+        status=True,
+        reason="ChildrenCreated",
+        message=f"Job {spec.name} ({spec.hardware.nodes} pods) and Service {spec.name} exist",
     )
-    restart_condition = Condition(
+
+
+def _restart_condition(spec: JobSpec, *, restart: bool) -> Condition:
+    return Condition(
         type=ConditionType.RESTART_REQUIRED,
         status=restart,
         reason="SpecChanged" if restart else "UpToDate",
@@ -195,11 +238,6 @@ async def reconcile_training_job(
             else f"Job {spec.name} runs this spec"
         ),
     )
-    conditions = [planned, ready, restart_condition]
-    status.update(status_patch(body, phase=Phase.PLANNED, fields=fields, conditions=conditions, now=now))
-    if problems:
-        # Someone else's object holds the name; check again later (it may be deleted), without a retry storm.
-        raise kopf.TemporaryError("; ".join(problems), delay=LAST_RETRY_S)
 
 
 def _invalid(body: Mapping[str, object], status: Any, message: str, now: str) -> None:  # noqa: ANN401 - kopf's patch.status
@@ -226,20 +264,40 @@ async def _ensure_service(api: KubeApi, service: Mapping[str, Any], uid: str) ->
     return ""
 
 
-async def _ensure_job(api: KubeApi, job: Mapping[str, Any], uid: str) -> tuple[str, bool]:
-    """Create the Job, or compare a stored one: (a note when the name is someone else's, whether it is outdated)."""
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JobOutcome:
+    """What :func:`_ensure_job` found or made."""
+
+    note: str = ""
+    """Why the Job is not this TrainingJob's (its name is taken), else empty."""
+    restart: bool = False
+    """Whether the stored Job runs an earlier spec."""
+    job: Mapping[str, Any] | None = None
+    """The Job as stored, or as created; ``None`` when a finished run's Job is gone and is not made again."""
+
+
+async def _ensure_job(api: KubeApi, job: Mapping[str, Any], uid: str, *, keep_finished: bool) -> JobOutcome:
+    """Create the Job, or compare a stored one; with ``keep_finished``, only read it (a finished run is not re-run)."""
     meta = job["metadata"]
     collection = _collection("batch/v1", "jobs", meta["namespace"])
+    if keep_finished:
+        stored = await api.get(f"{collection}/{meta['name']}")
+        return JobOutcome() if stored is None else _compared(stored, job, uid)
     try:
         await api.create(collection, job)
     except ConflictError:
         stored = await api.get(f"{collection}/{meta['name']}")
         if stored is None:
             raise TransientApiError("GET", f"{collection}/{meta['name']}", 404, "deleted while read") from None
-        if not owned_by(stored, uid):
-            return f"a Job {meta['name']} exists that this TrainingJob does not own; delete or rename it", False
-        return "", stored_hash(stored) != stored_hash(job)
-    return "", False
+        return _compared(stored, job, uid)
+    return JobOutcome(job=job)
+
+
+def _compared(stored: Mapping[str, Any], job: Mapping[str, Any], uid: str) -> JobOutcome:
+    name = job["metadata"]["name"]
+    if not owned_by(stored, uid):
+        return JobOutcome(note=f"a Job {name} exists that this TrainingJob does not own; delete or rename it")
+    return JobOutcome(restart=stored_hash(stored) != stored_hash(job), job=stored)
 
 
 def placement_source(body: Mapping[str, object]) -> PlacementSource | None:
@@ -353,8 +411,10 @@ def _lookup(index: object, key: tuple[str, str], kind: type) -> Any:  # noqa: AN
     return None
 
 
-def register_reconcile(registry: kopf.OperatorRegistry, settings: OperatorSettings) -> None:
-    """Add reconcile's handlers to ``registry``, bound to ``settings``."""
+def register_reconcile(
+    registry: kopf.OperatorRegistry, settings: OperatorSettings
+) -> tuple[KubeApi, PlacementPublisher]:
+    """Add reconcile's handlers to ``registry``, bound to ``settings``; the API connection and publisher they use."""
     api = KubeApi(settings.api_server)
     publisher = PlacementPublisher(api, settings)
 
@@ -388,7 +448,7 @@ def register_reconcile(registry: kopf.OperatorRegistry, settings: OperatorSettin
         entry = pod_entry(body)
         if entry is None:
             return
-        await _publish_logged(publisher, (namespace or "", entry.job), kwargs, logger)
+        await publish_logged(publisher, (namespace or "", entry.job), kwargs, logger)
 
     @kopf.timer(GROUP, VERSION, PLURAL, id="placement-recheck", interval=PLACEMENT_RECHECK_S, registry=registry)
     async def placement_recheck(
@@ -397,15 +457,18 @@ def register_reconcile(registry: kopf.OperatorRegistry, settings: OperatorSettin
         logger: logging.Logger | logging.LoggerAdapter[Any],
         **kwargs: Any,  # noqa: ANN401 - kopf's kwargs
     ) -> None:
-        await _publish_logged(publisher, (namespace or "", name), kwargs, logger)
+        await publish_logged(publisher, (namespace or "", name), kwargs, logger)
+
+    return api, publisher
 
 
-async def _publish_logged(
+async def publish_logged(
     publisher: PlacementPublisher,
     key: tuple[str, str],
     indices: Mapping[str, object],
     logger: logging.Logger | logging.LoggerAdapter[Any],
 ) -> None:
+    """Publish the placement of TrainingJob ``key`` (``indices``: a handler's kopf kwargs); a failure is logged."""
     try:
         outcome = await publisher.publish(key, indices.get(JOB_INDEX_ID), indices.get(POD_INDEX_ID))
     except (ApiError, MeshscopeError) as exc:

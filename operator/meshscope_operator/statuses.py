@@ -38,9 +38,16 @@ ELLIPSIS = "…"
 
 
 class Phase(StrEnum):
-    """``status.phase`` values reconcile writes (the CRD lists more: the cost table's tiers move a job further)."""
+    """``status.phase``: planned (no Job yet), then as its Job runs (:mod:`~meshscope_operator.runs`), or invalid."""
 
     PLANNED = "Planned"
+    """The spec is planned and its Job is not made (yet): a name taken, an API error."""
+    PENDING = "Pending"
+    """The Job exists and not every one of its pods is ready (not started, scheduling, pulling, suspended)."""
+    RUNNING = "Running"
+    """Every pod of the Job is ready."""
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
     INVALID = "Invalid"
 
 
@@ -53,6 +60,8 @@ class ConditionType(StrEnum):
     """True: the Job and the headless Service exist and are this TrainingJob's."""
     RESTART_REQUIRED = "RestartRequired"
     """True: the Job runs an older spec (a Job's pod template cannot be changed); delete the Job to restart."""
+    RUNNING = "Running"
+    """True: every pod of the Job is ready; False: why not (the counts), or how the run ended."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -323,7 +323,8 @@ def test_notes_tell_what_to_do_next_with_files_that_exist() -> None:
 def test_the_packaged_chart_renders_the_same_objects(tmp_path: Path) -> None:
     # `helm package` applies .helmignore: what .Files.Get reads must be in the archive, the ci/ values must not.
     archive = Path(helm.package(str(CHART), destination=str(tmp_path)))
-    assert archive.name == "meshscope-0.1.0.tgz"
+    chart_version = yaml.safe_load((CHART / "Chart.yaml").read_text())["version"]
+    assert archive.name == f"meshscope-{chart_version}.tgz"
     with tarfile.open(archive) as tar:
         names = set(tar.getnames())
     assert {

@@ -163,7 +163,8 @@ def test_a_trainingjob_gets_its_job_service_and_the_plan_in_status(served: Serve
     expected = json.loads(cli.stdout)
     loaded = max(expected["stages"], key=lambda s: s["memory_bytes"]["total"])
     status = stored["status"]
-    assert status["phase"] == "Planned"
+    # The Job exists and its controller has reported nothing yet (nobody plays it in this test).
+    assert status["phase"] == "Pending"
     assert status["observedGeneration"] == 1
     assert status["worldSize"] == 64
     assert status["layout"] == "dp32-tp2"
@@ -179,6 +180,8 @@ def test_a_trainingjob_gets_its_job_service_and_the_plan_in_status(served: Serve
     assert condition(stored, "Planned")["status"] == "True"
     assert condition(stored, "Ready")["status"] == "True"
     assert condition(stored, "RestartRequired")["status"] == "False"
+    running = condition(stored, "Running")
+    assert (running["status"], running["reason"]) == ("False", "NotStarted")
     assert not {"reconcile", "kopf"} & set(status), "kopf's progress belongs in annotations"
 
 

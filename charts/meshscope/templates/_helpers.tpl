@@ -110,15 +110,17 @@ watched, and into a Role in each watched namespace otherwise.
   resources: [events]
   verbs: [create]
 # Reconcile materialises a TrainingJob as an Indexed Job; on a conflict (409) it reads the existing one to compare.
-# Never patched or deleted: the garbage collector removes it with its TrainingJob.
+# Watched: its status gives the TrainingJob's phase, and a deleted Job is made again. Never patched or deleted: the
+# garbage collector removes it with its TrainingJob.
 - apiGroups: [batch]
   resources: [jobs]
-  verbs: [get, create]
+  verbs: [get, list, watch, create]
 # Its headless Service (stable DNS names for the pods: the master address; a drifted selector is patched), the
 # placement ConfigMap the sidecars mount and the full cost table's ConfigMap (created, or patched where they exist).
+# Watched: a deleted Service or placement ConfigMap is made again.
 - apiGroups: [""]
   resources: [services, configmaps]
-  verbs: [get, create, patch]
+  verbs: [get, list, watch, create, patch]
 # The index of the job's pods: where they landed (the real placement) and the sidecars' addresses (the deep tier).
 - apiGroups: [""]
   resources: [pods]
