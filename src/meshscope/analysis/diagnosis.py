@@ -472,23 +472,24 @@ def _node_findings(ctx: _Context, best: dict[int, _Slow]) -> list[Finding]:
         f = _straggler_finding(ctx, members)
         cost_us = f.cost_seconds_per_step * 1e6
         explained_us = max(members[0].excess_us, _phases_excess_us(ctx, members[0].rank_index, suspects))
-        if cost_us >= _noise_bar_us(ctx, members[0]) and explained_us >= STRAGGLER_EXPLAINS * cost_us:
+        if _resolved(ctx, members[0], cost_us) and explained_us >= STRAGGLER_EXPLAINS * cost_us:
             findings.append(f)
     return findings
 
 
-def _noise_bar_us(ctx: _Context, slow: _Slow) -> float:
-    """What a straggler must cost to stand out of the run's step-to-step jitter.
+def _resolved(ctx: _Context, slow: _Slow, cost_us: float) -> bool:
+    """Whether a straggler stands out of the run's step-to-step jitter, and costs the job something.
 
-    A transient one (slow in a few steps) against the jitter itself (:data:`STEP_JITTER_SIGMAS`); a persistent one
-    against the standard error of a median over its steps (:data:`JITTER_SIGMAS` x jitter ÷ √steps): a rank slower
-    in every step is resolved by the steps' number, as its detection is, even when every step's time swings with
-    the host's load (2 ranks beside 2 CPU burners: jitter 17.6 ms, a rank computing twice as long costing 20.1 ms
-    a step in all of its 9 steps).
+    A transient one (slow in a few steps): its cost against the jitter itself (:data:`STEP_JITTER_SIGMAS`). A
+    persistent one: its excess against the standard error of a median over its steps (:data:`JITTER_SIGMAS` x
+    jitter ÷ √steps), as its detection is: a rank slower in every step is resolved by the steps' number even when
+    every step's time swings with the host's load (2 ranks beside 2 CPU burners: jitter 13.7 ms, a rank computing
+    twice as long, 21.7 ms more in each of its 10 steps, cost its peer 10.9 ms a step).
     """
     if slow.persistent and slow.steps > 0:
-        return JITTER_SIGMAS * ctx.step_jitter_us / math.sqrt(slow.steps)
-    return STEP_JITTER_SIGMAS * ctx.step_jitter_us
+        bar = JITTER_SIGMAS * ctx.step_jitter_us / math.sqrt(slow.steps)
+        return slow.excess_us >= bar and cost_us > 0
+    return cost_us >= STEP_JITTER_SIGMAS * ctx.step_jitter_us and cost_us > 0
 
 
 def _phases_excess_us(ctx: _Context, rank_index: int, suspects: NDArray[np.intp]) -> float:
@@ -618,7 +619,7 @@ def _straggler_finding(ctx: _Context, slow: list[_Slow]) -> Finding:
     top = slow[0]
     i = top.rank_index
     # What it costs: the sync wait it made each waiting rank sit through (the cost table's own figure); its phase's
-    # excess where nobody waited on it in a collective (a job without communication).
+    # excess where nobody waited on it in a collective (a job without communication, a pipeline's bubble).
     caused = wait_caused(rs, i, int(np.argmax(rs.caused_per_step_us[i])))
     cost_s = top.excess_us / 1e6 if caused is None else caused.per_member_seconds
     share = ctx.share(cost_s)
