@@ -10,7 +10,11 @@ The score is killed ÷ (mutants − those judged equivalent − those not yet ch
 run ("no tests") or that survived counts against it; a timeout counts as killed (the tests noticed). Mutants judged
 equivalent (the mutation cannot change any result) are listed, with why, in tools/equivalent-mutants.txt.
 
-    python tools/mutate.py [GROUP ...] [--budget-seconds 600] [--children 2] [--survivors]
+    python tools/mutate.py [GROUP ...] [--budget-seconds 600] [--children 2] [--survivors] [--retest]
+
+mutmut keeps a verdict until the mutated function changes: a test added since does not re-check the mutants it was
+written for. ``--retest`` names the group's surviving and untested mutants to ``mutmut run`` explicitly, which checks
+them again with the tests as they are now (new tests are traced first, so mutmut knows which mutants they reach).
 
 Not part of ``make test`` (too slow for CI): it runs before an issue that touches these modules is closed.
 """
@@ -126,13 +130,17 @@ def _equivalent() -> dict[str, str]:
     return out
 
 
-def run_group(name: str, *, budget_s: float, children: int) -> dict[str, Any]:
-    """Mutate one group within ``budget_s``; its counts and score."""
+def run_group(name: str, *, budget_s: float, children: int, retest: bool = False) -> dict[str, Any]:
+    """Mutate one group within ``budget_s``; its counts and score.
+
+    With ``retest``, the mutants that survived or had no test last time are checked again (see the module's doc).
+    """
     where = _stage(name, GROUPS[name])
+    again = sorted(m for m, s in _results(where).items() if s in {"survived", "no tests"}) if retest else []
     started = time.monotonic()
     try:
         subprocess.run(
-            [_mutmut(), "run", "--max-children", str(children)],
+            [_mutmut(), "run", "--max-children", str(children), *again],
             cwd=where,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
@@ -170,10 +178,11 @@ def main() -> None:
     p.add_argument("--budget-seconds", type=float, default=600.0, help="per group (default 600)")
     p.add_argument("--children", type=int, default=os.cpu_count() or 1, help="parallel mutants (default: cores)")
     p.add_argument("--survivors", action="store_true", help="list every surviving mutant (see: mutmut show NAME)")
+    p.add_argument("--retest", action="store_true", help="check last time's survivors again with today's tests")
     args = p.parse_args()
     rows = []
     for name in args.groups or list(GROUPS):
-        row = run_group(name, budget_s=args.budget_seconds, children=args.children)
+        row = run_group(name, budget_s=args.budget_seconds, children=args.children, retest=args.retest)
         rows.append(row)
         score = "-" if row["score"] is None else f"{row['score']:.1%}"
         more = "" if row["finished"] else " (budget reached: run again to go on)"

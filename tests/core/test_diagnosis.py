@@ -82,6 +82,8 @@ class Job:
     ckpt_us: float = 0
     ckpt_ranks: tuple[int, ...] | None = None
     stats: bool = True
+    collectives: bool = True
+    """False: no tp or dp all-reduce at all (ranks never wait for each other: nobody is charged a sync wait)."""
 
     def table(self) -> RecordTable:
         return build(self)
@@ -159,7 +161,7 @@ def build(job: Job) -> RecordTable:
         fwd = compute / 3
         add(row, "compute", t, t + fwd, phase=PHASE_CODE["forward"])
         t = t + fwd
-        if job.tp > 1:
+        if job.tp > 1 and job.collectives:
             last = t[tp_group].max(axis=1)[tp_of]
             end = last + tp_x * k * rng.lognormal(0.0, job.transfer_noise, size=w)[tp_of]
             add(
@@ -177,7 +179,7 @@ def build(job: Job) -> RecordTable:
             t = end
         add(row, "compute", t, t + 2 * compute / 3, phase=PHASE_CODE["backward"])
         t = t + 2 * compute / 3 + idle
-        if job.dp > 1:
+        if job.dp > 1 and job.collectives:
             last = t[dp_group].max(axis=1)[dp_of]
             end = last + dp_x * rng.lognormal(0.0, job.transfer_noise, size=w)[dp_of]
             add(
@@ -963,3 +965,386 @@ def test_unequal_stages_are_compared_within_their_stage() -> None:
     by_rank = {f.suspects[0].rank: f for f in found}
     assert by_rank[2].evidence["excess_seconds"] == pytest.approx(1.5 * STRAGGLER_MIN_EXCESS * 0.020, rel=1e-3)
     assert by_rank[13].evidence["excess_seconds"] == pytest.approx(1.5 * STRAGGLER_MIN_EXCESS * 0.030, rel=1e-3)
+
+
+# ---------------------------------------------------------------------------- every number and word of a finding
+# Noise-free jobs whose findings are worked out by hand from docs/cost-table.md ("Findings"), every evidence value and
+# the whole message: what a user reads. Times in µs unless named otherwise.
+
+
+def assert_evidence(evidence, expected: dict, *, rel: float = 2e-3) -> None:
+    """Same keys; ``None`` where expected, else within ``rel`` of the hand-derived value."""
+    assert sorted(evidence) == sorted(expected)
+    for key, want in expected.items():
+        got = evidence[key]
+        if want is None:
+            assert got is None, key
+        else:
+            assert got == pytest.approx(want, rel=rel), key
+
+
+def test_a_persistent_straggler_finding_in_full() -> None:
+    # tp 2 x dp 4 on two 4-GPU nodes; rank 5 (dp index 2, tp index 1, node-1) computes 1.3 x 20 ms = 26 ms, its 7
+    # peers 20 ms. Its dp group (Megatron order: dp:1 = ranks 1, 3, 5, 7) waits for it: ranks 1, 3 and 7 arrive at
+    # the dp all-reduce 6 ms before it (its tp partner rank 4 waited 2 ms of that in the tp all-reduce and pays for
+    # dp:0 itself: its excess waiting is the median's, so it passes nothing on). Steps: dp:1's four ranks
+    # 200 + 26,000 + 500 + 3,000 + 1,000 = 30,700, dp:0's four 26,700 (2 ms late rank 4): median 28,700.
+    f = only(findings(Job(slow={5: 1.3}, noise=0.0)), "straggler")
+    share = 6_000 / 28_700
+    assert f.message == (
+        "rank 5 on node-1 is slow in compute: 26.00 ms per step vs 20.00 ms on the rest of its stage (+30.0 %) with "
+        "the same work (4,096 tokens); rank 5 on node-1 makes its dp group dp:1 wait 6.00 ms per step (18.00 ms of "
+        "GPU time over 3 waiting ranks), 20.9 % of the step"
+    )
+    expected = {
+        "rank": 5,
+        "phase_seconds": 0.026,
+        "peer_median_seconds": 0.020,
+        "excess_seconds": 0.006,
+        "excess_ratio": 0.3,
+        "cost_seconds_per_step": 0.006,
+        "phase_is_compute": 1,
+        "phase_is_data": 0,
+        "phase_is_optimizer": 0,
+        "wait_caused_seconds_per_step": 0.018,
+        "wait_per_member_seconds_per_step": 0.006,
+        "tokens": 4096,
+        "median_tokens": 4096,
+        "slow_ranks_on_node": 1,
+        "ranks_on_node": 4,
+        "steps_slow": 4,
+        "share_of_step": share,
+    }
+    assert_evidence(f.evidence, expected)
+    assert f.severity is Severity.ERROR  # 20.9 % >= 20 %
+    assert f.cost_seconds_per_step == pytest.approx(0.006, rel=2e-3)
+    assert [(s.rank, s.node, s.group) for s in f.suspects] == [(5, "node-1", None)]
+    assert f.to_dict() == {
+        "code": "straggler",
+        "severity": "error",
+        "message": f.message,
+        "evidence": dict(f.evidence),
+        "suspects": [{"rank": 5, "node": "node-1", "group": None}],
+    }
+
+
+def test_a_transient_straggler_finding_in_full() -> None:
+    # Rank 5 computes 1.6 x 20 ms in step 2 of 4: 12 ms more in that step, 3 ms per step amortised. Its dp group
+    # dp:1 (3 other ranks) waits 12 ms in that step: 36 ms of GPU time, 9 ms per step of the rank, 3 ms per member.
+    # 24 of the 32 rank-steps take the clean 24,700 µs: the median step.
+    f = only(findings(Job(noise=0.0, slow_in_step={(5, 2): 1.6})), "straggler")
+    assert f.message == (
+        "rank 5 on node-1 is slow in compute in 1 of its 4 steps: 32.00 ms per slow step vs 20.00 ms on the rest of "
+        "its stage (+60.0 %) with the same work (4,096 tokens); rank 5 on node-1 makes its dp group dp:1 wait "
+        "3.00 ms per step (9.00 ms of GPU time over 3 waiting ranks), 12.1 % of the step, amortised"
+    )
+    assert f.evidence["cost_seconds_per_step"] == pytest.approx(0.003, rel=2e-3)
+    assert f.evidence["wait_caused_seconds_per_step"] == pytest.approx(0.009, rel=2e-3)
+    assert f.evidence["share_of_step"] == pytest.approx(3_000 / BASE_STEP_US, rel=2e-3)
+    assert f.evidence["steps_slow"] == 1
+    assert f.severity is Severity.WARNING  # 12.1 %: between 5 % and 20 %
+
+
+def test_a_straggler_nobody_waits_for_costs_its_excess() -> None:
+    # No collectives: 4 ranks on node-0 never wait for each other, so the cost is rank 1's own 6 ms excess (1.3 x
+    # 20 ms). Steps: rank 1 200 + 26,000 + 1,000 = 27,200, the others 21,200: median 21,200.
+    f = only(findings(Job(tp=1, dp=4, gpus_per_node=4, collectives=False, slow={1: 1.3}, noise=0.0)), "straggler")
+    assert f.message == (
+        "rank 1 on node-0 is slow in compute: 26.00 ms per step vs 20.00 ms on the rest of its stage (+30.0 %) with "
+        "the same work (4,096 tokens); every rank waits about 6.00 ms per step for it (28.3 % of the step)"
+    )
+    assert f.cost_seconds_per_step == pytest.approx(0.006, rel=2e-3)
+    assert f.evidence["wait_caused_seconds_per_step"] is None
+    assert f.evidence["wait_per_member_seconds_per_step"] is None
+    assert f.evidence["share_of_step"] == pytest.approx(6_000 / 21_200, rel=2e-3)
+    assert f.severity is Severity.ERROR
+
+
+def test_a_transient_straggler_nobody_waits_for_is_amortised_in_words() -> None:
+    # Rank 1 computes 1.6 x 20 ms in one step of 4 and nobody waits: 12 ms / 4 = 3 ms per step, of a 21,200 µs step.
+    job = Job(tp=1, dp=4, gpus_per_node=4, collectives=False, slow_in_step={(1, 2): 1.6}, noise=0.0)
+    f = only(findings(job), "straggler")
+    assert f.message.endswith("; every rank waits about 3.00 ms per step for it (14.2 % of the step, amortised)")
+    assert f.cost_seconds_per_step == pytest.approx(0.003, rel=2e-3)
+    assert f.severity is Severity.WARNING
+
+
+def test_a_straggler_in_the_optimizer_says_so() -> None:
+    # Rank 6 (node-1) takes 3 ms for its optimizer step against 1 ms: no "same work" clause outside compute.
+    f = only(findings(Job(slow_optimizer={6: 3.0}, noise=0.0)), "straggler")
+    assert f.message.startswith(
+        "rank 6 on node-1 is slow in the optimizer step: 3.00 ms per step vs 1.00 ms on the rest of its stage "
+        "(+200.0 %); "
+    )
+    assert (f.evidence["phase_is_compute"], f.evidence["phase_is_data"], f.evidence["phase_is_optimizer"]) == (0, 0, 1)
+    assert f.evidence["excess_seconds"] == pytest.approx(0.002, rel=2e-3)
+
+
+def test_two_slow_ranks_of_a_node_with_healthy_ranks_beside_them_are_named_as_ranks() -> None:
+    # dp 8 on two 4-GPU nodes: ranks 1 and 2 of node-0 are slow, ranks 0 and 3 of node-0 are not, so it is not the
+    # node: the finding names the ranks, though other nodes exist.
+    f = only(findings(Job(tp=1, dp=8, gpus_per_node=4, slow={1: 1.3, 2: 1.25}, noise=0.0)), "straggler")
+    assert f.message.startswith("ranks 1 and 2 on node-0 (worst: rank 1) are each slow in compute: 26.00 ms")
+    assert [s.rank for s in f.suspects] == [1, 2]
+    assert (f.evidence["slow_ranks_on_node"], f.evidence["ranks_on_node"]) == (2, 4)
+
+
+def test_a_slow_node_of_two_is_named_as_the_node() -> None:
+    # dp 8 on two 4-GPU nodes: all four ranks of node-1 are slow, the rest of the stage is on node-0 (exactly half
+    # of the stage, allowed for a slow node).
+    f = only(findings(Job(tp=1, dp=8, gpus_per_node=4, slow={4: 1.3, 5: 1.3, 6: 1.35, 7: 1.3}, noise=0.0)), "straggler")
+    assert f.message.startswith("node-1 (all its 4 ranks: 4, 5, 6 and 7; worst rank 6) is slow in compute: 27.00 ms")
+    assert [s.rank for s in f.suspects] == [6, 4, 5, 7]
+
+
+def test_a_slow_link_finding_in_full() -> None:
+    # tp 4 x dp 2 x 2 stages on 2-GPU nodes, each node its own NVLink domain: every tp and dp group crosses the
+    # network. node-3 (ranks 6, 7) is 4x slow: tp group 1 (ranks 4-7) takes 1,600 µs instead of 400, and stage 0's
+    # dp groups {2, 6} and {3, 7} take 12,000 instead of 3,000. node-3 is in all 12 slow transfers (4 tp + 8 dp),
+    # node-1 in 8, node-2 in 4. dp holds most of the excess (8 x 9,000 µs): its transfers are quoted. Steps: stage 1
+    # 200 + 20,000 + 400 + 3,000 + 1,000 = 24,600 (8 ranks); stage 0: ranks 0, 1, 4, 5 25,800, ranks 2, 3, 6, 7
+    # 34,800: median 25,200. The most delayed rank (6 or 7) loses 1,200 (tp) + 9,000 (dp) per step.
+    job = Job(tp=4, dp=2, stages=2, gpus_per_node=2, slow_node=(3, 4.0), tp_transfer_us=400, noise=0.0)
+    f = only(findings(job), "slow-link")
+    mib_256 = 256 << 20
+    assert f.message == (
+        "transfers through node-3 (collectives of groups that include it, messages to or from it) take 4.00x as long "
+        "as the same transfers elsewhere (dp transfers: 12.00 ms vs 3.00 ms for 256.00 MiB, counted from the last "
+        "member's arrival, so not sync wait): a slow link; it costs every rank about 10.20 ms per step (40.5 % of the "
+        "step)"
+    )
+    expected = {
+        "slowdown_ratio": 4.0,
+        "transfer_seconds": 0.012,
+        "expected_transfer_seconds": 0.003,
+        "message_bytes": mib_256,
+        "achieved_bandwidth_bytes_per_s": mib_256 / 0.012,
+        "expected_bandwidth_bytes_per_s": mib_256 / 0.003,
+        "compared_with_plan": 0,
+        "transfers_slowed": 12,
+        "transfers": 4 * (4 + 8),  # 4 steps of 4 tp and 8 dp all-reduces
+        "suspect_nodes": 1,
+        "whole_nvlink_domain": 0,
+        "cost_seconds_per_step": 0.0102,
+        "share_of_step": 10_200 / 25_200,
+    }
+    assert_evidence(f.evidence, expected)
+    assert f.severity is Severity.ERROR
+    assert f.cost_seconds_per_step == pytest.approx(0.0102, rel=2e-3)
+    # The suspect: node-3, its first rank, and the dp group with the most excess (dp:2 or dp:3: equal).
+    (s,) = f.suspects
+    assert (s.rank, s.node) == (6, "node-3")
+    assert s.group in {"dp:2", "dp:3"}
+
+
+def test_a_placement_finding_in_full() -> None:
+    # tp 4 on 2-GPU nodes, each its own NVLink domain: both tp groups (tp:0 = ranks 0-3, tp:1 = ranks 4-7) cross
+    # the network. Every step: 200 + 20,000 + 6,000 (tp) + 3,000 (dp) + 1,000 = 30,200 µs; 6 ms of it exposed tp
+    # transfer (19.9 %: a warning). Each GPU all-reduces 16 MiB on tp per step: 2·3/4 x 16 MiB = 24 MiB on the wire
+    # in 6 ms, 4,194,304,000 B/s (3.91 GiB/s).
+    f = only(findings(Job(tp=4, dp=2, gpus_per_node=2, tp_transfer_us=6_000, noise=0.0)), "placement")
+    assert f.message == (
+        "2 of 2 tp groups cross an NVLink domain: their tp traffic (16.00 MiB per GPU per step) goes over the slower "
+        "link at 3.91 GiB/s per GPU and 6.00 ms per step of it is exposed (19.9 % of the step); keep tp groups "
+        "inside a domain (rank order, placement) or shrink tp"
+    )
+    assert_evidence(
+        f.evidence,
+        {
+            "groups_crossing_domains": 2,
+            "groups": 2,
+            "exposed_transfer_seconds": 0.006,
+            "bytes_per_step": 16 << 20,
+            "achieved_bandwidth_bytes_per_s": 1.5 * (16 << 20) / 0.006,
+            "nvlink_bandwidth_bytes_per_s": None,
+            "network_bandwidth_bytes_per_s": None,
+            "share_of_step": 6_000 / 30_200,
+        },
+    )
+    assert f.severity is Severity.WARNING
+    assert f.cost_seconds_per_step == pytest.approx(0.006, rel=2e-3)
+    assert [(s.rank, s.node, s.group) for s in f.suspects] == [(0, "node-0", "tp:0")]
+
+
+def test_a_placement_finding_without_message_sizes_says_zero_bytes() -> None:
+    # The same job, its tp all-reduces recorded without a size: no bytes per step, no bandwidth to quote.
+    t = Job(tp=4, dp=2, gpus_per_node=2, tp_transfer_us=6_000, noise=0.0).table()
+    iv = t.intervals
+    tp = iv.axis == AXIS_CODE["tp"]
+    t = replace(t, intervals=replace(iv, size_bytes=np.where(tp, -1, iv.size_bytes)))
+    f = only(analyze(t).findings, "placement")
+    assert "their tp traffic (0 B per GPU per step) goes over the slower link and 6.00 ms" in f.message
+    assert (f.evidence["bytes_per_step"], f.evidence["achieved_bandwidth_bytes_per_s"]) == (0.0, None)
+
+
+H100_SPEC = """
+apiVersion: meshscope.io/v1alpha1
+kind: TrainingJob
+metadata: {{name: synthetic}}
+spec:
+  model: {{preset: llama3-8b}}
+  parallelism: {{dp: {dp}, tp: {tp}}}
+  training: {{microBatchSize: 1, globalBatchSize: {dp}}}
+  hardware: {{gpu: H100, nodes: {nodes}, gpusPerNode: {gpus}}}
+"""
+
+
+def _network_us(spec_text: str, bus_bytes: float) -> float:
+    """The plan's link model for a transfer over the network (docs/cost-table.md, "Slow links"), µs."""
+    spec = load_spec_text(spec_text)
+    rate = spec.hardware.nic_bandwidth_bytes_per_s * PlanAssumptions().link_efficiency("network")
+    return bus_bytes / rate * 1e6
+
+
+def test_a_placement_finding_with_a_spec_quotes_the_links() -> None:
+    # As above with the spec (H100: NVLink 450 GB/s, network 50 GB/s per GPU and direction): the tp all-reduce takes
+    # 1.5x the plan's network time, under the plan's 2x slow-link bar, and still 3 % or more of the step.
+    text = H100_SPEC.format(dp=2, tp=4, nodes=4, gpus=2)
+    tp_us = 1.5 * _network_us(text, 1.5 * (16 << 20))
+    step_us = 200 + 20_000 + tp_us + 3_000 + 1_000
+    assert tp_us / step_us >= 0.03
+    spec = load_spec_text(text)
+    job = Job(tp=4, dp=2, gpus_per_node=2, tp_transfer_us=tp_us, noise=0.0)
+    f = only(analyze(job.table(), spec=spec).findings, "placement")
+    assert f.evidence["nvlink_bandwidth_bytes_per_s"] == 450e9
+    assert f.evidence["network_bandwidth_bytes_per_s"] == 50e9
+    assert " (NVLink 419.10 GiB/s, network 46.57 GiB/s per GPU and direction) and " in f.message
+    assert f.evidence["share_of_step"] == pytest.approx(tp_us / step_us, rel=2e-3)
+
+
+def test_a_slow_link_in_every_group_is_found_against_the_plan() -> None:
+    # dp 2 on two 1-GPU nodes: the only dp group spans both, so every dp transfer is slow and the class has no fast
+    # end to compare with; with a spec, 3x the plan's network time is slow (>= 2x). Both nodes are in every slow
+    # transfer: they cannot be told apart. Steps: 200 + 20,000 + 3 t + 1,000, the excess 2 t per step.
+    text = H100_SPEC.format(dp=2, tp=1, nodes=2, gpus=1)
+    planned_us = _network_us(text, 256 << 20)  # all-reduce over 2: 2·1/2 x 256 MiB on the wire
+    job = Job(tp=1, dp=2, gpus_per_node=1, dp_transfer_us=3 * planned_us, noise=0.0)
+    f = only(analyze(job.table(), spec=load_spec_text(text)).findings, "slow-link")
+    step_us = 200 + 20_000 + 3 * planned_us + 1_000
+    assert f.message.startswith(
+        "transfers through one of node-0, node-1 (always in the same transfers, so they cannot be told apart) "
+        "(collectives of groups that include it, messages to or from it) take 3.00x as long as the plan (dp "
+        "transfers: "
+    )
+    assert f.evidence["compared_with_plan"] == 1
+    assert f.evidence["slowdown_ratio"] == pytest.approx(3.0, rel=2e-3)
+    assert f.evidence["expected_transfer_seconds"] == pytest.approx(planned_us / 1e6, rel=2e-3)
+    assert f.evidence["cost_seconds_per_step"] == pytest.approx(2 * planned_us / 1e6, rel=2e-3)
+    assert f.evidence["share_of_step"] == pytest.approx(2 * planned_us / step_us, rel=2e-3)
+    assert [(s.rank, s.node) for s in f.suspects] == [(0, "node-0"), (1, "node-1")]
+    # At 1.9x the plan it is not slow: nothing to report.
+    job = Job(tp=1, dp=2, gpus_per_node=1, dp_transfer_us=1.9 * planned_us, noise=0.0)
+    assert [x.code for x in analyze(job.table(), spec=load_spec_text(text)).findings] == []
+
+
+def test_a_data_imbalance_finding_in_full() -> None:
+    # dp index 2 (ranks 4 and 5, node-1) carries 1.4x the tokens (5,734 of 4,096), 1.4x the longest sequence (2,867
+    # of 2,048), 1.96x the attention work: 1.4 x 20 ms = 28 ms of compute, 40 % more than the six with the usual work.
+    # Its tp all-reduce moves 1.4x the bytes in 1.4x the time (700 µs). Each of ranks 4 and 5 reaches its dp
+    # all-reduce 8,200 µs after the other three members (28,900 vs 20,700 µs into the step): rank 4, the first of
+    # the two busiest, makes dp:0 wait 3 x 8.2 ms. Every step then takes 28,900 + 3,000 + 1,000 = 32,900 µs.
+    f = only(findings(Job(work={2: 1.4}, noise=0.0)), "data-imbalance")
+    assert f.message == (
+        "step time follows the busiest rank's work: in 4 of 4 steps a rank with more work computes 40.0 % longer "
+        "than its stage peers with the usual work; worst is rank 4 on node-1 (5,734 tokens vs a median 4,096, "
+        "longest sequence 2,867 vs 2,048, attention work 1.96x the median, 4 steps); rank 4 on node-1 makes its dp "
+        "group dp:0 wait 8.20 ms per step (24.60 ms of GPU time over 3 waiting ranks), 24.9 % of the step"
+    )
+    work = 2 * 2048.0**2
+    assert_evidence(
+        f.evidence,
+        {
+            "rank": 4,
+            "tokens": 5734,
+            "median_tokens": 4096,
+            "longest_sequence": 2867,
+            "median_longest_sequence": 2048,
+            "attention_work": 1.96 * work,
+            "median_attention_work": work,
+            "compute_excess_ratio": 0.4,
+            "steps_affected": 4,
+            "rank_steps_affected": 8,
+            "cost_seconds_per_step": 0.0082,
+            "compute_excess_seconds_per_step": 0.008,
+            "wait_caused_seconds_per_step": 0.0246,
+            "wait_per_member_seconds_per_step": 0.0082,
+            "share_of_step": 8_200 / 32_900,
+        },
+    )
+    assert f.severity is Severity.ERROR
+    assert [(s.rank, s.node, s.group) for s in f.suspects] == [(4, "node-1", None)]
+
+
+def test_an_imbalance_in_attention_work_alone_is_an_imbalance() -> None:
+    # The same replica with the usual tokens and longest sequence, only its attention work 1.96x (longer sequences
+    # in the same tokens): the work is the largest of the three ratios, not the last one measured.
+    t = Job(work={2: 1.4}, noise=0.0).table()
+    s = t.steps
+    t = replace(t, steps=replace(s, tokens=np.full(t.n_rows, 4096), longest_sequence=np.full(t.n_rows, 2048)))
+    f = only(analyze(t).findings, "data-imbalance")
+    assert "(4,096 tokens vs a median 4,096, longest sequence 2,048 vs 2,048, attention work 1.96x the median" in (
+        f.message
+    )
+
+
+def test_a_data_loader_finding_in_full() -> None:
+    # Ranks 0, 1, 2, 4 and 5 wait 3 ms for data per step, ranks 3, 6 and 7 200 µs: the median rank waits 3 ms (a
+    # majority: no straggler). Everyone then waits for the slowest in the tp and dp all-reduces: every step takes
+    # 3,000 + 20,000 + 500 + 3,000 + 1,000 = 27,500 µs; 3 ms is 10.9 % of it. 5 of 8 ranks wait over 3 % (825 µs).
+    slow = dict.fromkeys((0, 1, 2, 4, 5), 3_000.0)
+    f = only(findings(Job(slow_data_us=slow, noise=0.0)), "data-loader-starved")
+    assert f.message == (
+        "the data loader starves the job: the median rank waits 3.00 ms per step for data (10.9 % of the step; "
+        "62.5 % of ranks wait over 3.0 %); worst rank 0 on node-0 at 3.00 ms: more loader workers, prefetching or "
+        "faster storage"
+    )
+    assert_evidence(
+        f.evidence,
+        {
+            "median_data_wait_seconds": 0.003,
+            "p95_data_wait_seconds": 0.003,
+            "worst_rank": 0,
+            "worst_data_wait_seconds": 0.003,
+            "ranks_starved_fraction": 5 / 8,
+            "share_of_step": 3_000 / 27_500,
+        },
+    )
+    assert f.severity is Severity.WARNING
+    assert [(s.rank, s.node) for s in f.suspects] == [(0, "node-0")]
+
+
+def test_a_data_loader_finding_names_the_slowest_loader() -> None:
+    # Every rank waits 3 ms, rank 6 5 ms (also a straggler in data loading): 28 of 32 rank-steps at 3 ms, so the
+    # 95th percentile (index 29.45 of 0..31) is 5 ms; every step takes 5,000 + 24,500 = 29,500 µs.
+    found = findings(Job(data_us=3_000, slow_data_us={6: 5_000}, noise=0.0))
+    f = next(x for x in found if x.code == "data-loader-starved")
+    assert f.evidence["p95_data_wait_seconds"] == pytest.approx(0.005, rel=2e-3)
+    assert f.evidence["worst_rank"] == 6
+    assert f.evidence["worst_data_wait_seconds"] == pytest.approx(0.005, rel=2e-3)
+    assert f.message.endswith("; worst rank 6 on node-1 at 5.00 ms: more loader workers, prefetching or faster storage")
+    assert "(10.2 % of the step; 100.0 % of ranks wait over 3.0 %)" in f.message
+
+
+def test_a_checkpoint_finding_in_full() -> None:
+    # Ranks 0 and 1 save 10 ms after steps 1 and 3: 5 ms per step amortised on each; 28 of 32 rank-steps take the
+    # clean 24,700 µs (the median), so 5 ms is 20.2 % of the step: an error.
+    f = only(findings(Job(ckpt_every=2, ckpt_us=10_000, ckpt_ranks=(0, 1), noise=0.0)), "checkpoint-stall")
+    assert f.message == (
+        "checkpointing stalls training: 2 of 4 steps save a checkpoint on 2 of 8 ranks, 10.00 ms each (median "
+        "saver), 5.00 ms per step amortised on the slowest, rank 0 on node-0 (20.2 % of the step; ranks that do not "
+        "save wait for it): save asynchronously or less often"
+    )
+    assert_evidence(
+        f.evidence,
+        {
+            "amortised_seconds_per_step": 0.005,
+            "seconds_per_checkpoint": 0.010,
+            "steps_with_checkpoint": 2,
+            "steps": 4,
+            "worst_rank": 0,
+            "ranks_saving": 2,
+            "share_of_step": 5_000 / 24_700,
+        },
+    )
+    assert f.severity is Severity.ERROR
+    assert [(s.rank, s.node) for s in f.suspects] == [(0, "node-0")]
