@@ -19,9 +19,11 @@ from meshscope.analysis.diagnosis import (
     STRAGGLER_EXPLAINS,
     STRAGGLER_MIN_EXCESS,
     Finding,
+    diagnose,
     severity_for,
 )
 from meshscope.analysis.grouping import distinct, grouped_quantile
+from meshscope.formatting import human_seconds, percent
 from meshscope.jobs.loading import load_spec_text
 from meshscope.plan import PlanAssumptions, Severity, plan_job
 from meshscope.records import (
@@ -632,6 +634,26 @@ spec:
     assert f.evidence["compute_scale"] == pytest.approx(measured_compute_s / plan.expected_step_time.compute_seconds)
     assert f.evidence["planned_bubble_seconds"] == pytest.approx(expected_us / 1e6)
     assert f.evidence["plan_bubble_fraction"] == plan.bubble_fraction
+    # Each rank-step is step_us long: the measured waiting's share of it, the excess over the expectation and its
+    # share; the rank with most bubble is rank 0 (both wait alike: the first).
+    expected_s = plan.bubble_fraction * measured_compute_s + sum(transfer) / 2
+    excess_s = bubble_us / 1e6 - expected_s
+    assert f.evidence["measured_share_of_step"] == pytest.approx(bubble_us / step_us)
+    assert f.evidence["excess_seconds"] == pytest.approx(excess_s)
+    assert f.evidence["share_of_step"] == pytest.approx(excess_s * 1e6 / step_us)
+    assert f.cost_seconds_per_step == pytest.approx(excess_s)
+    assert f.severity is severity_for(excess_s * 1e6 / step_us)
+    assert [s.rank for s in f.suspects] == [0]
+    assert f.message.startswith(
+        f"pipeline waiting (bubble + exposed pp transfer) is {human_seconds(bubble_us / 1e6)} per step "
+        f"({percent(bubble_us / step_us)} of the step) against {human_seconds(expected_s)} expected of pp 2, "
+        f"{plan.micro_batches} micro-batches, {plan.schedule.value} on this run's compute ("
+    )
+    assert f.message.endswith(
+        f"; plus the stage's exposed pp transfer); the excess costs {human_seconds(excess_s)} per step "
+        f"({percent(excess_s * 1e6 / step_us)}): more micro-batches, interleaving (vpp) or balancing the stages would "
+        "cut it"
+    )
     # Without a spec there is no plan to compare with.
     assert all(f.code != "bubble-above-plan" for f in analyze(table).findings)
 
@@ -1348,3 +1370,138 @@ def test_a_checkpoint_finding_in_full() -> None:
     )
     assert f.severity is Severity.ERROR
     assert [(s.rank, s.node) for s in f.suspects] == [(0, "node-0")]
+
+
+def test_a_between_steps_finding_in_full() -> None:
+    # _between_steps_table: rank 0 is 100 ms late into steps 2 and 4 (101 ms since its previous step against the
+    # others' 1 ms; 90 ms of it labelled checkpoint): 200 ms over 6 steps, 33.33 ms per step amortised. The other
+    # three wait for it in those steps' all-reduce: 2 x 3 x 100 ms over 6 steps = 100 ms of rank time per step
+    # (no GPU), 33.33 ms per waiting member. 18 of 24 rank-steps take 23 ms (20 ms compute + 3 ms all-reduce): the
+    # median step, so the cost is 144.9 % of it.
+    f = only(analyze(_between_steps_table()).findings, "between-steps")
+    assert f.message == (
+        "rank 0 on node-0 spends 101.00 ms between steps before 2 of its 6 steps (checkpoint 90.00 ms, unlabelled "
+        "11.00 ms) where the other ranks spend 1.00 ms: that time is outside every step, so no step's breakdown "
+        "shows it, but the others wait for it in their next collective; it costs about 33.33 ms per step (144.9 % "
+        "of the step, amortised); the cost table: rank 0 on node-0 makes its dp group dp:0 wait 33.33 ms per step "
+        "(100.00 ms of rank time over 3 waiting ranks); run eval, checkpoints and logging inside a step (a tracker "
+        "phase) to see them in the table, and make them asynchronous or less frequent to stop the others waiting"
+    )
+    assert_evidence(
+        f.evidence,
+        {
+            "rank": 0,
+            "gap_seconds": 0.101,
+            "peer_gap_seconds": 0.001,
+            "steps_with_long_gap": 2,
+            "steps": 6,
+            "amortised_excess_seconds_per_step": 0.1 / 3,
+            "cost_seconds_per_step": 0.1 / 3,
+            "wait_per_member_seconds_per_step": 0.1 / 3,
+            "share_of_step": 0.1 / 3 / 0.023,
+        },
+    )
+    assert f.severity is Severity.ERROR
+    assert [(s.rank, s.node) for s in f.suspects] == [(0, "node-0")]
+
+
+def test_an_imbalance_nobody_waits_for_costs_its_compute_excess() -> None:
+    # No collectives, dp 4 on one node: rank 1 computes 1.4 x 20 ms; per step the largest excess is its 8 ms, of a
+    # 21,200 µs median step (the three others: 200 + 20,000 + 1,000).
+    job = Job(tp=1, dp=4, gpus_per_node=4, collectives=False, work={1: 1.4}, noise=0.0)
+    f = only(findings(job), "data-imbalance")
+    assert f.message.endswith("; it costs every rank about 8.00 ms per step (37.7 % of the step)")
+    assert f.cost_seconds_per_step == pytest.approx(0.008, rel=2e-3)
+    assert f.evidence["compute_excess_seconds_per_step"] == pytest.approx(0.008, rel=2e-3)
+    assert (f.evidence["wait_caused_seconds_per_step"], f.evidence["wait_per_member_seconds_per_step"]) == (None, None)
+    assert f.evidence["share_of_step"] == pytest.approx(8_000 / 21_200, rel=2e-3)
+
+
+def test_a_slowdown_below_the_cost_floor_is_no_straggler() -> None:
+    # Rank 5's optimizer step takes 100 µs against its peers' 50 µs: twice as long (far over the 5 % bar), yet 50 µs
+    # is under 1 % of the ~23.7 ms step (MIN_COST_SHARE): not worth a finding. At 400 µs (350 µs more: 1.5 %) it is.
+    assert findings(Job(optimizer_us=50, slow_optimizer={5: 2.0}, noise=0.0)) == ()
+    f = only(findings(Job(optimizer_us=50, slow_optimizer={5: 8.0}, noise=0.0)), "straggler")
+    assert f.suspects[0].rank == 5
+
+
+def test_severity_at_its_documented_edges() -> None:
+    # docs/cost-table.md: error >= 20 % of the step, warning >= 5 %, else info; at the edge the higher one.
+    assert severity_for(0.20) is Severity.ERROR
+    assert severity_for(0.1999) is Severity.WARNING
+    assert severity_for(0.05) is Severity.WARNING
+    assert severity_for(0.0499) is Severity.INFO
+
+
+def test_the_measured_cpu_contention_note_in_full() -> None:
+    # Every training thread waits 20 % of its 24,700 µs step for a CPU: the note says so, for all 8 ranks.
+    analysis = analyze(host_timed(Job(noise=0.0), {}, base_us=0.2 * BASE_STEP_US))
+    (note,) = [n for n in analysis.partial_data if n.code == "cpu_contention"]
+    assert note.count == 8
+    assert note.message == (
+        "the training threads waited for a CPU 20% of the median step (run-queue delay: other work on their cores); "
+        "a rank's extra wait for a CPU is taken out of its time before it is called a straggler"
+    )
+
+
+@pytest.mark.parametrize(("share", "contended"), [(RUNQUEUE_CONTENTION_SHARE, True), (0.049, False)])
+def test_cpu_contention_exactly_at_its_share(share: float, contended: bool) -> None:
+    # 1,235 µs of a 24,700 µs step is exactly 5 %: contended (the threshold is "at least").
+    analysis = analyze(host_timed(Job(noise=0.0), {}, base_us=share * BASE_STEP_US))
+    assert any(n.code == "cpu_contention" for n in analysis.partial_data) is contended
+
+
+def test_diagnosis_measures_cpu_contention_itself_without_the_note() -> None:
+    # diagnose() called on the rank-steps alone (no notes) still finds the run contended from the run delays, and
+    # every finding says so: rank 5 computes twice as long; every thread waits 5 ms for a CPU, rank 5 10 ms.
+    rs = analyze(host_timed(Job(slow={5: 2.0}), {5: 5_000}, base_us=5_000)).rank_steps
+    f = only(diagnose(rs), "straggler")
+    assert f.evidence["cpu_contention"] == 1
+    assert " (timings include CPU contention: the training threads waited for a CPU " in f.message
+    assert f.message.endswith("before it is called a straggler)")
+
+
+def test_work_columns_of_zero_divide_by_nothing() -> None:
+    # Micro-batches of padding only: step 1's ranks carry no tokens and no attention work (0 of 0 is no more work),
+    # and in step 2 five of eight carry none (their median: 0, so the three that do are not "more" either): a clean
+    # run stays clean, with no division warning (warnings are errors in this suite).
+    t = Job(noise=0.0).table()
+    s = t.steps
+    none = (s.step == 1) | ((s.step == 2) & (s.rank < 5))
+    stats = {
+        "tokens": np.where(none, 0, s.tokens),
+        "longest_sequence": np.where(none, 0, s.longest_sequence),
+        "attention_work": np.where(none, 0.0, s.attention_work),
+    }
+    assert analyze(replace(t, steps=replace(s, **stats))).findings == ()
+
+
+def test_a_slow_link_among_many_nodes_names_four_and_says_there_are_more() -> None:
+    # dp 5 on five 1-GPU nodes: the one dp group spans them all and every transfer is 3x the plan's: five nodes in
+    # every slow transfer, none told apart; the message shows four of them.
+    text = H100_SPEC.format(dp=5, tp=1, nodes=5, gpus=1)
+    planned_us = _network_us(text, 2 * 4 / 5 * (256 << 20))
+    job = Job(tp=1, dp=5, gpus_per_node=1, dp_transfer_us=3 * planned_us, noise=0.0)
+    f = only(analyze(job.table(), spec=load_spec_text(text)).findings, "slow-link")
+    assert f.message.startswith(
+        "transfers through one of node-0, node-1, node-2, node-3, ... (always in the same transfers, so they cannot "
+        "be told apart) "
+    )
+    assert f.evidence["suspect_nodes"] == 5
+    assert [s.node for s in f.suspects] == [f"node-{i}" for i in range(5)]
+
+
+def test_a_slow_nvlink_without_domains_in_the_records_is_named_by_its_node() -> None:
+    # tp pairs inside 4-GPU nodes; node-1's NVLink is 3x slow (its tp all-reduces 1,500 µs against 500). The records
+    # carry no NVLink domain, so each node is a place of its own: the place is node-1, not a domain.
+    t = Job(tp=2, dp=4, gpus_per_node=4, slow_domain=(1, 3.0), noise=0.0).table()
+    t = replace(t, steps=replace(t.steps, nvlink_domain=np.full(t.n_rows, -1)))
+    f = only(analyze(t).findings, "slow-link")
+    assert f.message.startswith("transfers through node-1 (collectives of groups that include it, messages to or ")
+    assert "take 3.00x as long as the same transfers elsewhere (tp transfers: 1.50 ms vs 500.0 µs for 16.00 MiB" in (
+        f.message
+    )
+    # Ranks 4-7 reach the dp all-reduce 1 ms late; everyone waits: 25,700 µs steps, 1 ms of them the slow link's.
+    assert f.evidence["cost_seconds_per_step"] == pytest.approx(0.001, rel=2e-3)
+    assert f.evidence["share_of_step"] == pytest.approx(1_000 / 25_700, rel=2e-3)
+    assert [(s.rank, s.node) for s in f.suspects] == [(4, "node-1")]
