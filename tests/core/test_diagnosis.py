@@ -1505,3 +1505,38 @@ def test_a_slow_nvlink_without_domains_in_the_records_is_named_by_its_node() -> 
     assert f.evidence["cost_seconds_per_step"] == pytest.approx(0.001, rel=2e-3)
     assert f.evidence["share_of_step"] == pytest.approx(1_000 / 25_700, rel=2e-3)
     assert [(s.rank, s.node) for s in f.suspects] == [(4, "node-1")]
+
+
+def test_of_a_clearly_slow_and_a_mildly_slow_rank_only_the_worst_is_named() -> None:
+    # One node, four ranks: rank 1 computes 1.5x, rank 2 1.12x (24 % of rank 1's excess over the healthy two). At
+    # most one of four may be named (fewer than half): the worst, and rank 2 is far enough below it (under
+    # MINORITY_TIE = 0.8 of it) that naming rank 1 is no guess.
+    f = only(findings(Job(tp=1, dp=4, gpus_per_node=4, slow={1: 1.5, 2: 1.12}, noise=0.0)), "straggler")
+    assert [s.rank for s in f.suspects] == [1]
+
+
+def test_two_slow_ranks_of_five_are_fewer_than_half() -> None:
+    # Five ranks on one node, ranks 1 and 2 at 1.3x: two of five is fewer than half, both are named.
+    f = only(findings(Job(tp=1, dp=5, gpus_per_node=5, slow={1: 1.3, 2: 1.3}, noise=0.0)), "straggler")
+    assert f.message.startswith("ranks 1 and 2 on node-0 (worst: rank 1) are each slow in compute: 26.00 ms")
+
+
+def test_three_slow_ranks_of_eight_are_named_together() -> None:
+    # Three of eight (the most a stage of eight may name), alike: all three, in one finding for their node.
+    f = only(findings(Job(tp=1, dp=8, gpus_per_node=8, slow={1: 1.3, 2: 1.3, 3: 1.3}, noise=0.0)), "straggler")
+    assert f.message.startswith("ranks 1, 2 and 3 on node-0 (worst: rank 1) are each slow in compute")
+    assert sorted(s.rank for s in f.suspects) == [1, 2, 3]
+
+
+def test_an_undecidable_half_in_one_stage_is_named_in_neither() -> None:
+    # Two stages of eight ranks on two 4-GPU nodes each. Stage 0: all of node-1 (ranks 4-7) at 1.3x, the rest of the
+    # stage on node-0: a slow node. Stage 1: ranks 8, 9 (node-2) and 12, 13 (node-3) at 1.3x: half the stage, half
+    # of each node, alike: which half is slow is a guess, so none of stage 1 is a suspect, and stage 1's ranks stay
+    # in the rest, 3 ms above and below their stage's 23 ms median: the rest's per-rank excess has a robust σ of
+    # 1.4826 x 3 ms, six of which (26.7 ms) the slow node's 6 ms does not reach. Nothing is named.
+    slow = dict.fromkeys((4, 5, 6, 7, 8, 9, 12, 13), 1.3)
+    assert findings(Job(tp=1, dp=8, stages=2, gpus_per_node=4, slow=slow, noise=0.0)) == ()
+    # Without stage 1's half, node-1 is named.
+    slow = dict.fromkeys((4, 5, 6, 7), 1.3)
+    f = only(findings(Job(tp=1, dp=8, stages=2, gpus_per_node=4, slow=slow, noise=0.0)), "straggler")
+    assert f.message.startswith("node-1 (all its 4 ranks: 4, 5, 6 and 7; worst rank 4) is slow in compute")
