@@ -32,6 +32,7 @@ from meshscope.records import (
     OP_CODE,
     PHASE_CODE,
     IntervalColumns,
+    Note,
     RecordTable,
     StepColumns,
 )
@@ -1114,9 +1115,19 @@ def test_two_slow_ranks_of_a_node_with_healthy_ranks_beside_them_are_named_as_ra
 def test_a_slow_node_of_two_is_named_as_the_node() -> None:
     # dp 8 on two 4-GPU nodes: all four ranks of node-1 are slow, the rest of the stage is on node-0 (exactly half
     # of the stage, allowed for a slow node).
+    # Each is compared with the rest of the stage (node-0's four, 20 ms), not with a median half of them pull up (23 ms).
+    # The one dp group (all eight) waits for rank 6: ranks 0-3 7 ms, ranks 4, 5 and 7 1 ms: 31 ms of GPU time per
+    # step over 7 waiting ranks. Every step: 200 + 27,000 + 3,000 + 1,000 = 31,200 µs.
     f = only(findings(Job(tp=1, dp=8, gpus_per_node=4, slow={4: 1.3, 5: 1.3, 6: 1.35, 7: 1.3}, noise=0.0)), "straggler")
-    assert f.message.startswith("node-1 (all its 4 ranks: 4, 5, 6 and 7; worst rank 6) is slow in compute: 27.00 ms")
+    assert f.message == (
+        "node-1 (all its 4 ranks: 4, 5, 6 and 7; worst rank 6) is slow in compute: 27.00 ms per step vs 20.00 ms on "
+        "the rest of its stage (+35.0 %) with the same work (4,096 tokens); rank 6 on node-1 makes its dp group dp:0 "
+        "wait 4.43 ms per step (31.00 ms of GPU time over 7 waiting ranks), 14.2 % of the step"
+    )
     assert [s.rank for s in f.suspects] == [6, 4, 5, 7]
+    assert f.evidence["excess_seconds"] == pytest.approx(0.007, rel=2e-3)
+    assert f.evidence["peer_median_seconds"] == pytest.approx(0.020, rel=2e-3)
+    assert (f.evidence["slow_ranks_on_node"], f.evidence["ranks_on_node"]) == (4, 4)
 
 
 def test_a_slow_link_finding_in_full() -> None:
@@ -1254,6 +1265,10 @@ def test_a_slow_link_in_every_group_is_found_against_the_plan() -> None:
     assert f.evidence["cost_seconds_per_step"] == pytest.approx(2 * planned_us / 1e6, rel=2e-3)
     assert f.evidence["share_of_step"] == pytest.approx(2 * planned_us / step_us, rel=2e-3)
     assert [(s.rank, s.node) for s in f.suspects] == [(0, "node-0"), (1, "node-1")]
+    # The plan's own link efficiency is the model: planned at half the network efficiency, the same transfers take
+    # 1.5x the plan, under its 2x bar.
+    slower = plan_job(load_spec_text(text), assumptions=PlanAssumptions(network_efficiency=0.35))
+    assert [x.code for x in analyze(job.table(), spec=load_spec_text(text), plan=slower).findings] == []
     # At 1.9x the plan it is not slow: nothing to report.
     job = Job(tp=1, dp=2, gpus_per_node=1, dp_transfer_us=1.9 * planned_us, noise=0.0)
     assert [x.code for x in analyze(job.table(), spec=load_spec_text(text)).findings] == []
@@ -1540,3 +1555,29 @@ def test_an_undecidable_half_in_one_stage_is_named_in_neither() -> None:
     slow = dict.fromkeys((4, 5, 6, 7), 1.3)
     f = only(findings(Job(tp=1, dp=8, stages=2, gpus_per_node=4, slow=slow, noise=0.0)), "straggler")
     assert f.message.startswith("node-1 (all its 4 ranks: 4, 5, 6 and 7; worst rank 4) is slow in compute")
+
+
+def test_a_cpu_contention_note_raises_the_straggler_bar_and_is_said() -> None:
+    # `meshscope run` put more ranks than cores (its cpu_contention note): a straggler needs 25 % over the rest
+    # (CONTENDED_MIN_EXCESS). Rank 5 at 1.15x is one without the note, none with it; at 1.3x it is one either way,
+    # and the finding says why its timings are suspect.
+    note = Note(code="cpu_contention", count=8, message="8 ranks ran on 2 CPU cores")
+    assert only(analyze(Job(slow={5: 1.15}, noise=0.0).table()).findings, "straggler").suspects[0].rank == 5
+    assert analyze(Job(slow={5: 1.15}, noise=0.0).table(), notes=[note]).findings == ()
+    f = only(analyze(Job(slow={5: 1.3}, noise=0.0).table(), notes=[note]).findings, "straggler")
+    assert f.message.endswith(", 20.9 % of the step (timings include CPU contention: 8 ranks ran on 2 CPU cores)")
+    assert f.evidence["cpu_contention"] == 1
+
+
+def test_placement_from_the_plan_when_the_records_have_no_domains() -> None:
+    # The records carry no NVLink domain: which tp groups cross one comes from the spec's placement (2-GPU nodes,
+    # tp 4: both of the 2 tp groups span two nodes), through the plan.
+    text = H100_SPEC.format(dp=2, tp=4, nodes=4, gpus=2)
+    tp_us = 1.5 * _network_us(text, 1.5 * (16 << 20))
+    t = Job(tp=4, dp=2, gpus_per_node=2, tp_transfer_us=tp_us, noise=0.0).table()
+    t = replace(t, steps=replace(t.steps, nvlink_domain=np.full(t.n_rows, -1)))
+    f = only(analyze(t, spec=load_spec_text(text)).findings, "placement")
+    assert f.message.startswith("2 of 2 tp groups cross an NVLink domain: ")
+    assert (f.evidence["groups_crossing_domains"], f.evidence["groups"]) == (2, 2)
+    # The suspect's group is the rank's own tp group (no crossing group is named by the records).
+    assert [(s.rank, s.group) for s in f.suspects] == [(0, "tp:0")]
