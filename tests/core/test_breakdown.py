@@ -504,3 +504,53 @@ def test_aggregation_in_small_chunks_gives_the_same_numbers(monkeypatch):
     whole = break_down(table)
     monkeypatch.setattr(engine, "_CHUNK_BINS", 1)  # one rank-step per chunk
     np.testing.assert_array_equal(break_down(table).ticks, whole.ticks)
+
+
+# ---------------------------------------------------------------------------- notes and edges the mutation run found
+
+
+def test_groups_without_a_size_are_noted_with_their_count() -> None:
+    # dp:0 (ranks 0 and 1) and tp:0 (rank 0 alone) carry no group_size: their sizes are inferred (2 and 1), and
+    # tp:0 was only ever seen with one member. pp-less tp:1 says it is a group of one (group_size 1): not inferred.
+    table = RecordTable.from_records(
+        [
+            rec(0, [coll(0, 10), coll(10, 12, axis="tp", group="tp:0")], end=12),
+            rec(1, [coll(4, 10), coll(10, 12, axis="tp", group="tp:1", group_size=1)], end=12),
+        ]
+    )
+    (note,) = [n for n in break_down(table).notes if n.code == "inferred_group_size"]
+    assert note.count == 2
+    assert note.message == (
+        "2 groups carry no group_size; their size is the most members seen in one instance (1 of them were only "
+        "ever seen with one member, so no wait could be measured)"
+    )
+
+
+def test_members_that_finish_before_the_last_arrives_are_noted() -> None:
+    # One node (no clock to align): rank 1 arrives at 12; rank 0 ended at 10, 2 µs before; rank 2 ended at 12,
+    # just as rank 1 arrived: only rank 0 is early.
+    table = RecordTable.from_records(
+        [
+            rec(0, [coll(0, 10, group_size=3)], end=20),
+            rec(1, [coll(12, 20, group_size=3)], end=20),
+            rec(2, [coll(5, 12, group_size=3)], end=20),
+        ]
+    )
+    (note,) = [n for n in break_down(table).notes if n.code == "finished_before_last_arrival"]
+    assert note.count == 1
+    assert note.message == (
+        "1 members finished a collective before its last member arrived (by up to 2 µs after clock alignment): "
+        "clocks misaligned or arrivals mis-recorded; their whole exposed time is counted as sync wait"
+    )
+
+
+def test_clock_offsets_of_nodes_known_only_by_their_codes() -> None:
+    # A table without node names (nodes by code only) is aligned the same way as one with them.
+    skew = {1: 7300, 2: -4100, 3: 12_000}
+    table = _skew_scenario(skew)
+    named = estimate_clock_offsets(table)
+    coded = estimate_clock_offsets(replace(table, node_names=()))
+    np.testing.assert_array_equal(coded.offset_us, named.offset_us)
+    assert coded.offset_us.size == 4
+    for node in range(4):
+        assert abs(int(coded.offset_us[node]) - skew.get(node, 0)) <= 3
