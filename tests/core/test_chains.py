@@ -235,3 +235,16 @@ def test_waiting_that_every_peer_shares_is_nobodys_excess() -> None:
     # All six rank-steps sit 30 µs in the bubble (their median): row 0's 30 µs is not beyond its peers', so it keeps
     # its charge although it received from row 1.
     assert _pay(6, bubble=dict.fromkeys(range(6), 30.0), sync={}, waited={}, received={0: 1}) == list(range(6))
+
+
+def test_no_rank_steps_pay_for_nothing() -> None:
+    empty = np.zeros(0)
+    pay = paying_rows(
+        peer_key=np.zeros(0, dtype=np.int64),
+        step_us=empty,
+        bubble_us=empty,
+        sync_wait_us=np.zeros((0, 5)),
+        waited_for=np.zeros((0, 5), dtype=np.int64),
+        received_from=np.zeros(0, dtype=np.int64),
+    )
+    assert pay.tolist() == []
