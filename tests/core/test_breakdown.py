@@ -554,3 +554,43 @@ def test_clock_offsets_of_nodes_known_only_by_their_codes() -> None:
     assert coded.offset_us.size == 4
     for node in range(4):
         assert abs(int(coded.offset_us[node]) - skew.get(node, 0)) <= 3
+
+
+def test_clock_offsets_follow_the_best_sampled_edges_by_hand() -> None:
+    # Ranks 0-4, one per node (node-i). All-reduces end together on the true clock, so the difference of two
+    # members' end times is their clocks' difference:
+    #   node-0/node-1, 3 instances: node-1 ends 90, 100 and 500 µs later: median 100 (the lower middle of 3);
+    #   node-1/node-2, 2 instances: node-2 ends 50 and 60 µs later: median 50 (the lower of the middle two);
+    #   node-0/node-2, 1 instance: 400 µs (an outlier edge: the spanning tree prefers the better-sampled path);
+    #   node-3/node-4, 1 instance: 30 µs (a group of nodes of its own, aligned on node-3);
+    #   a broadcast node-0/node-1 ending 9 ms apart (not symmetric: its members need not finish together).
+    # Prim from node-0: node-1 by its 3-sample edge (+100), then node-2 through node-1 (2 samples: +150), not its
+    # 1-sample edge to node-0 (+400).
+    ends = {
+        0: [("A", 0, 1000), ("A", 1, 2000), ("A", 2, 3000), ("C", 0, 4000), ("X", 0, 500)],
+        1: [("A", 0, 1090), ("A", 1, 2100), ("A", 2, 3500), ("B", 0, 5000), ("B", 1, 6000), ("X", 0, 9500)],
+        2: [("B", 0, 5050), ("B", 1, 6060), ("C", 0, 4400)],
+        3: [("D", 0, 1000)],
+        4: [("D", 0, 1030)],
+    }
+    records = []
+    for rank, mine in ends.items():
+        ivs = [
+            coll(end - 5, end, group=group, seq=seq, group_size=2, op="broadcast" if group == "X" else "all_reduce")
+            for group, seq, end in mine
+        ]
+        records.append(rec(rank, sorted(ivs, key=lambda i: i.start_us), end=10_000, node=f"node-{rank}"))
+    clock = estimate_clock_offsets(RecordTable.from_records(records))
+    assert clock.offset_us.tolist() == [0, 100, 150, 0, 30]
+    assert clock.reference.tolist() == [0, 0, 0, 3, 3]
+    assert clock.samples.tolist() == [0, 3, 2, 0, 1]
+
+
+def test_one_node_or_no_collective_needs_no_alignment() -> None:
+    one = estimate_clock_offsets(
+        RecordTable.from_records([rec(0, [coll(0, 10)], end=10), rec(1, [coll(5, 10)], end=10)])
+    )
+    assert (one.offset_us.tolist(), one.reference.tolist(), one.samples.tolist()) == ([0], [0], [0])
+    two = RecordTable.from_records([rec(0, [compute(0, 10)], end=10), rec(1, [compute(0, 10)], end=10, node="node-1")])
+    clock = estimate_clock_offsets(two)
+    assert (clock.offset_us.tolist(), clock.reference.tolist(), clock.samples.tolist()) == ([0, 0], [0, 1], [0, 0])
