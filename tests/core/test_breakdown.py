@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections import defaultdict
 from dataclasses import replace
@@ -594,3 +595,26 @@ def test_one_node_or_no_collective_needs_no_alignment() -> None:
     two = RecordTable.from_records([rec(0, [compute(0, 10)], end=10), rec(1, [compute(0, 10)], end=10, node="node-1")])
     clock = estimate_clock_offsets(two)
     assert (clock.offset_us.tolist(), clock.reference.tolist(), clock.samples.tolist()) == ([0, 0], [0, 1], [0, 0])
+
+
+def test_a_job_without_collectives_has_an_empty_join_of_the_same_columns() -> None:
+    # The join of a table without any collective is empty, column for column with the dtypes of a real join (what
+    # reads it, e.g. the cost table's charge lookups, indexes and concatenates it), nobody waits or is charged, and
+    # an unaligned breakdown keeps every node on its own clock.
+    with_comm = break_down(RecordTable.from_records([rec(0, [coll(0, 10)], end=10), rec(1, [coll(5, 10)], end=10)]))
+    table = RecordTable.from_records([rec(0, [compute(0, 10)], end=10), rec(1, [compute(0, 8)], end=10, node="node-1")])
+    for align in (True, False):
+        b = break_down(table, align_clocks=align)
+        assert len(b.collectives) == 0
+        for f in dataclasses.fields(b.collectives):
+            got, want = getattr(b.collectives, f.name), getattr(with_comm.collectives, f.name)
+            assert (got.shape, got.dtype) == ((0,), want.dtype), f.name
+        assert b.wait_caused_us.sum() == 0
+        assert b.wait_paid_us.sum() == 0
+        assert (b.clock.offset_us.tolist(), b.clock.reference.tolist(), b.clock.samples.tolist()) == (
+            [0, 0],
+            [0, 1],
+            [0, 0],
+        )
+        assert b.clock.reference.dtype == np.int64
+        assert_sums_exact(b)
