@@ -1581,3 +1581,16 @@ def test_placement_from_the_plan_when_the_records_have_no_domains() -> None:
     assert (f.evidence["groups_crossing_domains"], f.evidence["groups"]) == (2, 2)
     # The suspect's group is the rank's own tp group (no crossing group is named by the records).
     assert [(s.rank, s.group) for s in f.suspects] == [(0, "tp:0")]
+
+
+@pytest.mark.parametrize(("factor", "slow"), [(1.3, True), (1.29, False)], ids=["exactly-1.3x", "1.29x"])
+def test_a_slow_link_at_exactly_its_ratio(factor: float, slow: bool) -> None:
+    # Four stages of a dp pair on 1-GPU nodes: every dp group crosses the network; node-1's network slows dp:0
+    # (nodes 0 and 1). 3,000 µs x 1.3 is exactly 3,900 µs and 256 MiB is a power of two, so the time per byte is
+    # exactly 1.3x the class's fast end: slow ("at least 1.3x", SLOW_LINK_RATIO); 1.29x is not.
+    job = Job(tp=1, dp=2, stages=4, gpus_per_node=1, slow_node=(1, factor), noise=0.0)
+    found = findings(job)
+    assert [f.code for f in found] == (["slow-link"] if slow else [])
+    if slow:
+        assert found[0].evidence["slowdown_ratio"] == 1.3
+        assert [s.node for s in found[0].suspects] == ["node-0", "node-1"]
