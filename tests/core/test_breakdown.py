@@ -618,3 +618,13 @@ def test_a_job_without_collectives_has_an_empty_join_of_the_same_columns() -> No
         )
         assert b.clock.reference.dtype == np.int64
         assert_sums_exact(b)
+
+
+def test_rows_name_the_node_and_say_none_where_nothing_was_measured() -> None:
+    # A rank-step without a GPU utilisation and with no time (0 µs): both shares are unknown, written None.
+    b = break_down(RecordTable.from_records([rec(0, [], end=0, node="gpu-7"), rec(1, [compute(0, 4)], end=4)]))
+    r = rows(b)
+    assert r[(0, 0)]["node"] == "gpu-7"
+    assert (r[(0, 0)]["gpu_util"], r[(0, 0)]["compute_share"]) == (None, None)
+    assert r[(1, 0)]["compute_share"] == 1.0
+    assert b.ticks.dtype == np.int64  # ticks are exact integers (docs: TICKS_PER_US per µs), never floats
