@@ -5,8 +5,10 @@ from __future__ import annotations
 import dataclasses
 import re
 from collections import defaultdict
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pytest
@@ -33,6 +35,9 @@ from meshscope.analysis.breakdown import (
 from meshscope.errors import ParseError
 from meshscope.records import Interval, Note, RecordTable, StepRecord, read_table
 from meshscope.topology.layout import AXES, RankCoord
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
 
 DATA_DIR = Path(__file__).parent.parent / "data"
 MS = 1000  # µs per ms
@@ -628,3 +633,111 @@ def test_rows_name_the_node_and_say_none_where_nothing_was_measured() -> None:
     assert (r[(0, 0)]["gpu_util"], r[(0, 0)]["compute_share"]) == (None, None)
     assert r[(1, 0)]["compute_share"] == 1.0
     assert b.ticks.dtype == np.int64  # ticks are exact integers (docs: TICKS_PER_US per µs), never floats
+
+
+class _Phases:
+    """A Progress that records the names of the phases it is given."""
+
+    def __init__(self) -> None:
+        self.names: list[str] = []
+
+    @contextmanager
+    def phase(self, name: str, *, total: int | None = None, unit: str = "") -> Iterator[object]:
+        self.names.append(name)
+        yield self
+
+    def advance(self, amount: int = 1) -> None:
+        """Counted nowhere."""
+
+
+def test_the_phases_a_user_sees() -> None:
+    # The progress display shows what the breakdown is doing, in these words.
+    table = RecordTable.from_records(
+        [rec(0, [compute(0, 5), coll(5, 10)], end=10), rec(1, [coll(7, 10)], end=10, node="node-1")]
+    )
+    for align, clocks in ((True, "aligning clocks of 2 nodes"), (False, "reading clocks as they are")):
+        seen = _Phases()
+        break_down(table, align_clocks=align, progress=seen)
+        assert seen.names == [
+            clocks,
+            "joining collectives (2 entries)",
+            "breaking down 2 rank-steps (3 intervals)",
+            "following chains of waits",
+        ]
+
+
+def test_the_first_rank_step_can_be_the_one_that_pays_and_a_missing_member_leaves_nobody() -> None:
+    # Instance 0: row 0 (rank 0) arrives last and pays for rank 1's wait. Instance 1 (group size 3, two members
+    # seen): incomplete, nobody is last or pays.
+    table = RecordTable.from_records(
+        [
+            rec(0, [coll(5, 10, seq=0), coll(10, 20, group="dp:1", seq=0, group_size=3)], end=20),
+            rec(1, [coll(0, 10, seq=0), coll(12, 20, group="dp:1", seq=0, group_size=3)], end=20),
+        ]
+    )
+    join = break_down(table).collectives
+    by_group = {table.group_name(int(g)): i for i, g in enumerate(join.group)}
+    first, partial = by_group["dp:0"], by_group["dp:1"]
+    assert (join.last_row[first], join.paying_row[first], join.paying_rank[first]) == (0, 0, 0)
+    assert (join.last_row[partial], join.paying_row[partial], join.paying_rank[partial]) == (-1, -1, -1)
+
+
+@pytest.mark.parametrize(
+    ("bandwidth", "message"),
+    [
+        (0.0, "p2p bandwidth = 0.0 bytes/s for row 0 (rank 0, step 0): intervals[0]; it must be a positive number"),
+        (
+            np.array([0.0, -1.0]),
+            "p2p bandwidth = 0.0 bytes/s for row 0 (rank 0, step 0): intervals[0]; it must be a positive number",
+        ),
+        (
+            np.array([1e9, -1.0]),
+            "p2p bandwidth = -1.0 bytes/s for row 0 (rank 0, step 0): intervals[1]; it must be a positive number",
+        ),
+    ],
+    ids=["zero", "first-of-two-bad", "second"],
+)
+def test_a_bad_bandwidth_is_named_with_its_interval(bandwidth, message):
+    table = RecordTable.from_records([rec(0, [recv(0, 10, size=10), recv(10, 20, size=10)], end=20)])
+    with pytest.raises(ParseError, match=re.escape(message) + "$"):
+        break_down(table, p2p_bandwidth_bytes_per_s=bandwidth)
+
+
+def test_a_slow_link_of_one_byte_per_second_is_a_bandwidth() -> None:
+    # 2 bytes at 1 B/s: 2 s of transfer, more than the 20 µs the receive took: all of it is transfer.
+    table = RecordTable.from_records([rec(0, [recv(0, 20, size=2)], end=20)])
+    (r,) = break_down(table, p2p_bandwidth_bytes_per_s=1.0).to_rows()
+    assert (r[PP_XFER], r[BUBBLE]) == (20, 0)
+
+
+def test_a_long_transfer_is_exact_to_the_microsecond() -> None:
+    # 1 GB at 1 GB/s is 1,000,000 µs of a 1.5 s receive: the remaining 500,000 µs are bubble.
+    table = RecordTable.from_records([rec(0, [recv(0, 1_500_000, size=1_000_000_000)], end=1_500_000)])
+    (r,) = break_down(table, p2p_bandwidth_bytes_per_s=1e9).to_rows()
+    assert (r[PP_XFER], r[BUBBLE]) == (1_000_000, 500_000)
+
+
+def test_p2p_without_bytes_is_noted_in_full() -> None:
+    # One receive carries no size (all bubble, and noted); one says 0 bytes (a size: 0 µs of transfer, all bubble
+    # too, not noted); one 10 bytes at 1 MB/s: 10 µs of transfer.
+    table = RecordTable.from_records([rec(0, [recv(0, 10, size=0), recv(10, 20), recv(20, 30, size=10)], end=30)])
+    b = break_down(table, p2p_bandwidth_bytes_per_s=1e6)
+    (note,) = [n for n in b.notes if n.code == "p2p_without_bytes"]
+    assert note.count == 1
+    assert note.message == "1 pipeline p2p intervals carry no bytes: their exposed time is all counted as bubble"
+    (r,) = b.to_rows()
+    assert (r[PP_XFER], r[BUBBLE]) == (10, 20)
+
+
+def test_a_peer_without_a_record_is_reached_over_the_network_and_noted() -> None:
+    # Rank 0 (domain a) receives 1,000 bytes from rank 3, of which no record says where it is: network (10 B/µs),
+    # 100 µs; its receive from rank 1 (domain a too) goes over NVLink (100 B/µs), 10 µs.
+    r0 = rec(0, [recv(0, 200, size=1000, peer=3), recv(200, 300, size=1000, peer=1)], end=300, nvlink_domain="a")
+    r1 = rec(1, [], end=300, nvlink_domain="a")
+    b = break_down(RecordTable.from_records([r0, r1]), p2p_bandwidth_bytes_per_s={"nvlink": 100e6, "network": 10e6})
+    assert (b.to_rows()[0][PP_XFER], b.to_rows()[0][BUBBLE]) == (100 + 10, 100 + 90)
+    (note,) = [n for n in b.notes if n.code == "p2p_link_unknown"]
+    assert note.count == 1
+    assert note.message == (
+        "1 pipeline p2p intervals have no NVLink domain for the rank or its peer: network bandwidth assumed"
+    )
