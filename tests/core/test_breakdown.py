@@ -516,18 +516,23 @@ def test_aggregation_in_small_chunks_gives_the_same_numbers(monkeypatch):
 
 
 def test_groups_without_a_size_are_noted_with_their_count() -> None:
-    # dp:0 (ranks 0 and 1) and tp:0 (rank 0 alone) carry no group_size: their sizes are inferred (2 and 1), and
-    # tp:0 was only ever seen with one member. pp-less tp:1 says it is a group of one (group_size 1): not inferred.
+    # dp:0 and dp:1 (ranks 0 and 1 each) and tp:0 (rank 0 alone) carry no group_size: their sizes are inferred (2,
+    # 2 and 1), and tp:0 was only ever seen with one member. tp:1 says it is a group of one (group_size 1): not
+    # inferred.
     table = RecordTable.from_records(
         [
-            rec(0, [coll(0, 10), coll(10, 12, axis="tp", group="tp:0")], end=12),
-            rec(1, [coll(4, 10), coll(10, 12, axis="tp", group="tp:1", group_size=1)], end=12),
+            rec(0, [coll(0, 10), coll(10, 12, axis="tp", group="tp:0"), coll(12, 14, group="dp:1")], end=14),
+            rec(
+                1,
+                [coll(4, 10), coll(10, 12, axis="tp", group="tp:1", group_size=1), coll(12, 14, group="dp:1")],
+                end=14,
+            ),
         ]
     )
     (note,) = [n for n in break_down(table).notes if n.code == "inferred_group_size"]
-    assert note.count == 2
+    assert note.count == 3
     assert note.message == (
-        "2 groups carry no group_size; their size is the most members seen in one instance (1 of them were only "
+        "3 groups carry no group_size; their size is the most members seen in one instance (1 of them were only "
         "ever seen with one member, so no wait could be measured)"
     )
 
@@ -741,3 +746,20 @@ def test_a_peer_without_a_record_is_reached_over_the_network_and_noted() -> None
     assert note.message == (
         "1 pipeline p2p intervals have no NVLink domain for the rank or its peer: network bandwidth assumed"
     )
+
+
+def test_a_tie_for_last_in_a_later_instance_names_its_lowest_rank() -> None:
+    # Instance seq 0: rank 0 is last alone. Instance seq 1: ranks 1 and 2 tie for last: the lowest, rank 1, is named,
+    # two members were last; columns keep their integer dtypes.
+    table = RecordTable.from_records(
+        [
+            rec(0, [coll(6, 10, seq=0), coll(10, 20, seq=1)], end=20),
+            rec(1, [coll(0, 10, seq=0), coll(14, 20, seq=1)], end=20),
+            rec(2, [coll(2, 10, seq=0), coll(14, 20, seq=1)], end=20),
+        ]
+    )
+    join = break_down(table).collectives
+    assert join.seq.tolist() == [0, 1]
+    assert join.last_rank.tolist() == [0, 1]
+    assert join.n_last.tolist() == [1, 2]
+    assert (join.n_last.dtype, join.expected_members.dtype) == (np.int64, np.int64)
