@@ -763,3 +763,13 @@ def test_a_tie_for_last_in_a_later_instance_names_its_lowest_rank() -> None:
     assert join.last_rank.tolist() == [0, 1]
     assert join.n_last.tolist() == [1, 2]
     assert (join.n_last.dtype, join.expected_members.dtype) == (np.int64, np.int64)
+
+
+def test_seconds_are_microseconds_over_a_million_exactly() -> None:
+    b = break_down(RecordTable.from_records([rec(0, [compute(0, 3_000_000)], end=3_000_000)]))
+    assert b.seconds(COMPUTE)[0] == 3.0
+
+
+def test_a_category_part_that_does_not_exist_is_named() -> None:
+    with pytest.raises(ValueError, match=re.escape("part = 'latency'; expected 'transfer' or 'sync_wait'")):
+        comm_category("dp", "latency")
