@@ -437,6 +437,9 @@ def test_a_straggler_finding_names_no_healthy_rank_beside_it(seed: int) -> None:
     # One real straggler among noisy ranks (8 % jitter on every phase): only the straggler is named.
     f = only(findings(Job(slow={5: 1.5}, steps=12, noise=0.08, seed=seed)), "straggler")
     assert [s.rank for s in f.suspects] == [5]
+    # Slow in every step, it is a persistent straggler (all its 12 steps), not a few slow steps added up.
+    assert f.evidence["steps_slow"] == 12
+    assert f.message.startswith("rank 5 on node-1 is slow in compute: ")
 
 
 def test_a_straggler_says_what_its_wait_costs_in_the_tables_own_words() -> None:
@@ -1594,3 +1597,21 @@ def test_a_slow_link_at_exactly_its_ratio(factor: float, slow: bool) -> None:
     if slow:
         assert found[0].evidence["slowdown_ratio"] == 1.3
         assert [s.node for s in found[0].suspects] == ["node-0", "node-1"]
+
+
+def test_a_rank_slow_in_three_steps_of_four_is_a_persistent_straggler() -> None:
+    # Rank 5 computes 1.3x in steps 0-2 and 1x in step 3: above the rest in 3 of 4 steps, exactly the 75 % a
+    # persistent straggler needs (STRAGGLER_CONSISTENCY). Its median excess is 6 ms: "26.00 ms per step".
+    slow = {(5, k): 1.3 for k in range(3)}
+    f = only(findings(Job(slow_in_step=slow, noise=0.0)), "straggler")
+    assert f.message.startswith("rank 5 on node-1 is slow in compute: 26.00 ms per step vs 20.00 ms on the rest")
+    assert f.evidence["steps_slow"] == 4
+
+
+def test_a_rank_slow_in_two_steps_of_four_is_a_transient_one() -> None:
+    # The same rank slow in steps 0 and 1 only, equal to its peers in steps 2 and 3 (a gap of 0 is not "above"):
+    # 2 of 4 steps is under 75 %: transient, 12 ms over 4 steps, 3 ms per step.
+    slow = {(5, k): 1.3 for k in range(2)}
+    f = only(findings(Job(slow_in_step=slow, noise=0.0)), "straggler")
+    assert f.message.startswith("rank 5 on node-1 is slow in compute in 2 of its 4 steps: 26.00 ms per slow step")
+    assert f.evidence["excess_seconds"] == pytest.approx(0.003, rel=2e-3)
