@@ -798,10 +798,10 @@ def test_grouped_quantile_is_numpys_quantile_per_group(n_groups: int) -> None:
 # ---------------------------------------------------------------------------- time between steps
 
 
-def _between_steps_table(*, gaps_known: bool = True) -> RecordTable:
+def _between_steps_table(*, gaps_known: bool = True, pause_us: int = 1000) -> RecordTable:
     """4 ranks, dp 4, 6 steps: compute 20 ms, then one all-reduce (3 ms once the last member arrives). Before steps
     2 and 4, rank 0 spends 100 ms between steps (90 ms of it a checkpoint), so it starts them late and the others
-    wait for it in the all-reduce."""
+    wait for it in the all-reduce. ``pause_us``: the time every rank spends between two steps otherwise."""
     ms = 1000
     rows: dict[str, list] = {k: [] for k in ("rank", "step", "start", "end", "gap", "between")}
     iv: dict[str, list] = {k: [] for k in ("row", "kind", "start", "end", "axis", "op", "group", "seq", "size")}
@@ -832,7 +832,7 @@ def _between_steps_table(*, gaps_known: bool = True) -> RecordTable:
                 iv["seq"].append(k if net else -1)
                 iv["size"].append(1 << 20 if net else -1)
         prev_end = end
-        t = end + 1 * ms
+        t = end + pause_us
     n = len(rows["rank"])
     return RecordTable(
         job="between",
@@ -1615,3 +1615,10 @@ def test_a_rank_slow_in_two_steps_of_four_is_a_transient_one() -> None:
     f = only(findings(Job(slow_in_step=slow, noise=0.0)), "straggler")
     assert f.message.startswith("rank 5 on node-1 is slow in compute in 2 of its 4 steps: 26.00 ms per slow step")
     assert f.evidence["excess_seconds"] == pytest.approx(0.003, rel=2e-3)
+
+
+def test_back_to_back_steps_are_gaps_of_zero() -> None:
+    # The same run with no pause between steps: the other ranks' gaps are 0 µs (known, and the typical gap), rank
+    # 0's 100 ms: it is the one the others wait for.
+    f = only(analyze(_between_steps_table(pause_us=0)).findings, "between-steps")
+    assert (f.suspects[0].rank, f.evidence["gap_seconds"], f.evidence["peer_gap_seconds"]) == (0, 0.1, 0.0)
