@@ -1167,6 +1167,10 @@ def test_a_slow_link_finding_in_full() -> None:
     assert_evidence(f.evidence, expected)
     assert f.severity is Severity.ERROR
     assert f.cost_seconds_per_step == pytest.approx(0.0102, rel=2e-3)
+    # The quoted dp transfers are whole µs: their seconds are exact.
+    assert (f.evidence["transfer_seconds"], f.evidence["expected_transfer_seconds"]) == (0.012, 0.003)
+    assert f.evidence["achieved_bandwidth_bytes_per_s"] == mib_256 / 0.012
+    assert f.evidence["expected_bandwidth_bytes_per_s"] == mib_256 / 0.003
     # The suspect: node-3, its first rank, and the dp group with the most excess (dp:2 or dp:3: equal).
     (s,) = f.suspects
     assert (s.rank, s.node) == (6, "node-3")
@@ -1622,3 +1626,65 @@ def test_back_to_back_steps_are_gaps_of_zero() -> None:
     # 0's 100 ms: it is the one the others wait for.
     f = only(analyze(_between_steps_table(pause_us=0)).findings, "between-steps")
     assert (f.suspects[0].rank, f.evidence["gap_seconds"], f.evidence["peer_gap_seconds"]) == (0, 0.1, 0.0)
+
+
+def _pipeline_sends_table(*, slow_send_us: int) -> RecordTable:
+    """pp 2 x dp 2, one rank per node (node-r), 4 steps. Stage 0 (ranks 0, 1) computes 10 ms and sends 64 MiB of
+    activations to stage 1 (ranks 2, 3) in 2 ms; rank 1's sends to rank 3 take ``slow_send_us``. Stage 1 receives
+    until the send ends, then computes 10 ms."""
+    from meshscope.records import Interval, StepRecord
+    from meshscope.topology.layout import RankCoord
+
+    ms, size = 1000, 64 << 20
+    records = []
+    for step in range(4):
+        t0 = step * 100 * ms
+        for dp in range(2):
+            send_us = slow_send_us if dp == 1 else 2 * ms
+            sender, receiver = dp, 2 + dp
+            done = t0 + 10 * ms + send_us
+            for rank, ivs, end in (
+                (
+                    sender,
+                    (
+                        Interval(kind="compute", start_us=t0, end_us=t0 + 10 * ms, phase="forward"),
+                        Interval(kind="p2p", start_us=t0 + 10 * ms, end_us=done, axis="pp", op="send",
+                                 peer=receiver, size_bytes=size),
+                    ),
+                    done,
+                ),
+                (
+                    receiver,
+                    (
+                        Interval(kind="p2p", start_us=t0, end_us=done, axis="pp", op="recv", peer=sender,
+                                 size_bytes=size),
+                        Interval(kind="compute", start_us=done, end_us=done + 10 * ms, phase="forward"),
+                    ),
+                    done + 10 * ms,
+                ),
+            ):  # fmt: skip
+                coord = RankCoord(dp=dp, tp=0, pp=rank // 2, cp=0, ep=0)
+                records.append(
+                    StepRecord(job="pp", step=step, rank=rank, coord=coord, node=f"node-{rank}", start_us=t0,
+                               end_us=end, intervals=ivs)
+                )  # fmt: skip
+    return RecordTable.from_records(records)
+
+
+def test_a_slow_link_on_pipeline_sends_says_so() -> None:
+    # Rank 1's sends to rank 3 (node-1 to node-3) take 6 ms against rank 0's 2 ms to rank 2: 3x, both nodes in
+    # every slow send. A send blocks its sender and its receiver: each loses 4 ms per step. Steps: 12, 16, 22 and
+    # 26 ms: median 19 ms.
+    f = only(analyze(_pipeline_sends_table(slow_send_us=6_000)).findings, "slow-link")
+    assert f.message == (
+        "transfers through one of node-1, node-3 (always in the same transfers, so they cannot be told apart) "
+        "(collectives of groups that include it, messages to or from it) take 3.00x as long as the same transfers "
+        "elsewhere (pipeline sends: 6.00 ms vs 2.00 ms for 64.00 MiB, counted from the last member's arrival, so "
+        "not sync wait): a slow link; it costs every rank about 4.00 ms per step (21.1 % of the step)"
+    )
+    assert [(s.rank, s.node, s.group) for s in f.suspects] == [(1, "node-1", None), (3, "node-3", None)]
+    assert f.evidence["transfer_seconds"] == 0.006
+    assert f.evidence["expected_transfer_seconds"] == 0.002
+    assert f.evidence["achieved_bandwidth_bytes_per_s"] == (64 << 20) / 0.006
+    assert f.evidence["expected_bandwidth_bytes_per_s"] == (64 << 20) / 0.002
+    assert f.evidence["cost_seconds_per_step"] == 0.004
