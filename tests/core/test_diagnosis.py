@@ -31,13 +31,15 @@ from meshscope.records import (
     KIND_CODE,
     OP_CODE,
     PHASE_CODE,
+    Interval,
     IntervalColumns,
     Note,
     RecordTable,
     StepColumns,
+    StepRecord,
 )
 from meshscope.simulation import Noise, simulate
-from meshscope.topology.layout import AXES, ParallelLayout
+from meshscope.topology.layout import AXES, ParallelLayout, RankCoord
 
 # ---------------------------------------------------------------------------- a small job, built from arrays
 
@@ -1632,9 +1634,6 @@ def _pipeline_sends_table(*, slow_send_us: int) -> RecordTable:
     """pp 2 x dp 2, one rank per node (node-r), 4 steps. Stage 0 (ranks 0, 1) computes 10 ms and sends 64 MiB of
     activations to stage 1 (ranks 2, 3) in 2 ms; rank 1's sends to rank 3 take ``slow_send_us``. Stage 1 receives
     until the send ends, then computes 10 ms."""
-    from meshscope.records import Interval, StepRecord
-    from meshscope.topology.layout import RankCoord
-
     ms, size = 1000, 64 << 20
     records = []
     for step in range(4):
