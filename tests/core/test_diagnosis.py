@@ -1044,6 +1044,12 @@ def test_a_persistent_straggler_finding_in_full() -> None:
         "share_of_step": share,
     }
     assert_evidence(f.evidence, expected)
+    # Whole µs: the seconds are exact.
+    assert (f.evidence["phase_seconds"], f.evidence["peer_median_seconds"], f.evidence["excess_seconds"]) == (
+        0.026,
+        0.020,
+        0.006,
+    )
     assert f.severity is Severity.ERROR  # 20.9 % >= 20 %
     assert f.cost_seconds_per_step == pytest.approx(0.006, rel=2e-3)
     assert [(s.rank, s.node, s.group) for s in f.suspects] == [(5, "node-1", None)]
@@ -1687,3 +1693,25 @@ def test_a_slow_link_on_pipeline_sends_says_so() -> None:
     assert f.evidence["achieved_bandwidth_bytes_per_s"] == (64 << 20) / 0.006
     assert f.evidence["expected_bandwidth_bytes_per_s"] == (64 << 20) / 0.002
     assert f.evidence["cost_seconds_per_step"] == 0.004
+
+
+def test_a_straggler_that_only_a_tp_group_waits_for_is_charged_on_tp() -> None:
+    # tp 4, no dp: rank 1 computes 1.3x; its tp group waits for it at the all-reduce after the forward pass
+    # (a third of 6 ms: 2 ms for each of the 3 others). Steps: rank 1 27,700 µs, the others 23,700 (median).
+    f = only(findings(Job(tp=4, dp=1, gpus_per_node=4, slow={1: 1.3}, noise=0.0)), "straggler")
+    assert f.message.endswith(
+        "; rank 1 on node-0 makes its tp group tp:0 wait 2.00 ms per step (6.00 ms of GPU time over 3 waiting "
+        "ranks), 8.4 % of the step"
+    )
+
+
+def test_work_exactly_1_10x_the_peers_is_more_work() -> None:
+    # dp index 2 (ranks 4, 5) carries 1,100 tokens against 1,000 (exactly WORK_RATIO = 1.10x; the other work
+    # columns equal) and computes 1.1x: more work, an imbalance (not a straggler).
+    t = Job(work={2: 1.1}, noise=0.0).table()
+    s = t.steps
+    tokens = np.where(np.isin(s.rank, [4, 5]), 1100, 1000)
+    stats = {"tokens": tokens, "longest_sequence": np.full(t.n_rows, 2048), "attention_work": np.full(t.n_rows, 1.0)}
+    f = only(analyze(replace(t, steps=replace(s, **stats))).findings, "data-imbalance")
+    assert f.suspects[0].rank in {4, 5}
+    assert "1,100 tokens vs a median 1,000" in f.message
