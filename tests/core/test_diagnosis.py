@@ -626,8 +626,8 @@ spec:
     found = analyze(table, spec=spec).findings
     f = only(found, "bubble-above-plan")
     # No p2p bandwidth splits a transfer off these recvs without bytes: all of it is bubble.
-    assert f.evidence["measured_bubble_seconds"] == pytest.approx(bubble_us / 1e6)
-    assert f.evidence["measured_seconds"] == pytest.approx(bubble_us / 1e6)
+    assert f.evidence["measured_bubble_seconds"] == bubble_us / 1e6
+    assert f.evidence["measured_seconds"] == bubble_us / 1e6
     # Expected per rank-step: its stage's bubble (stage 0 also waits for the slower last stage) and exposed pp
     # transfer; two stages, the midpoint of the two.
     # Like for like: the plan's bubble fraction x the measured compute (both stages compute the same, so neither
@@ -1210,7 +1210,7 @@ def test_a_placement_finding_in_full() -> None:
         },
     )
     assert f.severity is Severity.WARNING
-    assert f.cost_seconds_per_step == pytest.approx(0.006, rel=2e-3)
+    assert (f.cost_seconds_per_step, f.evidence["exposed_transfer_seconds"]) == (0.006, 0.006)
     assert [(s.rank, s.node, s.group) for s in f.suspects] == [(0, "node-0", "tp:0")]
 
 
@@ -1363,6 +1363,8 @@ def test_a_data_loader_finding_in_full() -> None:
     )
     assert f.severity is Severity.WARNING
     assert [(s.rank, s.node) for s in f.suspects] == [(0, "node-0")]
+    assert (f.evidence["median_data_wait_seconds"], f.evidence["worst_data_wait_seconds"]) == (0.003, 0.003)
+    assert f.cost_seconds_per_step == 0.003
 
 
 def test_a_data_loader_finding_names_the_slowest_loader() -> None:
@@ -1400,6 +1402,7 @@ def test_a_checkpoint_finding_in_full() -> None:
     )
     assert f.severity is Severity.ERROR
     assert [(s.rank, s.node) for s in f.suspects] == [(0, "node-0")]
+    assert (f.evidence["amortised_seconds_per_step"], f.evidence["seconds_per_checkpoint"]) == (0.005, 0.010)
 
 
 def test_a_between_steps_finding_in_full() -> None:
@@ -1715,3 +1718,22 @@ def test_work_exactly_1_10x_the_peers_is_more_work() -> None:
     f = only(analyze(replace(t, steps=replace(s, **stats))).findings, "data-imbalance")
     assert f.suspects[0].rank in {4, 5}
     assert "1,100 tokens vs a median 1,000" in f.message
+
+
+def test_a_slow_nvlink_domain_is_named_by_the_records_name_for_it() -> None:
+    # The records name their NVLink domains (e.g. racks): the finding uses the name.
+    t = Job(tp=2, dp=4, stages=2, gpus_per_node=4, nodes_per_domain=2, slow_domain=(1, 3.0)).table()
+    f = only(analyze(replace(t, nvlink_domain_names=("rack-a", "rack-b"))).findings, "slow-link")
+    assert "transfers through NVLink domain rack-b (nodes node-2, node-3)" in f.message
+
+
+def test_four_nodes_that_cannot_be_told_apart_are_all_shown() -> None:
+    # As the five-node case, with four: all four are shown, no "...".
+    text = H100_SPEC.format(dp=4, tp=1, nodes=4, gpus=1)
+    planned_us = _network_us(text, 2 * 3 / 4 * (256 << 20))
+    job = Job(tp=1, dp=4, gpus_per_node=1, dp_transfer_us=3 * planned_us, noise=0.0)
+    f = only(analyze(job.table(), spec=load_spec_text(text)).findings, "slow-link")
+    assert f.message.startswith(
+        "transfers through one of node-0, node-1, node-2, node-3 (always in the same transfers, so they cannot be "
+        "told apart) "
+    )
