@@ -1737,3 +1737,13 @@ def test_four_nodes_that_cannot_be_told_apart_are_all_shown() -> None:
         "transfers through one of node-0, node-1, node-2, node-3 (always in the same transfers, so they cannot be "
         "told apart) "
     )
+
+
+def test_a_persistent_straggler_with_one_very_slow_step_is_quoted_by_its_median() -> None:
+    # Rank 5 computes 1.3x in every step and 2x in step 0: 6 ms more in three steps, 20 ms in one. As a persistent
+    # straggler its excess is the median, 6 ms, not the 9.5 ms mean its slow steps would amortise to: it is not also
+    # counted as a transient one.
+    job = Job(slow={5: 1.3}, slow_in_step={(5, 0): 2.0 / 1.3}, noise=0.0)
+    f = only(findings(job), "straggler")
+    assert f.evidence["excess_seconds"] == pytest.approx(0.006, rel=2e-3)
+    assert f.evidence["steps_slow"] == 4
