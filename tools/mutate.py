@@ -197,7 +197,11 @@ def main() -> None:
         row = run_group(name, budget_s=args.budget_seconds, children=args.children, retest=args.retest)
         rows.append(row)
         score = "-" if row["score"] is None else f"{row['score']:.1%}"
-        more = "" if row["finished"] else " (budget reached: run again to go on)"
+        more = (
+            " (last results, nothing run)"
+            if args.budget_seconds <= 0
+            else ("" if row["finished"] else " (budget reached: run again to go on)")
+        )
         print(f"{name:10s} {row['mutants']:5d} mutants  score {score:>6s}  {row['counts']}  {row['seconds']} s{more}")
         if args.survivors:
             for mutant in row["survivors"]:
