@@ -1211,6 +1211,7 @@ def test_a_placement_finding_in_full() -> None:
     )
     assert f.severity is Severity.WARNING
     assert (f.cost_seconds_per_step, f.evidence["exposed_transfer_seconds"]) == (0.006, 0.006)
+    assert f.evidence["share_of_step"] == 6_000 / 30_200
     assert [(s.rank, s.node, s.group) for s in f.suspects] == [(0, "node-0", "tp:0")]
 
 
@@ -1364,6 +1365,7 @@ def test_a_data_loader_finding_in_full() -> None:
     assert f.severity is Severity.WARNING
     assert [(s.rank, s.node) for s in f.suspects] == [(0, "node-0")]
     assert (f.evidence["median_data_wait_seconds"], f.evidence["worst_data_wait_seconds"]) == (0.003, 0.003)
+    assert (f.evidence["p95_data_wait_seconds"], f.evidence["share_of_step"]) == (0.003, 3_000 / 27_500)
     assert f.cost_seconds_per_step == 0.003
 
 
@@ -1403,6 +1405,10 @@ def test_a_checkpoint_finding_in_full() -> None:
     assert f.severity is Severity.ERROR
     assert [(s.rank, s.node) for s in f.suspects] == [(0, "node-0")]
     assert (f.evidence["amortised_seconds_per_step"], f.evidence["seconds_per_checkpoint"]) == (0.005, 0.010)
+    assert f.evidence["share_of_step"] == 5_000 / 24_700
+    # The slowest saver is named whichever rank it is.
+    f = only(findings(Job(ckpt_every=2, ckpt_us=10_000, ckpt_ranks=(5,), noise=0.0)), "checkpoint-stall")
+    assert (f.suspects[0].rank, f.evidence["worst_rank"], f.evidence["ranks_saving"]) == (5, 5, 1)
 
 
 def test_a_between_steps_finding_in_full() -> None:
