@@ -1753,3 +1753,40 @@ def test_a_persistent_straggler_with_one_very_slow_step_is_quoted_by_its_median(
     f = only(findings(job), "straggler")
     assert f.evidence["excess_seconds"] == pytest.approx(0.006, rel=2e-3)
     assert f.evidence["steps_slow"] == 4
+
+
+def test_a_straggler_with_less_work_quotes_its_own_tokens() -> None:
+    # dp index 2 (ranks 4, 5) carries 0.9x the tokens (3,686 of 4,096); rank 5 still computes 26 ms against the
+    # others' 20 ms (rank 4: 18 ms): a straggler, and its own tokens are quoted, the job's median beside.
+    f = only(findings(Job(work={2: 0.9}, slow={5: 26 / 18}, noise=0.0)), "straggler")
+    assert f.suspects[0].rank == 5
+    assert "with the same work (3,686 tokens)" in f.message
+    assert (f.evidence["tokens"], f.evidence["median_tokens"]) == (3686.0, 4096.0)
+
+
+def test_a_straggler_without_stats_quotes_no_tokens() -> None:
+    f = only(findings(Job(slow={5: 1.3}, stats=False, noise=0.0)), "straggler")
+    assert "same work" not in f.message
+    assert (f.evidence["tokens"], f.evidence["median_tokens"]) == (None, None)
+
+
+def test_an_imbalance_whose_peers_carry_no_tokens_quotes_no_tokens() -> None:
+    # The usual ranks record 0 tokens (a count nobody filled in), the busy replica 4,096: nothing to compare the
+    # busy one's tokens with, so the words leave them out; its attention work (1.96x) makes it the imbalance.
+    t = Job(work={2: 1.4}, noise=0.0).table()
+    s = t.steps
+    busy = np.isin(s.rank, [4, 5])
+    stats = {"tokens": np.where(busy, 4096, 0), "longest_sequence": np.full(t.n_rows, 2048)}
+    f = only(analyze(replace(t, steps=replace(s, **stats))).findings, "data-imbalance")
+    assert "(longest sequence 2,048 vs 2,048, attention work 1.96x the median, 4 steps)" in f.message
+
+
+def test_a_placement_finding_names_a_group_that_crosses() -> None:
+    # tp 4 on 2-GPU nodes; node-0 and node-1 share NVLink domain 0, node-2 and node-3 have one each: tp:0 (ranks
+    # 0-3) stays inside domain 0, tp:1 (ranks 4-7) crosses. Every rank's tp transfer is alike, so the worst is rank 0
+    # (of tp:0): the group named is the crossing one.
+    t = Job(tp=4, dp=2, gpus_per_node=2, tp_transfer_us=6_000, noise=0.0).table()
+    domain = np.array([0, 0, 0, 0, 1, 1, 2, 2])[t.steps.rank]
+    f = only(analyze(replace(t, steps=replace(t.steps, nvlink_domain=domain))).findings, "placement")
+    assert f.message.startswith("1 of 2 tp groups cross an NVLink domain")
+    assert [(s.rank, s.group) for s in f.suspects] == [(0, "tp:1")]
