@@ -1779,6 +1779,12 @@ def test_an_imbalance_whose_peers_carry_no_tokens_quotes_no_tokens() -> None:
     stats = {"tokens": np.where(busy, 4096, 0), "longest_sequence": np.full(t.n_rows, 2048)}
     f = only(analyze(replace(t, steps=replace(s, **stats))).findings, "data-imbalance")
     assert "(longest sequence 2,048 vs 2,048, attention work 1.96x the median, 4 steps)" in f.message
+    assert (f.evidence["tokens"], f.evidence["median_tokens"]) == (4096.0, 0.0)  # 0 is a count, quoted as one
+    # Tokens not recorded at all (-1): none quoted.
+    stats["tokens"] = np.full(t.n_rows, -1)
+    f = only(analyze(replace(t, steps=replace(s, **stats))).findings, "data-imbalance")
+    assert (f.evidence["tokens"], f.evidence["median_tokens"]) == (None, None)
+    assert "tokens" not in f.message
 
 
 def test_a_placement_finding_names_a_group_that_crosses() -> None:
