@@ -10,7 +10,13 @@ The score is killed ÷ (mutants − those judged equivalent − those not yet ch
 run ("no tests") or that survived counts against it; a timeout counts as killed (the tests noticed). Mutants judged
 equivalent (the mutation cannot change any result) are listed, with why, in tools/equivalent-mutants.txt.
 
-    python tools/mutate.py [GROUP ...] [--budget-seconds 600] [--children 2] [--survivors]
+    python tools/mutate.py [GROUP ...] [--budget-seconds 600] [--children 2] [--survivors] [--retest]
+
+``--budget-seconds 0`` runs nothing and reports the group's last results (e.g. after a run stopped by hand).
+
+mutmut keeps a verdict until the mutated function changes: a test added since does not re-check the mutants it was
+written for. ``--retest`` names the group's surviving and untested mutants to ``mutmut run`` explicitly, which checks
+them again with the tests as they are now (new tests are traced first, so mutmut knows which mutants they reach).
 
 Not part of ``make test`` (too slow for CI): it runs before an issue that touches these modules is closed.
 """
@@ -126,23 +132,35 @@ def _equivalent() -> dict[str, str]:
     return out
 
 
-def run_group(name: str, *, budget_s: float, children: int) -> dict[str, Any]:
-    """Mutate one group within ``budget_s``; its counts and score."""
+def run_group(name: str, *, budget_s: float, children: int, retest: bool = False) -> dict[str, Any]:
+    """Mutate one group within ``budget_s``; its counts and score.
+
+    With ``retest``, the mutants that survived or had no test last time (and are not listed as equivalent) are
+    checked again (see the module's doc). With ``budget_s`` 0, nothing runs: the last results are reported.
+    """
     where = _stage(name, GROUPS[name])
+    judged = _equivalent()  # listed as equivalent: not worth a rerun
+    again = (
+        sorted(m for m, s in _results(where).items() if s in {"survived", "no tests"} and m not in judged)
+        if retest
+        else []
+    )
     started = time.monotonic()
-    try:
-        subprocess.run(
-            [_mutmut(), "run", "--max-children", str(children)],
-            cwd=where,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            timeout=budget_s,
-            check=False,
-            env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"},
-        )
-        finished = True
-    except subprocess.TimeoutExpired:
-        finished = False
+    finished = False
+    if budget_s > 0:  # else: report the last results only
+        try:
+            subprocess.run(
+                [_mutmut(), "run", "--max-children", str(children), *again],
+                cwd=where,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                timeout=budget_s,
+                check=False,
+                env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"},
+            )
+            finished = True
+        except subprocess.TimeoutExpired:
+            finished = False
     status = _results(where)
     equivalent = _equivalent()
     counts: dict[str, int] = {}
@@ -167,16 +185,23 @@ def main() -> None:
     """``python tools/mutate.py [GROUP ...] [--budget-seconds S] [--children N] [--survivors]``."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("groups", nargs="*", choices=[*GROUPS, []], help="groups to mutate (default: all)")
-    p.add_argument("--budget-seconds", type=float, default=600.0, help="per group (default 600)")
+    p.add_argument(
+        "--budget-seconds", type=float, default=600.0, help="per group (default 600; 0: report the last results only)"
+    )
     p.add_argument("--children", type=int, default=os.cpu_count() or 1, help="parallel mutants (default: cores)")
     p.add_argument("--survivors", action="store_true", help="list every surviving mutant (see: mutmut show NAME)")
+    p.add_argument("--retest", action="store_true", help="check last time's survivors again with today's tests")
     args = p.parse_args()
     rows = []
     for name in args.groups or list(GROUPS):
-        row = run_group(name, budget_s=args.budget_seconds, children=args.children)
+        row = run_group(name, budget_s=args.budget_seconds, children=args.children, retest=args.retest)
         rows.append(row)
         score = "-" if row["score"] is None else f"{row['score']:.1%}"
-        more = "" if row["finished"] else " (budget reached: run again to go on)"
+        more = (
+            " (last results, nothing run)"
+            if args.budget_seconds <= 0
+            else ("" if row["finished"] else " (budget reached: run again to go on)")
+        )
         print(f"{name:10s} {row['mutants']:5d} mutants  score {score:>6s}  {row['counts']}  {row['seconds']} s{more}")
         if args.survivors:
             for mutant in row["survivors"]:

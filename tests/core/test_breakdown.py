@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections import defaultdict
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pytest
@@ -32,6 +35,9 @@ from meshscope.analysis.breakdown import (
 from meshscope.errors import ParseError
 from meshscope.records import Interval, Note, RecordTable, StepRecord, read_table
 from meshscope.topology.layout import AXES, RankCoord
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
 
 DATA_DIR = Path(__file__).parent.parent / "data"
 MS = 1000  # µs per ms
@@ -504,3 +510,266 @@ def test_aggregation_in_small_chunks_gives_the_same_numbers(monkeypatch):
     whole = break_down(table)
     monkeypatch.setattr(engine, "_CHUNK_BINS", 1)  # one rank-step per chunk
     np.testing.assert_array_equal(break_down(table).ticks, whole.ticks)
+
+
+# ---------------------------------------------------------------------------- notes and edges the mutation run found
+
+
+def test_groups_without_a_size_are_noted_with_their_count() -> None:
+    # dp:0 and dp:1 (ranks 0 and 1 each) and tp:0 (rank 0 alone) carry no group_size: their sizes are inferred (2,
+    # 2 and 1), and tp:0 was only ever seen with one member. tp:1 says it is a group of one (group_size 1): not
+    # inferred.
+    table = RecordTable.from_records(
+        [
+            rec(0, [coll(0, 10), coll(10, 12, axis="tp", group="tp:0"), coll(12, 14, group="dp:1")], end=14),
+            rec(
+                1,
+                [coll(4, 10), coll(10, 12, axis="tp", group="tp:1", group_size=1), coll(12, 14, group="dp:1")],
+                end=14,
+            ),
+        ]
+    )
+    (note,) = [n for n in break_down(table).notes if n.code == "inferred_group_size"]
+    assert note.count == 3
+    assert note.message == (
+        "3 groups carry no group_size; their size is the most members seen in one instance (1 of them were only "
+        "ever seen with one member, so no wait could be measured)"
+    )
+
+
+def test_members_that_finish_before_the_last_arrives_are_noted() -> None:
+    # One node (no clock to align): rank 1 arrives at 12; rank 0 ended at 10, 2 µs before; rank 2 ended at 12,
+    # just as rank 1 arrived: only rank 0 is early.
+    table = RecordTable.from_records(
+        [
+            rec(0, [coll(0, 10, group_size=3)], end=20),
+            rec(1, [coll(12, 20, group_size=3)], end=20),
+            rec(2, [coll(5, 12, group_size=3)], end=20),
+        ]
+    )
+    (note,) = [n for n in break_down(table).notes if n.code == "finished_before_last_arrival"]
+    assert note.count == 1
+    assert note.message == (
+        "1 members finished a collective before its last member arrived (by up to 2 µs after clock alignment): "
+        "clocks misaligned or arrivals mis-recorded; their whole exposed time is counted as sync wait"
+    )
+
+
+def test_clock_offsets_of_nodes_known_only_by_their_codes() -> None:
+    # A table without node names (nodes by code only) is aligned the same way as one with them.
+    skew = {1: 7300, 2: -4100, 3: 12_000}
+    table = _skew_scenario(skew)
+    named = estimate_clock_offsets(table)
+    coded = estimate_clock_offsets(replace(table, node_names=()))
+    np.testing.assert_array_equal(coded.offset_us, named.offset_us)
+    assert coded.offset_us.size == 4
+    for node in range(4):
+        assert abs(int(coded.offset_us[node]) - skew.get(node, 0)) <= 3
+
+
+def test_clock_offsets_follow_the_best_sampled_edges_by_hand() -> None:
+    # Ranks 0-4, one per node (node-i). All-reduces end together on the true clock, so the difference of two
+    # members' end times is their clocks' difference:
+    #   node-0/node-1, 3 instances: node-1 ends 90, 100 and 500 µs later: median 100 (the lower middle of 3);
+    #   node-1/node-2, 2 instances: node-2 ends 50 and 60 µs later: median 50 (the lower of the middle two);
+    #   node-0/node-2, 1 instance: 400 µs (an outlier edge: the spanning tree prefers the better-sampled path);
+    #   node-3/node-4, 1 instance: 30 µs (a group of nodes of its own, aligned on node-3);
+    #   a broadcast node-0/node-1 ending 9 ms apart (not symmetric: its members need not finish together).
+    # Prim from node-0: node-1 by its 3-sample edge (+100), then node-2 through node-1 (2 samples: +150), not its
+    # 1-sample edge to node-0 (+400).
+    ends = {
+        0: [("A", 0, 1000), ("A", 1, 2000), ("A", 2, 3000), ("C", 0, 4000), ("X", 0, 500)],
+        1: [("A", 0, 1090), ("A", 1, 2100), ("A", 2, 3500), ("B", 0, 5000), ("B", 1, 6000), ("X", 0, 9500)],
+        2: [("B", 0, 5050), ("B", 1, 6060), ("C", 0, 4400)],
+        3: [("D", 0, 1000)],
+        4: [("D", 0, 1030)],
+    }
+    records = []
+    for rank, mine in ends.items():
+        ivs = [
+            coll(end - 5, end, group=group, seq=seq, group_size=2, op="broadcast" if group == "X" else "all_reduce")
+            for group, seq, end in mine
+        ]
+        records.append(rec(rank, sorted(ivs, key=lambda i: i.start_us), end=10_000, node=f"node-{rank}"))
+    clock = estimate_clock_offsets(RecordTable.from_records(records))
+    assert clock.offset_us.tolist() == [0, 100, 150, 0, 30]
+    assert clock.reference.tolist() == [0, 0, 0, 3, 3]
+    assert clock.samples.tolist() == [0, 3, 2, 0, 1]
+
+
+def test_one_node_or_no_collective_needs_no_alignment() -> None:
+    one = estimate_clock_offsets(
+        RecordTable.from_records([rec(0, [coll(0, 10)], end=10), rec(1, [coll(5, 10)], end=10)])
+    )
+    assert (one.offset_us.tolist(), one.reference.tolist(), one.samples.tolist()) == ([0], [0], [0])
+    two = RecordTable.from_records([rec(0, [compute(0, 10)], end=10), rec(1, [compute(0, 10)], end=10, node="node-1")])
+    clock = estimate_clock_offsets(two)
+    assert (clock.offset_us.tolist(), clock.reference.tolist(), clock.samples.tolist()) == ([0, 0], [0, 1], [0, 0])
+
+
+def test_a_job_without_collectives_has_an_empty_join_of_the_same_columns() -> None:
+    # The join of a table without any collective is empty, column for column with the dtypes of a real join (what
+    # reads it, e.g. the cost table's charge lookups, indexes and concatenates it), nobody waits or is charged, and
+    # an unaligned breakdown keeps every node on its own clock.
+    with_comm = break_down(RecordTable.from_records([rec(0, [coll(0, 10)], end=10), rec(1, [coll(5, 10)], end=10)]))
+    table = RecordTable.from_records([rec(0, [compute(0, 10)], end=10), rec(1, [compute(0, 8)], end=10, node="node-1")])
+    for align in (True, False):
+        b = break_down(table, align_clocks=align)
+        assert len(b.collectives) == 0
+        for f in dataclasses.fields(b.collectives):
+            got, want = getattr(b.collectives, f.name), getattr(with_comm.collectives, f.name)
+            assert (got.shape, got.dtype) == ((0,), want.dtype), f.name
+        assert b.wait_caused_us.sum() == 0
+        assert b.wait_paid_us.sum() == 0
+        assert (b.clock.offset_us.tolist(), b.clock.reference.tolist(), b.clock.samples.tolist()) == (
+            [0, 0],
+            [0, 1],
+            [0, 0],
+        )
+        assert b.clock.reference.dtype == np.int64
+        assert_sums_exact(b)
+
+
+def test_rows_name_the_node_and_say_none_where_nothing_was_measured() -> None:
+    # A rank-step without a GPU utilisation and with no time (0 µs): both shares are unknown, written None.
+    b = break_down(RecordTable.from_records([rec(0, [], end=0, node="gpu-7"), rec(1, [compute(0, 4)], end=4)]))
+    r = rows(b)
+    assert r[(0, 0)]["node"] == "gpu-7"
+    assert (r[(0, 0)]["gpu_util"], r[(0, 0)]["compute_share"]) == (None, None)
+    assert r[(1, 0)]["compute_share"] == 1.0
+    assert b.ticks.dtype == np.int64  # ticks are exact integers (docs: TICKS_PER_US per µs), never floats
+
+
+class _Phases:
+    """A Progress that records the names of the phases it is given."""
+
+    def __init__(self) -> None:
+        self.names: list[str] = []
+
+    @contextmanager
+    def phase(self, name: str, *, total: int | None = None, unit: str = "") -> Iterator[object]:
+        self.names.append(name)
+        yield self
+
+    def advance(self, amount: int = 1) -> None:
+        """Counted nowhere."""
+
+
+def test_the_phases_a_user_sees() -> None:
+    # The progress display shows what the breakdown is doing, in these words.
+    table = RecordTable.from_records(
+        [rec(0, [compute(0, 5), coll(5, 10)], end=10), rec(1, [coll(7, 10)], end=10, node="node-1")]
+    )
+    for align, clocks in ((True, "aligning clocks of 2 nodes"), (False, "reading clocks as they are")):
+        seen = _Phases()
+        break_down(table, align_clocks=align, progress=seen)
+        assert seen.names == [
+            clocks,
+            "joining collectives (2 entries)",
+            "breaking down 2 rank-steps (3 intervals)",
+            "following chains of waits",
+        ]
+
+
+def test_the_first_rank_step_can_be_the_one_that_pays_and_a_missing_member_leaves_nobody() -> None:
+    # Instance 0: row 0 (rank 0) arrives last and pays for rank 1's wait. Instance 1 (group size 3, two members
+    # seen): incomplete, nobody is last or pays.
+    table = RecordTable.from_records(
+        [
+            rec(0, [coll(5, 10, seq=0), coll(10, 20, group="dp:1", seq=0, group_size=3)], end=20),
+            rec(1, [coll(0, 10, seq=0), coll(12, 20, group="dp:1", seq=0, group_size=3)], end=20),
+        ]
+    )
+    join = break_down(table).collectives
+    by_group = {table.group_name(int(g)): i for i, g in enumerate(join.group)}
+    first, partial = by_group["dp:0"], by_group["dp:1"]
+    assert (join.last_row[first], join.paying_row[first], join.paying_rank[first]) == (0, 0, 0)
+    assert (join.last_row[partial], join.paying_row[partial], join.paying_rank[partial]) == (-1, -1, -1)
+
+
+@pytest.mark.parametrize(
+    ("bandwidth", "message"),
+    [
+        (0.0, "p2p bandwidth = 0.0 bytes/s for row 0 (rank 0, step 0): intervals[0]; it must be a positive number"),
+        (
+            np.array([0.0, -1.0]),
+            "p2p bandwidth = 0.0 bytes/s for row 0 (rank 0, step 0): intervals[0]; it must be a positive number",
+        ),
+        (
+            np.array([1e9, -1.0]),
+            "p2p bandwidth = -1.0 bytes/s for row 0 (rank 0, step 0): intervals[1]; it must be a positive number",
+        ),
+    ],
+    ids=["zero", "first-of-two-bad", "second"],
+)
+def test_a_bad_bandwidth_is_named_with_its_interval(bandwidth, message):
+    table = RecordTable.from_records([rec(0, [recv(0, 10, size=10), recv(10, 20, size=10)], end=20)])
+    with pytest.raises(ParseError, match=re.escape(message) + "$"):
+        break_down(table, p2p_bandwidth_bytes_per_s=bandwidth)
+
+
+def test_a_slow_link_of_one_byte_per_second_is_a_bandwidth() -> None:
+    # 2 bytes at 1 B/s: 2 s of transfer, more than the 20 µs the receive took: all of it is transfer.
+    table = RecordTable.from_records([rec(0, [recv(0, 20, size=2)], end=20)])
+    (r,) = break_down(table, p2p_bandwidth_bytes_per_s=1.0).to_rows()
+    assert (r[PP_XFER], r[BUBBLE]) == (20, 0)
+
+
+def test_a_long_transfer_is_exact_to_the_microsecond() -> None:
+    # 1 GB at 1 GB/s is 1,000,000 µs of a 1.5 s receive: the remaining 500,000 µs are bubble.
+    table = RecordTable.from_records([rec(0, [recv(0, 1_500_000, size=1_000_000_000)], end=1_500_000)])
+    (r,) = break_down(table, p2p_bandwidth_bytes_per_s=1e9).to_rows()
+    assert (r[PP_XFER], r[BUBBLE]) == (1_000_000, 500_000)
+
+
+def test_p2p_without_bytes_is_noted_in_full() -> None:
+    # One receive carries no size (all bubble, and noted); one says 0 bytes (a size: 0 µs of transfer, all bubble
+    # too, not noted); one 10 bytes at 1 MB/s: 10 µs of transfer.
+    table = RecordTable.from_records([rec(0, [recv(0, 10, size=0), recv(10, 20), recv(20, 30, size=10)], end=30)])
+    b = break_down(table, p2p_bandwidth_bytes_per_s=1e6)
+    (note,) = [n for n in b.notes if n.code == "p2p_without_bytes"]
+    assert note.count == 1
+    assert note.message == "1 pipeline p2p intervals carry no bytes: their exposed time is all counted as bubble"
+    (r,) = b.to_rows()
+    assert (r[PP_XFER], r[BUBBLE]) == (10, 20)
+
+
+def test_a_peer_without_a_record_is_reached_over_the_network_and_noted() -> None:
+    # Rank 0 (domain a) receives 1,000 bytes from rank 3, of which no record says where it is: network (10 B/µs),
+    # 100 µs; its receive from rank 1 (domain a too) goes over NVLink (100 B/µs), 10 µs.
+    r0 = rec(0, [recv(0, 200, size=1000, peer=3), recv(200, 300, size=1000, peer=1)], end=300, nvlink_domain="a")
+    r1 = rec(1, [], end=300, nvlink_domain="a")
+    b = break_down(RecordTable.from_records([r0, r1]), p2p_bandwidth_bytes_per_s={"nvlink": 100e6, "network": 10e6})
+    assert (b.to_rows()[0][PP_XFER], b.to_rows()[0][BUBBLE]) == (100 + 10, 100 + 90)
+    (note,) = [n for n in b.notes if n.code == "p2p_link_unknown"]
+    assert note.count == 1
+    assert note.message == (
+        "1 pipeline p2p intervals have no NVLink domain for the rank or its peer: network bandwidth assumed"
+    )
+
+
+def test_a_tie_for_last_in_a_later_instance_names_its_lowest_rank() -> None:
+    # Instance seq 0: rank 0 is last alone. Instance seq 1: ranks 1 and 2 tie for last: the lowest, rank 1, is named,
+    # two members were last; columns keep their integer dtypes.
+    table = RecordTable.from_records(
+        [
+            rec(0, [coll(6, 10, seq=0), coll(10, 20, seq=1)], end=20),
+            rec(1, [coll(0, 10, seq=0), coll(14, 20, seq=1)], end=20),
+            rec(2, [coll(2, 10, seq=0), coll(14, 20, seq=1)], end=20),
+        ]
+    )
+    join = break_down(table).collectives
+    assert join.seq.tolist() == [0, 1]
+    assert join.last_rank.tolist() == [0, 1]
+    assert join.n_last.tolist() == [1, 2]
+    assert (join.n_last.dtype, join.expected_members.dtype) == (np.int64, np.int64)
+
+
+def test_seconds_are_microseconds_over_a_million_exactly() -> None:
+    b = break_down(RecordTable.from_records([rec(0, [compute(0, 3_000_000)], end=3_000_000)]))
+    assert b.seconds(COMPUTE)[0] == 3.0
+
+
+def test_a_category_part_that_does_not_exist_is_named() -> None:
+    with pytest.raises(ValueError, match=re.escape("part = 'latency'; expected 'transfer' or 'sync_wait'")):
+        comm_category("dp", "latency")

@@ -6,9 +6,12 @@ import numpy as np
 import pytest
 
 from meshscope.analysis import analyze, break_down
-from meshscope.analysis.chains import paying_rows
+from meshscope.analysis.chains import paying_rows, received_from_rows, waited_for_rows
 from meshscope.jobs.loading import load_spec_text
+from meshscope.records import Interval, RecordTable, StepRecord
 from meshscope.simulation import Noise, Straggler, simulate
+from meshscope.topology import AXES
+from meshscope.topology.layout import RankCoord
 
 SPEC = """
 apiVersion: meshscope.io/v1alpha1
@@ -138,3 +141,110 @@ def test_a_rank_whose_own_time_is_longer_than_its_waiting_keeps_the_charge() -> 
         received_from=np.array([1, -1, -1, -1, -1, -1]),
     )
     assert pay.tolist() == list(range(6))
+
+
+# ---------------------------------------------------------------------------- the pieces, by hand
+
+
+def test_waited_for_is_the_last_arrival_of_the_longest_wait() -> None:
+    # Five rank-steps; member elements (row, axis, wait, last arrival's row):
+    # row 1 waited 5 (dp) for row 0 (row 0 is a valid last arrival), and 9 (dp) for row 3: the longer one wins;
+    # row 2 waited 0.5 on tp for row 4 (any wait above 0 counts); row 3 is the last arrival itself (no wait);
+    # row 4 waited 0 on dp (arrived together: no wait, no target) and 7 on tp for an incomplete instance (-1).
+    dp, tp = AXES.index("dp"), AXES.index("tp")
+    members = [(1, dp, 5.0, 0), (1, dp, 9.0, 3), (2, tp, 0.5, 4), (3, dp, 0.0, 3), (4, dp, 0.0, 1), (4, tp, 7.0, -1)]
+    rows, axis, wait, last = (np.array(c) for c in zip(*members, strict=True))
+    out = waited_for_rows(rows, axis, wait, last, 5)
+    expected = np.full((5, 5), -1)
+    expected[1, dp] = 3
+    expected[2, tp] = 4
+    np.testing.assert_array_equal(out, expected)
+    # One waiting member alone is enough.
+    one = waited_for_rows(np.array([2]), np.array([dp]), np.array([4.0]), np.array([0]), 3)
+    assert one[:, dp].tolist() == [-1, -1, 0]
+    assert (waited_for_rows(np.array([2]), np.array([dp]), np.array([0.0]), np.array([0]), 3) == -1).all()
+
+
+def _p2p_table(recvs: dict[tuple[int, int], list[tuple[int, int]]], *, sends: dict[int, int] | None = None):
+    """Ranks 0-3, 2 steps, 1 ms each; ``recvs[(rank, step)]``: (peer, µs) receives; ``sends``: rank -> peer (step 0)."""
+    records = []
+    for step in range(2):
+        for rank in range(4):
+            t = 1000 * step
+            ivs = []
+            for peer, us in recvs.get((rank, step), []):
+                ivs.append(Interval(kind="p2p", start_us=t, end_us=t + us, axis="pp", op="recv", peer=peer))
+                t += us
+            if step == 0 and rank in (sends or {}):
+                ivs.append(Interval(kind="p2p", start_us=t, end_us=t + 5, axis="pp", op="send", peer=sends[rank]))
+            coord = RankCoord(dp=0, tp=0, pp=rank, cp=0, ep=0)
+            start = 1000 * step
+            records.append(
+                StepRecord(job="p2p", step=step, rank=rank, coord=coord, node="node-0", start_us=start,
+                           end_us=start + 900, intervals=tuple(ivs))
+            )  # fmt: skip
+    return RecordTable.from_records(records)
+
+
+def test_received_from_is_the_peer_received_from_longest_in_the_same_step() -> None:
+    # Rows are (step, rank) in table order: row = 4 step + rank. Step 0: rank 1 receives from rank 0 (the first
+    # row: peer 0 counts); rank 2 receives twice for 10 µs from rank 1 and once for 30 µs from rank 3: 30 > 20, rank
+    # 3. Step 1: rank 0 receives from rank 3 (the last row of the table); rank 2 from rank 1. Rank 3 sends to rank 0
+    # in step 0 (a send is not a receive); rank 3 in step 1 receives nothing: -1.
+    table = _p2p_table(
+        {(1, 0): [(0, 10)], (2, 0): [(1, 10), (1, 10), (3, 30)], (0, 1): [(3, 10)], (2, 1): [(1, 50)]},
+        sends={3: 0},
+    )
+    step_index = table.steps.step.astype(np.intp)
+    got = received_from_rows(table, step_index)
+    row = {(int(s), int(r)): i for i, (s, r) in enumerate(zip(table.steps.step, table.steps.rank, strict=True))}
+    expected = np.full(table.n_rows, -1)
+    expected[row[(0, 1)]] = row[(0, 0)]
+    expected[row[(0, 2)]] = row[(0, 3)]
+    expected[row[(1, 0)]] = row[(1, 3)]
+    expected[row[(1, 2)]] = row[(1, 1)]
+    np.testing.assert_array_equal(got, expected)
+
+
+def test_received_from_a_peer_without_a_record_that_step_is_no_one() -> None:
+    # Rank 1 receives from rank 7, which has no rank-step: -1.
+    table = _p2p_table({(1, 0): [(7, 10)]})
+    assert (received_from_rows(table, table.steps.step.astype(np.intp)) == -1).all()
+
+
+def test_a_wait_exactly_at_the_floor_passes_on_and_one_no_longer_than_own_time_does_not() -> None:
+    # Steps of 100 µs: the floor is 1 % of the median step, 1 µs. Row 0 waited 1 µs beyond its peers in the bubble
+    # for row 1: at the floor, passed on. Row 2's excess waiting (20 µs) equals its excess own time (a 140 µs step,
+    # 20 µs of it bubble: own time 120 against 100): not larger, it keeps its charge.
+    b = np.zeros(8)
+    b[0], b[2] = 1.0, 20.0
+    step = np.full(8, 100.0)
+    step[0], step[2] = 101.0, 140.0
+    pay = paying_rows(
+        peer_key=np.zeros(8, dtype=np.int64),
+        step_us=step,
+        bubble_us=b,
+        sync_wait_us=np.zeros((8, 5)),
+        waited_for=np.full((8, 5), -1, dtype=np.int64),
+        received_from=np.array([1, -1, 3, -1, -1, -1, -1, -1]),
+    )
+    assert pay.tolist() == [1, 1, 2, 3, 4, 5, 6, 7]
+
+
+def test_waiting_that_every_peer_shares_is_nobodys_excess() -> None:
+    # All six rank-steps sit 30 µs in the bubble (their median): row 0's 30 µs is not beyond its peers', so it keeps
+    # its charge although it received from row 1.
+    assert _pay(6, bubble=dict.fromkeys(range(6), 30.0), sync={}, waited={}, received={0: 1}) == list(range(6))
+
+
+def test_no_rank_steps_pay_for_nothing() -> None:
+    empty = np.zeros(0)
+    pay = paying_rows(
+        peer_key=np.zeros(0, dtype=np.int64),
+        step_us=empty,
+        bubble_us=empty,
+        sync_wait_us=np.zeros((0, 5)),
+        waited_for=np.zeros((0, 5), dtype=np.int64),
+        received_from=np.zeros(0, dtype=np.int64),
+    )
+    assert pay.tolist() == []

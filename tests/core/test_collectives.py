@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import dataclasses
 from collections import defaultdict
+from dataclasses import replace
 
 import numpy as np
 import pytest
 
 from meshscope.analysis import analyze, render_analysis
-from meshscope.analysis.collectives import STATUSES, compare_collectives, stage_of_rows, stage_traffic
+from meshscope.analysis.collectives import STATUSES, compare_collectives, plan_op_name, stage_of_rows, stage_traffic
 from meshscope.jobs.loading import spec_from_manifest
 from meshscope.local.comparisons import compare_run
 from meshscope.plan import plan_job
@@ -562,3 +563,52 @@ def test_the_run_comparison_counts_every_instance_by_size_exactly() -> None:
     assert len(off) == 1
     assert (off[0].pp_rank, off[0].axis, off[0].op) == (1, "tp", "all_reduce")
     assert off[0].measured_count_per_step == off[0].expected_count_per_step - 1
+
+
+# ---------------------------------------------------------------------------- edges the mutation run found
+
+
+def test_plan_ops_are_spelled_as_the_records_spell_them() -> None:
+    # docs/cost-table.md: the plan writes ops with a hyphen, the records with an underscore; an op outside the
+    # table is spelled the same way, not dropped.
+    assert [plan_op_name(op) for op in ("all-reduce", "reduce-scatter", "all-gather", "all-to-all", "send-recv")] == [
+        "all_reduce",
+        "reduce_scatter",
+        "all_gather",
+        "all_to_all",
+        "send_recv",
+    ]
+    assert plan_op_name("all-to-all-v") == "all_to_all_v"
+
+
+def test_unsized_records_have_no_byte_range() -> None:
+    # hand_records: stage 1's reduce-scatter carries no size on any rank-step: no bytes, no smallest, no largest.
+    plan = plan_job(spec_from_manifest(SMALL))
+    got = {(c.pp_rank, c.axis, c.op): c for c in compare_collectives(RecordTable.from_records(hand_records()), plan)}
+    rs1 = got[(1, "dp", "reduce_scatter")]
+    assert (rs1.measured_min_bytes_per_step, rs1.measured_max_bytes_per_step) == (None, None)
+    assert rs1.expected_message_bytes is None  # not in the plan: nothing to divide
+
+
+def test_unsplit_traffic_has_no_message_size_and_keeps_table_order() -> None:
+    # Without splitting by size every key's size is -1 (not known per key). 8 ranks x 8 steps of hand-made records
+    # (32 rank-steps per stage, enough for numpy's unstable sort to reorder): each key's segment lists its stage's
+    # rank-steps in table order, as StageTraffic documents.
+    def later(r: StepRecord, k: int) -> StepRecord:  # the same step k x 3 steps later, its collectives numbered on
+        shift = 3000 * k
+        ivs = tuple(
+            replace(
+                i, start_us=i.start_us + shift, end_us=i.end_us + shift, seq=None if i.seq is None else i.seq + shift
+            )
+            for i in r.intervals
+        )
+        return replace(r, step=r.step + 3 * k, start_us=r.start_us + shift, end_us=r.end_us + shift, intervals=ivs)
+
+    records = [later(r, k) for k in range(3) for r in hand_records()][: 8 * 8]
+    table = RecordTable.from_records(records)
+    traffic = stage_traffic(table, stage_of_rows(table))
+    assert set(traffic.size_bytes.tolist()) == {-1}
+    for j in range(len(traffic)):
+        rows = traffic.rows[traffic.segment(j)]
+        assert rows.size == 32
+        assert (np.diff(rows) > 0).all(), j

@@ -19,9 +19,11 @@ from meshscope.analysis.diagnosis import (
     STRAGGLER_EXPLAINS,
     STRAGGLER_MIN_EXCESS,
     Finding,
+    diagnose,
     severity_for,
 )
 from meshscope.analysis.grouping import distinct, grouped_quantile
+from meshscope.formatting import human_seconds, percent
 from meshscope.jobs.loading import load_spec_text
 from meshscope.plan import PlanAssumptions, Severity, plan_job
 from meshscope.records import (
@@ -29,12 +31,15 @@ from meshscope.records import (
     KIND_CODE,
     OP_CODE,
     PHASE_CODE,
+    Interval,
     IntervalColumns,
+    Note,
     RecordTable,
     StepColumns,
+    StepRecord,
 )
 from meshscope.simulation import Noise, simulate
-from meshscope.topology.layout import AXES, ParallelLayout
+from meshscope.topology.layout import AXES, ParallelLayout, RankCoord
 
 # ---------------------------------------------------------------------------- a small job, built from arrays
 
@@ -82,6 +87,8 @@ class Job:
     ckpt_us: float = 0
     ckpt_ranks: tuple[int, ...] | None = None
     stats: bool = True
+    collectives: bool = True
+    """False: no tp or dp all-reduce at all (ranks never wait for each other: nobody is charged a sync wait)."""
 
     def table(self) -> RecordTable:
         return build(self)
@@ -159,7 +166,7 @@ def build(job: Job) -> RecordTable:
         fwd = compute / 3
         add(row, "compute", t, t + fwd, phase=PHASE_CODE["forward"])
         t = t + fwd
-        if job.tp > 1:
+        if job.tp > 1 and job.collectives:
             last = t[tp_group].max(axis=1)[tp_of]
             end = last + tp_x * k * rng.lognormal(0.0, job.transfer_noise, size=w)[tp_of]
             add(
@@ -177,7 +184,7 @@ def build(job: Job) -> RecordTable:
             t = end
         add(row, "compute", t, t + 2 * compute / 3, phase=PHASE_CODE["backward"])
         t = t + 2 * compute / 3 + idle
-        if job.dp > 1:
+        if job.dp > 1 and job.collectives:
             last = t[dp_group].max(axis=1)[dp_of]
             end = last + dp_x * rng.lognormal(0.0, job.transfer_noise, size=w)[dp_of]
             add(
@@ -432,6 +439,9 @@ def test_a_straggler_finding_names_no_healthy_rank_beside_it(seed: int) -> None:
     # One real straggler among noisy ranks (8 % jitter on every phase): only the straggler is named.
     f = only(findings(Job(slow={5: 1.5}, steps=12, noise=0.08, seed=seed)), "straggler")
     assert [s.rank for s in f.suspects] == [5]
+    # Slow in every step, it is a persistent straggler (all its 12 steps), not a few slow steps added up.
+    assert f.evidence["steps_slow"] == 12
+    assert f.message.startswith("rank 5 on node-1 is slow in compute: ")
 
 
 def test_a_straggler_says_what_its_wait_costs_in_the_tables_own_words() -> None:
@@ -616,8 +626,8 @@ spec:
     found = analyze(table, spec=spec).findings
     f = only(found, "bubble-above-plan")
     # No p2p bandwidth splits a transfer off these recvs without bytes: all of it is bubble.
-    assert f.evidence["measured_bubble_seconds"] == pytest.approx(bubble_us / 1e6)
-    assert f.evidence["measured_seconds"] == pytest.approx(bubble_us / 1e6)
+    assert f.evidence["measured_bubble_seconds"] == bubble_us / 1e6
+    assert f.evidence["measured_seconds"] == bubble_us / 1e6
     # Expected per rank-step: its stage's bubble (stage 0 also waits for the slower last stage) and exposed pp
     # transfer; two stages, the midpoint of the two.
     # Like for like: the plan's bubble fraction x the measured compute (both stages compute the same, so neither
@@ -630,6 +640,26 @@ spec:
     assert f.evidence["compute_scale"] == pytest.approx(measured_compute_s / plan.expected_step_time.compute_seconds)
     assert f.evidence["planned_bubble_seconds"] == pytest.approx(expected_us / 1e6)
     assert f.evidence["plan_bubble_fraction"] == plan.bubble_fraction
+    # Each rank-step is step_us long: the measured waiting's share of it, the excess over the expectation and its
+    # share; the rank with most bubble is rank 0 (both wait alike: the first).
+    expected_s = plan.bubble_fraction * measured_compute_s + sum(transfer) / 2
+    excess_s = bubble_us / 1e6 - expected_s
+    assert f.evidence["measured_share_of_step"] == pytest.approx(bubble_us / step_us)
+    assert f.evidence["excess_seconds"] == pytest.approx(excess_s)
+    assert f.evidence["share_of_step"] == pytest.approx(excess_s * 1e6 / step_us)
+    assert f.cost_seconds_per_step == pytest.approx(excess_s)
+    assert f.severity is severity_for(excess_s * 1e6 / step_us)
+    assert [s.rank for s in f.suspects] == [0]
+    assert f.message.startswith(
+        f"pipeline waiting (bubble + exposed pp transfer) is {human_seconds(bubble_us / 1e6)} per step "
+        f"({percent(bubble_us / step_us)} of the step) against {human_seconds(expected_s)} expected of pp 2, "
+        f"{plan.micro_batches} micro-batches, {plan.schedule.value} on this run's compute ("
+    )
+    assert f.message.endswith(
+        f"; plus the stage's exposed pp transfer); the excess costs {human_seconds(excess_s)} per step "
+        f"({percent(excess_s * 1e6 / step_us)}): more micro-batches, interleaving (vpp) or balancing the stages would "
+        "cut it"
+    )
     # Without a spec there is no plan to compare with.
     assert all(f.code != "bubble-above-plan" for f in analyze(table).findings)
 
@@ -770,10 +800,10 @@ def test_grouped_quantile_is_numpys_quantile_per_group(n_groups: int) -> None:
 # ---------------------------------------------------------------------------- time between steps
 
 
-def _between_steps_table(*, gaps_known: bool = True) -> RecordTable:
+def _between_steps_table(*, gaps_known: bool = True, pause_us: int = 1000) -> RecordTable:
     """4 ranks, dp 4, 6 steps: compute 20 ms, then one all-reduce (3 ms once the last member arrives). Before steps
     2 and 4, rank 0 spends 100 ms between steps (90 ms of it a checkpoint), so it starts them late and the others
-    wait for it in the all-reduce."""
+    wait for it in the all-reduce. ``pause_us``: the time every rank spends between two steps otherwise."""
     ms = 1000
     rows: dict[str, list] = {k: [] for k in ("rank", "step", "start", "end", "gap", "between")}
     iv: dict[str, list] = {k: [] for k in ("row", "kind", "start", "end", "axis", "op", "group", "seq", "size")}
@@ -804,7 +834,7 @@ def _between_steps_table(*, gaps_known: bool = True) -> RecordTable:
                 iv["seq"].append(k if net else -1)
                 iv["size"].append(1 << 20 if net else -1)
         prev_end = end
-        t = end + 1 * ms
+        t = end + pause_us
     n = len(rows["rank"])
     return RecordTable(
         job="between",
@@ -963,3 +993,806 @@ def test_unequal_stages_are_compared_within_their_stage() -> None:
     by_rank = {f.suspects[0].rank: f for f in found}
     assert by_rank[2].evidence["excess_seconds"] == pytest.approx(1.5 * STRAGGLER_MIN_EXCESS * 0.020, rel=1e-3)
     assert by_rank[13].evidence["excess_seconds"] == pytest.approx(1.5 * STRAGGLER_MIN_EXCESS * 0.030, rel=1e-3)
+
+
+# ---------------------------------------------------------------------------- every number and word of a finding
+# Noise-free jobs whose findings are worked out by hand from docs/cost-table.md ("Findings"), every evidence value and
+# the whole message: what a user reads. Times in µs unless named otherwise.
+
+
+def assert_evidence(evidence, expected: dict, *, rel: float = 2e-3) -> None:
+    """Same keys; ``None`` where expected, else within ``rel`` of the hand-derived value."""
+    assert sorted(evidence) == sorted(expected)
+    for key, want in expected.items():
+        got = evidence[key]
+        if want is None:
+            assert got is None, key
+        else:
+            assert got == pytest.approx(want, rel=rel), key
+
+
+def test_a_persistent_straggler_finding_in_full() -> None:
+    # tp 2 x dp 4 on two 4-GPU nodes; rank 5 (dp index 2, tp index 1, node-1) computes 1.3 x 20 ms = 26 ms, its 7
+    # peers 20 ms. Its dp group (Megatron order: dp:1 = ranks 1, 3, 5, 7) waits for it: ranks 1, 3 and 7 arrive at
+    # the dp all-reduce 6 ms before it (its tp partner rank 4 waited 2 ms of that in the tp all-reduce and pays for
+    # dp:0 itself: its excess waiting is the median's, so it passes nothing on). Steps: dp:1's four ranks
+    # 200 + 26,000 + 500 + 3,000 + 1,000 = 30,700, dp:0's four 26,700 (2 ms late rank 4): median 28,700.
+    f = only(findings(Job(slow={5: 1.3}, noise=0.0)), "straggler")
+    share = 6_000 / 28_700
+    assert f.message == (
+        "rank 5 on node-1 is slow in compute: 26.00 ms per step vs 20.00 ms on the rest of its stage (+30.0 %) with "
+        "the same work (4,096 tokens); rank 5 on node-1 makes its dp group dp:1 wait 6.00 ms per step (18.00 ms of "
+        "GPU time over 3 waiting ranks), 20.9 % of the step"
+    )
+    expected = {
+        "rank": 5,
+        "phase_seconds": 0.026,
+        "peer_median_seconds": 0.020,
+        "excess_seconds": 0.006,
+        "excess_ratio": 0.3,
+        "cost_seconds_per_step": 0.006,
+        "phase_is_compute": 1,
+        "phase_is_data": 0,
+        "phase_is_optimizer": 0,
+        "wait_caused_seconds_per_step": 0.018,
+        "wait_per_member_seconds_per_step": 0.006,
+        "tokens": 4096,
+        "median_tokens": 4096,
+        "slow_ranks_on_node": 1,
+        "ranks_on_node": 4,
+        "steps_slow": 4,
+        "share_of_step": share,
+    }
+    assert_evidence(f.evidence, expected)
+    # Whole µs: the seconds are exact.
+    assert (f.evidence["phase_seconds"], f.evidence["peer_median_seconds"], f.evidence["excess_seconds"]) == (
+        0.026,
+        0.020,
+        0.006,
+    )
+    assert f.severity is Severity.ERROR  # 20.9 % >= 20 %
+    assert f.cost_seconds_per_step == pytest.approx(0.006, rel=2e-3)
+    assert [(s.rank, s.node, s.group) for s in f.suspects] == [(5, "node-1", None)]
+    assert f.to_dict() == {
+        "code": "straggler",
+        "severity": "error",
+        "message": f.message,
+        "evidence": dict(f.evidence),
+        "suspects": [{"rank": 5, "node": "node-1", "group": None}],
+    }
+
+
+def test_a_transient_straggler_finding_in_full() -> None:
+    # Rank 5 computes 1.6 x 20 ms in step 2 of 4: 12 ms more in that step, 3 ms per step amortised. Its dp group
+    # dp:1 (3 other ranks) waits 12 ms in that step: 36 ms of GPU time, 9 ms per step of the rank, 3 ms per member.
+    # 24 of the 32 rank-steps take the clean 24,700 µs: the median step.
+    f = only(findings(Job(noise=0.0, slow_in_step={(5, 2): 1.6})), "straggler")
+    assert f.message == (
+        "rank 5 on node-1 is slow in compute in 1 of its 4 steps: 32.00 ms per slow step vs 20.00 ms on the rest of "
+        "its stage (+60.0 %) with the same work (4,096 tokens); rank 5 on node-1 makes its dp group dp:1 wait "
+        "3.00 ms per step (9.00 ms of GPU time over 3 waiting ranks), 12.1 % of the step, amortised"
+    )
+    assert f.evidence["cost_seconds_per_step"] == pytest.approx(0.003, rel=2e-3)
+    assert f.evidence["wait_caused_seconds_per_step"] == pytest.approx(0.009, rel=2e-3)
+    assert f.evidence["share_of_step"] == pytest.approx(3_000 / BASE_STEP_US, rel=2e-3)
+    assert f.evidence["steps_slow"] == 1
+    assert f.severity is Severity.WARNING  # 12.1 %: between 5 % and 20 %
+
+
+def test_a_straggler_nobody_waits_for_costs_its_excess() -> None:
+    # No collectives: 4 ranks on node-0 never wait for each other, so the cost is rank 1's own 6 ms excess (1.3 x
+    # 20 ms). Steps: rank 1 200 + 26,000 + 1,000 = 27,200, the others 21,200: median 21,200.
+    f = only(findings(Job(tp=1, dp=4, gpus_per_node=4, collectives=False, slow={1: 1.3}, noise=0.0)), "straggler")
+    assert f.message == (
+        "rank 1 on node-0 is slow in compute: 26.00 ms per step vs 20.00 ms on the rest of its stage (+30.0 %) with "
+        "the same work (4,096 tokens); every rank waits about 6.00 ms per step for it (28.3 % of the step)"
+    )
+    assert f.cost_seconds_per_step == pytest.approx(0.006, rel=2e-3)
+    assert f.evidence["wait_caused_seconds_per_step"] is None
+    assert f.evidence["wait_per_member_seconds_per_step"] is None
+    assert f.evidence["share_of_step"] == pytest.approx(6_000 / 21_200, rel=2e-3)
+    assert f.severity is Severity.ERROR
+
+
+def test_a_transient_straggler_nobody_waits_for_is_amortised_in_words() -> None:
+    # Rank 1 computes 1.6 x 20 ms in one step of 4 and nobody waits: 12 ms / 4 = 3 ms per step, of a 21,200 µs step.
+    job = Job(tp=1, dp=4, gpus_per_node=4, collectives=False, slow_in_step={(1, 2): 1.6}, noise=0.0)
+    f = only(findings(job), "straggler")
+    assert f.message.endswith("; every rank waits about 3.00 ms per step for it (14.2 % of the step, amortised)")
+    assert f.cost_seconds_per_step == pytest.approx(0.003, rel=2e-3)
+    assert f.severity is Severity.WARNING
+
+
+def test_a_straggler_in_the_optimizer_says_so() -> None:
+    # Rank 6 (node-1) takes 3 ms for its optimizer step against 1 ms: no "same work" clause outside compute.
+    f = only(findings(Job(slow_optimizer={6: 3.0}, noise=0.0)), "straggler")
+    assert f.message.startswith(
+        "rank 6 on node-1 is slow in the optimizer step: 3.00 ms per step vs 1.00 ms on the rest of its stage "
+        "(+200.0 %); "
+    )
+    assert (f.evidence["phase_is_compute"], f.evidence["phase_is_data"], f.evidence["phase_is_optimizer"]) == (0, 0, 1)
+    assert f.evidence["excess_seconds"] == pytest.approx(0.002, rel=2e-3)
+
+
+def test_two_slow_ranks_of_a_node_with_healthy_ranks_beside_them_are_named_as_ranks() -> None:
+    # dp 8 on two 4-GPU nodes: ranks 1 and 2 of node-0 are slow, ranks 0 and 3 of node-0 are not, so it is not the
+    # node: the finding names the ranks, though other nodes exist.
+    f = only(findings(Job(tp=1, dp=8, gpus_per_node=4, slow={1: 1.3, 2: 1.25}, noise=0.0)), "straggler")
+    assert f.message.startswith("ranks 1 and 2 on node-0 (worst: rank 1) are each slow in compute: 26.00 ms")
+    assert [s.rank for s in f.suspects] == [1, 2]
+    assert (f.evidence["slow_ranks_on_node"], f.evidence["ranks_on_node"]) == (2, 4)
+
+
+def test_a_slow_node_of_two_is_named_as_the_node() -> None:
+    # dp 8 on two 4-GPU nodes: all four ranks of node-1 are slow, the rest of the stage is on node-0 (exactly half
+    # of the stage, allowed for a slow node).
+    # Each is compared with the rest of the stage (node-0's four, 20 ms), not with a median half of them pull up (23 ms).
+    # The one dp group (all eight) waits for rank 6: ranks 0-3 7 ms, ranks 4, 5 and 7 1 ms: 31 ms of GPU time per
+    # step over 7 waiting ranks. Every step: 200 + 27,000 + 3,000 + 1,000 = 31,200 µs.
+    f = only(findings(Job(tp=1, dp=8, gpus_per_node=4, slow={4: 1.3, 5: 1.3, 6: 1.35, 7: 1.3}, noise=0.0)), "straggler")
+    assert f.message == (
+        "node-1 (all its 4 ranks: 4, 5, 6 and 7; worst rank 6) is slow in compute: 27.00 ms per step vs 20.00 ms on "
+        "the rest of its stage (+35.0 %) with the same work (4,096 tokens); rank 6 on node-1 makes its dp group dp:0 "
+        "wait 4.43 ms per step (31.00 ms of GPU time over 7 waiting ranks), 14.2 % of the step"
+    )
+    assert [s.rank for s in f.suspects] == [6, 4, 5, 7]
+    assert f.evidence["excess_seconds"] == pytest.approx(0.007, rel=2e-3)
+    assert f.evidence["peer_median_seconds"] == pytest.approx(0.020, rel=2e-3)
+    assert (f.evidence["slow_ranks_on_node"], f.evidence["ranks_on_node"]) == (4, 4)
+
+
+def test_a_slow_link_finding_in_full() -> None:
+    # tp 4 x dp 2 x 2 stages on 2-GPU nodes, each node its own NVLink domain: every tp and dp group crosses the
+    # network. node-3 (ranks 6, 7) is 4x slow: tp group 1 (ranks 4-7) takes 1,600 µs instead of 400, and stage 0's
+    # dp groups {2, 6} and {3, 7} take 12,000 instead of 3,000. node-3 is in all 12 slow transfers (4 tp + 8 dp),
+    # node-1 in 8, node-2 in 4. dp holds most of the excess (8 x 9,000 µs): its transfers are quoted. Steps: stage 1
+    # 200 + 20,000 + 400 + 3,000 + 1,000 = 24,600 (8 ranks); stage 0: ranks 0, 1, 4, 5 25,800, ranks 2, 3, 6, 7
+    # 34,800: median 25,200. The most delayed rank (6 or 7) loses 1,200 (tp) + 9,000 (dp) per step.
+    job = Job(tp=4, dp=2, stages=2, gpus_per_node=2, slow_node=(3, 4.0), tp_transfer_us=400, noise=0.0)
+    f = only(findings(job), "slow-link")
+    mib_256 = 256 << 20
+    assert f.message == (
+        "transfers through node-3 (collectives of groups that include it, messages to or from it) take 4.00x as long "
+        "as the same transfers elsewhere (dp transfers: 12.00 ms vs 3.00 ms for 256.00 MiB, counted from the last "
+        "member's arrival, so not sync wait): a slow link; it costs every rank about 10.20 ms per step (40.5 % of the "
+        "step)"
+    )
+    expected = {
+        "slowdown_ratio": 4.0,
+        "transfer_seconds": 0.012,
+        "expected_transfer_seconds": 0.003,
+        "message_bytes": mib_256,
+        "achieved_bandwidth_bytes_per_s": mib_256 / 0.012,
+        "expected_bandwidth_bytes_per_s": mib_256 / 0.003,
+        "compared_with_plan": 0,
+        "transfers_slowed": 12,
+        "transfers": 4 * (4 + 8),  # 4 steps of 4 tp and 8 dp all-reduces
+        "suspect_nodes": 1,
+        "whole_nvlink_domain": 0,
+        "cost_seconds_per_step": 0.0102,
+        "share_of_step": 10_200 / 25_200,
+    }
+    assert_evidence(f.evidence, expected)
+    assert f.severity is Severity.ERROR
+    assert f.cost_seconds_per_step == pytest.approx(0.0102, rel=2e-3)
+    # The quoted dp transfers are whole µs: their seconds are exact.
+    assert (f.evidence["transfer_seconds"], f.evidence["expected_transfer_seconds"]) == (0.012, 0.003)
+    assert f.evidence["achieved_bandwidth_bytes_per_s"] == mib_256 / 0.012
+    assert f.evidence["expected_bandwidth_bytes_per_s"] == mib_256 / 0.003
+    # The suspect: node-3, its first rank, and the dp group with the most excess (dp:2 or dp:3: equal).
+    (s,) = f.suspects
+    assert (s.rank, s.node) == (6, "node-3")
+    assert s.group in {"dp:2", "dp:3"}
+
+
+def test_a_placement_finding_in_full() -> None:
+    # tp 4 on 2-GPU nodes, each its own NVLink domain: both tp groups (tp:0 = ranks 0-3, tp:1 = ranks 4-7) cross
+    # the network. Every step: 200 + 20,000 + 6,000 (tp) + 3,000 (dp) + 1,000 = 30,200 µs; 6 ms of it exposed tp
+    # transfer (19.9 %: a warning). Each GPU all-reduces 16 MiB on tp per step: 2·3/4 x 16 MiB = 24 MiB on the wire
+    # in 6 ms, 4,194,304,000 B/s (3.91 GiB/s).
+    f = only(findings(Job(tp=4, dp=2, gpus_per_node=2, tp_transfer_us=6_000, noise=0.0)), "placement")
+    assert f.message == (
+        "2 of 2 tp groups cross an NVLink domain: their tp traffic (16.00 MiB per GPU per step) goes over the slower "
+        "link at 3.91 GiB/s per GPU and 6.00 ms per step of it is exposed (19.9 % of the step); keep tp groups "
+        "inside a domain (rank order, placement) or shrink tp"
+    )
+    assert_evidence(
+        f.evidence,
+        {
+            "groups_crossing_domains": 2,
+            "groups": 2,
+            "exposed_transfer_seconds": 0.006,
+            "bytes_per_step": 16 << 20,
+            "achieved_bandwidth_bytes_per_s": 1.5 * (16 << 20) / 0.006,
+            "nvlink_bandwidth_bytes_per_s": None,
+            "network_bandwidth_bytes_per_s": None,
+            "share_of_step": 6_000 / 30_200,
+        },
+    )
+    assert f.severity is Severity.WARNING
+    assert (f.cost_seconds_per_step, f.evidence["exposed_transfer_seconds"]) == (0.006, 0.006)
+    assert f.evidence["share_of_step"] == 6_000 / 30_200
+    assert [(s.rank, s.node, s.group) for s in f.suspects] == [(0, "node-0", "tp:0")]
+
+
+def test_a_placement_finding_without_message_sizes_says_zero_bytes() -> None:
+    # The same job, its tp all-reduces recorded without a size: no bytes per step, no bandwidth to quote.
+    t = Job(tp=4, dp=2, gpus_per_node=2, tp_transfer_us=6_000, noise=0.0).table()
+    iv = t.intervals
+    tp = iv.axis == AXIS_CODE["tp"]
+    t = replace(t, intervals=replace(iv, size_bytes=np.where(tp, -1, iv.size_bytes)))
+    f = only(analyze(t).findings, "placement")
+    assert "their tp traffic (0 B per GPU per step) goes over the slower link and 6.00 ms" in f.message
+    assert (f.evidence["bytes_per_step"], f.evidence["achieved_bandwidth_bytes_per_s"]) == (0.0, None)
+
+
+H100_SPEC = """
+apiVersion: meshscope.io/v1alpha1
+kind: TrainingJob
+metadata: {{name: synthetic}}
+spec:
+  model: {{preset: llama3-8b}}
+  parallelism: {{dp: {dp}, tp: {tp}}}
+  training: {{microBatchSize: 1, globalBatchSize: {dp}}}
+  hardware: {{gpu: H100, nodes: {nodes}, gpusPerNode: {gpus}}}
+"""
+
+
+def _network_us(spec_text: str, bus_bytes: float) -> float:
+    """The plan's link model for a transfer over the network (docs/cost-table.md, "Slow links"), µs."""
+    spec = load_spec_text(spec_text)
+    rate = spec.hardware.nic_bandwidth_bytes_per_s * PlanAssumptions().link_efficiency("network")
+    return bus_bytes / rate * 1e6
+
+
+def test_a_placement_finding_with_a_spec_quotes_the_links() -> None:
+    # As above with the spec (H100: NVLink 450 GB/s, network 50 GB/s per GPU and direction): the tp all-reduce takes
+    # 1.5x the plan's network time, under the plan's 2x slow-link bar, and still 3 % or more of the step.
+    text = H100_SPEC.format(dp=2, tp=4, nodes=4, gpus=2)
+    tp_us = 1.5 * _network_us(text, 1.5 * (16 << 20))
+    step_us = 200 + 20_000 + tp_us + 3_000 + 1_000
+    assert tp_us / step_us >= 0.03
+    spec = load_spec_text(text)
+    job = Job(tp=4, dp=2, gpus_per_node=2, tp_transfer_us=tp_us, noise=0.0)
+    f = only(analyze(job.table(), spec=spec).findings, "placement")
+    assert f.evidence["nvlink_bandwidth_bytes_per_s"] == 450e9
+    assert f.evidence["network_bandwidth_bytes_per_s"] == 50e9
+    assert " (NVLink 419.10 GiB/s, network 46.57 GiB/s per GPU and direction) and " in f.message
+    assert f.evidence["share_of_step"] == pytest.approx(tp_us / step_us, rel=2e-3)
+
+
+def test_a_slow_link_in_every_group_is_found_against_the_plan() -> None:
+    # dp 2 on two 1-GPU nodes: the only dp group spans both, so every dp transfer is slow and the class has no fast
+    # end to compare with; with a spec, 3x the plan's network time is slow (>= 2x). Both nodes are in every slow
+    # transfer: they cannot be told apart. Steps: 200 + 20,000 + 3 t + 1,000, the excess 2 t per step.
+    text = H100_SPEC.format(dp=2, tp=1, nodes=2, gpus=1)
+    planned_us = _network_us(text, 256 << 20)  # all-reduce over 2: 2·1/2 x 256 MiB on the wire
+    job = Job(tp=1, dp=2, gpus_per_node=1, dp_transfer_us=3 * planned_us, noise=0.0)
+    f = only(analyze(job.table(), spec=load_spec_text(text)).findings, "slow-link")
+    step_us = 200 + 20_000 + 3 * planned_us + 1_000
+    assert f.message.startswith(
+        "transfers through one of node-0, node-1 (always in the same transfers, so they cannot be told apart) "
+        "(collectives of groups that include it, messages to or from it) take 3.00x as long as the plan (dp "
+        "transfers: "
+    )
+    assert f.evidence["compared_with_plan"] == 1
+    assert f.evidence["slowdown_ratio"] == pytest.approx(3.0, rel=2e-3)
+    assert f.evidence["expected_transfer_seconds"] == pytest.approx(planned_us / 1e6, rel=2e-3)
+    assert f.evidence["cost_seconds_per_step"] == pytest.approx(2 * planned_us / 1e6, rel=2e-3)
+    assert f.evidence["share_of_step"] == pytest.approx(2 * planned_us / step_us, rel=2e-3)
+    assert [(s.rank, s.node) for s in f.suspects] == [(0, "node-0"), (1, "node-1")]
+    # The plan's own link efficiency is the model: planned at half the network efficiency, the same transfers take
+    # 1.5x the plan, under its 2x bar.
+    slower = plan_job(load_spec_text(text), assumptions=PlanAssumptions(network_efficiency=0.35))
+    assert [x.code for x in analyze(job.table(), spec=load_spec_text(text), plan=slower).findings] == []
+    # At 1.9x the plan it is not slow: nothing to report.
+    job = Job(tp=1, dp=2, gpus_per_node=1, dp_transfer_us=1.9 * planned_us, noise=0.0)
+    assert [x.code for x in analyze(job.table(), spec=load_spec_text(text)).findings] == []
+
+
+def test_a_data_imbalance_finding_in_full() -> None:
+    # dp index 2 (ranks 4 and 5, node-1) carries 1.4x the tokens (5,734 of 4,096), 1.4x the longest sequence (2,867
+    # of 2,048), 1.96x the attention work: 1.4 x 20 ms = 28 ms of compute, 40 % more than the six with the usual work.
+    # Its tp all-reduce moves 1.4x the bytes in 1.4x the time (700 µs). Each of ranks 4 and 5 reaches its dp
+    # all-reduce 8,200 µs after the other three members (28,900 vs 20,700 µs into the step): rank 4, the first of
+    # the two busiest, makes dp:0 wait 3 x 8.2 ms. Every step then takes 28,900 + 3,000 + 1,000 = 32,900 µs.
+    f = only(findings(Job(work={2: 1.4}, noise=0.0)), "data-imbalance")
+    assert f.message == (
+        "step time follows the busiest rank's work: in 4 of 4 steps a rank with more work computes 40.0 % longer "
+        "than its stage peers with the usual work; worst is rank 4 on node-1 (5,734 tokens vs a median 4,096, "
+        "longest sequence 2,867 vs 2,048, attention work 1.96x the median, 4 steps); rank 4 on node-1 makes its dp "
+        "group dp:0 wait 8.20 ms per step (24.60 ms of GPU time over 3 waiting ranks), 24.9 % of the step"
+    )
+    work = 2 * 2048.0**2
+    assert_evidence(
+        f.evidence,
+        {
+            "rank": 4,
+            "tokens": 5734,
+            "median_tokens": 4096,
+            "longest_sequence": 2867,
+            "median_longest_sequence": 2048,
+            "attention_work": 1.96 * work,
+            "median_attention_work": work,
+            "compute_excess_ratio": 0.4,
+            "steps_affected": 4,
+            "rank_steps_affected": 8,
+            "cost_seconds_per_step": 0.0082,
+            "compute_excess_seconds_per_step": 0.008,
+            "wait_caused_seconds_per_step": 0.0246,
+            "wait_per_member_seconds_per_step": 0.0082,
+            "share_of_step": 8_200 / 32_900,
+        },
+    )
+    assert f.severity is Severity.ERROR
+    assert [(s.rank, s.node, s.group) for s in f.suspects] == [(4, "node-1", None)]
+
+
+def test_an_imbalance_in_attention_work_alone_is_an_imbalance() -> None:
+    # The same replica with the usual tokens and longest sequence, only its attention work 1.96x (longer sequences
+    # in the same tokens): the work is the largest of the three ratios, not the last one measured.
+    t = Job(work={2: 1.4}, noise=0.0).table()
+    s = t.steps
+    t = replace(t, steps=replace(s, tokens=np.full(t.n_rows, 4096), longest_sequence=np.full(t.n_rows, 2048)))
+    f = only(analyze(t).findings, "data-imbalance")
+    assert "(4,096 tokens vs a median 4,096, longest sequence 2,048 vs 2,048, attention work 1.96x the median" in (
+        f.message
+    )
+
+
+def test_a_data_loader_finding_in_full() -> None:
+    # Ranks 0, 1, 2, 4 and 5 wait 3 ms for data per step, ranks 3, 6 and 7 200 µs: the median rank waits 3 ms (a
+    # majority: no straggler). Everyone then waits for the slowest in the tp and dp all-reduces: every step takes
+    # 3,000 + 20,000 + 500 + 3,000 + 1,000 = 27,500 µs; 3 ms is 10.9 % of it. 5 of 8 ranks wait over 3 % (825 µs).
+    slow = dict.fromkeys((0, 1, 2, 4, 5), 3_000.0)
+    f = only(findings(Job(slow_data_us=slow, noise=0.0)), "data-loader-starved")
+    assert f.message == (
+        "the data loader starves the job: the median rank waits 3.00 ms per step for data (10.9 % of the step; "
+        "62.5 % of ranks wait over 3.0 %); worst rank 0 on node-0 at 3.00 ms: more loader workers, prefetching or "
+        "faster storage"
+    )
+    assert_evidence(
+        f.evidence,
+        {
+            "median_data_wait_seconds": 0.003,
+            "p95_data_wait_seconds": 0.003,
+            "worst_rank": 0,
+            "worst_data_wait_seconds": 0.003,
+            "ranks_starved_fraction": 5 / 8,
+            "share_of_step": 3_000 / 27_500,
+        },
+    )
+    assert f.severity is Severity.WARNING
+    assert [(s.rank, s.node) for s in f.suspects] == [(0, "node-0")]
+    assert (f.evidence["median_data_wait_seconds"], f.evidence["worst_data_wait_seconds"]) == (0.003, 0.003)
+    assert (f.evidence["p95_data_wait_seconds"], f.evidence["share_of_step"]) == (0.003, 3_000 / 27_500)
+    assert f.cost_seconds_per_step == 0.003
+
+
+def test_a_data_loader_finding_names_the_slowest_loader() -> None:
+    # Every rank waits 3 ms, rank 6 5 ms (also a straggler in data loading): 28 of 32 rank-steps at 3 ms, so the
+    # 95th percentile (index 29.45 of 0..31) is 5 ms; every step takes 5,000 + 24,500 = 29,500 µs.
+    found = findings(Job(data_us=3_000, slow_data_us={6: 5_000}, noise=0.0))
+    f = next(x for x in found if x.code == "data-loader-starved")
+    assert f.evidence["p95_data_wait_seconds"] == pytest.approx(0.005, rel=2e-3)
+    assert f.evidence["worst_rank"] == 6
+    assert f.evidence["worst_data_wait_seconds"] == pytest.approx(0.005, rel=2e-3)
+    assert f.message.endswith("; worst rank 6 on node-1 at 5.00 ms: more loader workers, prefetching or faster storage")
+    assert "(10.2 % of the step; 100.0 % of ranks wait over 3.0 %)" in f.message
+
+
+def test_a_checkpoint_finding_in_full() -> None:
+    # Ranks 0 and 1 save 10 ms after steps 1 and 3: 5 ms per step amortised on each; 28 of 32 rank-steps take the
+    # clean 24,700 µs (the median), so 5 ms is 20.2 % of the step: an error.
+    f = only(findings(Job(ckpt_every=2, ckpt_us=10_000, ckpt_ranks=(0, 1), noise=0.0)), "checkpoint-stall")
+    assert f.message == (
+        "checkpointing stalls training: 2 of 4 steps save a checkpoint on 2 of 8 ranks, 10.00 ms each (median "
+        "saver), 5.00 ms per step amortised on the slowest, rank 0 on node-0 (20.2 % of the step; ranks that do not "
+        "save wait for it): save asynchronously or less often"
+    )
+    assert_evidence(
+        f.evidence,
+        {
+            "amortised_seconds_per_step": 0.005,
+            "seconds_per_checkpoint": 0.010,
+            "steps_with_checkpoint": 2,
+            "steps": 4,
+            "worst_rank": 0,
+            "ranks_saving": 2,
+            "share_of_step": 5_000 / 24_700,
+        },
+    )
+    assert f.severity is Severity.ERROR
+    assert [(s.rank, s.node) for s in f.suspects] == [(0, "node-0")]
+    assert (f.evidence["amortised_seconds_per_step"], f.evidence["seconds_per_checkpoint"]) == (0.005, 0.010)
+    assert f.evidence["share_of_step"] == 5_000 / 24_700
+    # The slowest saver is named whichever rank it is.
+    f = only(findings(Job(ckpt_every=2, ckpt_us=10_000, ckpt_ranks=(5,), noise=0.0)), "checkpoint-stall")
+    assert (f.suspects[0].rank, f.evidence["worst_rank"], f.evidence["ranks_saving"]) == (5, 5, 1)
+
+
+def test_a_between_steps_finding_in_full() -> None:
+    # _between_steps_table: rank 0 is 100 ms late into steps 2 and 4 (101 ms since its previous step against the
+    # others' 1 ms; 90 ms of it labelled checkpoint): 200 ms over 6 steps, 33.33 ms per step amortised. The other
+    # three wait for it in those steps' all-reduce: 2 x 3 x 100 ms over 6 steps = 100 ms of rank time per step
+    # (no GPU), 33.33 ms per waiting member. 18 of 24 rank-steps take 23 ms (20 ms compute + 3 ms all-reduce): the
+    # median step, so the cost is 144.9 % of it.
+    f = only(analyze(_between_steps_table()).findings, "between-steps")
+    assert f.message == (
+        "rank 0 on node-0 spends 101.00 ms between steps before 2 of its 6 steps (checkpoint 90.00 ms, unlabelled "
+        "11.00 ms) where the other ranks spend 1.00 ms: that time is outside every step, so no step's breakdown "
+        "shows it, but the others wait for it in their next collective; it costs about 33.33 ms per step (144.9 % "
+        "of the step, amortised); the cost table: rank 0 on node-0 makes its dp group dp:0 wait 33.33 ms per step "
+        "(100.00 ms of rank time over 3 waiting ranks); run eval, checkpoints and logging inside a step (a tracker "
+        "phase) to see them in the table, and make them asynchronous or less frequent to stop the others waiting"
+    )
+    assert_evidence(
+        f.evidence,
+        {
+            "rank": 0,
+            "gap_seconds": 0.101,
+            "peer_gap_seconds": 0.001,
+            "steps_with_long_gap": 2,
+            "steps": 6,
+            "amortised_excess_seconds_per_step": 0.1 / 3,
+            "cost_seconds_per_step": 0.1 / 3,
+            "wait_per_member_seconds_per_step": 0.1 / 3,
+            "share_of_step": 0.1 / 3 / 0.023,
+        },
+    )
+    assert f.severity is Severity.ERROR
+    assert [(s.rank, s.node) for s in f.suspects] == [(0, "node-0")]
+
+
+def test_an_imbalance_nobody_waits_for_costs_its_compute_excess() -> None:
+    # No collectives, dp 4 on one node: rank 1 computes 1.4 x 20 ms; per step the largest excess is its 8 ms, of a
+    # 21,200 µs median step (the three others: 200 + 20,000 + 1,000).
+    job = Job(tp=1, dp=4, gpus_per_node=4, collectives=False, work={1: 1.4}, noise=0.0)
+    f = only(findings(job), "data-imbalance")
+    assert f.message.endswith("; it costs every rank about 8.00 ms per step (37.7 % of the step)")
+    assert f.cost_seconds_per_step == pytest.approx(0.008, rel=2e-3)
+    assert f.evidence["compute_excess_seconds_per_step"] == pytest.approx(0.008, rel=2e-3)
+    assert (f.evidence["wait_caused_seconds_per_step"], f.evidence["wait_per_member_seconds_per_step"]) == (None, None)
+    assert f.evidence["share_of_step"] == pytest.approx(8_000 / 21_200, rel=2e-3)
+
+
+def test_a_slowdown_below_the_cost_floor_is_no_straggler() -> None:
+    # Rank 5's optimizer step takes 100 µs against its peers' 50 µs: twice as long (far over the 5 % bar), yet 50 µs
+    # is under 1 % of the ~23.7 ms step (MIN_COST_SHARE): not worth a finding. At 400 µs (350 µs more: 1.5 %) it is.
+    assert findings(Job(optimizer_us=50, slow_optimizer={5: 2.0}, noise=0.0)) == ()
+    f = only(findings(Job(optimizer_us=50, slow_optimizer={5: 8.0}, noise=0.0)), "straggler")
+    assert f.suspects[0].rank == 5
+
+
+def test_severity_at_its_documented_edges() -> None:
+    # docs/cost-table.md: error >= 20 % of the step, warning >= 5 %, else info; at the edge the higher one.
+    assert severity_for(0.20) is Severity.ERROR
+    assert severity_for(0.1999) is Severity.WARNING
+    assert severity_for(0.05) is Severity.WARNING
+    assert severity_for(0.0499) is Severity.INFO
+
+
+def test_the_measured_cpu_contention_note_in_full() -> None:
+    # Every training thread waits 20 % of its 24,700 µs step for a CPU: the note says so, for all 8 ranks.
+    analysis = analyze(host_timed(Job(noise=0.0), {}, base_us=0.2 * BASE_STEP_US))
+    (note,) = [n for n in analysis.partial_data if n.code == "cpu_contention"]
+    assert note.count == 8
+    assert note.message == (
+        "the training threads waited for a CPU 20% of the median step (run-queue delay: other work on their cores); "
+        "a rank's extra wait for a CPU is taken out of its time before it is called a straggler"
+    )
+
+
+@pytest.mark.parametrize(("share", "contended"), [(RUNQUEUE_CONTENTION_SHARE, True), (0.049, False)])
+def test_cpu_contention_exactly_at_its_share(share: float, contended: bool) -> None:
+    # 1,235 µs of a 24,700 µs step is exactly 5 %: contended (the threshold is "at least").
+    analysis = analyze(host_timed(Job(noise=0.0), {}, base_us=share * BASE_STEP_US))
+    assert any(n.code == "cpu_contention" for n in analysis.partial_data) is contended
+
+
+def test_diagnosis_measures_cpu_contention_itself_without_the_note() -> None:
+    # diagnose() called on the rank-steps alone (no notes) still finds the run contended from the run delays, and
+    # every finding says so: rank 5 computes twice as long; every thread waits 5 ms for a CPU, rank 5 10 ms.
+    rs = analyze(host_timed(Job(slow={5: 2.0}), {5: 5_000}, base_us=5_000)).rank_steps
+    f = only(diagnose(rs), "straggler")
+    assert f.evidence["cpu_contention"] == 1
+    assert " (timings include CPU contention: the training threads waited for a CPU " in f.message
+    assert f.message.endswith("before it is called a straggler)")
+
+
+def test_work_columns_of_zero_divide_by_nothing() -> None:
+    # Micro-batches of padding only: step 1's ranks carry no tokens and no attention work (0 of 0 is no more work),
+    # and in step 2 five of eight carry none (their median: 0, so the three that do are not "more" either): a clean
+    # run stays clean, with no division warning (warnings are errors in this suite).
+    t = Job(noise=0.0).table()
+    s = t.steps
+    none = (s.step == 1) | ((s.step == 2) & (s.rank < 5))
+    stats = {
+        "tokens": np.where(none, 0, s.tokens),
+        "longest_sequence": np.where(none, 0, s.longest_sequence),
+        "attention_work": np.where(none, 0.0, s.attention_work),
+    }
+    assert analyze(replace(t, steps=replace(s, **stats))).findings == ()
+
+
+def test_a_slow_link_among_many_nodes_names_four_and_says_there_are_more() -> None:
+    # dp 5 on five 1-GPU nodes: the one dp group spans them all and every transfer is 3x the plan's: five nodes in
+    # every slow transfer, none told apart; the message shows four of them.
+    text = H100_SPEC.format(dp=5, tp=1, nodes=5, gpus=1)
+    planned_us = _network_us(text, 2 * 4 / 5 * (256 << 20))
+    job = Job(tp=1, dp=5, gpus_per_node=1, dp_transfer_us=3 * planned_us, noise=0.0)
+    f = only(analyze(job.table(), spec=load_spec_text(text)).findings, "slow-link")
+    assert f.message.startswith(
+        "transfers through one of node-0, node-1, node-2, node-3, ... (always in the same transfers, so they cannot "
+        "be told apart) "
+    )
+    assert f.evidence["suspect_nodes"] == 5
+    assert [s.node for s in f.suspects] == [f"node-{i}" for i in range(5)]
+
+
+def test_a_slow_nvlink_without_domains_in_the_records_is_named_by_its_node() -> None:
+    # tp pairs inside 4-GPU nodes; node-1's NVLink is 3x slow (its tp all-reduces 1,500 µs against 500). The records
+    # carry no NVLink domain, so each node is a place of its own: the place is node-1, not a domain.
+    t = Job(tp=2, dp=4, gpus_per_node=4, slow_domain=(1, 3.0), noise=0.0).table()
+    t = replace(t, steps=replace(t.steps, nvlink_domain=np.full(t.n_rows, -1)))
+    f = only(analyze(t).findings, "slow-link")
+    assert f.message.startswith("transfers through node-1 (collectives of groups that include it, messages to or ")
+    assert "take 3.00x as long as the same transfers elsewhere (tp transfers: 1.50 ms vs 500.0 µs for 16.00 MiB" in (
+        f.message
+    )
+    # Ranks 4-7 reach the dp all-reduce 1 ms late; everyone waits: 25,700 µs steps, 1 ms of them the slow link's.
+    assert f.evidence["cost_seconds_per_step"] == pytest.approx(0.001, rel=2e-3)
+    assert f.evidence["share_of_step"] == pytest.approx(1_000 / 25_700, rel=2e-3)
+    assert [(s.rank, s.node) for s in f.suspects] == [(4, "node-1")]
+
+
+def test_of_a_clearly_slow_and_a_mildly_slow_rank_only_the_worst_is_named() -> None:
+    # One node, four ranks: rank 1 computes 1.5x, rank 2 1.12x (24 % of rank 1's excess over the healthy two). At
+    # most one of four may be named (fewer than half): the worst, and rank 2 is far enough below it (under
+    # MINORITY_TIE = 0.8 of it) that naming rank 1 is no guess.
+    f = only(findings(Job(tp=1, dp=4, gpus_per_node=4, slow={1: 1.5, 2: 1.12}, noise=0.0)), "straggler")
+    assert [s.rank for s in f.suspects] == [1]
+
+
+def test_two_slow_ranks_of_five_are_fewer_than_half() -> None:
+    # Five ranks on one node, ranks 1 and 2 at 1.3x: two of five is fewer than half, both are named.
+    f = only(findings(Job(tp=1, dp=5, gpus_per_node=5, slow={1: 1.3, 2: 1.3}, noise=0.0)), "straggler")
+    assert f.message.startswith("ranks 1 and 2 on node-0 (worst: rank 1) are each slow in compute: 26.00 ms")
+
+
+def test_three_slow_ranks_of_eight_are_named_together() -> None:
+    # Three of eight (the most a stage of eight may name), alike: all three, in one finding for their node.
+    f = only(findings(Job(tp=1, dp=8, gpus_per_node=8, slow={1: 1.3, 2: 1.3, 3: 1.3}, noise=0.0)), "straggler")
+    assert f.message.startswith("ranks 1, 2 and 3 on node-0 (worst: rank 1) are each slow in compute")
+    assert sorted(s.rank for s in f.suspects) == [1, 2, 3]
+
+
+def test_an_undecidable_half_in_one_stage_is_named_in_neither() -> None:
+    # Two stages of eight ranks on two 4-GPU nodes each. Stage 0: all of node-1 (ranks 4-7) at 1.3x, the rest of the
+    # stage on node-0: a slow node. Stage 1: ranks 8, 9 (node-2) and 12, 13 (node-3) at 1.3x: half the stage, half
+    # of each node, alike: which half is slow is a guess, so none of stage 1 is a suspect, and stage 1's ranks stay
+    # in the rest, 3 ms above and below their stage's 23 ms median: the rest's per-rank excess has a robust σ of
+    # 1.4826 x 3 ms, six of which (26.7 ms) the slow node's 6 ms does not reach. Nothing is named.
+    slow = dict.fromkeys((4, 5, 6, 7, 8, 9, 12, 13), 1.3)
+    assert findings(Job(tp=1, dp=8, stages=2, gpus_per_node=4, slow=slow, noise=0.0)) == ()
+    # Without stage 1's half, node-1 is named.
+    slow = dict.fromkeys((4, 5, 6, 7), 1.3)
+    f = only(findings(Job(tp=1, dp=8, stages=2, gpus_per_node=4, slow=slow, noise=0.0)), "straggler")
+    assert f.message.startswith("node-1 (all its 4 ranks: 4, 5, 6 and 7; worst rank 4) is slow in compute")
+
+
+def test_a_cpu_contention_note_raises_the_straggler_bar_and_is_said() -> None:
+    # `meshscope run` put more ranks than cores (its cpu_contention note): a straggler needs 25 % over the rest
+    # (CONTENDED_MIN_EXCESS). Rank 5 at 1.15x is one without the note, none with it; at 1.3x it is one either way,
+    # and the finding says why its timings are suspect.
+    note = Note(code="cpu_contention", count=8, message="8 ranks ran on 2 CPU cores")
+    assert only(analyze(Job(slow={5: 1.15}, noise=0.0).table()).findings, "straggler").suspects[0].rank == 5
+    assert analyze(Job(slow={5: 1.15}, noise=0.0).table(), notes=[note]).findings == ()
+    f = only(analyze(Job(slow={5: 1.3}, noise=0.0).table(), notes=[note]).findings, "straggler")
+    assert f.message.endswith(", 20.9 % of the step (timings include CPU contention: 8 ranks ran on 2 CPU cores)")
+    assert f.evidence["cpu_contention"] == 1
+
+
+def test_placement_from_the_plan_when_the_records_have_no_domains() -> None:
+    # The records carry no NVLink domain: which tp groups cross one comes from the spec's placement (2-GPU nodes,
+    # tp 4: both of the 2 tp groups span two nodes), through the plan.
+    text = H100_SPEC.format(dp=2, tp=4, nodes=4, gpus=2)
+    tp_us = 1.5 * _network_us(text, 1.5 * (16 << 20))
+    t = Job(tp=4, dp=2, gpus_per_node=2, tp_transfer_us=tp_us, noise=0.0).table()
+    t = replace(t, steps=replace(t.steps, nvlink_domain=np.full(t.n_rows, -1)))
+    f = only(analyze(t, spec=load_spec_text(text)).findings, "placement")
+    assert f.message.startswith("2 of 2 tp groups cross an NVLink domain: ")
+    assert (f.evidence["groups_crossing_domains"], f.evidence["groups"]) == (2, 2)
+    # The suspect's group is the rank's own tp group (no crossing group is named by the records).
+    assert [(s.rank, s.group) for s in f.suspects] == [(0, "tp:0")]
+
+
+@pytest.mark.parametrize(("factor", "slow"), [(1.3, True), (1.29, False)], ids=["exactly-1.3x", "1.29x"])
+def test_a_slow_link_at_exactly_its_ratio(factor: float, slow: bool) -> None:
+    # Four stages of a dp pair on 1-GPU nodes: every dp group crosses the network; node-1's network slows dp:0
+    # (nodes 0 and 1). 3,000 µs x 1.3 is exactly 3,900 µs and 256 MiB is a power of two, so the time per byte is
+    # exactly 1.3x the class's fast end: slow ("at least 1.3x", SLOW_LINK_RATIO); 1.29x is not.
+    job = Job(tp=1, dp=2, stages=4, gpus_per_node=1, slow_node=(1, factor), noise=0.0)
+    found = findings(job)
+    assert [f.code for f in found] == (["slow-link"] if slow else [])
+    if slow:
+        assert found[0].evidence["slowdown_ratio"] == 1.3
+        assert [s.node for s in found[0].suspects] == ["node-0", "node-1"]
+
+
+def test_a_rank_slow_in_three_steps_of_four_is_a_persistent_straggler() -> None:
+    # Rank 5 computes 1.3x in steps 0-2 and 1x in step 3: above the rest in 3 of 4 steps, exactly the 75 % a
+    # persistent straggler needs (STRAGGLER_CONSISTENCY). Its median excess is 6 ms: "26.00 ms per step".
+    slow = {(5, k): 1.3 for k in range(3)}
+    f = only(findings(Job(slow_in_step=slow, noise=0.0)), "straggler")
+    assert f.message.startswith("rank 5 on node-1 is slow in compute: 26.00 ms per step vs 20.00 ms on the rest")
+    assert f.evidence["steps_slow"] == 4
+
+
+def test_a_rank_slow_in_two_steps_of_four_is_a_transient_one() -> None:
+    # The same rank slow in steps 0 and 1 only, equal to its peers in steps 2 and 3 (a gap of 0 is not "above"):
+    # 2 of 4 steps is under 75 %: transient, 12 ms over 4 steps, 3 ms per step.
+    slow = {(5, k): 1.3 for k in range(2)}
+    f = only(findings(Job(slow_in_step=slow, noise=0.0)), "straggler")
+    assert f.message.startswith("rank 5 on node-1 is slow in compute in 2 of its 4 steps: 26.00 ms per slow step")
+    assert f.evidence["excess_seconds"] == pytest.approx(0.003, rel=2e-3)
+
+
+def test_back_to_back_steps_are_gaps_of_zero() -> None:
+    # The same run with no pause between steps: the other ranks' gaps are 0 µs (known, and the typical gap), rank
+    # 0's 100 ms: it is the one the others wait for.
+    f = only(analyze(_between_steps_table(pause_us=0)).findings, "between-steps")
+    assert (f.suspects[0].rank, f.evidence["gap_seconds"], f.evidence["peer_gap_seconds"]) == (0, 0.1, 0.0)
+
+
+def _pipeline_sends_table(*, slow_send_us: int) -> RecordTable:
+    """pp 2 x dp 2, one rank per node (node-r), 4 steps. Stage 0 (ranks 0, 1) computes 10 ms and sends 64 MiB of
+    activations to stage 1 (ranks 2, 3) in 2 ms; rank 1's sends to rank 3 take ``slow_send_us``. Stage 1 receives
+    until the send ends, then computes 10 ms."""
+    ms, size = 1000, 64 << 20
+    records = []
+    for step in range(4):
+        t0 = step * 100 * ms
+        for dp in range(2):
+            send_us = slow_send_us if dp == 1 else 2 * ms
+            sender, receiver = dp, 2 + dp
+            done = t0 + 10 * ms + send_us
+            for rank, ivs, end in (
+                (
+                    sender,
+                    (
+                        Interval(kind="compute", start_us=t0, end_us=t0 + 10 * ms, phase="forward"),
+                        Interval(kind="p2p", start_us=t0 + 10 * ms, end_us=done, axis="pp", op="send",
+                                 peer=receiver, size_bytes=size),
+                    ),
+                    done,
+                ),
+                (
+                    receiver,
+                    (
+                        Interval(kind="p2p", start_us=t0, end_us=done, axis="pp", op="recv", peer=sender,
+                                 size_bytes=size),
+                        Interval(kind="compute", start_us=done, end_us=done + 10 * ms, phase="forward"),
+                    ),
+                    done + 10 * ms,
+                ),
+            ):  # fmt: skip
+                coord = RankCoord(dp=dp, tp=0, pp=rank // 2, cp=0, ep=0)
+                records.append(
+                    StepRecord(job="pp", step=step, rank=rank, coord=coord, node=f"node-{rank}", start_us=t0,
+                               end_us=end, intervals=ivs)
+                )  # fmt: skip
+    return RecordTable.from_records(records)
+
+
+def test_a_slow_link_on_pipeline_sends_says_so() -> None:
+    # Rank 1's sends to rank 3 (node-1 to node-3) take 6 ms against rank 0's 2 ms to rank 2: 3x, both nodes in
+    # every slow send. A send blocks its sender and its receiver: each loses 4 ms per step. Steps: 12, 16, 22 and
+    # 26 ms: median 19 ms.
+    f = only(analyze(_pipeline_sends_table(slow_send_us=6_000)).findings, "slow-link")
+    assert f.message == (
+        "transfers through one of node-1, node-3 (always in the same transfers, so they cannot be told apart) "
+        "(collectives of groups that include it, messages to or from it) take 3.00x as long as the same transfers "
+        "elsewhere (pipeline sends: 6.00 ms vs 2.00 ms for 64.00 MiB, counted from the last member's arrival, so "
+        "not sync wait): a slow link; it costs every rank about 4.00 ms per step (21.1 % of the step)"
+    )
+    assert [(s.rank, s.node, s.group) for s in f.suspects] == [(1, "node-1", None), (3, "node-3", None)]
+    assert f.evidence["transfer_seconds"] == 0.006
+    assert f.evidence["expected_transfer_seconds"] == 0.002
+    assert f.evidence["achieved_bandwidth_bytes_per_s"] == (64 << 20) / 0.006
+    assert f.evidence["expected_bandwidth_bytes_per_s"] == (64 << 20) / 0.002
+    assert f.evidence["cost_seconds_per_step"] == 0.004
+
+
+def test_a_straggler_that_only_a_tp_group_waits_for_is_charged_on_tp() -> None:
+    # tp 4, no dp: rank 1 computes 1.3x; its tp group waits for it at the all-reduce after the forward pass
+    # (a third of 6 ms: 2 ms for each of the 3 others). Steps: rank 1 27,700 µs, the others 23,700 (median).
+    f = only(findings(Job(tp=4, dp=1, gpus_per_node=4, slow={1: 1.3}, noise=0.0)), "straggler")
+    assert f.message.endswith(
+        "; rank 1 on node-0 makes its tp group tp:0 wait 2.00 ms per step (6.00 ms of GPU time over 3 waiting "
+        "ranks), 8.4 % of the step"
+    )
+
+
+def test_work_exactly_1_10x_the_peers_is_more_work() -> None:
+    # dp index 2 (ranks 4, 5) carries 1,100 tokens against 1,000 (exactly WORK_RATIO = 1.10x; the other work
+    # columns equal) and computes 1.1x: more work, an imbalance (not a straggler).
+    t = Job(work={2: 1.1}, noise=0.0).table()
+    s = t.steps
+    tokens = np.where(np.isin(s.rank, [4, 5]), 1100, 1000)
+    stats = {"tokens": tokens, "longest_sequence": np.full(t.n_rows, 2048), "attention_work": np.full(t.n_rows, 1.0)}
+    f = only(analyze(replace(t, steps=replace(s, **stats))).findings, "data-imbalance")
+    assert f.suspects[0].rank in {4, 5}
+    assert "1,100 tokens vs a median 1,000" in f.message
+
+
+def test_a_slow_nvlink_domain_is_named_by_the_records_name_for_it() -> None:
+    # The records name their NVLink domains (e.g. racks): the finding uses the name.
+    t = Job(tp=2, dp=4, stages=2, gpus_per_node=4, nodes_per_domain=2, slow_domain=(1, 3.0)).table()
+    f = only(analyze(replace(t, nvlink_domain_names=("rack-a", "rack-b"))).findings, "slow-link")
+    assert "transfers through NVLink domain rack-b (nodes node-2, node-3)" in f.message
+
+
+def test_four_nodes_that_cannot_be_told_apart_are_all_shown() -> None:
+    # As the five-node case, with four: all four are shown, no "...".
+    text = H100_SPEC.format(dp=4, tp=1, nodes=4, gpus=1)
+    planned_us = _network_us(text, 2 * 3 / 4 * (256 << 20))
+    job = Job(tp=1, dp=4, gpus_per_node=1, dp_transfer_us=3 * planned_us, noise=0.0)
+    f = only(analyze(job.table(), spec=load_spec_text(text)).findings, "slow-link")
+    assert f.message.startswith(
+        "transfers through one of node-0, node-1, node-2, node-3 (always in the same transfers, so they cannot be "
+        "told apart) "
+    )
+
+
+def test_a_persistent_straggler_with_one_very_slow_step_is_quoted_by_its_median() -> None:
+    # Rank 5 computes 1.3x in every step and 2x in step 0: 6 ms more in three steps, 20 ms in one. As a persistent
+    # straggler its excess is the median, 6 ms, not the 9.5 ms mean its slow steps would amortise to: it is not also
+    # counted as a transient one.
+    job = Job(slow={5: 1.3}, slow_in_step={(5, 0): 2.0 / 1.3}, noise=0.0)
+    f = only(findings(job), "straggler")
+    assert f.evidence["excess_seconds"] == pytest.approx(0.006, rel=2e-3)
+    assert f.evidence["steps_slow"] == 4
+
+
+def test_a_straggler_with_less_work_quotes_its_own_tokens() -> None:
+    # dp index 2 (ranks 4, 5) carries 0.9x the tokens (3,686 of 4,096); rank 5 still computes 26 ms against the
+    # others' 20 ms (rank 4: 18 ms): a straggler, and its own tokens are quoted, the job's median beside.
+    f = only(findings(Job(work={2: 0.9}, slow={5: 26 / 18}, noise=0.0)), "straggler")
+    assert f.suspects[0].rank == 5
+    assert "with the same work (3,686 tokens)" in f.message
+    assert (f.evidence["tokens"], f.evidence["median_tokens"]) == (3686.0, 4096.0)
+
+
+def test_a_straggler_without_stats_quotes_no_tokens() -> None:
+    f = only(findings(Job(slow={5: 1.3}, stats=False, noise=0.0)), "straggler")
+    assert "same work" not in f.message
+    assert (f.evidence["tokens"], f.evidence["median_tokens"]) == (None, None)
+
+
+def test_an_imbalance_whose_peers_carry_no_tokens_quotes_no_tokens() -> None:
+    # The usual ranks record 0 tokens (a count nobody filled in), the busy replica 4,096: nothing to compare the
+    # busy one's tokens with, so the words leave them out; its attention work (1.96x) makes it the imbalance.
+    t = Job(work={2: 1.4}, noise=0.0).table()
+    s = t.steps
+    busy = np.isin(s.rank, [4, 5])
+    stats = {"tokens": np.where(busy, 4096, 0), "longest_sequence": np.full(t.n_rows, 2048)}
+    f = only(analyze(replace(t, steps=replace(s, **stats))).findings, "data-imbalance")
+    assert "(longest sequence 2,048 vs 2,048, attention work 1.96x the median, 4 steps)" in f.message
+    assert (f.evidence["tokens"], f.evidence["median_tokens"]) == (4096.0, 0.0)  # 0 is a count, quoted as one
+    # Tokens not recorded at all (-1): none quoted.
+    stats["tokens"] = np.full(t.n_rows, -1)
+    f = only(analyze(replace(t, steps=replace(s, **stats))).findings, "data-imbalance")
+    assert (f.evidence["tokens"], f.evidence["median_tokens"]) == (None, None)
+    assert "tokens" not in f.message
+
+
+def test_a_placement_finding_names_a_group_that_crosses() -> None:
+    # tp 4 on 2-GPU nodes; node-0 and node-1 share NVLink domain 0, node-2 and node-3 have one each: tp:0 (ranks
+    # 0-3) stays inside domain 0, tp:1 (ranks 4-7) crosses. Every rank's tp transfer is alike, so the worst is rank 0
+    # (of tp:0): the group named is the crossing one.
+    t = Job(tp=4, dp=2, gpus_per_node=2, tp_transfer_us=6_000, noise=0.0).table()
+    domain = np.array([0, 0, 0, 0, 1, 1, 2, 2])[t.steps.rank]
+    f = only(analyze(replace(t, steps=replace(t.steps, nvlink_domain=domain))).findings, "placement")
+    assert f.message.startswith("1 of 2 tp groups cross an NVLink domain")
+    assert [(s.rank, s.group) for s in f.suspects] == [(0, "tp:1")]
