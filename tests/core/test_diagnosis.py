@@ -398,6 +398,16 @@ def test_a_persistent_straggler_stands_out_of_a_swinging_run_by_its_steps_number
         assert stragglers[0].cost_seconds_per_step < STEP_JITTER_SIGMAS * 7.413e-3
 
 
+def test_a_rank_slower_only_behind_a_slower_rank_costs_nothing() -> None:
+    # Rank 1's optimizer takes 3x as long (2 ms more), but it waits ~13 ms a step in its dp group for rank 5, which
+    # computes twice as long: nobody ever waits for rank 1, and its excess hides in its own wait. Alone, the same
+    # rank 1 is named (it waits for nobody).
+    behind = findings(Job(slow={5: 2.0}, slow_optimizer={1: 3.0}))
+    assert [(f.code, [s.rank for s in f.suspects]) for f in behind] == [("straggler", [5])]
+    alone = only(findings(Job(slow_optimizer={1: 3.0})), "straggler")
+    assert (alone.suspects[0].rank, alone.evidence["phase_is_optimizer"]) == (1, 1)
+
+
 def test_stragglers_on_one_node_are_one_finding_naming_the_node() -> None:
     f = only(findings(Job(dp=8, slow={4: 1.3, 5: 1.25, 6: 1.3, 7: 1.28})), "straggler")
     assert {s.rank for s in f.suspects} == {4, 5, 6, 7}

@@ -492,6 +492,13 @@ def _resolved(ctx: _Context, slow: _Slow, cost_us: float) -> bool:
     return cost_us >= STEP_JITTER_SIGMAS * ctx.step_jitter_us and cost_us > 0
 
 
+def _own_sync_wait_us(rs: RankSteps, rank_index: int) -> float:
+    """The rank's median sync wait per step, µs: what it waits in collectives for others."""
+    mine = rs.rank_index == rank_index
+    waiting = rs.step_us[mine] - own_time_us(rs)[mine] - rs.us(BUBBLE)[mine]
+    return float(np.median(waiting)) if waiting.size else 0.0
+
+
 def _phases_excess_us(ctx: _Context, rank_index: int, suspects: NDArray[np.intp]) -> float:
     """The part of a rank's step its own phases explain.
 
@@ -618,10 +625,14 @@ def _straggler_finding(ctx: _Context, slow: list[_Slow]) -> Finding:
     rs = ctx.rs
     top = slow[0]
     i = top.rank_index
-    # What it costs: the sync wait it made each waiting rank sit through (the cost table's own figure); its phase's
-    # excess where nobody waited on it in a collective (a job without communication, a pipeline's bubble).
+    # What it costs: the sync wait it made each waiting rank sit through (the cost table's own figure). Where nobody
+    # waited on it in a collective (a job without communication, a pipeline's bubble): its phase's excess, less what
+    # it spends itself waiting in collectives for a slower rank (its excess hides in that wait).
     caused = wait_caused(rs, i, int(np.argmax(rs.caused_per_step_us[i])))
-    cost_s = top.excess_us / 1e6 if caused is None else caused.per_member_seconds
+    if caused is None:
+        cost_s = max(0.0, top.excess_us - _own_sync_wait_us(rs, i)) / 1e6
+    else:
+        cost_s = caused.per_member_seconds
     share = ctx.share(cost_s)
     node = rs.node_name(i)
     node_code = int(rs.node_of_rank[i])
