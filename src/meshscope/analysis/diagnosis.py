@@ -90,11 +90,10 @@ rank its peers waited for."""
 STRAGGLER_CONSISTENCY = 0.75
 """A persistent straggler is above the rest of its stage in at least this share of its steps ..."""
 STEP_JITTER_SIGMAS = 1.5
-"""A transient straggler or a slow link must cost at least this many robust standard deviations of the run's own
-step-to-step jitter (each step's median own time, i.e. step minus sync wait and bubble, over steps): on shared cores
-or a busy host, ranks differ by milliseconds for no reason a user can act on; an effect smaller than the run's own
-noise is not resolved. A persistent straggler is held to the standard error of a median over its steps instead
-(:data:`JITTER_SIGMAS` x the jitter ÷ √steps, :func:`_noise_bar_us`)."""
+"""A straggler or slow link must cost at least this many robust standard deviations of the run's own step-to-step
+jitter (each step's median own time, i.e. step minus sync wait and bubble, over steps): on shared cores or a busy
+host, ranks differ by milliseconds for no reason a user can act on; an effect smaller than the run's own noise is
+not resolved."""
 MINORITY_TIE = 0.8
 """Suspects beyond the fewer-than-half of a stage that may be named: when the first left out is at least this x as
 slow as the last kept, the stage splits into halves nobody can tell apart, and none is named."""
@@ -375,8 +374,6 @@ class _Slow:
     """The rest of its stage (its peers that are not suspects), same steps."""
     steps: int
     """Steps it was slow in."""
-    persistent: bool = False
-    """Slow in (nearly) every step (:func:`_persistent`), not in a few (:func:`_transient`)."""
 
 
 def _stage_sizes(rs: RankSteps) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
@@ -472,24 +469,14 @@ def _node_findings(ctx: _Context, best: dict[int, _Slow]) -> list[Finding]:
         f = _straggler_finding(ctx, members)
         cost_us = f.cost_seconds_per_step * 1e6
         explained_us = max(members[0].excess_us, _phases_excess_us(ctx, members[0].rank_index, suspects))
-        if _resolved(ctx, members[0], cost_us) and explained_us >= STRAGGLER_EXPLAINS * cost_us:
+        if _resolved(ctx, cost_us) and explained_us >= STRAGGLER_EXPLAINS * cost_us:
             findings.append(f)
     return findings
 
 
-def _resolved(ctx: _Context, slow: _Slow, cost_us: float) -> bool:
-    """Whether a straggler stands out of the run's step-to-step jitter, and costs the job something.
-
-    A transient one (slow in a few steps): its cost against the jitter itself (:data:`STEP_JITTER_SIGMAS`). A
-    persistent one: its excess against the standard error of a median over its steps (:data:`JITTER_SIGMAS` x
-    jitter ÷ √steps), as its detection is: a rank slower in every step is resolved by the steps' number even when
-    every step's time swings with the host's load (2 ranks beside 2 CPU burners: jitter 13.7 ms, a rank computing
-    twice as long, 21.7 ms more in each of its 10 steps, cost its peer 10.9 ms a step).
-    """
-    if slow.persistent and slow.steps > 0:
-        bar = JITTER_SIGMAS * ctx.step_jitter_us / math.sqrt(slow.steps)
-        return slow.excess_us >= bar and cost_us > 0
-    return cost_us >= STEP_JITTER_SIGMAS * ctx.step_jitter_us and cost_us > 0
+def _resolved(ctx: _Context, cost_us: float) -> bool:
+    """Whether a straggler costs the job something beyond the run's step-to-step jitter (:data:`STEP_JITTER_SIGMAS`)."""
+    return cost_us > 0 and cost_us >= STEP_JITTER_SIGMAS * ctx.step_jitter_us
 
 
 def _own_sync_wait_us(rs: RankSteps, rank_index: int) -> float:
@@ -566,7 +553,7 @@ def _persistent(ctx: _Context, phase: str) -> list[_Slow]:
         relative = CONTENDED_MIN_EXCESS if ctx.contention is not None else STRAGGLER_MIN_EXCESS
         if over < max(floor, spread, jitter, relative * rest) or above < STRAGGLER_CONSISTENCY:
             continue
-        out.append(_Slow(i, phase, over, rest + over, rest, int(np.count_nonzero(mine)), persistent=True))
+        out.append(_Slow(i, phase, over, rest + over, rest, int(np.count_nonzero(mine))))
     return out
 
 
