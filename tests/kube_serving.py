@@ -10,7 +10,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import dataclasses
 import json
@@ -28,7 +27,7 @@ from kube_emulator.kubectl import Kubectl
 from meshscope_operator.admission import MUTATE_ID, VALIDATE_ID
 from meshscope_operator.handlers import register
 from meshscope_operator.settings import OperatorSettings
-from operator_serving import TIMEOUT_S, _free_port, _LoopThread
+from operator_serving import TIMEOUT_S, _free_port, kopf_running
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -114,24 +113,7 @@ def running_operator(cluster: Cluster, certs: Path, **overrides: Any) -> Iterato
     def login(**_: Any) -> kopf.ConnectionInfo:
         return kopf.ConnectionInfo(server=api_url, insecure=True, scheme="Bearer", token="dummy")
 
-    thread = _LoopThread("kopf-on-emulator")
-    flags: dict[str, asyncio.Event] = {}
-
-    async def start() -> asyncio.Task[None]:
-        flags["stop"], flags["ready"] = asyncio.Event(), asyncio.Event()
-        return asyncio.get_running_loop().create_task(
-            kopf.operator(
-                registry=registry,
-                standalone=True,
-                namespaces=[NAMESPACE],
-                stop_flag=flags["stop"],
-                ready_flag=flags["ready"],
-            )
-        )
-
-    task = thread.run(start())
-    try:
-        thread.run(asyncio.wait_for(flags["ready"].wait(), TIMEOUT_S))
+    with kopf_running(registry, namespace=NAMESPACE, name="kopf-on-emulator"):
         deadline = time.monotonic() + TIMEOUT_S
         wanted = {"validating": [f"{VALIDATE_ID}.{MANAGED}"], "mutating": [f"{MUTATE_ID}.{MANAGED}"]}
         while (found := _webhooks(cluster)) != wanted:
@@ -139,15 +121,6 @@ def running_operator(cluster: Cluster, certs: Path, **overrides: Any) -> Iterato
                 raise TimeoutError(f"kopf did not register its webhooks within {TIMEOUT_S} s: {found}")
             time.sleep(0.05)
         yield settings
-    finally:
-        thread.loop.call_soon_threadsafe(flags["stop"].set)
-
-        async def stopped() -> None:
-            with contextlib.suppress(asyncio.CancelledError):
-                await asyncio.wait_for(task, TIMEOUT_S)
-
-        thread.run(stopped(), TIMEOUT_S + 5)
-        thread.close()
 
 
 def wait_reconciled(cluster: Cluster, name: str) -> dict[str, Any]:

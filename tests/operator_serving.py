@@ -225,6 +225,41 @@ class _LoopThread:
             self.loop.close()
 
 
+@contextlib.contextmanager
+def kopf_running(registry: kopf.OperatorRegistry, *, namespace: str, name: str = "kopf") -> Iterator[None]:
+    """``kopf.operator`` for ``registry`` as a task in a loop thread of its own (traps T2, T3): ready before the
+    body runs, stopped with its stop flag and awaited (bounded) after it, the thread closed."""
+    thread = _LoopThread(name)
+    flags: dict[str, asyncio.Event] = {}
+
+    async def start() -> asyncio.Task[None]:
+        flags["stop"], flags["ready"] = asyncio.Event(), asyncio.Event()
+        return asyncio.get_running_loop().create_task(
+            kopf.operator(
+                registry=registry,
+                standalone=True,
+                namespaces=[namespace],
+                stop_flag=flags["stop"],
+                ready_flag=flags["ready"],
+            )
+        )
+
+    task = thread.run(start())
+    try:
+        thread.run(asyncio.wait_for(flags["ready"].wait(), TIMEOUT_S))
+        yield
+    finally:
+        thread.loop.call_soon_threadsafe(flags["stop"].set)
+
+        async def stopped() -> None:
+            # kopf ends its root task by cancelling it once everything has shut down.
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.wait_for(task, TIMEOUT_S)
+
+        thread.run(stopped(), TIMEOUT_S + 5)
+        thread.close()
+
+
 @dataclass
 class Served:
     """The running operator's webhook server, and the API mock behind it."""
@@ -408,52 +443,29 @@ def serve(certs: Path) -> Iterator[Served]:
     def plain_kmock(settings: kopf.OperatorSettings, **_: Any) -> None:
         settings.scanning.disabled = True  # kmock's /api/v1/namespaces is broken (trap T6)
 
-    operator_thread = _LoopThread("kopf")
-    flags: dict[str, asyncio.Event] = {}
-
-    async def start_operator() -> asyncio.Task[None]:
-        flags["stop"], flags["ready"] = asyncio.Event(), asyncio.Event()
-        return asyncio.get_running_loop().create_task(
-            kopf.operator(
-                registry=registry,
-                standalone=True,
-                namespaces=[NAMESPACE],
-                stop_flag=flags["stop"],
-                ready_flag=flags["ready"],
-            )
+    with contextlib.ExitStack() as stack:
+        stack.callback(_stop_mock, mock_thread, server, emulator)
+        stack.enter_context(kopf_running(registry, namespace=NAMESPACE))
+        context = ssl.create_default_context(cafile=str(certs / "ca.crt"))
+        result = Served(
+            base_url=f"https://127.0.0.1:{port}",
+            context=context,
+            settings=settings,
+            mock=emulator,
+            api_url=api_url,
+            mock_loop=mock_thread,
         )
-
-    task = operator_thread.run(start_operator())
-    operator_thread.run(asyncio.wait_for(flags["ready"].wait(), TIMEOUT_S))
-    context = ssl.create_default_context(cafile=str(certs / "ca.crt"))
-    result = Served(
-        base_url=f"https://127.0.0.1:{port}",
-        context=context,
-        settings=settings,
-        mock=emulator,
-        api_url=api_url,
-        mock_loop=mock_thread,
-    )
-    _wait_until_serving(result)
-    try:
+        _wait_until_serving(result)
         yield result
-    finally:
-        operator_thread.loop.call_soon_threadsafe(flags["stop"].set)
 
-        async def stopped() -> None:
-            # kopf ends its root task by cancelling it once everything has shut down.
-            with contextlib.suppress(asyncio.CancelledError):
-                await asyncio.wait_for(task, TIMEOUT_S)
 
-        operator_thread.run(stopped(), TIMEOUT_S + 5)
-        operator_thread.close()
+def _stop_mock(mock_thread: _LoopThread, server: Any, emulator: Any) -> None:
+    async def stop_mock() -> None:
+        await server.__aexit__(None, None, None)
+        await emulator.__aexit__(None, None, None)
 
-        async def stop_mock() -> None:
-            await server.__aexit__(None, None, None)
-            await emulator.__aexit__(None, None, None)
-
-        mock_thread.run(stop_mock())
-        mock_thread.close()
+    mock_thread.run(stop_mock())
+    mock_thread.close()
 
 
 def _wait_until_serving(served: Served) -> None:

@@ -40,7 +40,7 @@ from meshscope_operator.handlers import ANNOTATION_PREFIX
 from meshscope_operator.kubeapi import KubeApi
 from meshscope_operator.settings import OperatorSettings
 from meshscope_operator.tiers import ANALYZE_NOW, _State, register_costs, run_deep
-from operator_serving import RESOURCES
+from operator_serving import RESOURCES, _LoopThread, kopf_running
 from sidecar.promstack import free_port
 
 if TYPE_CHECKING:
@@ -75,26 +75,10 @@ def _shared_port() -> int:
     return port
 
 
-class _Loop:
-    def __init__(self, name: str) -> None:
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, name=name, daemon=True)
-        self.thread.start()
-
-    def run(self, coro: Any, timeout_s: float = TIMEOUT_S) -> Any:
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout_s)
-
-    def close(self) -> None:
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(TIMEOUT_S)
-        if not self.thread.is_alive():
-            self.loop.close()
-
-
 @contextlib.contextmanager
 def _operator(settings: OperatorSettings, objects: dict[tuple[str, str, str], dict[str, Any]]) -> Iterator[Any]:
     """kmock with ``objects``, and the cost tiers' handlers running against it; both stopped on the way out."""
-    mock_loop = _Loop("kmock")
+    mock_loop = _LoopThread("kmock")
 
     async def start_mock() -> tuple[Any, Any]:
         emulator = kmock.KubernetesEmulator()
@@ -131,34 +115,10 @@ def _operator(settings: OperatorSettings, objects: dict[tuple[str, str, str], di
         settings.posting.enabled = False  # trap T7
         settings.scanning.disabled = True  # trap T6
 
-    op_loop = _Loop("kopf")
-    flags: dict[str, asyncio.Event] = {}
-
-    async def start() -> asyncio.Task[None]:
-        flags["stop"], flags["ready"] = asyncio.Event(), asyncio.Event()
-        return asyncio.get_running_loop().create_task(
-            kopf.operator(
-                registry=registry,
-                standalone=True,
-                namespaces=[NAMESPACE],
-                stop_flag=flags["stop"],
-                ready_flag=flags["ready"],
-            )
-        )
-
-    task = op_loop.run(start())
     try:
-        op_loop.run(asyncio.wait_for(flags["ready"].wait(), TIMEOUT_S))
-        yield emulator, api_url
+        with kopf_running(registry, namespace=NAMESPACE):
+            yield emulator, api_url
     finally:
-        op_loop.loop.call_soon_threadsafe(flags["stop"].set)
-
-        async def stopped() -> None:
-            with contextlib.suppress(asyncio.CancelledError):
-                await asyncio.wait_for(task, TIMEOUT_S)
-
-        op_loop.run(stopped(), TIMEOUT_S + 5)
-        op_loop.close()
 
         async def stop_mock() -> None:
             await server.__aexit__(None, None, None)
