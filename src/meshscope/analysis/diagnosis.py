@@ -493,8 +493,9 @@ def _phases_excess_us(ctx: _Context, rank_index: int, suspects: NDArray[np.intp]
     loading and the optimizer step, summed where positive.
     """
     mine = ctx.rs.rank_index == rank_index
+    more_work = ctx.work_ratio is not None and float(np.median(ctx.work_ratio[mine])) >= WORK_RATIO
     total = 0.0
-    for phase in (COMPUTE, DATA, OPTIMIZER):
+    for phase in (OPTIMIZER,) if more_work else (COMPUTE, DATA, OPTIMIZER):  # more work to compute is imbalance
         values = ctx.phase_us(phase)
         gap = (values - _rest_reference(ctx, values, suspects))[mine]
         gap = gap[np.isfinite(gap)]
