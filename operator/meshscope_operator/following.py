@@ -318,4 +318,4 @@ def _register_placement(registry: kopf.OperatorRegistry, api: KubeApi, publisher
         except ApiError:
             going = False  # not known: the publisher's index of TrainingJobs decides
         if not going:
-            await publish_logged(publisher, key, kwargs, logger)
+            await publish_logged(publisher, key, kwargs, logger, recheck=True)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import functools
 import json
 import logging
 from collections.abc import Mapping
@@ -80,8 +81,12 @@ POD_INDEX_ID = "trainingjob_pods"
 JOB_INDEX_ID = "trainingjob_plans"
 """kopf index of TrainingJobs for placement: ``(namespace, name) -> PlacementSource``."""
 PLACEMENT_RECHECK_S = 30.0
-"""Seconds between re-checks of every TrainingJob's placement (a timer), so a publication that failed on a pod event
-is retried without a new pod event."""
+"""Seconds between re-checks of every TrainingJob's placement (a timer): a publication that failed on a pod event is
+retried without a new pod event, and the nodes' labels are read again (a pod event that leaves every index on the
+same node reads nothing)."""
+PLANNED_SPECS = 1024
+"""TrainingJob manifests whose plan the placement index keeps (least recently used first out): a status write is
+a MODIFIED event of the TrainingJob, and its spec is planned again only when it changed."""
 FIRST_RETRY_S = 5.0
 LAST_RETRY_S = 300.0
 FORBIDDEN_RETRY_S = 300.0
@@ -302,12 +307,13 @@ def _compared(stored: Mapping[str, Any], job: Mapping[str, Any], uid: str) -> Jo
 
 def placement_source(body: Mapping[str, object]) -> PlacementSource | None:
     """The index entry of a TrainingJob (``None`` when its spec does not load or plan: nothing to place)."""
-    try:
-        spec = job_spec(body)
-        codes = frozenset(f.code for f in plan_job(spec).findings)
-    except MeshscopeError:
-        return None
     meta = _meta(body)
+    read = {"apiVersion": body.get("apiVersion"), "kind": body.get("kind"), "spec": body.get("spec")}
+    read["metadata"] = {k: meta[k] for k in ("name", "namespace") if k in meta}  # what job_spec reads
+    planned = _planned(json.dumps(read, sort_keys=True, default=str))
+    if planned is None:
+        return None
+    spec, codes = planned
     trimmed = {
         "apiVersion": body.get("apiVersion"),
         "kind": body.get("kind"),
@@ -317,25 +323,45 @@ def placement_source(body: Mapping[str, object]) -> PlacementSource | None:
     return PlacementSource(body=trimmed, spec=spec, planned_codes=codes)
 
 
+@functools.lru_cache(maxsize=PLANNED_SPECS)
+def _planned(manifest: str) -> tuple[JobSpec, frozenset[str]] | None:
+    """The spec and the codes of the plan's findings of a TrainingJob's JSON, or ``None`` where it does not plan."""
+    try:
+        spec = job_spec(json.loads(manifest))
+        return spec, frozenset(f.code for f in plan_job(spec).findings)
+    except MeshscopeError:
+        return None
+
+
 class PlacementPublisher:
-    """Publishes each TrainingJob's placement; one at a time per job, so each new finding is raised once."""
+    """Publishes each TrainingJob's placement; one at a time per job, so each new finding is raised once.
+
+    A pod event that leaves every completion index on the node it was published with (a pod's status moving:
+    containers starting, becoming ready) costs no API call: a large Job's start is several events per pod, and each
+    full publication reads every node. Node labels changing under running pods are read by the re-check timer.
+    """
 
     def __init__(self, api: KubeApi, settings: OperatorSettings) -> None:
         """Bind the API and settings."""
         self._api = api
         self._settings = settings
         self._locks: dict[tuple[str, str], asyncio.Lock] = {}
+        self._published: dict[tuple[str, str], tuple[object, dict[int, str]]] = {}
+        """key -> (the TrainingJob's uid and spec, the nodes by index) of its last publication (or unchanged one)."""
 
-    async def publish(self, key: tuple[str, str], jobs: object, pods: object) -> str:
+    async def publish(self, key: tuple[str, str], jobs: object, pods: object, *, recheck: bool = False) -> str:
         """Publish the placement of TrainingJob ``key`` if every pod is bound; returns what happened (for the log).
 
         Args:
             key: ``(namespace, name)``.
             jobs: kopf's index of TrainingJobs (:data:`JOB_INDEX_ID`).
             pods: kopf's index of their pods (:data:`POD_INDEX_ID`).
+            recheck: read the nodes and the ConfigMap even if the pods sit where they were published (the timer,
+                a deleted ConfigMap).
         """
         source = _lookup(jobs, key, PlacementSource)
         if source is None:
+            self._published.pop(key, None)  # deleted (its pods' last events come here), or its spec stopped planning
             return "no plannable TrainingJob"
         if not publishes_placement(source.spec):
             return "no placement published for this job (monitoring off, or too many nodes)"
@@ -344,10 +370,17 @@ class PlacementPublisher:
         if isinstance(where, str):
             return f"waiting: {where}"
         lock = self._locks.setdefault(key, asyncio.Lock())
+        seen = (source.body["metadata"].get("uid"), source.body.get("spec"))
         async with lock:
-            return await self._publish(source, where)
+            if not recheck and self._published.get(key) == (seen, where):
+                return "unchanged: every pod on the node it was published with"
+            done, outcome = await self._publish(source, where)
+            if done:
+                self._published[key] = (seen, where)
+            return outcome
 
-    async def _publish(self, source: PlacementSource, where: dict[int, str]) -> str:
+    async def _publish(self, source: PlacementSource, where: dict[int, str]) -> tuple[bool, str]:
+        """Read the nodes, resolve, write the ConfigMap if it changed: ``(the ConfigMap holds it, what happened)``."""
         spec = source.spec
         names = sorted(set(where.values()))
         gate = asyncio.Semaphore(NODE_REQUESTS)
@@ -364,7 +397,7 @@ class PlacementPublisher:
         stored = await self._api.get(path)
         uid = str(source.body["metadata"].get("uid", ""))
         if stored is not None and not owned_by(stored, uid):
-            return f"ConfigMap {placement_name(spec.name)} exists and is not this TrainingJob's; not published"
+            return False, f"ConfigMap {placement_name(spec.name)} exists and is not this TrainingJob's; not published"
         data = stored.get("data") if stored is not None else None
         data = data if isinstance(data, Mapping) else {}
         raised = raised_codes(data.get(FINDINGS_KEY))
@@ -382,7 +415,7 @@ class PlacementPublisher:
         document = json.dumps(result.document, sort_keys=True)
         findings = result.findings_text(raised)
         if data.get(PLACEMENT_KEY) == document and data.get(FINDINGS_KEY) == findings:
-            return f"unchanged: {describe(result)}"
+            return True, f"unchanged: {describe(result)}"
         manifest = placement_manifest(source.body, spec.name, spec.namespace, placement=document, findings=findings)
         if stored is None:
             try:
@@ -394,7 +427,7 @@ class PlacementPublisher:
         for finding in result.new_findings:
             message = cut(f"placement of the scheduled pods: {finding.code}: {finding.message}", MAX_EVENT_CHARS)
             kopf.warn(cast("kopf.Body", source.body), reason="PlacementFinding", message=message)
-        return f"published {placement_name(spec.name)}: {describe(result)}"
+        return True, f"published {placement_name(spec.name)}: {describe(result)}"
 
 
 def _values(index: object, key: tuple[str, str]) -> list[object]:
@@ -457,7 +490,7 @@ def register_reconcile(
         logger: logging.Logger | logging.LoggerAdapter[Any],
         **kwargs: Any,  # noqa: ANN401 - kopf's kwargs
     ) -> None:
-        await publish_logged(publisher, (namespace or "", name), kwargs, logger)
+        await publish_logged(publisher, (namespace or "", name), kwargs, logger, recheck=True)
 
     return api, publisher
 
@@ -467,10 +500,12 @@ async def publish_logged(
     key: tuple[str, str],
     indices: Mapping[str, object],
     logger: logging.Logger | logging.LoggerAdapter[Any],
+    *,
+    recheck: bool = False,
 ) -> None:
     """Publish the placement of TrainingJob ``key`` (``indices``: a handler's kopf kwargs); a failure is logged."""
     try:
-        outcome = await publisher.publish(key, indices.get(JOB_INDEX_ID), indices.get(POD_INDEX_ID))
+        outcome = await publisher.publish(key, indices.get(JOB_INDEX_ID), indices.get(POD_INDEX_ID), recheck=recheck)
     except (ApiError, MeshscopeError) as exc:
         # Not raised: a pod event is not retried by kopf; the timer (PLACEMENT_RECHECK_S) tries again.
         logger.warning("placement of %s/%s not published: %s", *key, exc)

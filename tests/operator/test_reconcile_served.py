@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
+from meshscope_operator.reconciling import PLACEMENT_RECHECK_S
 from meshscope_sidecar.identity import IdentityInputs, read_placement, resolve_identity
 from operator_serving import NAMESPACE, TIMEOUT_S, load_example, training_job
 
@@ -369,14 +370,38 @@ def test_scheduled_pods_give_a_placement_the_sidecar_reads_and_one_event(served:
     findings = json.loads(cm["data"]["findings.json"])
     assert findings["raised"] == ["tp-crosses-nvlink-domain"]
 
-    # A re-run with a changed placement (tray-d moves to another leaf): published again, no second Event.
-    assert served.api("PATCH", "/api/v1/nodes/tray-d", {"metadata": {"labels": {LEAF: "leaf-2"}}})[0] == 200
-    assert served.api("PATCH", f"{PODS}/{names[0]}", {"metadata": {"annotations": {"touched": "1"}}})[0] == 200
+    # Pod events that leave every index on its node (containers starting, becoming ready) read no node: a large
+    # Job's start is several events per pod, and a publication reads every node. Then pod 3 is replaced on another
+    # node (tray-e, another leaf): published again, reading the four nodes once, and no second Event.
+    def node_reads() -> int:
+        return sum(1 for r in _requests(served) if r[0] == "GET" and r[1].startswith("/api/v1/nodes/"))
+
+    reads, since = node_reads(), time.monotonic()
+    for touch in range(4):
+        patch = {"metadata": {"annotations": {"touched": str(touch)}}}
+        assert served.api("PATCH", f"{PODS}/{names[0]}", patch)[0] == 200
+    tray_e = {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {"name": "tray-e", "labels": {CLIQUE: "uuid.2", LEAF: "leaf-2"}},
+    }
+    assert served.api("POST", "/api/v1/nodes", tray_e)[0] in (200, 201)
+    _, old = served.api("GET", f"{PODS}/{names[3]}")
+    new = copy.deepcopy(old)
+    new["metadata"] = {k: v for k, v in old["metadata"].items() if k in ("namespace", "labels", "annotations")}
+    new["metadata"]["name"] = f"gb-small-3-x{uuid.uuid4().hex[:5]}"
+    new["spec"]["nodeName"] = "tray-e"
+    assert served.api("POST", PODS, new)[0] in (200, 201)
+    assert served.api("DELETE", f"{PODS}/{names[3]}")[0] == 200
     wait_for(
         "the republished placement",
         lambda: (
-            "leaf-2"
+            "tray-e"
             in ((get(served, f"{CONFIGMAPS}/gb-small-placement") or {}).get("data") or {}).get("placement.json", "")
         ),
     )
+    # The re-check timer reads the nodes too, every PLACEMENT_RECHECK_S: allow its ticks (none, on a test that runs
+    # well under 30 s); a publication per touch would have read 16 more.
+    ticks = 1 + int((time.monotonic() - since) // PLACEMENT_RECHECK_S)
+    assert 4 <= node_reads() - reads <= 4 * (1 + ticks)
     assert len(placement_events()) == 1
