@@ -14,6 +14,7 @@ from meshscope.analysis.diagnosis import (
     CONTENDED_MIN_EXCESS,
     DATA_MIN_SHARE,
     MIN_COST_SHARE,
+    PERSISTENT_MIN_SHARE,
     RUNQUEUE_CONTENTION_SHARE,
     STRAGGLER_EXPLAINS,
     STRAGGLER_MIN_EXCESS,
@@ -401,6 +402,35 @@ def test_the_busy_rank_of_an_imbalance_is_not_also_a_straggler_in_its_optimizer(
     # optimizer step" beside the imbalance (a clean-clone CI run of fsdp2 with 3x rows, 0.46 ms).
     found = findings(Job(tp=1, dp=4, gpus_per_node=4, work={1: 1.4}, slow_optimizer={1: optimizer}, noise=0.0))
     assert [(f.code, [s.rank for s in f.suspects]) for f in found] == [("data-imbalance", [1])]
+
+
+JITTERY = {(r, k): 1.2 for r in range(8) for k in range(1, 16, 2)}
+"""Every rank computes 20 % longer in every odd step of 16 (a busy host): the run's own time per step is 24.2 ms in
+even steps and 28.2 ms in odd ones (data 0.2, compute 20 or 24, dp transfer 3, optimizer 1), a robust sigma of
+1.4826 x 2 ms = 2.97 ms, so 1.5 sigma = 4.45 ms and its standard error over 16 steps 1.11 ms."""
+
+
+@pytest.mark.parametrize(("slow", "named"), [(1.06, False), (1.10, True)])
+def test_a_persistent_straggler_under_the_runs_jitter_is_named_at_five_percent_of_the_step(
+    slow: float, named: bool
+) -> None:
+    # Rank 5 computes `slow` x as long in all 16 steps; its 7 dp peers wait for it 20 ms x (slow - 1) in even steps
+    # and 24 ms x (slow - 1) in odd ones: at 1.06, 1.2 / 1.44 ms (median 1.32 ms) of a median step of 27.52 ms (25.4
+    # and 29.64 ms): 4.8 %, under PERSISTENT_MIN_SHARE; at 1.10, 2.0 / 2.4 ms (median 2.2 ms) of 28.4 ms: 7.7 %.
+    # Both are under 1.5 sigma of the jitter (4.45 ms) and over its standard error (1.11 ms).
+    found = findings(Job(tp=1, dp=8, gpus_per_node=8, steps=16, noise=0.0, slow={5: slow}, slow_in_step=JITTERY))
+    assert PERSISTENT_MIN_SHARE == 0.05
+    assert [(f.code, [s.rank for s in f.suspects]) for f in found] == ([("straggler", [5])] if named else [])
+    if named:
+        assert found[0].cost_seconds_per_step == pytest.approx(2.2e-3, rel=1e-6)
+        assert found[0].evidence["steps_slow"] == 16
+
+
+def test_a_transient_straggler_under_the_runs_jitter_is_not_named() -> None:
+    # Rank 5 computes 1.3x as long in 6 of the 16 steps (even ones: 6 ms more), beside the same busy host: slow in a
+    # few steps, its cost is held to 1.5 sigma of the jitter (4.45 ms), which 6 ms x 6 / 16 = 2.25 ms is not.
+    spikes = JITTERY | {(5, k): 1.3 for k in range(0, 12, 2)}
+    assert findings(Job(tp=1, dp=8, gpus_per_node=8, steps=16, noise=0.0, slow_in_step=spikes)) == ()
 
 
 def test_stragglers_on_one_node_are_one_finding_naming_the_node() -> None:

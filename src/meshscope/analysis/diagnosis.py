@@ -94,6 +94,10 @@ STEP_JITTER_SIGMAS = 1.5
 jitter (each step's median own time, i.e. step minus sync wait and bubble, over steps): on shared cores or a busy
 host, ranks differ by milliseconds for no reason a user can act on; an effect smaller than the run's own noise is
 not resolved."""
+PERSISTENT_MIN_SHARE = 0.05
+"""... or, for a persistent straggler, this share of the step and that many standard errors of its median cost (the
+jitter ÷ √steps): slow in (nearly) every step, it is no noise, and at 5 % of every step (the warning severity) it is
+worth chasing even on a run whose steps jitter more than it costs."""
 MINORITY_TIE = 0.8
 """Suspects beyond the fewer-than-half of a stage that may be named: when the first left out is at least this x as
 slow as the last kept, the stage splits into halves nobody can tell apart, and none is named."""
@@ -374,6 +378,8 @@ class _Slow:
     """The rest of its stage (its peers that are not suspects), same steps."""
     steps: int
     """Steps it was slow in."""
+    persistent: bool = True
+    """Slow in (nearly) every step (:func:`_persistent`), not in a few (:func:`_transient`)."""
 
 
 def _stage_sizes(rs: RankSteps) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
@@ -469,14 +475,23 @@ def _node_findings(ctx: _Context, best: dict[int, _Slow]) -> list[Finding]:
         f = _straggler_finding(ctx, members)
         cost_us = f.cost_seconds_per_step * 1e6
         explained_us = max(members[0].excess_us, _phases_excess_us(ctx, members[0].rank_index, suspects))
-        if _resolved(ctx, cost_us) and explained_us >= STRAGGLER_EXPLAINS * cost_us:
+        if _resolved(ctx, cost_us, persistent=members[0].persistent) and explained_us >= STRAGGLER_EXPLAINS * cost_us:
             findings.append(f)
     return findings
 
 
-def _resolved(ctx: _Context, cost_us: float) -> bool:
-    """Whether a straggler costs the job something beyond the run's step-to-step jitter (:data:`STEP_JITTER_SIGMAS`)."""
-    return cost_us > 0 and cost_us >= STEP_JITTER_SIGMAS * ctx.step_jitter_us
+def _resolved(ctx: _Context, cost_us: float, *, persistent: bool) -> bool:
+    """Whether a straggler costs the job something beyond the run's step-to-step jitter (:data:`STEP_JITTER_SIGMAS`).
+
+    A persistent straggler's cost is its median over every step, whose noise is the jitter ÷ √steps: it is resolved
+    there too where it costs :data:`PERSISTENT_MIN_SHARE` of the step (beside a CPU burner, a rank 3.8x slower in
+    compute in 12 of 12 steps cost 27 % of a step whose own time jittered by 20 %).
+    """
+    bar = STEP_JITTER_SIGMAS * ctx.step_jitter_us
+    if cost_us <= 0 or cost_us >= bar:
+        return cost_us > 0
+    steps = max(ctx.rs.n_steps, 1)
+    return persistent and cost_us >= max(PERSISTENT_MIN_SHARE * ctx.step_us, bar / math.sqrt(steps))
 
 
 def _own_sync_wait_us(rs: RankSteps, rank_index: int) -> float:
@@ -599,6 +614,7 @@ def _transient(ctx: _Context, phase: str, *, exclude: dict[int, _Slow]) -> dict[
             float(np.median(values[mine])),
             float(np.median(peers[mine])),
             int(mine.size),
+            persistent=False,
         )
     return out
 
