@@ -15,9 +15,12 @@ from meshscope.errors import ParseError
 from meshscope.local.cpus import FOREIGN_LOAD_SHARE, CpuCapacity, CpuUse, measure_capacity, read_busy_seconds
 from meshscope.local.running import (
     EXIT_NO_ANALYSIS,
+    RankExit,
     RankReceipt,
     RunOutcome,
     RunSettings,
+    _monitor,
+    _RankProcess,
     resolve_python,
     run_job,
 )
@@ -298,3 +301,20 @@ def test_a_ranks_program_runs_as_main_and_its_objects_outlive_it(tmp_path: Path,
     assert f"as __main__ from {'held.py' if form == 'script' else '-c'}\n" in said
     assert "atexit ran\n" in said
     assert "freed" not in said
+
+
+def test_the_first_rank_to_exit_is_the_failure_even_when_both_have_exited_before_the_launcher_looks() -> None:
+    """Rank 1 dies at once with code 3; rank 0 fails 0.4 s later with code 1 (as a peer fails in its next
+    collective). Both have exited before the launcher looks; it must name rank 1, which exited first, not rank 0, the
+    lowest rank found exited (what it named before, and what a loaded machine showed in the e2e tests)."""
+    late = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(0.4); raise SystemExit(1)"])
+    first = subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"])
+    for p in (late, first):  # exited, not reaped: the launcher reaps them
+        os.waitid(os.P_PID, p.pid, os.WEXITED | os.WNOWAIT)
+    procs = [_RankProcess(0, late.pid, late), _RankProcess(1, first.pid, first)]
+    failed, stopped = _monitor(procs, grace_s=1.0)
+    if Path(f"/proc/{os.getpid()}/sched").exists():
+        assert (failed, stopped) == (RankExit(rank=1, code=3), 0)
+    else:  # no scheduler statistics: the ranks keep their order (docs: the launcher's first failure)
+        assert (failed, stopped) == (RankExit(rank=0, code=1), 0)
+    assert [p.code for p in procs] == [1, 3]  # both reaped

@@ -23,9 +23,11 @@ from __future__ import annotations
 import builtins
 import contextlib
 import json
+import math
 import os
 import re
 import resource
+import select
 import shutil
 import signal
 import socket
@@ -35,7 +37,7 @@ import time
 import types
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, TypeAlias
+from typing import TYPE_CHECKING, Any, Literal, Self, TypeAlias
 
 from meshscope.errors import LayoutError, MeshscopeError
 from meshscope.local.cpus import CpuCapacity, CpuUse, affinity_cpus, measure_capacity, read_busy_seconds
@@ -453,23 +455,94 @@ def _launch(
 def _monitor(procs: list[_RankProcess], grace_s: float) -> tuple[RankExit | None, int]:
     """Wait for every rank; on the first failure stop the others.
 
+    The first failure is the rank that exited first, not the lowest rank found exited: once a rank dies its peers
+    fail in their next collective (gloo's "connection closed by peer"), and on a loaded machine several can have
+    exited by the time the launcher looks. So it sleeps in ``poll`` on the ranks' pidfds (woken as one exits), and
+    takes the exited ranks in the order they exited (:func:`_exit_order`).
+
     Returns:
         The first failed rank (or ``None``) and how many ranks were still running and were stopped.
     """
-    while True:
-        running = 0
+    with _ExitWatch(procs) as watch:
+        while True:
+            for p in _exit_order(procs):
+                code = p.poll()
+                if code is not None and code != 0:
+                    failed = RankExit(rank=p.rank, code=code)
+                    others = [q for q in procs if q.poll() is None]
+                    _stop_all(others, grace_s)
+                    return failed, len(others)
+            if all(p.poll() is not None for p in procs):
+                return None, 0
+            watch.wait(POLL_S)
+
+
+def _exit_order(procs: list[_RankProcess]) -> list[_RankProcess]:
+    """The ranks that have exited and are not reaped yet, the first to exit first.
+
+    A dead child stays a zombie until it is reaped, and its ``/proc/PID/sched`` (Linux with scheduler statistics)
+    still says when it last ran (``se.exec_start``, ms of the scheduler clock): its exit. Where that cannot be read
+    the ranks keep their order.
+    """
+    exited = []
+    for p in procs:
+        if p.code is not None:
+            continue
+        try:
+            info = os.waitid(os.P_PID, p.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        except ChildProcessError:  # reaped elsewhere (a Popen's own wait): its poll() says how it ended
+            exited.append((math.inf, p.rank, p))
+            continue
+        if info is not None:
+            exited.append((_last_ran_ms(p.pid), p.rank, p))
+    exited.sort(key=lambda e: (e[0], e[1]))
+    return [p for _, _, p in exited]
+
+
+def _last_ran_ms(pid: int) -> float:
+    """When process ``pid`` last ran (the scheduler clock, ms), or infinity when the kernel does not say."""
+    try:
+        with Path(f"/proc/{pid}/sched").open() as f:
+            for line in f:
+                if line.startswith("se.exec_start"):
+                    return float(line.rsplit(":", 1)[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return math.inf
+
+
+class _ExitWatch:
+    """The ranks' pidfds (Linux 5.3+): ``wait`` sleeps until a rank exits; without pidfds it sleeps the timeout."""
+
+    def __init__(self, procs: list[_RankProcess]) -> None:
+        self._poller = select.poll()
+        self._fds: list[int] = []
+        opener = getattr(os, "pidfd_open", None)
         for p in procs:
-            code = p.poll()
-            if code is None:
-                running += 1
-            elif code != 0:
-                failed = RankExit(rank=p.rank, code=code)
-                others = [q for q in procs if q.poll() is None]
-                _stop_all(others, grace_s)
-                return failed, len(others)
-        if not running:
-            return None, 0
-        time.sleep(POLL_S)
+            try:
+                fd = opener(p.pid) if opener is not None else None
+            except OSError:  # an old kernel, or the rank already reaped: its poll() says how it ended
+                fd = None
+            if fd is not None:
+                self._fds.append(fd)
+                self._poller.register(fd, select.POLLIN)
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        for fd in self._fds:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+    def wait(self, timeout_s: float) -> None:
+        """Sleep until a rank exits or ``timeout_s`` passes (a rank seen exited is not waited for again)."""
+        if not self._fds:
+            time.sleep(timeout_s)
+            return
+        for fd, _ in self._poller.poll(timeout_s * 1000):
+            with contextlib.suppress(KeyError, ValueError):
+                self._poller.unregister(fd)
 
 
 def run_job(
