@@ -21,13 +21,24 @@ anything beyond numpy, msgspec (typed JSON in C) and the standard library. Its m
 - :mod:`~meshscope.records.decoding`: lines of plain and gzip files, a batch at a time, truncation rules;
 - :mod:`~meshscope.records.building`: the columnar fast path from JSON lines (typed decoding) to a table, also
   for lines already in memory (:func:`table_from_lines`);
-- :mod:`~meshscope.records.reading`: :func:`read_records`, :func:`read_table` and its worker processes.
+- :mod:`~meshscope.records.reading`: :func:`read_records`, :func:`read_table` and its worker processes;
+- :mod:`~meshscope.records.packing`: one source's columns as bytes (``meshscope.columns/1``), for records that travel
+  in bulk (a sidecar's answer to the operator), and their checked way back.
 
 Import the public names from here (``from meshscope.records import read_table``).
 """
 
-from meshscope.records.building import table_from_lines
+from meshscope.records.building import RecordColumns, columns_from_lines, table_from_columns, table_from_lines
 from meshscope.records.memory import tune_memory_for_columns
+from meshscope.records.packing import (
+    CUT_HEADER,
+    PACKED_MEDIA_TYPE,
+    PACKED_SCHEMA,
+    pack_columns,
+    pack_lines,
+    packed_steps,
+    unpack_columns,
+)
 from meshscope.records.parsing import _parse_record, record_to_json
 from meshscope.records.reading import default_workers, read_records, read_table
 from meshscope.records.schema import (
@@ -64,12 +75,15 @@ __all__ = [
     "BETWEEN_KINDS",
     "COMM_CODE",
     "COMPUTE_CODE",
+    "CUT_HEADER",
     "KINDS",
     "KIND_CODE",
     "OPS",
     "OP_CODE",
     "P2P_CODE",
     "P2P_OPS",
+    "PACKED_MEDIA_TYPE",
+    "PACKED_SCHEMA",
     "PHASES",
     "PHASE_CODE",
     "SCHEMA",
@@ -83,17 +97,24 @@ __all__ = [
     "IntervalKind",
     "Note",
     "Phase",
+    "RecordColumns",
     "RecordSet",
     "RecordTable",
     "StepColumns",
     "StepRecord",
     "_parse_record",  # the object parser; the SDK's tests check its output against it
+    "columns_from_lines",
     "default_workers",
     "lexsort_keys",
+    "pack_columns",
+    "pack_lines",
+    "packed_steps",
     "read_records",
     "read_table",
     "record_to_json",
+    "table_from_columns",
     "table_from_lines",
     "tune_memory_for_columns",
+    "unpack_columns",
     "write_records",
 ]

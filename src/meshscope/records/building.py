@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 from array import array
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from itertools import chain, compress, repeat
 from operator import attrgetter, is_
@@ -37,6 +37,7 @@ import numpy as np
 
 from meshscope.errors import ParseCode, ParseError
 from meshscope.records.decoding import _BATCH_LINES, _decode_batch, _raw_batches
+from meshscope.records.memory import mapped_empty
 from meshscope.records.parsing import _parse_record, record_to_json
 from meshscope.records.schema import (
     AXIS_CODE,
@@ -55,7 +56,7 @@ from meshscope.records.tables import IntervalColumns, RecordTable, StepColumns, 
 from meshscope.topology import AXES
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable, Sequence
+    from collections.abc import Callable, Collection, Iterable, Sequence
     from pathlib import Path
 
     from numpy.typing import NDArray
@@ -600,6 +601,172 @@ class _TableBuilder:
     def build(self, *, notes: tuple[Note, ...], source_files: tuple[str, ...]) -> RecordTable:
         """Turn the columns into a validated :class:`RecordTable`."""
         return _table_of(self.raw(), notes=notes, source_files=source_files)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RecordColumns:
+    """One source's step records as columns, each line checked but the rules across rows not yet applied.
+
+    What a reader makes of one source (a sidecar's answer, lines in memory, packed columns) before
+    :func:`table_from_columns` puts several sources together into one validated :class:`RecordTable`. Built by
+    :func:`columns_from_lines` or :func:`~meshscope.records.packing.unpack_columns`.
+    """
+
+    where: str
+    """The source's name in messages and in :attr:`RecordTable.source_files` (``where line N``)."""
+    raw: _Raw
+
+    @property
+    def n_rows(self) -> int:
+        """Rank-steps held."""
+        return int(self.raw.rows["rank"].shape[0])
+
+    def steps(self) -> frozenset[int]:
+        """The step numbers held."""
+        return frozenset(np.unique(self.raw.rows["step"]).tolist())
+
+    def only_steps(self, steps: Collection[int]) -> RecordColumns:
+        """The rank-steps of ``steps`` only (the same object when it holds no other step)."""
+        step = self.raw.rows["step"]
+        keep = np.isin(step, np.fromiter(steps, dtype=np.int64, count=len(steps)))
+        if keep.all():
+            return self
+        spans = np.repeat(keep, self.raw.rows["n_intervals"])
+        raw = replace(
+            self.raw,
+            rows={name: col[keep] for name, col in self.raw.rows.items()},
+            intervals={name: col[spans] for name, col in self.raw.intervals.items()},
+        )
+        return RecordColumns(where=self.where, raw=raw)
+
+
+def columns_from_lines(lines: Iterable[bytes], *, where: str) -> RecordColumns:
+    """The columns of ``meshscope.step/1`` lines in memory (the checks of one line each; see :func:`table_from_lines`).
+
+    Raises:
+        ParseError: for the first bad line, naming ``<where> line <n>``.
+    """
+    builder = _TableBuilder()
+    listed = lines if isinstance(lines, list | tuple) else list(lines)
+    builder.read_lines(listed, where)
+    return RecordColumns(where=where, raw=builder.raw(lines=len(listed)))
+
+
+def table_from_columns(parts: Sequence[RecordColumns], *, notes: Sequence[Note] = ()) -> RecordTable:
+    """One validated table of several sources' columns; each source keeps its name (``pod-3 line 12: ...``).
+
+    Names (nodes, NVLink domains, network tiers, groups) are numbered across the sources; the table's own checks
+    (ranges, codes, duplicate rank-steps, collectives that disagree) then run over all of them together.
+
+    Raises:
+        ParseError: records of several jobs, or what the table's checks refuse.
+    """
+    if not parts:
+        raise ParseError("no step records to put together", code=ParseCode.INVALID)
+    with_job = [p for p in parts if p.raw.job is not None]
+    first = with_job[0] if with_job else parts[0]
+    for p in with_job[1:]:
+        if p.raw.job != first.raw.job:
+            raise ParseError(
+                _job_mismatch(str(p.raw.job), p.raw.job_where, str(first.raw.job), first.raw.job_where),
+                code=ParseCode.JOB_MISMATCH,
+            )
+    sources = tuple(p.where for p in parts)
+    if len(parts) == 1:
+        return _table_of(parts[0].raw, notes=tuple(notes), source_files=sources)
+    layouts = [_layout_of(p.raw) for p in parts]
+
+    def fill(i: int, targets: list[NDArray[Any]]) -> None:
+        for (part, name, _, _), target in zip(layouts[i], targets, strict=True):
+            target[...] = getattr(parts[i].raw, part)[name]
+
+    merged = _merge_parts(
+        [
+            _Described(columns=layouts[i], names=p.raw.names, job=p.raw.job, job_where=p.raw.job_where, lines=0)
+            for i, p in enumerate(parts)
+        ],
+        list(range(len(parts))),
+        fill,
+    )
+    merged.rows["source_file"][...] = np.repeat(
+        np.arange(len(parts), dtype=merged.rows["source_file"].dtype), [p.n_rows for p in parts]
+    )
+    return _table_of(merged, notes=tuple(notes), source_files=sources)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Described:
+    """A reader's columns as described for merging: a worker's file, or one source's arrays in memory."""
+
+    columns: tuple[tuple[str, str, str, tuple[int, ...]], ...]
+    """(table part ``rows`` or ``intervals``, column, dtype, shape) of each column, in order."""
+    names: dict[str, tuple[str, ...]]
+    job: str | None
+    job_where: str
+    lines: int
+    """Physical lines read, to number the next part's lines of the same source."""
+
+
+def _layout_of(raw: _Raw) -> tuple[tuple[str, str, str, tuple[int, ...]], ...]:
+    """(part, column, dtype, shape) of every column of ``raw``, rank-step columns first."""
+    return tuple(
+        (part, name, col.dtype.str, tuple(col.shape))
+        for part, cols in (("rows", raw.rows), ("intervals", raw.intervals))
+        for name, col in cols.items()
+    )
+
+
+def _merge_parts(
+    parts: Sequence[_Described], file_of: Sequence[int], fill: Callable[[int, list[NDArray[Any]]], None]
+) -> _Raw:
+    """The merged columns of ``parts``, name codes renumbered across them, line numbers going on within one file.
+
+    ``fill(i, targets)`` writes part ``i``'s columns into their slices of the merged columns (in its ``columns``
+    order); ``file_of[i]`` is the file part ``i`` was read from.
+    """
+    widest = next((p for p in parts if _rows_of(p)), parts[0])  # dtypes from a part with rows
+    layout = {(part, name): (np.dtype(dtype), tuple(shape[1:])) for part, name, dtype, shape in widest.columns}
+    totals = dict.fromkeys(layout, 0)
+    for p in parts:
+        for part, name, _, shape in p.columns:
+            totals[part, name] += shape[0]
+    merged = {key: mapped_empty((totals[key], *tail), dtype) for key, (dtype, tail) in layout.items()}
+    names: dict[str, dict[str, int]] = {kind: {} for kind in widest.names}
+    line_offset: dict[int, int] = {}
+    at = dict.fromkeys(layout, 0)
+    for i, (p, file_index) in enumerate(zip(parts, file_of, strict=True)):
+        piece: dict[tuple[str, str], NDArray[Any]] = {}
+        for part, name, _, shape in p.columns:
+            key = (part, name)
+            piece[key] = merged[key][at[key] : at[key] + shape[0]]
+            at[key] += shape[0]
+        fill(i, list(piece.values()))
+        for kind in ("node", "nvlink_domain", "network_tier"):
+            col = piece["rows", kind]
+            col[...] = _recode(names[kind], p.names[kind], col)
+        group = piece["intervals", "group"]
+        group[...] = _recode(names["group"], p.names["group"], group)
+        piece["rows", "source_line"] += line_offset.get(file_index, 0)
+        line_offset[file_index] = line_offset.get(file_index, 0) + p.lines
+    job = next((p for p in parts if p.job is not None), widest)
+    return _Raw(
+        job=job.job,
+        job_where=job.job_where,
+        rows={name: col for (part, name), col in merged.items() if part == "rows"},
+        intervals={name: col for (part, name), col in merged.items() if part == "intervals"},
+        names={kind: tuple(known) for kind, known in names.items()},
+    )
+
+
+def _rows_of(part: _Described) -> int:
+    return next(shape[0] for p, name, _, shape in part.columns if (p, name) == ("rows", "rank"))
+
+
+def _recode(known: dict[str, int], names: tuple[str, ...], codes: NDArray[Any]) -> NDArray[Any]:
+    """Codes into one part's ``names`` as codes into ``known`` (which learns the names it lacks); -1 stays."""
+    lut = np.array([known.setdefault(name, len(known)) for name in names] + [UNKNOWN], dtype=codes.dtype)
+    out: NDArray[Any] = lut[codes]  # code -1 picks the trailing UNKNOWN
+    return out
 
 
 def table_from_lines(lines: Iterable[bytes], *, where: str = "memory") -> RecordTable:

@@ -24,11 +24,10 @@ import numpy as np
 
 from meshscope.errors import ParseCode, ParseError
 from meshscope.progress import BYTES, NO_PROGRESS
-from meshscope.records.building import _Raw, _table_of, _TableBuilder
+from meshscope.records.building import _Described, _merge_parts, _Raw, _table_of, _TableBuilder
 from meshscope.records.decoding import _decoded
-from meshscope.records.memory import mapped_empty
 from meshscope.records.parsing import _parse_record
-from meshscope.records.schema import UNKNOWN, Note, RecordSet, StepRecord, _job_mismatch
+from meshscope.records.schema import Note, RecordSet, StepRecord, _job_mismatch
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -354,44 +353,17 @@ class _SharedBytes:
 
 def _merge(chunks: list[_Chunk], file_of: list[int]) -> _Raw:
     """Read every work item's columns straight into its slice of the merged columns; renumber name codes and lines."""
-    widest = next((chunk for chunk in chunks if _n_rows(chunk)), chunks[0])  # dtypes from an item with rows
-    layout = {(part, name): (np.dtype(dtype), shape[1:]) for part, name, dtype, shape in widest.columns}
-    totals = dict.fromkeys(layout, 0)
-    for chunk in chunks:
-        for part, name, _, shape in chunk.columns:
-            totals[part, name] += shape[0]
-    merged = {key: mapped_empty((totals[key], *tail), dtype) for key, (dtype, tail) in layout.items()}
-    names: dict[str, dict[str, int]] = {kind: {} for kind in widest.names}
-    line_offset: dict[int, int] = {}
-    at = dict.fromkeys(layout, 0)
-    for chunk, file_index in zip(chunks, file_of, strict=True):
-        piece: dict[tuple[str, str], NDArray[Any]] = {}
-        with Path(chunk.path).open("rb", buffering=0) as f:
-            for part, name, _, shape in chunk.columns:
-                key = (part, name)
-                piece[key] = merged[key][at[key] : at[key] + shape[0]]
-                at[key] += shape[0]
-                _read_into(f, piece[key])
-        Path(chunk.path).unlink()
-        for kind in ("node", "nvlink_domain", "network_tier"):
-            col = piece["rows", kind]
-            col[...] = _recode(names[kind], chunk.names[kind], col)
-        group = piece["intervals", "group"]
-        group[...] = _recode(names["group"], chunk.names["group"], group)
-        piece["rows", "source_line"] += line_offset.get(file_index, 0)
-        line_offset[file_index] = line_offset.get(file_index, 0) + chunk.lines
-    job = next((chunk for chunk in chunks if chunk.job is not None), widest)
-    return _Raw(
-        job=job.job,
-        job_where=job.job_where,
-        rows={name: col for (part, name), col in merged.items() if part == "rows"},
-        intervals={name: col for (part, name), col in merged.items() if part == "intervals"},
-        names={kind: tuple(known) for kind, known in names.items()},
-    )
 
+    def fill(i: int, targets: list[NDArray[Any]]) -> None:
+        with Path(chunks[i].path).open("rb", buffering=0) as f:
+            for target in targets:
+                _read_into(f, target)
+        Path(chunks[i].path).unlink()
 
-def _n_rows(chunk: _Chunk) -> int:
-    return next(shape[0] for part, name, _, shape in chunk.columns if (part, name) == ("rows", "rank"))
+    described = [
+        _Described(columns=c.columns, names=c.names, job=c.job, job_where=c.job_where, lines=c.lines) for c in chunks
+    ]
+    return _merge_parts(described, file_of, fill)
 
 
 def _read_into(f: FileIO, target: NDArray[Any]) -> None:
@@ -405,10 +377,3 @@ def _read_into(f: FileIO, target: NDArray[Any]) -> None:
         if not got:
             raise OSError(f"a reader worker's columns in {f.name} end early ({done} of {len(view)} bytes)")
         done += got
-
-
-def _recode(known: dict[str, int], names: tuple[str, ...], codes: NDArray[Any]) -> NDArray[Any]:
-    """Codes into one work item's ``names`` as codes into ``known`` (which learns the names it lacks); -1 stays."""
-    lut = np.array([known.setdefault(name, len(known)) for name in names] + [UNKNOWN], dtype=codes.dtype)
-    out: NDArray[Any] = lut[codes]  # code -1 picks the trailing UNKNOWN
-    return out
