@@ -6,13 +6,15 @@ reports it down once its poll runs past ten periods), and a scrape reads only th
 endpoints (aiohttp):
 
 - ``GET /metrics``: the explicit registry (:func:`prometheus_client.generate_latest`), built in a worker thread;
-- ``GET /v1/steps?since_step=N&limit=M``: the recent step records of this pod's ranks as JSON lines (``application/
-  x-ndjson``), oldest step first, steps after ``N`` (default: every kept step), at most ``M`` steps and the
-  configured bytes (whole records; a client pages on by passing the last step it got as ``since_step``);
+- ``GET /v1/steps?since_step=N&limit=M&max_bytes=B``: the recent step records of this pod's ranks as JSON lines
+  (``application/x-ndjson``), oldest step first, steps after ``N`` (default: every kept step), at most ``M`` steps
+  and ``B`` (or the configured) bytes (whole records; a client pages on by passing the last step it got as
+  ``since_step``); to a client that accepts ``application/vnd.meshscope.columns``, the same records as packed
+  columns (:mod:`meshscope.records.packing`: decoded here, on every node, so that the operator only copies them);
 - ``GET /healthz``: 200 with the identity, its mode and every source's state, as JSON (liveness: the sidecar
   answers; a source being down is reported, not fatal).
 
-It must not parse any input format and must not block the event loop on a source.
+It must not parse any input format itself (the core packs records) and must not block the event loop on a source.
 """
 
 from __future__ import annotations
@@ -26,6 +28,9 @@ from typing import TYPE_CHECKING
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from meshscope.errors import ParseError
+from meshscope.records import CUT_HEADER, PACKED_MEDIA_TYPE, pack_lines
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -93,6 +98,19 @@ def _query_int(request: web.Request, name: str, default: int, minimum: int) -> i
     return value
 
 
+def _packed_within(lines: list[bytes], cap: int) -> tuple[bytes, int] | None:
+    """The first of ``lines`` packed within ``cap`` bytes, and how many; ``None`` when they do not make a table.
+
+    Kept lines were each valid when they arrived; should they not make one table together, the answer is the lines
+    as they are, so that the client's reader names the line at fault.
+    """
+    try:
+        return pack_lines(lines, where="sidecar", max_bytes=cap)
+    except ParseError as exc:
+        log.warning("answering /v1/steps with JSON lines: the kept records do not pack: %s", str(exc)[:300])
+        return None
+
+
 class SidecarServer:
     """The aiohttp application over a collector, its registry and the training-loop source."""
 
@@ -134,15 +152,27 @@ class SidecarServer:
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def steps(self, request: web.Request) -> web.Response:
-        """Recent step records as JSON lines (``?since_step=``, ``?limit=``)."""
+        """Recent step records (``?since_step=``, ``?limit=``, ``?max_bytes=``).
+
+        JSON lines, or packed columns when the client accepts :data:`~meshscope.records.PACKED_MEDIA_TYPE` (packed
+        in a worker thread).
+        """
         since = _query_int(request, "since_step", -1, -1)
         limit = min(_query_int(request, "limit", self.steps_limit, 1), self.steps_limit)
-        lines = (
-            self.train.recent_lines(since_step=since, limit_steps=limit, max_bytes=self.response_bytes)
-            if self.train is not None
-            else []
-        )
-        return web.Response(body=b"".join(lines), content_type="application/x-ndjson")
+        cap = min(_query_int(request, "max_bytes", self.response_bytes, 1), self.response_bytes)
+        if self.train is None:
+            return web.Response(body=b"", content_type="application/x-ndjson")
+        if PACKED_MEDIA_TYPE in request.headers.get("Accept", ""):
+            # the lines within the sidecar's own bound, then as many of them as fit the client's cap once packed
+            lines, cut = self.train.recent_window(since_step=since, limit_steps=limit, max_bytes=self.response_bytes)
+            packed = await asyncio.to_thread(_packed_within, lines, cap) if lines else None
+            if packed is not None:
+                body, held = packed
+                headers = {CUT_HEADER: "max_bytes"} if cut or held < len(lines) else {}
+                return web.Response(body=body, content_type=PACKED_MEDIA_TYPE, headers=headers)
+        lines, cut = self.train.recent_window(since_step=since, limit_steps=limit, max_bytes=cap)
+        headers = {CUT_HEADER: "max_bytes"} if cut else {}
+        return web.Response(body=b"".join(lines), content_type="application/x-ndjson", headers=headers)
 
     async def healthz(self, _request: web.Request) -> web.Response:
         """The identity and every source's state, as JSON."""

@@ -430,6 +430,12 @@ class TrainEventsSource:
             max_bytes: stop before the lines would exceed this many bytes (at least one line is returned when any
                 is kept, so a client always makes progress).
         """
+        return self.recent_window(since_step=since_step, limit_steps=limit_steps, max_bytes=max_bytes)[0]
+
+    def recent_window(
+        self, *, since_step: int = -1, limit_steps: int | None = None, max_bytes: int
+    ) -> tuple[list[bytes], bool]:
+        """:meth:`recent_lines`, and whether ``max_bytes`` left out lines of the steps asked for."""
         with self._lock:
             steps = sorted(s for s in self._recent if s > since_step)
             if limit_steps is not None:
@@ -439,10 +445,10 @@ class TrainEventsSource:
             for s in steps:
                 for line in self._recent[s]:
                     if out and size + len(line) > max_bytes:
-                        return out
+                        return out, True
                     out.append(line)
                     size += len(line)
-            return out
+            return out, False
 
     def process_ranks(self) -> dict[int, int]:
         """``pid -> global rank`` of every rank of this pod that said hello (the SDK's hello carries both).
