@@ -21,7 +21,6 @@ analysis, and must not import kopf.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -30,7 +29,17 @@ import msgspec
 
 from meshscope.analysis import analyze
 from meshscope.errors import ParseError
-from meshscope.records import Note, table_from_lines
+from meshscope.records import (
+    CUT_HEADER,
+    PACKED_MEDIA_TYPE,
+    Note,
+    RecordColumns,
+    columns_from_lines,
+    packed_steps,
+    table_from_columns,
+    table_from_lines,
+    unpack_columns,
+)
 from meshscope_operator.costs import encode_analysis
 
 if TYPE_CHECKING:
@@ -60,17 +69,40 @@ class Target:
 
 
 @dataclass(slots=True, kw_only=True)
+class PodRecords:
+    """One sidecar's records of the window: packed columns, or (from a sidecar that does not pack) JSON lines."""
+
+    pod: str
+    packed: bytes | None = None
+    """Its ``meshscope.columns/1`` answer (every step it sent; the window is cut out when it is unpacked)."""
+    lines: list[bytes] = field(default_factory=list)
+    """Its JSON lines of the window's steps."""
+
+
+@dataclass(slots=True, kw_only=True)
 class Pulled:
     """What the sidecars answered, and what they did not."""
 
-    lines: list[bytes] = field(default_factory=list)
-    """Record lines of the window, every answering pod's."""
+    records: list[PodRecords] = field(default_factory=list)
+    """Every answering pod's records of the window."""
+    window: frozenset[int] = frozenset()
+    """The steps analysed: those every answering pod returned (all when they share none)."""
     notes: list[Note] = field(default_factory=list)
     """Partial data: pods missing, unreachable, cut, steps left out."""
     pods_answered: int = 0
     bytes_read: int = 0
     last_step: int | None = None
     """Newest step of the window (the next analysis asks for steps after it)."""
+
+
+def window_steps(configured: int, *, max_rank_steps: int, world_size: int | None) -> int:
+    """Steps per window: ``configured``, or fewer (at least one) where they would exceed ``max_rank_steps``.
+
+    ``configured`` where the job's size is not known (a spec that does not load).
+    """
+    if world_size is None or world_size < 1:
+        return configured
+    return max(1, min(configured, max_rank_steps // world_size))
 
 
 def _named(pods: Sequence[str]) -> str:
@@ -115,21 +147,37 @@ def expected_pods_note(found: int, spec: JobSpec | None) -> Note | None:
     )
 
 
+_ACCEPT = f"{PACKED_MEDIA_TYPE}, application/x-ndjson;q=0.5"
+"""Packed columns first; a sidecar that does not pack answers JSON lines."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Answer:
+    body: bytes
+    packed: bool
+    cut: bool
+
+
 async def _pull_one(
     session: aiohttp.ClientSession, target: Target, *, query: dict[str, str], allowance: int, timeout_s: float
-) -> tuple[bytes, bool]:
-    """The pod's answer (at most ``allowance`` bytes, cut at a whole line) and whether it was cut."""
+) -> _Answer:
+    """The pod's answer: at most ``allowance`` bytes, JSON lines cut at a whole line (a cut pack is no use: empty)."""
     timeout = aiohttp.ClientTimeout(total=timeout_s)
-    async with session.get(target.url + "/v1/steps", params=query, timeout=timeout) as response:
+    params = {**query, "max_bytes": str(allowance)}
+    async with session.get(
+        target.url + "/v1/steps", params=params, timeout=timeout, headers={"Accept": _ACCEPT}
+    ) as response:
         if response.status != 200:
             text = (await response.content.read(300)).decode(errors="replace")
             raise aiohttp.ClientResponseError(
                 response.request_info, (), status=response.status, message=text.strip()[:200]
             )
+        packed = response.content_type == PACKED_MEDIA_TYPE
+        trimmed = CUT_HEADER in response.headers  # the sidecar kept to max_bytes by leaving records out
         raw = await response.content.read(allowance + 1)
     if len(raw) <= allowance:
-        return raw, False
-    return raw[: raw.rfind(b"\n", 0, allowance) + 1], True
+        return _Answer(body=raw, packed=packed, cut=trimmed)
+    return _Answer(body=b"" if packed else raw[: raw.rfind(b"\n", 0, allowance) + 1], packed=packed, cut=True)
 
 
 async def pull_window(
@@ -150,7 +198,7 @@ async def pull_window(
     query = {"since_step": str(since_step), "limit": str(window_steps)}
     gate = asyncio.Semaphore(concurrency)
     budget = {"left": total_max_bytes}
-    answers: dict[str, bytes] = {}
+    answers: dict[str, _Answer] = {}
     failed: dict[str, str] = {}
     cut: list[str] = []
     over_budget: list[str] = []
@@ -164,10 +212,10 @@ async def pull_window(
             budget["left"] -= allowance
             used = 0
             try:
-                raw, was_cut = await _pull_one(session, target, query=query, allowance=allowance, timeout_s=timeout_s)
-                used = len(raw)
-                answers[target.pod] = raw
-                if was_cut:
+                answer = await _pull_one(session, target, query=query, allowance=allowance, timeout_s=timeout_s)
+                used = len(answer.body)
+                answers[target.pod] = answer
+                if answer.cut:
                     cut.append(target.pod)
             except TimeoutError:
                 failed[target.pod] = f"no answer within {timeout_s:g} s"
@@ -179,7 +227,7 @@ async def pull_window(
                 budget["left"] += allowance - used
 
     await asyncio.gather(*(one(t) for t in targets))
-    pulled = Pulled(pods_answered=len(answers), bytes_read=sum(len(r) for r in answers.values()))
+    pulled = Pulled(pods_answered=len(answers), bytes_read=sum(len(a.body) for a in answers.values()))
     if failed:
         first = sorted(failed)
         pulled.notes.append(
@@ -197,7 +245,8 @@ async def pull_window(
                 code="sidecar_answer_cut",
                 count=len(cut),
                 message=f"{len(cut)} sidecars' answers were cut at {pod_max_bytes:,} bytes per pod or the "
-                f"{total_max_bytes:,}-byte total: {_named(sorted(cut))}",
+                f"{total_max_bytes:,}-byte total (a cut answer of packed columns is left out whole): "
+                f"{_named(sorted(cut))}",
             )
         )
     if over_budget:
@@ -226,38 +275,76 @@ def _stepped(raw: bytes) -> tuple[list[tuple[int, bytes]], int]:
     return lines, unreadable
 
 
-def _keep_common_steps(pulled: Pulled, answers: dict[str, bytes]) -> None:
-    """Keep the lines of the steps every answering pod returned (all steps when they share none)."""
+def _steps_of(
+    answers: dict[str, _Answer],
+) -> tuple[dict[str, list[tuple[int, bytes]]], dict[str, frozenset[int]], int, list[str]]:
+    """What each answer holds, read without decoding the records.
+
+    Returns: per pod, its JSON lines with their steps (JSON answers only) and the steps it holds; the lines without
+    a step number; the pods whose packed header does not read.
+    """
     lines_of: dict[str, list[tuple[int, bytes]]] = {}
+    steps_of: dict[str, frozenset[int]] = {}
     unreadable = 0
-    for pod, raw in answers.items():
-        lines_of[pod], bad = _stepped(raw)
+    unreadable_pods: list[str] = []
+    for pod, answer in answers.items():
+        if answer.packed:
+            if answer.body:
+                try:
+                    steps_of[pod] = packed_steps(answer.body, where=f"pod {pod}")
+                except ParseError:
+                    unreadable_pods.append(pod)
+            continue
+        lines_of[pod], bad = _stepped(answer.body)
         unreadable += bad
-    step_sets = [{s for s, _ in lines} for lines in lines_of.values() if lines]
-    if not step_sets:
-        return
-    common = set.intersection(*step_sets)
-    window = common or set.union(*step_sets)
-    left_out = 0
-    for lines in lines_of.values():
-        for step, line in lines:
-            if step in window:
-                pulled.lines.append(line)
-            else:
-                left_out += 1
-    pulled.last_step = max(window)
-    if left_out:
-        pulled.notes.append(
-            Note(
-                code="steps_outside_window",
-                count=left_out,
-                message=f"{left_out} records of steps not every sidecar still had were left out; the window is steps "
-                f"{min(window)}-{max(window)}",
+        steps_of[pod] = frozenset(s for s, _ in lines_of[pod])
+    return lines_of, steps_of, unreadable, unreadable_pods
+
+
+def _keep_common_steps(pulled: Pulled, answers: dict[str, _Answer]) -> None:
+    """Keep the records of the steps every answering pod returned (all steps when they share none).
+
+    A packed answer says which steps it holds in its header (checked against its rows when it is unpacked); its
+    window is cut out then, off the event loop.
+    """
+    lines_of, steps_of, unreadable, unreadable_pods = _steps_of(answers)
+    step_sets = [steps for steps in steps_of.values() if steps]
+    if step_sets:
+        common = frozenset.intersection(*step_sets)
+        window = common or frozenset.union(*step_sets)
+        left_out = 0
+        for pod, steps in steps_of.items():
+            if pod in lines_of:
+                kept = [line for step, line in lines_of[pod] if step in window]
+                left_out += len(lines_of[pod]) - len(kept)
+                if kept:
+                    pulled.records.append(PodRecords(pod=pod, lines=kept))
+            elif steps & window:
+                left_out += len(steps - window)
+                pulled.records.append(PodRecords(pod=pod, packed=answers[pod].body))
+        pulled.window = window
+        pulled.last_step = max(window)
+        if left_out:
+            pulled.notes.append(
+                Note(
+                    code="steps_outside_window",
+                    count=left_out,
+                    message=f"{left_out} records (or steps of packed answers) not every sidecar still had were left "
+                    f"out; the window is steps {min(window)}-{max(window)}",
+                )
             )
-        )
     if unreadable:
         pulled.notes.append(
             Note(code="unreadable_records", count=unreadable, message=f"{unreadable} lines had no step number")
+        )
+    if unreadable_pods:
+        pulled.notes.append(
+            Note(
+                code="unreadable_records",
+                count=len(unreadable_pods),
+                message=f"{len(unreadable_pods)} sidecars answered packed columns that could not be read: "
+                f"{_named(sorted(unreadable_pods))}",
+            )
         )
 
 
@@ -271,40 +358,88 @@ class Result:
     """The plan's findings (``{code, severity, message}``), empty without a spec."""
 
 
-def analyse_window(lines: list[bytes], *, spec: JobSpec | None, notes: Sequence[Note]) -> Result:
-    """Build the table of ``lines`` and run :func:`meshscope.analysis.analyze` (blocking: call it in a thread).
+def analyse_window(
+    records: list[PodRecords], *, window: frozenset[int], spec: JobSpec | None, notes: Sequence[Note]
+) -> Result:
+    """Build the table of the pods' ``records`` and run :func:`meshscope.analysis.analyze` (blocking: in a thread).
 
-    ``lines`` is consumed: emptied once the table is built, so that the records' JSON (as large as the table) is
-    not held while the analysis runs.
+    ``records`` is consumed: emptied once the pods' columns are read, so that their bytes are not held while the
+    analysis runs. Packed answers are cut to ``window``.
 
-    A pod whose records spoil the table (one bad line fails the whole table) is not needed to find: the table is
-    built from all lines first, and only when that fails line by line, leaving the bad lines out with a note.
+    Records that spoil the table are left out with a note, never the whole analysis: a pod whose packed columns do
+    not read, JSON lines that do not read (the pod's other lines are kept), and, when the pods' columns do not make a
+    table together, the pods whose columns do not make one alone.
 
     Raises:
-        ParseError: no line is a valid record, or the records do not fit the spec's layout.
+        ParseError: no record is valid, or the records do not fit the spec's layout.
         PlanError: the spec cannot be planned.
     """
+    parts: list[RecordColumns] = []
+    first_error: list[str] = []
+    pods_left_out: list[str] = []
+    lines_left_out = 0
+    for pod in records:
+        where = f"pod {pod.pod}"
+        packed, lines = pod.packed, pod.lines
+        pod.packed, pod.lines = None, []  # each answer's bytes go as its columns come: the peak holds one copy
+        try:
+            if packed is not None:
+                parts.append(unpack_columns(packed, where=where).only_steps(window))
+            else:
+                parts.append(columns_from_lines(lines, where=where))
+        except ParseError as exc:
+            first_error.append(str(exc).splitlines()[0][:300])
+            if packed is not None:
+                pods_left_out.append(pod.pod)
+                continue
+            good = [line for line in lines if _line_reads(line, where)]
+            lines_left_out += len(lines) - len(good)
+            if good:
+                parts.append(columns_from_lines(good, where=where))
+        del packed, lines
+    records.clear()
+    parts = [p for p in parts if p.n_rows]
     try:
-        table = table_from_lines(lines, where="sidecars")
+        table = table_from_columns(parts)
     except ParseError as exc:
-        good = []
-        for line in lines:
-            with contextlib.suppress(ParseError):
-                table_from_lines([line], where="sidecars")
-                good.append(line)
-        first = str(exc).splitlines()[0][:300]
+        if not parts:
+            raise
+        first_error.append(str(exc).splitlines()[0][:300])
+        alone = [p for p in parts if _table_reads(p)]
+        pods_left_out.extend(p.where.removeprefix("pod ") for p in parts if p not in alone)
+        parts = alone
+        table = table_from_columns(parts)
+    parts.clear()
+    if first_error:
+        what = [f"{lines_left_out} records"] if lines_left_out else []
+        what += (
+            [f"every record of {len(pods_left_out)} pods ({_named(sorted(pods_left_out))})"] if pods_left_out else []
+        )
         notes = [
             *notes,
             Note(
                 code="invalid_records",
-                count=len(lines) - len(good),
-                message=f"{len(lines) - len(good)} records were left out as invalid (first: {first})",
+                count=lines_left_out + len(pods_left_out),
+                message=f"{' and '.join(what)} left out as invalid (first: {first_error[0]})",
             ),
         ]
-        table = table_from_lines(good, where="sidecars")
-        good.clear()
-    lines.clear()
     done = analyze(table, spec=spec, notes=notes)
     analysis = done.to_dict()
     planner = [f.to_dict() for f in done.plan.findings] if done.plan is not None else []
     return Result(analysis=analysis, json=encode_analysis(analysis), planner_findings=planner)
+
+
+def _line_reads(line: bytes, where: str) -> bool:
+    try:
+        table_from_lines([line], where=where)
+    except ParseError:
+        return False
+    return True
+
+
+def _table_reads(part: RecordColumns) -> bool:
+    try:
+        table_from_columns([part])
+    except ParseError:
+        return False
+    return True

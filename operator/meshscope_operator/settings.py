@@ -150,6 +150,10 @@ class OperatorSettings:
     """Steps of records pulled from every sidecar per deep analysis (``MESHSCOPE_OPERATOR_DEEP_WINDOW_STEPS``, 1 to
     64, the most a sidecar keeps; default 2: at 16,384 ranks of Llama 3 405B that is 38 M intervals, about 4 GiB of
     working set, docs/scale.md)."""
+    deep_window_rank_steps: int = 16_384
+    """Most rank-steps per window (``MESHSCOPE_OPERATOR_DEEP_WINDOW_RANK_STEPS``, 1 to 16,777,216; default 16,384):
+    a job of more ranks than this over ``deep_window_steps`` steps gets fewer steps per window, at least one. Bounds
+    the analysis' time: at 16,384 ranks of Llama 3 405B one step takes ~12 s, two ~30 s (docs/scale.md)."""
     deep_timeout_seconds: float = 30.0
     """Seconds one sidecar's ``/v1/steps`` answer may take (``MESHSCOPE_OPERATOR_DEEP_TIMEOUT_SECONDS``, 0.1 to
     600; default 30); a sidecar that takes longer is noted as missing, not waited for."""
@@ -312,6 +316,9 @@ def settings_from(environ: Mapping[str, str]) -> OperatorSettings:
             raw, "deep_interval_seconds", d.deep_interval_seconds, minimum=10.0, maximum=86400.0
         ),
         deep_window_steps=_optional_int(raw, "deep_window_steps", d.deep_window_steps, minimum=1, maximum=64),
+        deep_window_rank_steps=_optional_int(
+            raw, "deep_window_rank_steps", d.deep_window_rank_steps, minimum=1, maximum=1 << 24
+        ),
         deep_timeout_seconds=_optional_seconds(
             raw, "deep_timeout_seconds", d.deep_timeout_seconds, minimum=0.1, maximum=600.0
         ),

@@ -51,6 +51,7 @@ from meshscope_operator.deep import (
     expected_pods_note,
     pull_window,
     targets_of,
+    window_steps,
 )
 from meshscope_operator.kubeapi import ApiError, ConflictError, KubeApi
 from meshscope_operator.promql import MetricsError, StoreClient, read_job
@@ -165,19 +166,26 @@ async def run_deep(state: _State, settings: OperatorSettings, *, body: kopf.Body
         fail("NoSidecars", f"no running pod labelled {JOB_LABEL}={name} in {namespace} to pull records from")
         return
     async with state.deep_gate:
-        pulled = await _pull(state, settings, key, targets)
+        steps = window_steps(
+            settings.deep_window_steps,
+            max_rank_steps=settings.deep_window_rank_steps,
+            world_size=spec.world_size if spec is not None else None,
+        )
+        pulled = await _pull(state, settings, key, targets, window=steps)
         notes.extend(pulled.notes)
-        if not pulled.lines:
+        if not pulled.records:
             found = f"the {len(targets)} sidecars asked hold no step records yet"
             fail("NoRecords", "; ".join([found, *(n.message for n in notes)]))
             return
         try:
-            result = await asyncio.to_thread(analyse_window, pulled.lines, spec=spec, notes=notes)
+            result = await asyncio.to_thread(
+                analyse_window, pulled.records, window=pulled.window, spec=spec, notes=notes
+            )
         except (MeshscopeError, ValueError) as exc:
             fail("AnalysisFailed", str(exc).splitlines()[0] + (f" (spec: {spec_error})" if spec_error else ""))
             return
         finally:
-            pulled.lines.clear()  # the records are not kept past the analysis (analyse_window empties it too)
+            pulled.records.clear()  # the records are not kept past the analysis (analyse_window empties it too)
     configmap = configmap_for(dict(body), result.json)
     try:
         await _apply(state.api, configmap)
@@ -203,7 +211,9 @@ async def run_deep(state: _State, settings: OperatorSettings, *, body: kopf.Body
     )
 
 
-async def _pull(state: _State, settings: OperatorSettings, key: tuple[str, str], targets: list[Target]) -> Pulled:
+async def _pull(
+    state: _State, settings: OperatorSettings, key: tuple[str, str], targets: list[Target], *, window: int
+) -> Pulled:
     """The window after the job's cursor; from the oldest kept step when that is empty (a restarted job)."""
     pulled = Pulled()
     if state.http is None:
@@ -213,13 +223,13 @@ async def _pull(state: _State, settings: OperatorSettings, key: tuple[str, str],
             state.http,
             targets,
             since_step=since,
-            window_steps=settings.deep_window_steps,
+            window_steps=window,
             pod_max_bytes=settings.deep_pod_max_bytes,
             total_max_bytes=settings.deep_total_max_bytes,
             timeout_s=settings.deep_timeout_seconds,
             concurrency=settings.deep_concurrency,
         )
-        if pulled.lines:
+        if pulled.records:
             break
     return pulled
 

@@ -57,7 +57,7 @@ def test_the_default_env_gives_the_operators_defaults() -> None:
     # the differences: the chart mounts the CA beside the certificate, and bounds the deep tier's pull to fit the
     # operator's memory limit (1Gi) instead of the operator's own 8 GiB (values.yaml, costs.deep.totalMaxBytes)
     assert settings == replace(
-        OperatorSettings(), webhook_ca_file="/etc/meshscope/webhook/ca.crt", deep_total_max_bytes=384 << 20
+        OperatorSettings(), webhook_ca_file="/etc/meshscope/webhook/ca.crt", deep_total_max_bytes=256 << 20
     )
 
 

@@ -33,9 +33,17 @@ from hypothesis import strategies as st
 from cost_sidecars import JOB, NAMESPACE, feed_all, job_manifest, sidecars, simulated_job
 from meshscope.analysis import analyze
 from meshscope.errors import ParseError
-from meshscope.records import table_from_lines
+from meshscope.records import pack_lines, table_from_lines, unpack_columns
 from meshscope_operator.costs import ANALYSIS_KEY, COST_TABLE_AVAILABLE, METRICS_AVAILABLE, status_from_analysis
-from meshscope_operator.deep import Pulled, Target, analyse_window, pull_window, targets_of
+from meshscope_operator.deep import (
+    PodRecords,
+    Pulled,
+    Target,
+    analyse_window,
+    pull_window,
+    targets_of,
+    window_steps,
+)
 from meshscope_operator.handlers import ANNOTATION_PREFIX
 from meshscope_operator.kubeapi import KubeApi
 from meshscope_operator.settings import OperatorSettings
@@ -246,19 +254,23 @@ def test_the_deep_tier_writes_the_cores_analysis(tmp_path: Path) -> None:
 
 
 class _Stub(http.server.ThreadingHTTPServer):
-    """A sidecar that hangs (``delay_s``) or answers an error: what a broken pod looks like from the operator."""
+    """A sidecar that hangs (``delay_s``), answers an error, or (``lines``) answers JSON lines whatever it is asked,
+    as a sidecar that does not pack does: what a broken or an older pod looks like from the operator."""
 
     daemon_threads = True
 
-    def __init__(self, status: int, delay_s: float = 0.0) -> None:
+    def __init__(self, status: int, delay_s: float = 0.0, lines: list[bytes] | None = None) -> None:
         self.release = threading.Event()
+        self.asked: list[str] = []
         outer = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
             def do_GET(self) -> None:
+                outer.asked.append(self.path)
                 outer.release.wait(delay_s)
-                body = b"overloaded\n"
+                body = b"".join(lines) if lines is not None else b"overloaded\n"
                 self.send_response(status)
+                self.send_header("Content-Type", "application/x-ndjson")
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
                 with contextlib.suppress(OSError):
@@ -291,6 +303,22 @@ def _pull(targets: list[Target], **bounds: Any) -> Pulled:
     return asyncio.run(go())
 
 
+def _rank_steps(pulled: Pulled) -> dict[str, set[tuple[int, int]]]:
+    """Per pod, the (rank, step) pairs of its records in the window, whichever way it answered."""
+    out = {}
+    for pod in pulled.records:
+        if pod.packed is not None:
+            rows = unpack_columns(pod.packed, where=pod.pod).only_steps(pulled.window).raw.rows
+            out[pod.pod] = set(zip(rows["rank"].tolist(), rows["step"].tolist(), strict=True))
+        else:
+            out[pod.pod] = {(json.loads(x)["rank"], json.loads(x)["step"]) for x in pod.lines}
+    return out
+
+
+def _pairs(lines: list[bytes]) -> set[tuple[int, int]]:
+    return {(json.loads(x)["rank"], json.loads(x)["step"]) for x in lines}
+
+
 def test_the_pull_is_bounded_and_names_what_it_missed(tmp_path: Path) -> None:
     job = simulated_job(2, tmp_path)
     hung, failing = _Stub(200, delay_s=30.0), _Stub(503)
@@ -302,23 +330,26 @@ def test_the_pull_is_bounded_and_names_what_it_missed(tmp_path: Path) -> None:
             of_a = [x for x in window if json.loads(x)["rank"] < 4]
             of_b = [x for x in window if json.loads(x)["rank"] >= 4]
 
+            # the sidecars pack their records: exactly the window (steps 0-1 of every rank), in fewer bytes
             whole = _pull([a, b], pod_max_bytes=1 << 20, total_max_bytes=1 << 30)
-            assert sorted(whole.lines) == sorted(window)  # exactly the window: steps 0-1 of every rank
-            assert (whole.notes, whole.pods_answered, whole.last_step) == ([], 2, 1)
-            assert whole.bytes_read == sum(map(len, window))
+            assert all(pod.packed is not None for pod in whole.records)
+            assert _rank_steps(whole) == {"tiny-0": _pairs(of_a), "tiny-1": _pairs(of_b)}
+            assert (whole.notes, whole.pods_answered, whole.last_step, whole.window) == ([], 2, 1, {0, 1})
+            assert whole.bytes_read == sum(len(pod.packed or b"") for pod in whole.records)
+            assert whole.bytes_read < sum(map(len, window))  # fewer bytes than the lines
 
-            # a byte cap per pod: each answer cut at a whole record, the cut named
-            cap = sum(map(len, of_a[:3])) + 10
-            cut = _pull([a, b], pod_max_bytes=cap, total_max_bytes=1 << 30)
-            assert [(n.code, n.count) for n in cut.notes] == [("sidecar_answer_cut", 2)]
-            assert [x for x in cut.lines if json.loads(x)["rank"] < 4] == of_a[:3]  # step 0 of ranks 0-2
-            assert all(line in window for line in cut.lines)
-            assert cut.bytes_read <= 2 * cap
+            # a byte cap per pod: the sidecar packs the records that fit it (one byte short of all of them: all but
+            # the last), and the operator names the answer cut
+            cap = len(pack_lines(of_a, where="sidecar")[0]) - 1
+            cut = _pull([a], pod_max_bytes=cap, total_max_bytes=1 << 30)
+            assert [(n.code, n.count) for n in cut.notes] == [("sidecar_answer_cut", 1)]
+            assert _rank_steps(cut) == {"tiny-0": _pairs(of_a[:-1])}  # steps 0-1 of ranks 0-3, less rank 3's step 1
+            assert cut.bytes_read <= cap
 
             # a total cap: the first pod takes it, the second is not asked (one at a time here)
-            total = sum(map(len, of_a))
+            total = len(pack_lines(of_a, where="sidecar")[0])
             spent = _pull([a, b], pod_max_bytes=1 << 20, total_max_bytes=total)
-            assert sorted(spent.lines) == sorted(of_a)
+            assert _rank_steps(spent) == {"tiny-0": _pairs(of_a)}
             assert [(n.code, n.count) for n in spent.notes] == [("records_over_budget", 1)]
             assert "tiny-1" in spent.notes[0].message
             assert spent.bytes_read == total
@@ -331,7 +362,7 @@ def test_the_pull_is_bounded_and_names_what_it_missed(tmp_path: Path) -> None:
                 timeout_s=0.5,
                 concurrency=4,
             )
-            assert sorted(broken.lines) == sorted(of_a + of_b)
+            assert _rank_steps(broken) == {"tiny-0": _pairs(of_a), "tiny-1": _pairs(of_b)}
             [note] = broken.notes
             assert (note.code, note.count) == ("sidecars_unreachable", 2)
             assert "tiny-hung (no answer within 0.5 s)" in note.message
@@ -339,6 +370,36 @@ def test_the_pull_is_bounded_and_names_what_it_missed(tmp_path: Path) -> None:
     finally:
         hung.close()
         failing.close()
+
+
+def test_a_sidecar_that_answers_json_lines_is_analysed_beside_packed_ones(tmp_path: Path) -> None:
+    """A pod whose sidecar does not pack (an older image, or records that would not pack) answers JSON lines; the
+    operator cuts its window out of the lines, and the analysis is that of the same records read from one file."""
+    job = simulated_job(2, tmp_path)
+    window = [x for x in job.lines if json.loads(x)["step"] in {0, 1}]
+    of_b = [x for x in job.lines if json.loads(x)["rank"] >= 4]  # every step it kept: the window cuts all but 0-1
+    older = _Stub(200, lines=of_b)
+    try:
+        with sidecars(job, [("127.0.0.1", 0)]) as running:
+            feed_all(job, running)
+            pulled = _pull(
+                [Target(pod="tiny-0", url=running[0].url), Target(pod="tiny-1", url=older.url)],
+                pod_max_bytes=1 << 20,
+                total_max_bytes=1 << 30,
+                window_steps=2,
+            )
+    finally:
+        older.close()
+    assert [pod.packed is not None for pod in sorted(pulled.records, key=lambda p: p.pod)] == [True, False]
+    assert "max_bytes=1048576" in older.asked[0]  # every sidecar is told the byte cap
+    assert pulled.window == {0, 1}
+    outside = [x for x in of_b if x not in window]
+    assert [(n.code, n.count) for n in pulled.notes] == [("steps_outside_window", len(outside))]
+    result = analyse_window(pulled.records, window=pulled.window, spec=None, notes=[])
+    assert pulled.records == []  # consumed
+    expected = analyze(table_from_lines(window, where="window"))
+    assert result.analysis["rows"] == expected.to_dict()["rows"]
+    assert result.analysis["summary"] == expected.to_dict()["summary"]
 
 
 def test_pods_without_an_ip_are_noted_not_asked() -> None:
@@ -368,23 +429,29 @@ def tiny_lines(tmp_path_factory: pytest.TempPathFactory) -> list[bytes]:
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(garbage=st.lists(_garbage, max_size=4), at=st.integers(0, 16))
+@given(garbage=st.lists(_garbage, max_size=4), at=st.integers(0, 16), packed=st.booleans())
 def test_garbage_from_a_sidecar_is_left_out_or_refused_in_one_line(
-    tiny_lines: list[bytes], garbage: list[bytes], at: int
+    tiny_lines: list[bytes], garbage: list[bytes], at: int, packed: bool
 ) -> None:
     lines = [*tiny_lines[:at], *(g.replace(b"\n", b" ") + b"\n" for g in garbage), *tiny_lines[at:]]
+    records = [PodRecords(pod="tiny-0", lines=lines)]
+    if packed:  # the garbage as a second pod's packed answer, beside the good lines
+        records = [PodRecords(pod="tiny-0", lines=tiny_lines), PodRecords(pod="tiny-1", packed=b"".join(lines))]
     try:
-        result = analyse_window(lines, spec=None, notes=[])
+        result = analyse_window(records, window=frozenset({0, 1}), spec=None, notes=[])
     except ParseError as exc:
         message = str(exc)
     else:
         message = ""
     if message:
         assert message.strip()
+        assert "\n" not in message.strip()
         return
-    if garbage:
+    if garbage or packed:
         codes = [n["code"] for n in result.analysis["partial_data"]]
         assert "invalid_records" in codes or len(result.analysis["rows"]) > 0
+    if packed:  # the packed garbage is left out whole, the good pod analysed
+        assert "invalid_records" in [n["code"] for n in result.analysis["partial_data"]]
     assert json.loads(result.json)["rows"] == result.analysis["rows"]
 
 
@@ -417,3 +484,12 @@ class _NoPods(KubeApi):
     async def list(self, path: str) -> list[dict[str, Any]]:
         assert path == f"/api/v1/namespaces/{NAMESPACE}/pods?labelSelector=meshscope.io/trainingjob%3D{JOB}", path
         return []
+
+
+@pytest.mark.parametrize(
+    ("configured", "world_size", "steps"),
+    [(2, 16_384, 1), (2, 8_192, 2), (2, 100_000, 1), (64, 4_096, 4), (2, None, 2), (3, 1, 3)],
+    ids=["16k-ranks-one-step", "8k-ranks-two", "beyond-the-bound-still-one", "64-asked-4-fit", "size-unknown", "tiny"],
+)
+def test_a_window_holds_at_most_the_rank_steps_bound(configured: int, world_size: int | None, steps: int) -> None:
+    assert window_steps(configured, max_rank_steps=16_384, world_size=world_size) == steps

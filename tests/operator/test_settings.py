@@ -83,6 +83,7 @@ def test_the_cost_tiers_settings_are_read() -> None:
             "MESHSCOPE_OPERATOR_METRICS_TIMEOUT_SECONDS": "2.5",
             "MESHSCOPE_OPERATOR_DEEP_INTERVAL_SECONDS": "600",
             "MESHSCOPE_OPERATOR_DEEP_WINDOW_STEPS": "4",
+            "MESHSCOPE_OPERATOR_DEEP_WINDOW_RANK_STEPS": "4096",
             "MESHSCOPE_OPERATOR_DEEP_TIMEOUT_SECONDS": "12",
             "MESHSCOPE_OPERATOR_DEEP_CONCURRENCY": "128",
             "MESHSCOPE_OPERATOR_DEEP_POD_MAX_BYTES": "1048576",
@@ -92,10 +93,12 @@ def test_the_cost_tiers_settings_are_read() -> None:
     assert s.metrics_url == "http://vmselect.monitoring:8481/select/0/prometheus"  # the trailing slash dropped
     assert (s.metrics_interval_seconds, s.metrics_timeout_seconds) == (15.0, 2.5)
     assert (s.deep_interval_seconds, s.deep_window_steps, s.deep_timeout_seconds) == (600.0, 4, 12.0)
+    assert s.deep_window_rank_steps == 4096
     assert (s.deep_concurrency, s.deep_pod_max_bytes, s.deep_total_max_bytes) == (128, 1 << 20, 1 << 30)
     d = settings_from({})
     assert d.metrics_url == ""  # no store: no continuous tier
     assert (d.deep_interval_seconds, d.deep_window_steps, d.deep_pod_max_bytes) == (300.0, 2, 64 << 20)
+    assert d.deep_window_rank_steps == 16384
 
 
 @pytest.mark.parametrize(
@@ -108,6 +111,7 @@ def test_the_cost_tiers_settings_are_read() -> None:
         ("MESHSCOPE_OPERATOR_DEEP_INTERVAL_SECONDS", "inf", "from 10 to 86400"),
         ("MESHSCOPE_OPERATOR_DEEP_INTERVAL_SECONDS", "5m", "is not a number of seconds"),
         ("MESHSCOPE_OPERATOR_DEEP_WINDOW_STEPS", "65", "is not a whole number from 1 to 64"),
+        ("MESHSCOPE_OPERATOR_DEEP_WINDOW_RANK_STEPS", "0", "is not a whole number from 1 to 16777216"),
         ("MESHSCOPE_OPERATOR_DEEP_TIMEOUT_SECONDS", "-1", "from 0.1 to 600"),
         ("MESHSCOPE_OPERATOR_DEEP_CONCURRENCY", "0", "from 1 to 4096"),
         ("MESHSCOPE_OPERATOR_DEEP_POD_MAX_BYTES", "64Mi", "is not a whole number from 1024 to 1073741824"),
