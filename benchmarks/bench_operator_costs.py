@@ -2,13 +2,15 @@
 
 The records are the core simulator's Llama 3 405B job on 16,384 H100s (``examples/llama3-405b-h100.yaml``: tp 8,
 pp 16 with 4 virtual stages, dp 128, 16 micro-batches) with rank 1234 computing 1.4x as long, for one window of
-``--window`` steps (the operator's default ``MESHSCOPE_OPERATOR_DEEP_WINDOW_STEPS`` is 2). Printed:
+``--window`` steps (the operator's ``MESHSCOPE_OPERATOR_DEEP_WINDOW_STEPS``, default 2, bounded by
+``MESHSCOPE_OPERATOR_DEEP_WINDOW_RANK_STEPS``). Printed:
 
-- **deep tier**: ``analyze`` of the window with the spec (what ``deep.analyse_window`` runs in its worker thread)
-  plus ``to_dict`` and the JSON cut to the ConfigMap's budget: wall time and the peak RSS it adds (the working set
-  beyond the records' table), in a process of its own;
-- **records**: the JSON-lines bytes a window is (what the operator pulls from the sidecars) and what parsing them
-  into a table costs, measured on the first rows of the window and scaled to all of them (marked *scaled*);
+- **records**: the JSON lines a window is (what a sidecar keeps), and the packed columns the sidecars answer instead
+  (``meshscope.columns/1``): bytes, and what packing costs one sidecar (its node's 8 ranks);
+- **the operator's side**, in a process of its own so that its peak RSS is its own, as ``deep.analyse_window``
+  runs it: unpacking the 2,048 answers into one table, ``analyze`` with the spec, ``to_dict`` and the JSON cut to
+  the ConfigMap's budget; beside it, what parsing the same window as JSON lines in the operator would cost
+  (measured on the first rank-steps and scaled, marked *scaled*: the path of sidecars that do not pack);
 - **status update**: building the status summary and the ConfigMap from that analysis, validating the summary
   against the CRD's status schema, and the bytes of each; and the continuous tier's summary from a reading.
 
@@ -23,8 +25,10 @@ from __future__ import annotations
 import argparse
 import json
 import resource
+import struct
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -33,31 +37,21 @@ from timing import machine_reference
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 SAMPLE_ROWS = 2048
-"""Rank-steps encoded and parsed to measure the records' bytes and parse rate."""
+"""Rank-steps parsed as JSON lines to measure the operator's parse rate of the unpacked path."""
 
 
 def _rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def one(window: int) -> dict[str, object]:
-    """Everything measured, in this process (run by ``main`` in a fresh one)."""
-    import jsonschema  # noqa: PLC0415 - imported in the measuring process only
-    import msgspec  # noqa: PLC0415
-    import yaml  # noqa: PLC0415
+def sidecars(window: int, packs_file: Path) -> dict[str, object]:
+    """Simulate the window, encode each node's records as its sidecar keeps them, pack them, write the packs."""
+    import msgspec  # noqa: PLC0415 - imported in the measuring process only
 
-    from meshscope.analysis import analyze  # noqa: PLC0415
     from meshscope.jobs.loading import load_spec  # noqa: PLC0415
-    from meshscope.records import table_from_lines  # noqa: PLC0415
-    from meshscope.records.writing import _table_lines  # noqa: PLC0415 - the writer's own encoder, one chunk
+    from meshscope.records import pack_lines, table_from_lines  # noqa: PLC0415
+    from meshscope.records.writing import _table_lines  # noqa: PLC0415 - the writer's own encoder
     from meshscope.simulation import Straggler, simulate  # noqa: PLC0415
-    from meshscope_operator.costs import (  # noqa: PLC0415
-        MetricsReading,
-        configmap_for,
-        encode_analysis,
-        status_from_analysis,
-        status_from_reading,
-    )
 
     spec = load_spec(ROOT / "examples" / "llama3-405b-h100.yaml")
     t = time.perf_counter()
@@ -65,29 +59,79 @@ def one(window: int) -> dict[str, object]:
     simulate_s = time.perf_counter() - t
     table = sim.table
     del sim
-    rss_table = _rss_mib()
-
-    # the records as the sidecars serve them: JSON lines, measured on the first SAMPLE_ROWS rank-steps
     encoder = msgspec.json.Encoder()
-    lines: list[bytes] = []
+    node_of_row = table.steps.node.tolist()
+    by_node: dict[int, list[bytes]] = {}
+    row = 0
     for chunk in _table_lines(table):
-        lines.extend(encoder.encode(x) + b"\n" for x in chunk)
-        if len(lines) >= SAMPLE_ROWS:
-            break
-    lines = lines[:SAMPLE_ROWS]
-    sample_bytes = sum(map(len, lines))
+        for x in chunk:
+            by_node.setdefault(node_of_row[row], []).append(encoder.encode(x) + b"\n")
+            row += 1
+    names = table.node_names
+    rank_steps, intervals = table.n_rows, table.n_intervals
+    del table
+    json_bytes = sum(len(x) for lines in by_node.values() for x in lines)
+    sample = [x for lines in by_node.values() for x in lines][:SAMPLE_ROWS]
     t, cpu = time.perf_counter(), time.process_time()
-    table_from_lines(lines, where="bench")
+    table_from_lines(sample, where="bench")
     parse_s, parse_cpu_s = time.perf_counter() - t, time.process_time() - cpu
-    scale = table.n_rows / len(lines)
+    scale = rank_steps / len(sample)
+    pack_s, packed_bytes = [], 0
+    with packs_file.open("wb") as f:
+        for node in sorted(by_node):
+            t = time.perf_counter()
+            data, _ = pack_lines(by_node.pop(node), where="sidecar")
+            pack_s.append(time.perf_counter() - t)
+            packed_bytes += len(data)
+            where = f"pod {names[node]}".encode()
+            f.write(struct.pack("<IQ", len(where), len(data)) + where + data)
+    pack_s.sort()
+    return {
+        "ranks": int(spec.world_size),
+        "steps": window,
+        "rank_steps": rank_steps,
+        "intervals": intervals,
+        "simulate_s": simulate_s,
+        "pods": len(pack_s),
+        "json_bytes": json_bytes,
+        "packed_bytes": packed_bytes,
+        "pack_s_median": pack_s[len(pack_s) // 2],
+        "pack_s_max": pack_s[-1],
+        "parse_s_scaled": parse_s * scale,
+        "parse_cpu_s_scaled": parse_cpu_s * scale,
+    }
 
+
+def operator_side(packs_file: Path) -> dict[str, object]:
+    """What the operator does with the pulled answers (``deep.analyse_window``), and the status update."""
+    import jsonschema  # noqa: PLC0415
+    import yaml  # noqa: PLC0415
+
+    from meshscope.jobs.loading import load_spec  # noqa: PLC0415
+    from meshscope_operator.costs import (  # noqa: PLC0415
+        MetricsReading,
+        configmap_for,
+        status_from_analysis,
+        status_from_reading,
+    )
+    from meshscope_operator.deep import PodRecords, analyse_window  # noqa: PLC0415
+
+    spec = load_spec(ROOT / "examples" / "llama3-405b-h100.yaml")
+    records = []
+    with packs_file.open("rb") as f:
+        while head := f.read(12):
+            n_where, n_data = struct.unpack("<IQ", head)
+            where = f.read(n_where).decode()
+            records.append(PodRecords(pod=where.removeprefix("pod "), packed=f.read(n_data)))
+    steps = set()
+    rss_answers = _rss_mib()
+    from meshscope.records import packed_steps  # noqa: PLC0415
+
+    for r in records:
+        steps |= packed_steps(r.packed or b"", where=r.pod)
     t, cpu = time.perf_counter(), time.process_time()
-    analysis = analyze(table, spec=spec)
-    analyze_s, analyze_cpu_s = time.perf_counter() - t, time.process_time() - cpu
-    t = time.perf_counter()
-    as_dict = analysis.to_dict()
-    text = encode_analysis(as_dict)
-    encode_s = time.perf_counter() - t
+    result = analyse_window(records, window=frozenset(steps), spec=spec, notes=[])
+    deep_s, deep_cpu_s = time.perf_counter() - t, time.process_time() - cpu
     rss_deep = _rss_mib()
 
     crd = yaml.safe_load((ROOT / "crds" / "trainingjobs.meshscope.io.yaml").read_text())
@@ -95,12 +139,14 @@ def one(window: int) -> dict[str, object]:
     validator = jsonschema.Draft202012Validator(schema)
     owner = {"apiVersion": "meshscope.io/v1alpha1", "kind": "TrainingJob", "metadata": {"name": "llama3-405b-h100"}}
     t = time.perf_counter()
-    status = status_from_analysis(as_dict, configmap="llama3-405b-h100-meshscope-costs")
-    configmap = configmap_for({**owner, "metadata": {**owner["metadata"], "namespace": "training", "uid": "u"}}, text)
+    status = status_from_analysis(result.analysis, configmap="llama3-405b-h100-meshscope-costs")
+    configmap = configmap_for(
+        {**owner, "metadata": {**owner["metadata"], "namespace": "training", "uid": "u"}}, result.json
+    )
     errors = list(validator.iter_errors({k: v for k, v in status.items() if v is not None}))
     status_s = time.perf_counter() - t
     reading = MetricsReading(
-        median_step_seconds=as_dict["summary"]["median_step_seconds"],
+        median_step_seconds=result.analysis["summary"]["median_step_seconds"],
         shares={("compute", ""): 0.6, ("exposed_comm", "dp"): 0.1, ("bubble", ""): 0.3},
     )
     t = time.perf_counter()
@@ -108,85 +154,86 @@ def one(window: int) -> dict[str, object]:
     continuous_errors = list(validator.iter_errors(continuous))
     continuous_s = time.perf_counter() - t
     return {
-        "ranks": int(analysis.ranks_seen),
-        "steps": window,
-        "rank_steps": table.n_rows,
-        "intervals": table.n_intervals,
-        "simulate_s": simulate_s,
-        "rss_after_table_mib": rss_table,
-        "record_bytes_per_rank_step": sample_bytes / len(lines),
-        "window_bytes_scaled": sample_bytes * scale,
-        "parse_s_scaled": parse_s * scale,
-        "parse_cpu_s_scaled": parse_cpu_s * scale,
-        "analyze_s": analyze_s,
-        "analyze_cpu_s": analyze_cpu_s,
-        "to_dict_and_json_s": encode_s,
+        "deep_s": deep_s,
+        "deep_cpu_s": deep_cpu_s,
+        "rss_answers_mib": rss_answers,
         "peak_rss_mib": rss_deep,
         "status_s": status_s,
         "status_bytes": len(json.dumps(status).encode()),
         "status_valid": not errors,
-        "configmap_data_bytes": len(text.encode()),
+        "configmap_data_bytes": len(result.json.encode()),
         "configmap_bytes": len(json.dumps(configmap).encode()),
         "continuous_s": continuous_s,
         "continuous_bytes": len(json.dumps(continuous).encode()),
         "continuous_valid": not continuous_errors,
-        "findings": [f.code for f in analysis.findings],
+        "findings": [f["code"] for f in result.analysis["findings"]],
     }
 
 
-def main() -> None:
-    """Run :func:`one` in a fresh process (so its peak RSS is its own) and print the figures."""
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--window", type=int, default=2, help="steps in the window (default 2)")
-    parser.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    if args.one:
-        print(json.dumps(one(args.window)))
-        return
-    print(machine_reference(), flush=True)
-    proc = subprocess.run(
-        [sys.executable, __file__, "--one", "--window", str(args.window)],
-        capture_output=True,
-        text=True,
-        check=False,
-        cwd=HERE,
-    )
+def _in_process(*args: str) -> dict[str, object]:
+    proc = subprocess.run([sys.executable, __file__, *args], capture_output=True, text=True, check=False, cwd=HERE)
     if proc.returncode != 0:
         sys.exit(proc.stderr[-4000:])
-    r = json.loads(proc.stdout.splitlines()[-1])
+    result: dict[str, object] = json.loads(proc.stdout.splitlines()[-1])
+    return result
+
+
+def main() -> None:
+    """Run the sidecars' part and the operator's part each in a fresh process, and print the figures."""
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--window", type=int, default=2, help="steps in the window (default 2)")
+    parser.add_argument("--sidecars", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--operator", type=Path, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.sidecars:
+        print(json.dumps(sidecars(args.window, args.sidecars)))
+        return
+    if args.operator:
+        print(json.dumps(operator_side(args.operator)))
+        return
+    print(machine_reference(), flush=True)
+    with tempfile.TemporaryDirectory(prefix="bench-deep-") as tmp:
+        packs = Path(tmp) / "packs.bin"
+        r = _in_process("--sidecars", str(packs), "--window", str(args.window))
+        o = _in_process("--operator", str(packs))
     mib = 1 << 20
     print(
         f"Llama 3 405B, {r['ranks']:,} ranks x {r['steps']} steps: {r['rank_steps']:,} rank-steps, "
         f"{r['intervals']:,} intervals (simulated in {r['simulate_s']:.1f} s)"
     )
-    print("deep tier, one window:")
+    print(f"records of the window, {r['pods']:,} pods:")
+    print(f"  as JSON lines         {r['json_bytes'] / mib:,.0f} MiB")
     print(
-        f"  records pulled        {r['window_bytes_scaled'] / mib:,.0f} MiB ({r['record_bytes_per_rank_step']:,.0f} "
-        f"bytes per rank-step; scaled from {SAMPLE_ROWS:,} rank-steps)"
+        f"  packed columns        {r['packed_bytes'] / mib:,.0f} MiB ({r['packed_bytes'] / r['json_bytes']:.0%} of "
+        f"the lines); packing one pod's records in its sidecar: median {r['pack_s_median'] * 1000:.0f} ms, max "
+        f"{r['pack_s_max'] * 1000:.0f} ms"
+    )
+    print("deep tier, the operator's side of one window (deep.analyse_window, one thread):")
+    print(
+        f"  unpack + analyze      {o['deep_s']:.1f} s wall, {o['deep_cpu_s']:.1f} s CPU (2,048 packed answers -> "
+        f"one table -> analyze with the spec -> to_dict + JSON)"
     )
     print(
-        f"  parse to a table      {r['parse_s_scaled']:.1f} s wall, {r['parse_cpu_s_scaled']:.1f} s CPU (scaled from "
-        f"{SAMPLE_ROWS:,} rank-steps)"
+        f"  the same as JSON      parsing the lines alone would add {r['parse_s_scaled']:.1f} s wall, "
+        f"{r['parse_cpu_s_scaled']:.1f} s CPU (scaled from {SAMPLE_ROWS:,} rank-steps)"
     )
-    print(f"  analyze (with spec)   {r['analyze_s']:.1f} s wall, {r['analyze_cpu_s']:.1f} s CPU (one thread)")
-    print(f"  to_dict + JSON        {r['to_dict_and_json_s'] * 1000:.0f} ms")
     print(
-        f"  peak RSS              {r['peak_rss_mib']:,.0f} MiB ({r['rss_after_table_mib']:,.0f} MiB with the "
-        f"table alone; the working set adds {r['peak_rss_mib'] - r['rss_after_table_mib']:,.0f} MiB)"
+        f"  peak RSS              {o['peak_rss_mib']:,.0f} MiB ({o['rss_answers_mib']:,.0f} MiB with the answers "
+        f"read; the table and the analysis add {o['peak_rss_mib'] - o['rss_answers_mib']:,.0f} MiB)"
     )
-    print(f"  findings              {', '.join(r['findings']) or 'none'}")
+    print(f"  findings              {', '.join(o['findings']) or 'none'}")
     print("status update:")
     print(
-        f"  deep summary          {r['status_s'] * 1000:.1f} ms to build + validate; {r['status_bytes']:,} bytes; "
-        f"valid against the CRD: {r['status_valid']}"
+        f"  deep summary          {o['status_s'] * 1000:.1f} ms to build + validate; {o['status_bytes']:,} bytes; "
+        f"valid against the CRD: {o['status_valid']}"
     )
     print(
-        f"  ConfigMap             {r['configmap_data_bytes']:,} bytes of analysis.json, {r['configmap_bytes']:,} "
+        f"  ConfigMap             {o['configmap_data_bytes']:,} bytes of analysis.json, {o['configmap_bytes']:,} "
         f"bytes in all (limit 1,048,576)"
     )
     print(
-        f"  continuous summary    {r['continuous_s'] * 1000:.1f} ms; {r['continuous_bytes']:,} bytes; valid: "
-        f"{r['continuous_valid']}"
+        f"  continuous summary    {o['continuous_s'] * 1000:.1f} ms; {o['continuous_bytes']:,} bytes; valid: "
+        f"{o['continuous_valid']}"
     )
 
 
