@@ -1,10 +1,31 @@
-"""Shared pytest setup: opt-in markers for GPU and cluster tests (kopf's conftest pattern)."""
+"""Shared pytest setup: opt-in markers for GPU and cluster tests (kopf's conftest pattern), cold caches for mutants."""
 
 from __future__ import annotations
+
+import os
+import sys
 
 import pytest
 
 import torch_gate
+
+
+@pytest.fixture(autouse=True)
+def _cold_caches_under_mutation() -> None:
+    """Empty the core's memoised functions before each test of a mutation run (``make mutate``).
+
+    mutmut runs every mutant's tests in a process forked from one that already ran them, so the planner's
+    cached functions (collective times, GEMM efficiencies, FLOPs) would answer from the parent's caches and
+    never run the mutated code: every mutant of them would survive. Outside a mutation run nothing is cleared.
+    """
+    if "MUTANT_UNDER_TEST" not in os.environ:
+        return
+    for name, module in list(sys.modules.items()):
+        if name == "meshscope" or name.startswith("meshscope."):
+            for value in list(vars(module).values()):
+                clear = getattr(value, "cache_clear", None)
+                if callable(clear):
+                    clear()
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

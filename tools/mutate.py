@@ -37,6 +37,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 STAGING = ROOT / ".mutate"
 EQUIVALENT = ROOT / "tools" / "equivalent-mutants.txt"
+ALSO_COPY = ("examples", "crds")
+"""Folders the tests read besides their own (the example manifests, the CRD), copied beside them for mutmut."""
 
 
 @dataclass(frozen=True)
@@ -80,7 +82,7 @@ def _stage(name: str, group: Group) -> Path:
     """``.mutate/NAME``: the sources, the tests and pyproject.toml as they are now, and mutmut's setup.cfg."""
     where = STAGING / name
     where.mkdir(parents=True, exist_ok=True)
-    for part in ("src", "tests"):
+    for part in ("src", "tests", *ALSO_COPY):
         shutil.copytree(ROOT / part, where / part, symlinks=True, dirs_exist_ok=True)
     shutil.copy2(ROOT / "pyproject.toml", where / "pyproject.toml")
     for link in (where / "tests").rglob("*"):
@@ -94,6 +96,7 @@ def _stage(name: str, group: Group) -> Path:
         "[mutmut]\n"
         + listed("source_paths", ("src",))
         + listed("only_mutate", group.sources)
+        + listed("also_copy", ALSO_COPY)
         + listed("pytest_add_cli_args_test_selection", group.tests)
         + listed("pytest_add_cli_args", ("-q", "-p", "no:cacheprovider"))
     )
