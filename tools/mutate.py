@@ -70,7 +70,10 @@ GROUPS: dict[str, Group] = {
     "diagnosis": Group(("src/meshscope/analysis/diagnosis.py",), ("tests/core/test_diagnosis.py",)),
     "plan": Group(
         ("src/meshscope/plan/*",),
-        tuple(sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests/core").glob("test_plan_*.py"))),
+        (
+            *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests/core").glob("test_plan_*.py")),
+            "tests/cli/test_cli_plan.py",  # the rendering and the layout search, as `meshscope plan` prints them
+        ),
     ),
 }
 
