@@ -12,10 +12,14 @@ under 5 µs per captured collective):
    the median over the measured steps of the step time (mean over ranks) and of the CPU seconds per step (summed
    over ranks). Per round: the paired ratios on/off. Reported: the median of the paired ratios with the
    interquartile range and a bootstrap 95 % interval of the median. The CPU ratio is far less sensitive to foreign
-   load than wall time (other processes take wall time from the job, not CPU time). Two jobs: **the CPU job** is the
+   load than wall time (other processes take wall time from the job, not CPU time). Three jobs: **the CPU job** is the
    one ``meshscope demo`` runs (8 ranks, pp=2 dp=2 tp=2, an emulated accelerator at 40 ms per block forward:
    sleeps make its timing deterministic, cpu-testbed.md §5.2); the **real-compute job** is dp=2 tp=2 on 4 ranks with
-   no emulation (every step is CPU work, the worst case for a CPU overhead). Per kind of thread (the training thread,
+   no emulation (every step is CPU work, the worst case for a CPU overhead); the **DDP-style script** is
+   ``tests/scripts/nanogpt_ddp.py`` (a nanoGPT-shaped DDP loop with ``start_step()`` at the top of its ``while True``
+   body, real compute) on 2 ranks, one per core, at the tests' size (a 15 ms step) and with a larger model (0.5 s).
+   Issue 9's bar: on the demo's job and the DDP-style script, the
+   CPU-implied ratio (below) <= 1.01 with its 95 % interval. Per kind of thread (the training thread,
    gloo's TCP loops, gloo's workers, others), every thread's CPU clock over the measured steps, and the paired
    differences on - off with their 95 % interval: where extra CPU outside the training thread would come from.
 2. **The hot path per captured operation**: a 1-process gloo group, blocks of 100 operations alternating without and
@@ -57,6 +61,12 @@ if TYPE_CHECKING:
 
 REPO = Path(__file__).resolve().parents[1]
 TRAIN_TINY = REPO / "examples" / "train_tiny.py"
+DDP_SCRIPT = REPO / "tests" / "scripts" / "nanogpt_ddp.py"
+"""The nanoGPT-style DDP loop of the real-script tests: gradient accumulation, ``start_step()`` at the top of a
+``while True`` body, eval every 4 iterations, real compute (no emulation); run on 2 ranks, one per core here."""
+DDP_LARGER = ("--n-layer", "4", "--n-embd", "256", "--block-size", "128", "--batch-size", "8")
+"""The same script with a 3.2 M-parameter model: about 0.5 s a step on this machine's CPU cores, where the test
+size takes 15 ms (a step of real training lasts 0.1-10 s; the SDK's cost per step is fixed, its share is not)."""
 BAR = 1.01
 """Issue 4's bar on the median step-time ratio, SDK on / off, of the CPU job."""
 WARMUP_STEPS = 2
@@ -66,8 +76,80 @@ WARMUP_STEPS = 2
 # ====================================================================== inside every rank (--as-rank)
 
 
+class StepTimer:
+    """Times every step of a rank from outside the tracker, identically whether the SDK is on or off.
+
+    A step is either a ``with tracker.step(...)`` block, or runs from one ``start_step()`` to the next (or to
+    ``end_step()``), as in loops that call ``start_step()`` at the top of their body (nanoGPT's shape); the call that
+    ends a step is its end. Per step: (wall seconds, process CPU seconds, training-thread CPU seconds spent ending
+    it, training-thread CPU seconds in all).
+    """
+
+    def __init__(self) -> None:
+        self.steps: list[tuple[float, float, float, float]] = []
+        self.threads = ThreadCpu()
+        self._open: tuple[float, float, float] | None = None
+        """(wall, process CPU, thread CPU) at the open step's start."""
+
+    def begin(self) -> None:
+        self._open = (time.perf_counter(), time.process_time(), time.thread_time())
+
+    def finish(self, e0: float, e1: float) -> None:
+        """End the open step (if any) whose ending ran in the thread-CPU span ``e0``..``e1``."""
+        if self._open is not None:
+            t0, c0, tt0 = self._open
+            self._open = None
+            self.steps.append((time.perf_counter() - t0, time.process_time() - c0, e1 - e0, e1 - tt0))
+            self.threads.after_step(len(self.steps))  # outside every timed span
+
+    def install(self, classes: tuple[type, ...]) -> None:
+        """Wrap ``step``, ``start_step`` and ``end_step`` of each tracker class."""
+        timer = self
+
+        class Timed:
+            __slots__ = ("inner",)
+
+            def __init__(self, inner: Any) -> None:
+                self.inner = inner
+
+            def __enter__(self) -> None:
+                timer.begin()
+                self.inner.__enter__()
+
+            def __exit__(self, *exc: object) -> None:
+                e0 = time.thread_time()
+                self.inner.__exit__(*exc)
+                timer.finish(e0, time.thread_time())
+
+        def timed_step(orig: Callable[[Any, int | None], Any]) -> Callable[..., Timed]:
+            return lambda self, step=None: Timed(orig(self, step))
+
+        def timed_start(orig: Callable[[Any, int | None], None]) -> Callable[..., None]:
+            def start_step(self: Any, step: int | None = None) -> None:
+                e0 = time.thread_time()
+                orig(self, step)
+                timer.finish(e0, time.thread_time())
+                timer.begin()
+
+            return start_step
+
+        def timed_end(orig: Callable[[Any], None]) -> Callable[[Any], None]:
+            def end_step(self: Any) -> None:
+                e0 = time.thread_time()
+                orig(self)
+                timer.finish(e0, time.thread_time())
+
+            return end_step
+
+        for cls in classes:
+            cls.step = timed_step(cls.step)  # type: ignore[attr-defined]
+            cls.start_step = timed_start(cls.start_step)  # type: ignore[attr-defined]
+            cls.end_step = timed_end(cls.end_step)  # type: ignore[attr-defined]
+
+
 def as_rank(out_dir: Path, script: str, args: list[str], *, census: bool) -> None:
-    """Run ``script`` as this rank's program, timing every ``tracker.step`` from outside; write ``rank-N.json``.
+    """Run ``script`` as this rank's program, timing every step from outside (:class:`StepTimer`); write
+    ``rank-N.json``.
 
     The timing wrapper is the same whether the SDK is on (``Tracker``) or off (``NullTracker``). With ``census`` the
     tracker's callbacks are also counted (a few hundred ns each: only in the census run, never in a timed one).
@@ -75,32 +157,9 @@ def as_rank(out_dir: Path, script: str, args: list[str], *, census: bool) -> Non
     from meshscope.sdk import operations as operations_module  # noqa: PLC0415
     from meshscope.sdk import tracker as tracker_module  # noqa: PLC0415
 
-    steps: list[tuple[float, float, float, float]] = []
-    threads = ThreadCpu()
+    timer = StepTimer()
+    timer.install((tracker_module.Tracker, tracker_module.NullTracker))
     counts: dict[str, int] = dict.fromkeys(("collective", "functional", "p2p", "attention", "phase"), 0)
-
-    class Timed:
-        __slots__ = ("c0", "inner", "t0", "tt0")
-
-        def __init__(self, inner: Any) -> None:
-            self.inner = inner
-
-        def __enter__(self) -> None:
-            self.t0, self.c0, self.tt0 = time.perf_counter(), time.process_time(), time.thread_time()
-            self.inner.__enter__()
-
-        def __exit__(self, *exc: object) -> None:
-            e0 = time.thread_time()
-            self.inner.__exit__(*exc)
-            e1 = time.thread_time()
-            steps.append((time.perf_counter() - self.t0, time.process_time() - self.c0, e1 - e0, e1 - self.tt0))
-            threads.after_step(len(steps))  # outside every timed span
-
-    def timed_step(orig: Callable[[Any, int], Any]) -> Callable[[Any, int], Timed]:
-        return lambda self, step: Timed(orig(self, step))
-
-    for cls in (tracker_module.Tracker, tracker_module.NullTracker):
-        cls.step = timed_step(cls.step)  # type: ignore[method-assign,assignment]
     if census:
         names = {  # the capture patches' callbacks live on the tracker's Operations; phases on the Tracker
             (operations_module.Operations, "on_collective"): "collective",
@@ -124,11 +183,19 @@ def as_rank(out_dir: Path, script: str, args: list[str], *, census: bool) -> Non
     os.dup2(log_fd, 1)  # the script's progress lines go to a file, not between the benchmark's tables
     os.close(log_fd)
     sys.argv = [script, *args]
+    sys.path.insert(0, str(Path(script).resolve().parent))  # as `python SCRIPT` does (the script's own imports)
     try:
         runpy.run_path(script, run_name="__main__")
     finally:
         (out_dir / f"rank-{rank}.json").write_text(
-            json.dumps({"steps": steps, "counts": counts, "threads": threads.used(), "thread_steps": threads.steps})
+            json.dumps(
+                {
+                    "steps": timer.steps,
+                    "counts": counts,
+                    "threads": timer.threads.used(),
+                    "thread_steps": timer.threads.steps,
+                }
+            )
         )
 
 
@@ -199,6 +266,8 @@ class JobSpec:
     layout: str
     args: tuple[str, ...]
     rounds: int
+    steps_flag: str = "--steps"
+    """The script's flag for how many steps it runs."""
 
 
 @dataclass(slots=True)
@@ -229,7 +298,7 @@ def run_once(job: JobSpec, *, enabled: bool, steps: int, out: Path, census: bool
     out.mkdir(parents=True)
     command = [sys.executable, str(Path(__file__).resolve()), "--as-rank", str(out)]
     command += ["--census"] if census else []
-    command += ["--", str(job.script), "--steps", str(steps + WARMUP_STEPS), *job.args]
+    command += ["--", str(job.script), job.steps_flag, str(steps + WARMUP_STEPS), *job.args]
     env = {"PYTHONWARNINGS": "ignore"}
     if not enabled:
         env["MESHSCOPE_DISABLE"] = "1"
@@ -295,7 +364,8 @@ class JobSummary:
 
 def bench_job(job: JobSpec, steps: int, tmp: Path) -> JobSummary:
     """Alternate SDK-off and SDK-on runs of ``job``, ``job.rounds`` rounds, the first arm swapped every round."""
-    print(f"\n{job.name}: train_tiny {' '.join(job.args)} on {job.nproc} ranks ({job.layout}), {steps} measured steps")
+    what = f"{job.script.name} {' '.join(job.args)}".rstrip()
+    print(f"\n{job.name}: {what} on {job.nproc} ranks ({job.layout}), {steps} measured steps")
     print(f"  (+{WARMUP_STEPS} warm-up) per run, {job.rounds} rounds of (off, on) runs alternating which goes first")
     print(f"  {'round':>5s} {'off ms/step':>12s} {'on ms/step':>11s} {'ratio':>6s}   {'off CPU ms':>10s} "
           f"{'on CPU ms':>10s} {'ratio':>6s}   {'step end µs':>11s}")  # fmt: skip
@@ -572,6 +642,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--rounds", type=int, default=6, help="rounds of (off, on) runs of the CPU (emulated) job")
     p.add_argument("--real-rounds", type=int, default=8, help="rounds of the real-compute job (0: skip it)")
+    p.add_argument("--ddp-rounds", type=int, default=8, help="rounds of the DDP-style script's job (0: skip it)")
     p.add_argument("--steps", type=int, default=7, help=f"measured steps per run (+{WARMUP_STEPS} warm-up)")
     p.add_argument("--emulate", type=float, default=40.0, metavar="MS", help="emulated block forward, ms (the demo's)")
     p.add_argument("--blocks", type=int, default=40, help="alternating blocks per case in the hot-path loop")
@@ -592,6 +663,24 @@ def main() -> None:
         ),
         JobSpec(
             name="real-compute job", script=args.script, nproc=4, layout="dp=2,tp=2", args=(), rounds=args.real_rounds
+        ),
+        JobSpec(
+            name="DDP-style script",
+            script=DDP_SCRIPT,
+            nproc=2,
+            layout="dp=2",
+            args=(),
+            rounds=args.ddp_rounds,
+            steps_flag="--iters",
+        ),
+        JobSpec(
+            name="DDP-style script, a larger model",
+            script=DDP_SCRIPT,
+            nproc=2,
+            layout="dp=2",
+            args=DDP_LARGER,
+            rounds=args.ddp_rounds,
+            steps_flag="--iters",
         ),
     ]
     started = time.perf_counter()

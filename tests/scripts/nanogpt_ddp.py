@@ -82,8 +82,15 @@ class GPT(nn.Module):
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--iters", type=int, default=8)
+    # nanoGPT's configurator overrides the module-level config from the command line; these four do the same
+    # (e.g. its shakespeare-char baby GPT: --n-layer 6 --n-embd 384 --block-size 256 --batch-size 64)
+    p.add_argument("--n-layer", type=int, default=n_layer)
+    p.add_argument("--n-embd", type=int, default=n_embd)
+    p.add_argument("--block-size", type=int, default=block_size)
+    p.add_argument("--batch-size", type=int, default=batch_size)
     add_fault_arguments(p)
     args = p.parse_args()
+    globals().update(n_layer=args.n_layer, n_embd=args.n_embd, block_size=args.block_size, batch_size=args.batch_size)
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     master = rank == 0
