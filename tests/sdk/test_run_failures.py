@@ -19,6 +19,7 @@ from meshscope.local.running import (
     RankReceipt,
     RunOutcome,
     RunSettings,
+    _free_port,
     _monitor,
     _RankProcess,
     resolve_python,
@@ -318,3 +319,43 @@ def test_the_first_rank_to_exit_is_the_failure_even_when_both_have_exited_before
     else:  # no scheduler statistics: the ranks keep their order (docs: the launcher's first failure)
         assert (failed, stopped) == (RankExit(rank=0, code=1), 0)
     assert [p.code for p in procs] == [1, 3]  # both reaped
+
+
+GROUPS_OUTLIVE = """import gc, sys, weakref
+import torch.distributed as dist
+
+def main():
+    dist.init_process_group("gloo")
+    group = dist.new_group([0])
+    dist.destroy_process_group()
+    return weakref.ref(group), weakref.ref(dist.group.WORLD) if dist.group.WORLD is not None else None
+
+kept, _ = main()
+gc.collect()
+sys.stderr.write(f"group alive: {kept() is not None}\\n")
+"""
+"""A program whose group is a local of ``main()``, destroyed there: plain Python frees it when ``main`` returns."""
+
+
+@pytest.mark.slow
+def test_process_groups_a_rank_destroys_outlive_its_program(tmp_path: Path) -> None:
+    # A gloo group freed by a Python deallocation (a DDP model's reducer holding its last reference, when main()
+    # returns) joins its workers with the GIL held and can deadlock; the forked rank keeps every destroyed group.
+    script = tmp_path / "groups.py"
+    script.write_text(GROUPS_OUTLIVE)
+    env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()), "RANK": "0", "WORLD_SIZE": "1"}
+    plain = subprocess.run(
+        [sys.executable, str(script)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, **env},
+        check=False,
+    )
+    assert "group alive: False\n" in plain.stderr, plain.stderr  # the control: without the launcher it is freed
+    result = _meshscope(
+        "run", "--nproc", "1", "--out", str(tmp_path / "out"), "--", sys.executable, str(script), cwd=tmp_path
+    )
+    assert result.returncode == 4, result.stderr  # no tracker, no records: nothing to analyse
+    said = (tmp_path / "out" / "ranks" / "rank-0.stderr").read_text()
+    assert "group alive: True\n" in said

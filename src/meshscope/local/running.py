@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import builtins
 import contextlib
+import functools
 import json
 import math
 import os
@@ -246,14 +247,43 @@ def _preimport_torch() -> None:
 
 
 _KEPT: list[object] = []
-"""The rank program's namespace, kept until the forked rank ends (atexit handlers, then ``os._exit``): the program's
-objects are never destroyed, as in any child that ends with ``os._exit``.
+"""The rank program's namespace and process groups, kept until the forked rank ends (atexit handlers, then
+``os._exit``): they are never destroyed, as in any child that ends with ``os._exit``.
 
-Destroying them when the program returns (as ``runpy`` and a temporary ``exec`` namespace do) hangs ranks: a
-``DistributedDataParallel`` freed after ``destroy_process_group`` destroys its gloo process group, which joins the
-group's worker threads while holding the GIL, while a worker freeing its last work waits for the GIL (a teardown
-deadlock in PyTorch 2.13, seen with and without the SDK: 6 of 12 runs of a DDP script on a loaded 2-core machine,
-none of 10 with the namespace kept)."""
+Destroying a gloo process group from a Python object's deallocation hangs ranks: a ``DistributedDataParallel``
+freed after ``destroy_process_group`` releases the group's last reference from its reducer, whose destructor joins
+the group's worker threads while holding the GIL, while a worker destroying its last work waits for the GIL (the
+work's thread-local state holds a Python object: the context PyTorch 2.13 stashes for every backward). Seen with
+and without the SDK: 6 of 12 runs of a DDP script on a loaded 2-core machine before the namespace was kept, and
+with the namespace kept, once in about 6 runs of a script whose model is a local of ``main()`` (freed when it
+returns, stack read with py-spy). So both the namespace and every process group outlive the program
+(:func:`_keep_process_groups`)."""
+
+
+def _keep_process_groups() -> None:
+    """Make ``destroy_process_group`` keep a reference to the groups it destroys (see :data:`_KEPT`).
+
+    The groups leave torch's registry as usual (the program can create new ones), but their C++ objects live until
+    the rank's ``os._exit``, so no Python deallocation ever runs a gloo group's blocking destructor.
+    """
+    try:
+        import torch.distributed as dist  # noqa: PLC0415
+        from torch.distributed import distributed_c10d  # noqa: PLC0415
+    except ImportError:
+        return
+    original = distributed_c10d.destroy_process_group
+    if getattr(original, "__meshscope_keeps__", False):
+        return
+
+    @functools.wraps(original)
+    def destroy_process_group(*args: Any, **kwargs: Any) -> Any:  # noqa: ANN401 - forwards torch's own
+        with contextlib.suppress(Exception):
+            _KEPT.extend(distributed_c10d._world.pg_map)  # noqa: SLF001 - the registry of live groups
+        return original(*args, **kwargs)
+
+    destroy_process_group.__meshscope_keeps__ = True  # type: ignore[attr-defined]
+    distributed_c10d.destroy_process_group = destroy_process_group
+    dist.destroy_process_group = destroy_process_group
 
 
 def _run_as_main(code: types.CodeType, path: str | None) -> None:
@@ -278,6 +308,7 @@ def _run_in_child(kind: str, target: str, args: list[str], env: dict[str, str]) 
         import torch  # noqa: PLC0415
 
         torch.set_num_threads(max(1, int(env.get("OMP_NUM_THREADS", "1"))))
+        _keep_process_groups()
     code = 0
     try:
         if kind == "script":
