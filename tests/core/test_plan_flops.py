@@ -149,8 +149,14 @@ def test_ptdp_bubble_in_terms_of_gpus_and_batch():
     plan = plan_job(job(model, ParallelLayout(pp=p, dp=d), micro_batch_size=b, global_batch_size=big_b))
     n = p * d
     assert plan.bubble_fraction == pytest.approx((n - d) / (big_b / b))
-    slowest = max(s.step_time.compute_seconds for s in plan.stages)
-    assert plan.expected_step_time.bubble_seconds == pytest.approx(plan.bubble_fraction * slowest)
+    # The stages are unequal (the last adds the logits): m = B/b micro-batches flow through p stages taking
+    # t_k = compute_k / m each, a flow shop's makespan T = Σ t_k + (m - 1) max t_k; the slowest stage is busy
+    # m · max t_k of it and idles the rest, the fill and drain through the other stages.
+    m = big_b // (b * d)
+    t = [s.step_time.compute_seconds / m for s in plan.stages]
+    makespan = sum(t) + (m - 1) * max(t)
+    assert plan.expected_step_time.bubble_seconds == pytest.approx(makespan - m * max(t))
+    assert plan.expected_step_time.bubble_seconds < plan.bubble_fraction * max(t) * m  # below the equal-stage bound
 
 
 # ---------------------------------------------------------------------------------------------------- time
@@ -218,9 +224,12 @@ def test_expected_time_categories_add_up_and_mfu_stays_below_efficiency():
     )
     assert step.total_seconds == pytest.approx(parts)
     # The sum holds by construction; its parts are pinned by hand. The bubble: 1F1B with p = 2 stages and
-    # m = 64 / 4 = 16 micro-batches idles (p - 1) / m of the stage's time in the micro-batches' path, its compute and
-    # exposed tp communication (Narayanan et al. 2021 §2.2: (p - 1)(t_f + t_b); no sync wait is assumed here).
-    assert step.bubble_seconds == pytest.approx((step.compute_seconds + step.exposed_comm_seconds["tp"]) * (2 - 1) / 16)
+    # m = 64 / 4 = 16 micro-batches; the slowest (last) stage idles while the first micro-batch's forward and the
+    # last one's backward pass the other stage: one micro-batch of stage 0's path, its compute and exposed tp
+    # communication (Narayanan et al. 2021 §2.2's (p - 1)(t_f + t_b) with the other stage's t; no sync wait here).
+    first = plan.stages[0].step_time
+    assert step.pp_rank == 1
+    assert step.bubble_seconds == pytest.approx((first.compute_seconds + first.exposed_comm_seconds["tp"]) / 16)
     # The compute: m x (forward + backward) of the slowest stage, the last one (it adds the logits), whose model
     # FLOPs per micro-batch (no recompute) run at the efficient bf16 peak of an H100 SXM (989 TFLOP/s dense).
     last = plan.stages[-1]

@@ -498,8 +498,9 @@ class PipelineExpectation:
     The plan's bubble is an absolute time computed from the plan's compute; when the job computes slower or faster
     than planned (another GPU, a host's own CPU work, an emulated accelerator on shared cores), the bubble scales
     with it. So the expectation keeps the plan's *shape* and takes the times from the measurement: per rank-step,
-    the plan's bubble fraction x the measured passes of the step's slowest stage (its compute plus the exposed tensor,
-    context and expert parallel transfers inside them, on the pipeline's critical path), plus the measured wait
+    the plan's bubble fraction ÷ (pp - 1) x the measured passes of the step's other stages than its slowest (their
+    compute plus the exposed tensor, context and expert parallel transfers inside them, on the pipeline's critical
+    path: a micro-batch fills and drains through them while the slowest stage idles), plus the measured wait
     for the slowest stage (its passes + optimizer minus this stage's, in the same step), plus the plan's exposed pp
     transfer of the stage (bytes over the spec's link, the same bandwidth the breakdown splits transfer off with).
     """
@@ -521,9 +522,9 @@ class PipelineExpectation:
     def basis(self, plan: Plan) -> str:
         """How the expectation was made, for people (the cost table's note, the finding's evidence)."""
         return (
-            f"the plan's bubble fraction {plan.bubble_fraction:.3g} x the measured passes of the slowest stage "
-            f"(compute {self.compute_scale:.2f}x the plan's, plus its exposed tp/cp/ep transfers), plus each "
-            f"stage's measured wait for the slowest stage; the "
+            f"the plan's bubble fraction {plan.bubble_fraction:.3g} ÷ (pp - 1) x the measured passes of the stages "
+            f"the slowest waits on (compute {self.compute_scale:.2f}x the plan's, plus their exposed tp/cp/ep "
+            f"transfers), plus each stage's measured wait for the slowest stage; the "
             f"plan alone expects {human_seconds(self.planned_bubble_seconds)}"
         )
 
@@ -548,9 +549,13 @@ def expected_pipeline(rs: RankSteps, plan: Plan | None) -> PipelineExpectation |
     with np.errstate(all="ignore"):
         slowest_compute = np.nanmax(stage_compute, axis=1)
         slowest_pass = np.nanmax(passes, axis=1)
+        # the slowest stage idles while a micro-batch fills and drains through the other stages (planning's
+        # _bubble_seconds): fraction ÷ (p - 1) x their passes; a stage with no record that step counts as the slowest
+        other_passes = np.nansum(np.where(np.isnan(passes), slowest_pass[:, None], passes), axis=1) - slowest_pass
         slowest_busy = np.nanmax(stage_busy.reshape(rs.n_steps, n_stages), axis=1)
     step = rs.step_index
-    bubble = plan.bubble_fraction * slowest_pass[step] + np.maximum(0.0, slowest_busy[step] - stage_busy[key])
+    fill = plan.bubble_fraction / (n_stages - 1) * other_passes
+    bubble = fill[step] + np.maximum(0.0, slowest_busy[step] - stage_busy[key])
     pp_transfer = comm_category("pp", TRANSFER)
     per_stage = np.array([stage_expected(plan, r)[pp_transfer] or 0.0 for r in range(n_stages)])
     critical = plan.expected_step_time

@@ -251,6 +251,21 @@ def _in_path_seconds(collectives: Sequence[CollectivePlan], assumptions: PlanAss
     )
 
 
+def _bubble_seconds(paths: Sequence[float], fraction: float) -> float:
+    """The slowest stage's pipeline bubble per step, from every stage's path (compute and in-path comm per step).
+
+    Narayanan et al. 2021 §2.2 charge ``(p - 1)/m`` (÷ ``vpp`` interleaved) of a stage's ideal time, for equal
+    stages. With unequal ones the slowest stage waits while the micro-batches fill and drain through the *other*
+    stages, once each: the makespan of ``m`` equal jobs through a ``p``-stage flow shop is ``Σ_k t_k + (m - 1)
+    max_k t_k`` (t_k a micro-batch's time on stage k), so the slowest stage idles ``Σ_{k≠slowest} t_k``. With
+    ``t_k = path_k / m`` that is ``fraction ÷ (p - 1) x Σ_{k≠slowest} path_k``: equal stages give ``fraction x path``
+    as before, and a last stage slowed by the logits does not charge its own extra work to the bubble.
+    """
+    if len(paths) < 2 or fraction == 0.0:
+        return 0.0
+    return fraction / (len(paths) - 1) * (sum(paths) - max(paths))
+
+
 def plan_job(
     spec: JobSpec,
     *,
@@ -342,8 +357,8 @@ def plan_job(
 
     fraction = bubble_fraction(layout.pp, m, vpp=layout.vpp, schedule=schedule)
     peak = peak_flops_per_s(hardware, training.precision)
-    slowest_path = max(d[4].compute_seconds_per_step + _in_path_seconds(d[5], assumptions) for d in drafts)
-    bubble_seconds = fraction * slowest_path
+    paths = [d[4].compute_seconds_per_step + _in_path_seconds(d[5], assumptions) for d in drafts]
+    bubble_seconds = _bubble_seconds(paths, fraction)
     stages = []
     for r, params, memory, activations, compute, collectives, state, resting in drafts:
         exposed = {a.value: 0.0 for a in layout.enabled_axes}

@@ -16,8 +16,9 @@ Conventions (docs/planner.md, "Expected step time"):
   0 unless calibrated);
 * CPU contention (only with ``cpu_cores``, a CPU testbed): host time, sync waits, collectives and the optimizer
   stretched by :func:`cpu_contention` of the layout over the calibrated run's (:func:`contended`);
-* bubble: ``(pp - 1)/m`` (1F1B, GPipe) or ``(pp - 1)/(m·vpp)`` (interleaved) of the slowest stage's compute and
-  exposed in-path (tp, cp, ep) communication: what a micro-batch's forward and backward take;
+* bubble: ``(pp - 1)/m`` (1F1B, GPipe) or ``(pp - 1)/(m·vpp)`` (interleaved) of a stage's compute and exposed
+  in-path (tp, cp, ep) communication (what a micro-batch's forward and backward take), for unequal stages that of
+  the stages the slowest one waits on (``planning._bubble_seconds``);
 * optimizer: bytes the Adam step streams through HBM ÷ (HBM bandwidth x ``hbm_efficiency``);
 * data wait and host overhead: the assumptions' ``data_wait_seconds`` and ``host_overhead_seconds`` (0 unless a run
   was calibrated: no formula gives them);
@@ -241,7 +242,8 @@ class ExpectedStepTime:
     exposed_comm_seconds: Mapping[str, float]
     """Communication not hidden behind compute, per axis (``tp``, ``cp``, ``ep``, ``pp``, ``dp``)."""
     bubble_seconds: float
-    """Pipeline bubble: ``bubble_fraction`` x the slowest stage's compute and exposed tp, cp and ep communication."""
+    """Pipeline bubble of the slowest stage: ``bubble_fraction`` ÷ (pp - 1) x the other stages' compute and exposed
+    tp, cp and ep communication (the fill and drain it waits through)."""
     optimizer_seconds: float
     """Optimizer step."""
     sync_wait_seconds: Mapping[str, float] | None = None
