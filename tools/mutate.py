@@ -73,6 +73,7 @@ GROUPS: dict[str, Group] = {
         (
             *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests/core").glob("test_plan_*.py")),
             "tests/cli/test_cli_plan.py",  # the rendering and the layout search, as `meshscope plan` prints them
+            "tests/core/test_contention.py",  # the CPU contention model of plan/timing.py, derived by hand
         ),
     ),
 }
