@@ -1831,3 +1831,24 @@ def test_a_placement_finding_names_a_group_that_crosses() -> None:
     f = only(analyze(replace(t, steps=replace(t.steps, nvlink_domain=domain))).findings, "placement")
     assert f.message.startswith("1 of 2 tp groups cross an NVLink domain")
     assert [(s.rank, s.group) for s in f.suspects] == [(0, "tp:1")]
+
+
+@pytest.mark.parametrize(
+    ("evidence", "cost", "delay"),
+    [
+        ({"excess_seconds": 0.5}, 0.2, 0.5),  # a straggler holds its pipeline up by its whole excess
+        ({"excess_seconds": 0.1}, 0.2, 0.2),  # ... never by less than what it is charged
+        ({"compute_excess_seconds_per_step": 0.3}, 0.2, 0.3),  # an imbalance: its compute excess
+        ({"excess_seconds": 0.4, "compute_excess_seconds_per_step": 0.9}, 0.2, 0.4),  # the first that is given
+        ({"excess_seconds": 0.0, "compute_excess_seconds_per_step": 0.3}, 0.2, 0.3),  # a zero excess is no excess
+        ({}, 0.2, 0.2),  # no excess at all: the cost
+        ({"share_of_step": 0.9}, 0.0, 0.0),  # other evidence is not a delay
+    ],
+)
+def test_the_delay_a_root_cause_explains_is_its_excess_or_its_cost(evidence, cost, delay) -> None:
+    from meshscope.analysis.diagnosis import _delay_seconds  # noqa: PLC0415 - the rule _bubble uses, tested alone
+
+    f = Finding(
+        code="x", severity=Severity.INFO, message="", evidence=evidence, suspects=(), cost_seconds_per_step=cost
+    )
+    assert _delay_seconds(f) == pytest.approx(delay)
