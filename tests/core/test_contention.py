@@ -72,27 +72,6 @@ def test_contended_stretches_host_sync_and_collectives_by_the_ratio():
     assert contended(gpu, 8, 0.0) is gpu
 
 
-def test_every_axis_sync_wait_is_stretched_and_the_fitted_layout_is_left_alone():
-    per_axis = {"dp": 0.001, "tp": 0.002, "cp": 0.003, "ep": 0.004}
-    a = dataclasses.replace(
-        emulated_assumptions(),
-        cpu_cores=2.0,
-        cpu_contention_at_fit=2.0,
-        cpu_time_scale=1.5,
-        **{f"{axis}_sync_wait_per_collective_seconds": v for axis, v in per_axis.items()},
-    )
-    # 12 ranks, a pipeline bubble of 0.5: 12 / 1.5 = 8 busy ranks on 2 cores, kappa 4; ratio 4 / 2 = 2.
-    got = contended(a, 12, 0.5)
-    for axis, value in per_axis.items():
-        assert getattr(got, f"{axis}_sync_wait_per_collective_seconds") == pytest.approx(2 * value), axis
-    assert got.cpu_time_scale == pytest.approx(3.0)
-    # The layout the values were fitted at (4 ranks on 2 cores, kappa 2): unchanged.
-    assert contended(a, 4, 0.0) == a
-    # Fewer busy ranks than cores: kappa is 1, not below (an idle core does not speed a rank up).
-    assert cpu_contention(1, 0.0, 2.0) == 1.0
-    assert contended(a, 2, 0.0).cpu_time_scale == pytest.approx(1.5 * 1.0 / 2.0)
-
-
 def test_the_planner_applies_contention_to_host_compute_and_collectives():
     spec = tiny("dp=4")  # 4 micro-batches x 4 layers = 16 layer passes
     free = dataclasses.replace(emulated_assumptions(), host_seconds_per_layer_pass=0.01)

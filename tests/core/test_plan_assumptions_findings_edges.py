@@ -809,21 +809,28 @@ def test_no_sync_wait_leaves_the_category_empty():
 
 
 def test_in_path_sync_wait_lengthens_the_bubble():
-    """The bubble is the fraction x the slowest stage's compute and in-path communication, sync wait included."""
+    """The bubble is the fill and drain through the other stages' compute and in-path communication, sync wait
+    included: m micro-batches through p stages of t_k each take Σ t_k + (m - 1) max t_k, the slowest stage idles the
+    rest (for equal stages the fraction x a stage's path)."""
     fraction = (4 - 1) / 8  # 1F1B, pp = 4, m = 8
     base = pipelined()
     waited = pipelined(tp_sync_wait_per_collective_seconds=1e-4)
     assert base.bubble_fraction == fraction
 
-    def slowest_path(plan: Plan, wait: float) -> float:
-        return max(
-            s.step_time.compute_seconds
-            + sum(c.exposed_seconds_per_step + c.count_per_step * wait for c in s.collectives if c.axis == "tp")
+    def idle(plan: Plan, wait: float) -> float:
+        m = 8
+        t = [
+            (
+                s.step_time.compute_seconds
+                + sum(c.exposed_seconds_per_step + c.count_per_step * wait for c in s.collectives if c.axis == "tp")
+            )
+            / m
             for s in plan.stages
-        )
+        ]
+        return sum(t) + (m - 1) * max(t) - m * max(t)
 
-    assert base.expected_step_time.bubble_seconds == pytest.approx(fraction * slowest_path(base, 0.0))
-    assert waited.expected_step_time.bubble_seconds == pytest.approx(fraction * slowest_path(waited, 1e-4))
+    assert base.expected_step_time.bubble_seconds == pytest.approx(idle(base, 0.0))
+    assert waited.expected_step_time.bubble_seconds == pytest.approx(idle(waited, 1e-4))
     assert waited.expected_step_time.bubble_seconds > base.expected_step_time.bubble_seconds
 
 
