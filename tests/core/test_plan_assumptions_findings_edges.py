@@ -13,6 +13,7 @@ from dataclasses import replace
 
 import pytest
 
+from builders import SMALL_MOE
 from meshscope.errors import PlanError
 from meshscope.jobs.models import ModelConfig, MoEConfig
 from meshscope.jobs.spec import CpCommType, JobSpec, ParallelismConfig, PipelineSchedule, TrainingConfig
@@ -45,17 +46,7 @@ DENSE = ModelConfig(
     vocab_size=1000,
     seq_length=512,
 )
-MOE = ModelConfig(
-    name="moe",
-    layers=4,
-    hidden_size=2048,
-    attention_heads=16,
-    kv_heads=4,
-    ffn_hidden_size=8192,
-    vocab_size=32000,
-    seq_length=4096,
-    moe=MoEConfig(experts=64, top_k=4, expert_ffn_hidden_size=1024),
-)
+MOE = SMALL_MOE
 
 
 def job(

@@ -7,6 +7,7 @@ from dataclasses import replace
 
 import pytest
 
+from builders import SMALL_MOE
 from meshscope.jobs.models import PRESETS, ModelConfig, MoEConfig
 from meshscope.jobs.spec import CpCommType, JobSpec, ParallelismConfig, TrainingConfig
 from meshscope.plan import Plan, Severity, plan_job
@@ -85,17 +86,7 @@ def test_tp_crossing_on_a_real_placement_counts_the_crossing_groups():
 
 # ---------------------------------------------------------------------------------------------------- ep, cp, pp
 
-MOE = ModelConfig(
-    name="moe",
-    layers=4,
-    hidden_size=2048,
-    attention_heads=16,
-    kv_heads=4,
-    ffn_hidden_size=8192,
-    vocab_size=32000,
-    seq_length=4096,
-    moe=MoEConfig(experts=64, top_k=4, expert_ffn_hidden_size=1024),
-)
+MOE = SMALL_MOE
 
 
 def test_ep_all_to_all_over_network():
