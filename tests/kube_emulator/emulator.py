@@ -201,9 +201,14 @@ class WatchEvent:
     new: dict[str, Any]
 
 
+SHUTDOWN_S = 5.0
+"""How long a closing server lets open requests finish (watches are ended before it closes)."""
+
+
 class _BigRequestServer(aiohttp.test_utils.RawTestServer):
     """aiohttp's test server with request bodies up to 64 MiB (its default is 1 MiB), so the emulator can answer
-    bodies over its own limits the way the API server does."""
+    bodies over its own limits the way the API server does, and a close bounded by :data:`SHUTDOWN_S` (aiohttp
+    waits 60 s for open requests by default, longer than a test waits for a server to stop)."""
 
     async def _make_runner(self, debug: bool = True, **kwargs: Any) -> aiohttp.web.ServerRunner:
         def factory(message: Any, payload: Any, protocol: Any, writer: Any, task: Any) -> aiohttp.web.BaseRequest:
@@ -212,7 +217,7 @@ class _BigRequestServer(aiohttp.test_utils.RawTestServer):
             )
 
         server = aiohttp.web.Server(self._handler, loop=self._loop, debug=debug, request_factory=factory, **kwargs)
-        return aiohttp.web.ServerRunner(server, debug=debug, **kwargs)
+        return aiohttp.web.ServerRunner(server, debug=debug, shutdown_timeout=SHUTDOWN_S, **kwargs)
 
 
 def make_server(emulator: KubeEmulator, *, host: str = "127.0.0.1", port: int | None = None) -> kmock.Server:
