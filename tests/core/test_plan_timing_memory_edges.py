@@ -23,7 +23,7 @@ from meshscope.jobs.spec import (
     Recompute,
     TrainingConfig,
 )
-from meshscope.plan import PlanAssumptions
+from meshscope.plan import PlanAssumptions, planning
 from meshscope.plan.kernels import OpClass, stage_kernels
 from meshscope.plan.memory import (
     ModelStateBytes,
@@ -590,3 +590,11 @@ def test_only_the_first_stage_holds_embedding_activations():
     # Stage 0, 1F1B over pp=2: 2 in flight x token ids 8·sb = 256 (no dropout mask) = 512.
     assert _stage(2, 0, PipelineSchedule.ONE_F_ONE_B).embedding_bytes == pytest.approx(512)
     assert _stage(2, 1, PipelineSchedule.ONE_F_ONE_B).embedding_bytes == 0.0
+
+
+def test_the_bubble_of_a_single_stage_is_zero_and_one_micro_batch_waits_the_whole_fill() -> None:
+    # One stage has no neighbour to wait for, whatever fraction the caller passes (no division by p - 1 = 0).
+    assert planning._bubble_seconds([4.0], 0.5) == 0.0
+    # pp=2, m=1: (p - 1)/m = 1.0. The slowest stage (3 s a step) idles while the one micro-batch passes the other
+    # stage: t_0 = 2 s / 1 = 2 s (flow shop: makespan 2 + 3 = 5 s, of which the slowest stage works 3 s).
+    assert planning._bubble_seconds([2.0, 3.0], 1.0) == 2.0
