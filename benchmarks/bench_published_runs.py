@@ -13,14 +13,15 @@ from pathlib import Path
 import yaml
 
 from meshscope.jobs import spec_from_manifest
-from meshscope.plan import PlanAssumptions, plan_job
+from meshscope.plan import PlanAssumptions, assumptions_from_mapping, plan_job
 
 RUNS = Path(__file__).resolve().parents[1] / "tests" / "data" / "published_runs" / "runs.yaml"
 FLAT = PlanAssumptions(compute_efficiency=0.5, nccl_latency=False)
 
 
 def tflops(run: dict, assumptions: PlanAssumptions | None) -> tuple[float, float]:
-    """``(ours, published)`` TFLOP/s per GPU of ``run``."""
+    """``(ours, published)`` TFLOP/s per GPU of ``run``, with the run's own ``assumptions`` (the software it ran)."""
+    assumptions = assumptions_from_mapping(run.get("assumptions", {}), base=assumptions, origin=run["name"])
     plan = plan_job(spec_from_manifest(run["manifest"]), assumptions=assumptions)
     flops = plan.flops.model_flops_noncausal if run["flops_convention"] == "korthikanti" else plan.flops.model_flops
     ours = flops / (plan.expected_step_time.total_seconds * plan.world_size) / 1e12

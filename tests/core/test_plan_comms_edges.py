@@ -97,6 +97,7 @@ def plan_stage(
     compute: StageCompute | None = None,
     micro_batch_size: int = 1,
     micro_batches: int = 1,
+    assumptions: PlanAssumptions = FLAT,
     **training: object,
 ) -> tuple[CollectivePlan, ...]:
     """The collectives of one GPU of ``pp_rank``, every rank in one NVLink domain, the synthetic compute."""
@@ -113,7 +114,7 @@ def plan_stage(
         ParallelismConfig(layout=layout, sequence_parallel=sp, cp_comm_type=cp_comm_type),
         TrainingConfig(**settings),  # type: ignore[arg-type]
         hardware=hardware,
-        assumptions=FLAT,
+        assumptions=assumptions,
         spans=collective_spans(layout, placement, model),
         pp_rank=pp_rank,
         layer_indices=list(range(model.layers)) if layers is None else layers,
@@ -537,6 +538,47 @@ def test_pp_message_is_the_local_sequence_of_a_micro_batch():
     # cp = 2, b = 2: (s/cp)·b·h·2 = 256 x 2 x 1024 x 2 bytes; the first stage only sends forward.
     plans = plan_stage(llama(), ParallelLayout(pp=2, cp=2), layers=[0], micro_batch_size=2)
     assert rows(plans, axis="pp") == [("pp", P2P, "activations (forward)", 256 * 2 * H * 2, 1)]
+
+
+SCATTER_GATHER = replace(FLAT, pp_scatter_gather=True)
+GATHER_PURPOSE = "pipeline scatter/gather: received activation or gradient slices (forward and backward)"
+
+
+def test_pp_scatter_gather_sends_slices_and_gathers_each_received_tensor_over_tp():
+    # tp = 2, pp = 3, m = 4, one layer per stage. Slice s·b·h·2/tp = 512 x 1024 x 2 / 2 = 524,288 bytes; the
+    # all-gather puts back 512 x 1024 x 2 = 1,048,576 bytes for every tensor received: rank 0 receives 4 gradients,
+    # rank 1 4 activations + 4 gradients, rank 2 4 activations.
+    layout = ParallelLayout(tp=2, pp=3)
+    stages = [
+        plan_stage(llama(layers=3), layout, pp_rank=r, layers=[r], micro_batches=4, assumptions=SCATTER_GATHER)
+        for r in range(3)
+    ]
+    pp = [[(c.purpose, c.message_bytes, c.count_per_step) for c in s if c.axis == "pp"] for s in stages]
+    assert pp == [
+        [("activations (forward)", 524_288, 4)],
+        [("activations (forward)", 524_288, 4), ("activation gradients (backward)", 524_288, 4)],
+        [("activation gradients (backward)", 524_288, 4)],
+    ]
+    gathers = [[c for c in s if c.purpose == GATHER_PURPOSE] for s in stages]
+    assert [[(g.axis, g.group, g.op, g.message_bytes, g.count_per_step) for g in s] for s in gathers] == [
+        [("tp", "tp", AG, 1_048_576, count)] for count in (4, 8, 4)
+    ]
+    (middle,) = gathers[1]
+    # 8 x 1,048,576 x (2-1)/2 bytes at 360 GB/s, all exposed (it follows a synchronous receive), outside the ratio.
+    assert middle.expected_seconds_per_step == pytest.approx(8 * 1_048_576 * 0.5 / NVLINK_BYTES_PER_S)
+    assert middle.exposed_seconds_per_step == pytest.approx(middle.expected_seconds_per_step)
+    assert middle.hiding_flops_per_step == 0.0
+
+
+@pytest.mark.parametrize(
+    ("sp", "assumptions"), [(True, SCATTER_GATHER), (False, FLAT)], ids=["sequence-parallel", "megatron-core"]
+)
+def test_no_pipeline_gather_with_sequence_parallelism_or_without_scatter_gather(sp, assumptions):
+    plans = plan_stage(llama(layers=2), ParallelLayout(tp=2, pp=2), layers=[0], sp=sp, assumptions=assumptions)
+    assert not [c for c in plans if c.purpose == GATHER_PURPOSE]
+    # Sequence parallelism shards the pipeline tensor anyway; Megatron-core without it sends it whole.
+    (send,) = (c for c in plans if c.axis == "pp")
+    assert send.message_bytes == 512 * 1024 * 2 // (2 if sp else 1)
 
 
 def test_tied_embedding_gradients_on_the_first_and_last_of_three_stages_only():

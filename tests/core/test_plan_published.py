@@ -13,19 +13,22 @@ import pytest
 import yaml
 
 from meshscope.jobs.loading import spec_from_manifest
-from meshscope.plan import PlanAssumptions, plan_job
+from meshscope.plan import PlanAssumptions, assumptions_from_mapping, plan_job
 
 RUNS = yaml.safe_load(
     (Path(__file__).resolve().parents[1] / "data" / "published_runs" / "runs.yaml").read_text(encoding="utf-8")
 )["runs"]
 MARGIN = 0.02
 # |ours / published - 1| measured with the roofline + NCCL model, in the order of runs.yaml.
-MEASURED = [0.062, 0.096, 0.035, 0.112, 0.026, 0.127, 0.040, 0.078, 0.224, 0.177]
-FLAT_MEASURED_MEAN = 0.174
-"""Mean |error| of the flat model (compute_efficiency 0.5, bandwidth-only collectives) on the same runs."""
+MEASURED = [0.062, 0.096, 0.078, 0.109, 0.090, 0.127, 0.069, 0.079, 0.205, 0.145]
+FLAT_MEASURED_MEAN = 0.166
+"""Mean |error| of the flat model (compute_efficiency 0.5, bandwidth-only collectives) on the same runs, each with its
+own software assumptions (runs.yaml)."""
 
 
 def _error(run: dict, assumptions: PlanAssumptions | None = None) -> float:
+    # The run's own assumptions describe the software it ran (runs.yaml), over the model's.
+    assumptions = assumptions_from_mapping(run.get("assumptions", {}), base=assumptions, origin=run["name"])
     plan = plan_job(spec_from_manifest(run["manifest"]), assumptions=assumptions)
     flops = plan.flops.model_flops_noncausal if run["flops_convention"] == "korthikanti" else plan.flops.model_flops
     ours = flops / (plan.expected_step_time.total_seconds * plan.world_size)
@@ -45,5 +48,5 @@ def test_the_new_model_beats_the_flat_one_on_average():
     new = sum(abs(_error(r)) for r in RUNS) / len(RUNS)
     flat = sum(abs(_error(r, PlanAssumptions(compute_efficiency=0.5, nccl_latency=False))) for r in RUNS) / len(RUNS)
     assert flat == pytest.approx(FLAT_MEASURED_MEAN, abs=0.005)
-    assert new <= 0.098 + MARGIN
+    assert new <= 0.106 + MARGIN
     assert new < flat

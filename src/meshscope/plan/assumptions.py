@@ -193,8 +193,12 @@ class PlanAssumptions:
     between a stage's forward and its neighbour's."""
     pp_scatter_gather: bool = False
     """Whether pipeline transfers without sequence parallelism send ``1/tp`` of the activation per TP rank
-    (Narayanan et al. 2021, §4.1 scatter/gather). Megatron-core sends the full tensor unless sequence parallelism
-    already shards it, so the default is ``False``."""
+    (Narayanan et al. 2021, §4.1 scatter/gather), the receiver all-gathering the slices over its TP group. Megatron-LM
+    before Megatron-core did this by default (``--no-scatter-gather-tensors-in-pipeline`` turned it off;
+    ``p2p_communication._communicate`` splits with ``split_tensor_into_1d_equal_chunks`` unless sequence parallelism
+    is on, and gathers with ``gather_split_1d_tensor``): set it to plan runs of that code, such as Korthikanti et al.
+    2022. Megatron-core sends the full tensor unless sequence parallelism already shards it, so the default is
+    ``False``."""
     bubble_warning_fraction: float = 0.10
     """Pipeline bubble, as a fraction of compute, above which the plan reports ``bubble-large``."""
 

@@ -266,6 +266,7 @@ def stage_collectives(
         *_tp_drafts(model, parallelism, training, assumptions, layer_indices),
         *_vocab_drafts(model, parallelism, training, pp_rank),
         *_sequence_parallel_grad_drafts(model, parallelism, training, params=params, pp_rank=pp_rank),
+        *_pp_scatter_gather_drafts(model, parallelism, training, assumptions, pp_rank),
         *_cp_drafts(model, parallelism, training, assumptions, layer_indices),
         *_ep_drafts(model, parallelism, training, assumptions, layer_indices),
         *_pp_drafts(model, parallelism, training, assumptions, pp_rank),
@@ -554,6 +555,45 @@ def _sequence_parallel_grad_drafts(
             purpose="sequence-parallel parameter gradients: norms, router, row-parallel biases (after backward)",
             message_bytes=math.ceil(whole * state_bytes_per_param(training).gradients / shards),
             count_per_step=1,
+            overlap_fraction=0.0,
+            window=_NONE,
+            in_axis_ratio=False,
+        )
+    ]
+
+
+def _pp_scatter_gather_drafts(
+    model: ModelConfig,
+    parallelism: ParallelismConfig,
+    training: TrainingConfig,
+    assumptions: PlanAssumptions,
+    pp_rank: int,
+) -> list[_Draft]:
+    """TP: the all-gather that puts back together each pipeline tensor sent in ``1/tp`` slices.
+
+    With the scatter/gather optimisation (``PlanAssumptions.pp_scatter_gather``, no sequence parallelism; Narayanan et
+    al. 2021 §4.1) each TP rank sends and receives ``1/tp`` of a pipeline tensor, and the receiver all-gathers the
+    slices over its TP group before using it: Megatron-LM's ``p2p_communication._communicate`` calls
+    ``mpu.gather_split_1d_tensor`` on every tensor it received (the code Korthikanti et al. 2022 ran; Megatron-core
+    has no scatter/gather). One all-gather of the whole ``b·s·h`` tensor per activation received forward and per
+    gradient received backward, after a synchronous receive: nothing hides it, and it is not the layers' traffic.
+    """
+    layout = parallelism.layout
+    p, vpp = layout.pp, layout.vpp
+    if p == 1 or layout.tp == 1 or parallelism.sequence_parallel or not assumptions.pp_scatter_gather:
+        return []
+    m, e = training.micro_batches(layout.dp), activation_element_bytes(training)
+    message = math.ceil(model.seq_length / layout.cp * training.micro_batch_size * model.hidden_size * e)
+    # The first virtual stage receives no activation, the last no gradient.
+    received = m * (vpp - (1 if pp_rank == 0 else 0)) + m * (vpp - (1 if pp_rank == p - 1 else 0))
+    return [
+        _Draft(
+            axis=MeshAxis.TP,
+            group="tp",
+            op=CollectiveOp.ALL_GATHER,
+            purpose="pipeline scatter/gather: received activation or gradient slices (forward and backward)",
+            message_bytes=message,
+            count_per_step=received,
             overlap_fraction=0.0,
             window=_NONE,
             in_axis_ratio=False,
