@@ -52,9 +52,13 @@ class GpuSpec:
     """Streaming multiprocessors (compute units on AMD): one GEMM output tile runs on one SM at a time, so a GEMM
     runs in ``ceil(tiles / sm_count)`` waves (wave quantization). Default 132 (H100 SXM5) for custom GPUs."""
     matmul_achievable_fraction: float = 0.80
-    """Largest fraction of the dense peak a single, well-shaped BF16 GEMM reaches on this GPU (the ceiling of the
-    planner's GEMM roofline): Stas Bekman's *Maximum Achievable Matmul FLOPS* table (stas00/ml-engineering,
-    ``compute/accelerator/README.md``), measured with ``mamf-finder.py``. Default 0.80 (H100 SXM) for custom GPUs."""
+    """Fraction of the dense peak a large, well-shaped BF16 GEMM sustains on this GPU (the ceiling of the planner's
+    GEMM roofline). Stas Bekman's *Maximum Achievable Matmul FLOPS* table (stas00/ml-engineering,
+    ``compute/accelerator/README.md``, measured with ``mamf-finder.py``: the fastest of 100 timed iterations of the
+    best shape of a search), lowered where a GEMM on normally distributed inputs, as training's are, has been measured
+    to sustain less: the power limit lowers the clock when the inputs make the tensor cores switch more (Horace He,
+    "Strangely, Matrix Multiplications on GPUs Run Faster When Given 'Predictable' Data!", thonking.ai, 2024). Default
+    0.80 (H100 SXM) for custom GPUs."""
 
     def peak_flops_per_s(self, precision: str) -> float:
         """Dense peak for ``precision`` (``bf16``/``fp16`` or ``fp8``; ``fp32`` uses the BF16 tensor-core peak / 2).
@@ -87,8 +91,10 @@ CATALOGUE: dict[str, GpuSpec] = {
                 "NVLink3 600 GB/s total); Narayanan et al. 2021 §5: 8x 200 Gb/s HDR per DGX A100 node"
             ),
             sm_count=108,
-            # A100 whitepaper: 108 SMs; MAMF 267.9 of 312 TF (85.9 %, CUDA 12.1)
-            matmul_achievable_fraction=0.859,
+            # A100 whitepaper: 108 SMs. MAMF 267.9 of 312 TF (85.9 %, CUDA 12.1) is the best iteration of the best
+            # shape; cuBLAS sustains 257 TF on an 8192^3 GEMM of torch.randn inputs (295 on zeros: the 400 W power
+            # limit; Horace He, thonking.ai 2024): 257 / 312 = 0.824.
+            matmul_achievable_fraction=0.824,
         ),
         GpuSpec(
             name="H100",
