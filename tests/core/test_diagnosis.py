@@ -835,10 +835,13 @@ def test_grouped_quantile_is_numpys_quantile_per_group(n_groups: int) -> None:
 # ---------------------------------------------------------------------------- time between steps
 
 
-def _between_steps_table(*, gaps_known: bool = True, pause_us: int = 1000) -> RecordTable:
+def _between_steps_table(
+    *, gaps_known: bool = True, pause_us: int = 1000, unlabelled_steps: tuple[int, ...] = ()
+) -> RecordTable:
     """4 ranks, dp 4, 6 steps: compute 20 ms, then one all-reduce (3 ms once the last member arrives). Before steps
     2 and 4, rank 0 spends 100 ms between steps (90 ms of it a checkpoint), so it starts them late and the others
-    wait for it in the all-reduce. ``pause_us``: the time every rank spends between two steps otherwise."""
+    wait for it in the all-reduce. ``pause_us``: the time every rank spends between two steps otherwise;
+    ``unlabelled_steps``: steps whose gap is measured but not what it was spent on (``between_us`` unknown)."""
     ms = 1000
     rows: dict[str, list] = {k: [] for k in ("rank", "step", "start", "end", "gap", "between")}
     iv: dict[str, list] = {k: [] for k in ("row", "kind", "start", "end", "axis", "op", "group", "seq", "size")}
@@ -856,7 +859,8 @@ def _between_steps_table(*, gaps_known: bool = True, pause_us: int = 1000) -> Re
             rows["end"].append(end)
             rows["gap"].append(-1 if prev_end is None or not gaps_known else start - prev_end)
             ckpt = 90 * ms if (r == 0 and late) else 0
-            rows["between"].append([-1] * 5 if prev_end is None or not gaps_known else [0, 0, 0, ckpt, 0])
+            unknown = prev_end is None or not gaps_known or (r == 0 and k in unlabelled_steps)
+            rows["between"].append([-1] * 5 if unknown else [0, 0, 0, ckpt, 0])
             for kind, s0, e0 in (("compute", start, start + 20 * ms), ("comm", start + 20 * ms, end)):
                 iv["row"].append(row)
                 iv["kind"].append(KIND_CODE[kind])
@@ -914,6 +918,15 @@ def test_time_between_steps_that_the_others_wait_for_is_a_finding_with_its_cause
     assert row.suspect.rank == 0
     assert row.suspect.message in f.message
     assert "checkpoint 90.00 ms, unlabelled 11.00 ms" in f.message
+
+
+def test_a_long_gap_without_labels_counts_as_unlabelled_time_beside_a_labelled_one() -> None:
+    # Step 2's 101 ms gap is labelled (90 ms checkpoint), step 4's is measured but not labelled: per kind the median
+    # over the two long gaps, an unlabelled one counting 0 (checkpoint: median(90, 0) = 45 ms), and what no label
+    # covers (step 2: 101 - 90 = 11 ms; step 4: 101 ms; median 56 ms).
+    f = only(analyze(_between_steps_table(unlabelled_steps=(4,))).findings, "between-steps")
+    assert "(checkpoint 45.00 ms, unlabelled 56.00 ms)" in f.message
+    assert f.suspects[0].rank == 0
 
 
 def test_without_the_gap_fields_the_wait_is_charged_but_not_explained() -> None:
