@@ -635,3 +635,31 @@ def test_weight_gather_overlap_follows_overlap_param_gather(gather, fraction):
     plans = plan_stage(llama(), ParallelLayout(dp=2), distributed_optimizer=True, overlap_param_gather=gather)
     (ag,) = (c for c in plans if c.axis == "dp" and c.op is AG)
     assert ag.overlap_fraction == fraction
+
+
+def test_pp_scatter_gather_of_two_stages_gathers_the_local_sequence_of_a_micro_batch():
+    # tp = 2, pp = 2, cp = 2, b = 2, m = 2: the all-gather puts back s/cp·b·h·2 = 256 x 2 x 1024 x 2 = 1,048,576
+    # bytes per tensor received: stage 0 receives 2 gradients, stage 1 2 activations. Without a pipeline (pp = 1)
+    # there is nothing to gather, whatever tp.
+    layout = ParallelLayout(tp=2, pp=2, cp=2)
+    gathers = [
+        [
+            (c.message_bytes, c.count_per_step, c.overlap_fraction, c.in_axis_ratio)
+            for c in plan_stage(
+                llama(layers=2),
+                layout,
+                pp_rank=r,
+                layers=[r],
+                micro_batch_size=2,
+                micro_batches=2,
+                assumptions=SCATTER_GATHER,
+            )
+            if c.purpose == GATHER_PURPOSE
+        ]
+        for r in range(2)
+    ]
+    # Nothing hides it (it follows a synchronous receive) and it is not the layers' traffic: overlap 0, no ratio.
+    assert gathers == [[(1_048_576, 2, 0.0, False)], [(1_048_576, 2, 0.0, False)]]
+    assert all(type(g[3]) is bool for stage in gathers for g in stage)
+    flat = plan_stage(llama(layers=2), ParallelLayout(tp=2), layers=[0, 1], assumptions=SCATTER_GATHER)
+    assert not [c for c in flat if c.purpose == GATHER_PURPOSE]
