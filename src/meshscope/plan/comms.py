@@ -389,7 +389,7 @@ def _tp_drafts(
     if layout.tp > 1:
         shared = n_moe if (model.moe is not None and model.moe.shared_experts) else 0
         blocks = len(layer_indices) + (len(layer_indices) - n_moe) + shared  # attention + dense MLP + shared experts
-        message = math.ceil(model.seq_length / layout.cp * training.micro_batch_size * model.hidden_size * e)
+        message = math.ceil(_hidden_states_bytes(model, layout, training))
         overlap = assumptions.tp_comm_overlap if training.tp_comm_overlap else 0.0
         if parallelism.sequence_parallel:
             drafts.extend(
@@ -562,6 +562,20 @@ def _sequence_parallel_grad_drafts(
     ]
 
 
+def _hidden_states_bytes(model: ModelConfig, layout: ParallelLayout, training: TrainingConfig) -> float:
+    """Bytes of one micro-batch's hidden states on a rank (``s/cp·b·h`` elements).
+
+    What a TP all-reduce and a pipeline send move, before any sharding.
+    """
+    return (
+        model.seq_length
+        / layout.cp
+        * training.micro_batch_size
+        * model.hidden_size
+        * activation_element_bytes(training)
+    )
+
+
 def _pp_scatter_gather_drafts(
     model: ModelConfig,
     parallelism: ParallelismConfig,
@@ -582,8 +596,8 @@ def _pp_scatter_gather_drafts(
     p, vpp = layout.pp, layout.vpp
     if p == 1 or layout.tp == 1 or parallelism.sequence_parallel or not assumptions.pp_scatter_gather:
         return []
-    m, e = training.micro_batches(layout.dp), activation_element_bytes(training)
-    message = math.ceil(model.seq_length / layout.cp * training.micro_batch_size * model.hidden_size * e)
+    m = training.micro_batches(layout.dp)
+    message = math.ceil(_hidden_states_bytes(model, layout, training))
     # The first virtual stage receives no activation, the last no gradient.
     received = m * (vpp - (1 if pp_rank == 0 else 0)) + m * (vpp - (1 if pp_rank == p - 1 else 0))
     return [
@@ -755,9 +769,9 @@ def _pp_drafts(
     p, vpp = layout.pp, layout.vpp
     if p == 1:
         return []
-    m, e = training.micro_batches(layout.dp), activation_element_bytes(training)
+    m = training.micro_batches(layout.dp)
     shard = layout.tp if (parallelism.sequence_parallel or assumptions.pp_scatter_gather) else 1
-    message = math.ceil(model.seq_length / layout.cp * training.micro_batch_size * model.hidden_size * e / shard)
+    message = math.ceil(_hidden_states_bytes(model, layout, training) / shard)
     # The last virtual stage sends nothing forward, the first nothing backward.
     forward_sends = m * (vpp - (1 if pp_rank == p - 1 else 0))
     backward_sends = m * (vpp - (1 if pp_rank == 0 else 0))
