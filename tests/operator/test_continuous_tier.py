@@ -77,15 +77,19 @@ def stores(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]
             store.wait_for("every step scraped", lambda s=store: [r["value"][1] for r in s.query(total)] == ["48"])
         full_at = time.time()
         # Prometheus evaluates a group's rules in order at one timestamp; vmalert reads the per-rank level of an
-        # earlier evaluation through remote write: a few intervals more (recording-rules.yaml's header).
+        # earlier evaluation through remote write: a few intervals more (recording-rules.yaml's header). The groups
+        # run concurrently and in no set order, so each group's job-level result the test reads is waited for.
         for store, lag_s in ((prom, 1.0), (vm, 4.0)):
-            store.wait_for(
-                "the rules evaluated over the final counts",
-                lambda s=store, lag=lag_s: any(
-                    float(r["value"][1]) > full_at + lag
-                    for r in s.query("timestamp(job_category_axis:meshscope_breakdown_share:ratio_rate5m)")
-                ),
-            )
+            for rule in (
+                "job_category_axis:meshscope_breakdown_share:ratio_rate5m",
+                "job:meshscope_straggler_gap_seconds:max_rate5m",
+            ):
+                store.wait_for(
+                    f"{rule} evaluated over the final counts",
+                    lambda s=store, lag=lag_s, rule=rule: any(
+                        float(r["value"][1]) > full_at + lag for r in s.query(f"timestamp({rule})")
+                    ),
+                )
         yield {"job": job, "prometheus": prom, "victoria-metrics": vm}
 
 
