@@ -78,6 +78,7 @@ class KubeApi:
             ca = service_account_dir / "ca.crt"
             self._ssl = ssl.create_default_context(cafile=str(ca)) if ca.exists() else True
         self._session: aiohttp.ClientSession | None = None
+        self._closed = False
 
     @property
     def server(self) -> str:
@@ -99,6 +100,11 @@ class KubeApi:
         return headers
 
     async def _request(self, method: str, path: str, body: object = None, content_type: str | None = None) -> Any:  # noqa: ANN401 - JSON
+        if self._closed:
+            # A handler still running when the operator's cleanup closed the connection (kopf runs the cleanup
+            # handlers all at once: the keeper's task may outlive this close by a moment) must not open a session
+            # that nobody would close.
+            raise TransientApiError(method, path, 0, "the API connection is closed (the operator is stopping)")
         if self._session is None or self._session.closed:
             self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_S))
         data = None if body is None else json.dumps(body).encode()
@@ -147,7 +153,8 @@ class KubeApi:
         return patched if isinstance(patched, dict) else {}
 
     async def close(self) -> None:
-        """Close the session (the operator's cleanup)."""
+        """Close the session (the operator's cleanup); later requests are refused, none reopens it."""
+        self._closed = True
         if self._session is not None:
             await self._session.close()
             self._session = None

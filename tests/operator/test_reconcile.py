@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import uuid
 from typing import Any
@@ -13,6 +14,7 @@ from hypothesis import strategies as st
 from meshscope.plan import Finding, Severity, plan_job
 from meshscope_operator import reconciling
 from meshscope_operator.children import ChildError, check_names, job_manifest, pod_template
+from meshscope_operator.kubeapi import KubeApi, TransientApiError
 from meshscope_operator.placements import PodEntry, nodes_by_index, resolve_placement
 from meshscope_operator.settings import OperatorSettings, SettingsError, settings_from
 from meshscope_operator.spec import job_spec
@@ -211,3 +213,30 @@ def test_any_template_gives_a_job_or_a_child_error(template: dict[str, Any]) -> 
     pod = job["spec"]["template"]  # type: ignore[index]
     assert pod["spec"]["containers"]
     assert pod["spec"]["restartPolicy"] in ("Never", "OnFailure")
+
+
+def test_a_closed_api_connection_refuses_requests_and_connects_no_more() -> None:
+    """kopf runs the cleanup handlers all at once: a task still running after the connection closed (the keeper's
+    retries) must get a clear refusal, not a new session that nobody would close."""
+    accepted: list[int] = []
+
+    async def go() -> str:
+        def answer(_: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            accepted.append(1)
+            writer.close()
+
+        server = await asyncio.start_server(answer, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        api = KubeApi(f"http://127.0.0.1:{port}", token="t")
+        await api.close()
+        try:
+            with pytest.raises(TransientApiError) as refused:
+                await api.get("/api/v1/namespaces/training/pods")
+        finally:
+            server.close()
+            await server.wait_closed()
+        return str(refused.value)
+
+    message = asyncio.run(go())
+    assert "closed (the operator is stopping)" in message
+    assert accepted == []
