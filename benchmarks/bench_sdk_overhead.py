@@ -35,6 +35,10 @@ under 5 µs per captured collective):
     .venv/bin/python benchmarks/bench_sdk_overhead.py                 # defaults: ~5 min on this 2-core machine
     .venv/bin/python benchmarks/bench_sdk_overhead.py --rounds 3 --real-rounds 3 --steps 6   # quicker, noisier
     .venv/bin/python benchmarks/bench_sdk_overhead.py --skip-job      # the per-operation part only (~15 s)
+
+Every rank pins itself to one core (rank r on core r mod cores, ``--no-pin`` to let the scheduler place them): with
+the scheduler free to move ranks mid-step, one round's CPU seconds differed from the next's by up to 6 % on the DDP
+job; pinned, the paired CPU ratios of 20 rounds stayed within 0.99-1.02 (2026-12-05, idle 2-core machine).
 """
 
 from __future__ import annotations
@@ -70,6 +74,8 @@ size takes 15 ms (a step of real training lasts 0.1-10 s; the SDK's cost per ste
 BAR = 1.01
 """Issue 4's bar on the median step-time ratio, SDK on / off, of the CPU job."""
 WARMUP_STEPS = 2
+PIN_ENV = "MESHSCOPE_BENCH_PIN"
+"""Set in the ranks' environment by ``--pin``: each rank pins itself to one core (:func:`as_rank`)."""
 """Steps left out of every job figure: warm-up (allocations, first gathers) and the SDK's one-off measurements
 (model-state count, saved-tensor hooks), which run in steps 0 and 1 only."""
 
@@ -178,6 +184,11 @@ def as_rank(out_dir: Path, script: str, args: list[str], *, census: bool) -> Non
 
             setattr(cls, method, counted)
     rank = os.environ.get("RANK", "0")
+    if os.environ.get(PIN_ENV) and hasattr(os, "sched_setaffinity"):
+        # Rank r on core r mod cores, for the whole run (its gloo threads inherit it): the scheduler no longer moves a
+        # rank between cores mid-step, which is what made one round's CPU seconds differ from the next's.
+        cores = sorted(os.sched_getaffinity(0))
+        os.sched_setaffinity(0, {cores[int(rank) % len(cores)]})
     log_fd = os.open(out_dir / f"rank-{rank}.out", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     sys.stdout.flush()
     os.dup2(log_fd, 1)  # the script's progress lines go to a file, not between the benchmark's tables
@@ -288,7 +299,9 @@ class RunResult:
     """CPU seconds per rank-step by kind of thread (:data:`THREAD_KINDS`), over the measured steps, mean over ranks."""
 
 
-def run_once(job: JobSpec, *, enabled: bool, steps: int, out: Path, census: bool = False) -> RunResult:
+def run_once(
+    job: JobSpec, *, enabled: bool, steps: int, out: Path, census: bool = False, pin: bool = False
+) -> RunResult:
     """Run ``job`` once and read what its ranks measured."""
     from meshscope.local import RunSettings, run_job  # noqa: PLC0415
     from meshscope.topology import parse_layout  # noqa: PLC0415
@@ -300,6 +313,8 @@ def run_once(job: JobSpec, *, enabled: bool, steps: int, out: Path, census: bool
     command += ["--census"] if census else []
     command += ["--", str(job.script), job.steps_flag, str(steps + WARMUP_STEPS), *job.args]
     env = {"PYTHONWARNINGS": "ignore"}
+    if pin:
+        env[PIN_ENV] = "1"
     if not enabled:
         env["MESHSCOPE_DISABLE"] = "1"
     settings = RunSettings(
@@ -362,7 +377,7 @@ class JobSummary:
         return statistics.median(getattr(pair[1 if on else 0], attr) for pair in self.rounds)
 
 
-def bench_job(job: JobSpec, steps: int, tmp: Path) -> JobSummary:
+def bench_job(job: JobSpec, steps: int, tmp: Path, *, pin: bool = False) -> JobSummary:
     """Alternate SDK-off and SDK-on runs of ``job``, ``job.rounds`` rounds, the first arm swapped every round."""
     what = f"{job.script.name} {' '.join(job.args)}".rstrip()
     print(f"\n{job.name}: {what} on {job.nproc} ranks ({job.layout}), {steps} measured steps")
@@ -373,7 +388,7 @@ def bench_job(job: JobSpec, steps: int, tmp: Path) -> JobSummary:
     for i in range(job.rounds):
         pair: dict[bool, RunResult] = {}
         for enabled in (i % 2 == 1, i % 2 == 0):
-            pair[enabled] = run_once(job, enabled=enabled, steps=steps, out=tmp / f"{job.name}-{i}-{enabled}")
+            pair[enabled] = run_once(job, enabled=enabled, steps=steps, out=tmp / f"{job.name}-{i}-{enabled}", pin=pin)
         off, on = pair[False], pair[True]
         rounds.append((off, on))
         print(
@@ -646,10 +661,18 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=7, help=f"measured steps per run (+{WARMUP_STEPS} warm-up)")
     p.add_argument("--emulate", type=float, default=40.0, metavar="MS", help="emulated block forward, ms (the demo's)")
     p.add_argument("--blocks", type=int, default=40, help="alternating blocks per case in the hot-path loop")
+    p.add_argument(
+        "--pin",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="pin rank r to core r mod cores (default; steadier rounds: no migrations mid-step)",
+    )
     p.add_argument("--skip-job", action="store_true", help="only the hot-path measurement")
     p.add_argument("--script", type=Path, default=TRAIN_TINY, help="the training script (train_tiny's flags)")
     args = p.parse_args()
     print(machine_reference(), flush=True)
+    if args.pin:
+        print(f"ranks pinned: rank r on core r mod {len(os.sched_getaffinity(0))}", flush=True)
     import torch  # noqa: PLC0415, F401 - imported once here, before the ranks fork
 
     jobs = [
@@ -692,7 +715,7 @@ def main() -> None:
             for job in jobs:
                 if job.rounds > 0:
                     census = run_once(job, enabled=True, steps=1, out=tmp / "census", census=True)
-                    done.append((bench_job(job, args.steps, tmp), census))
+                    done.append((bench_job(job, args.steps, tmp, pin=args.pin), census))
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
     hot = bench_hot_path(args.blocks)
