@@ -12,6 +12,7 @@ Issue 12's checks:
     .venv/bin/python benchmarks/bench_predict.py                 # all pairs, ~2-4 min on an idle 2-core machine
     .venv/bin/python benchmarks/bench_predict.py --pairs 2       # a quick look
     .venv/bin/python benchmarks/bench_predict.py --pairs 0       # the speed figure only
+    .venv/bin/python benchmarks/bench_predict.py --runs DIR      # keep the runs; again: same runs, new predictions
 
 The measured Y is the stage the prediction is for (the plan's slowest stage), mean per step over the run's steps
 after the warm-up step, exposed comm = transfer + sync wait. Timings on a machine shared with other work are noisy:
@@ -79,9 +80,20 @@ class PairResult:
     """Category -> (predicted, measured) seconds per step of Y."""
 
 
-def predict_pair(x: str, x_extra: list[str], y: str, y_extra: list[str], work: Path) -> PairResult:
-    out_x, out_y = work / "x", work / "y"
-    run(x, x_extra, out_x)
+def run_dir(runs: Path, layout: str, extra: list[str]) -> Path:
+    """Where a kept run of ``layout`` with ``extra`` lives under ``runs``."""
+    return runs / "_".join([layout.replace(",", "-").replace("=", ""), *(a.lstrip("-") for a in extra)])
+
+
+def predict_pair(x: str, x_extra: list[str], y: str, y_extra: list[str], work: Path, *, keep: bool) -> PairResult:
+    """Run X (unless kept), predict Y from it, run Y (unless kept), and compare.
+
+    With ``keep``, runs are kept under ``work`` by layout, and a run already there is read again instead of run: the
+    same measurements predicted by changed code (what the ``(a)`` columns of docs/predict.md compare).
+    """
+    out_x, out_y = (run_dir(work, x, x_extra), run_dir(work, y, y_extra)) if keep else (work / "x", work / "y")
+    if not (keep and (out_x / "records.jsonl").exists()):
+        run(x, x_extra, out_x)
     size = micro_batch_of(y_extra)
     predicted = json.loads(
         subprocess.run(
@@ -90,7 +102,8 @@ def predict_pair(x: str, x_extra: list[str], y: str, y_extra: list[str], work: P
             capture_output=True, text=True, timeout=300, check=True,
         ).stdout
     )  # fmt: skip
-    run(y, y_extra, out_y)
+    if not (keep and (out_y / "records.jsonl").exists()):
+        run(y, y_extra, out_y)
     measured_y = calibrate_run(read_run([str(out_y)], spec=None))
     stage = measured_stage(measured_y.measured, int(predicted["predicted"]["pp_rank"]))
     return PairResult(
@@ -122,6 +135,13 @@ def calibration_speed() -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--pairs", type=int, default=len(PAIRS), help=f"(X, Y) pairs to run, 0-{len(PAIRS)}")
+    parser.add_argument(
+        "--runs",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="keep the runs under DIR, one per layout, and read a run already there instead of running it again",
+    )
     args = parser.parse_args()
     print(f"machine reference: {machine_reference()}", flush=True)
     calibration_speed()
@@ -129,7 +149,8 @@ def main() -> None:
     for x, x_extra, y, y_extra, what in PAIRS[: args.pairs]:
         with tempfile.TemporaryDirectory() as tmp:
             t0 = time.perf_counter()
-            got = predict_pair(x, x_extra, y, y_extra, Path(tmp))
+            work = args.runs if args.runs is not None else Path(tmp)
+            got = predict_pair(x, x_extra, y, y_extra, work, keep=args.runs is not None)
         error = (got.predicted_s - got.measured_s) / got.measured_s
         errors.append(abs(error))
         print(f"\n{x} {' '.join(x_extra)} -> {y} {' '.join(y_extra)} ({what}; {time.perf_counter() - t0:.0f} s wall)")

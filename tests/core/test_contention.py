@@ -176,6 +176,26 @@ def test_without_cpu_figures_no_contention_is_modelled():
     assert "cpu_contention_at_fit" not in c.overrides
 
 
+def test_the_host_time_per_layer_pass_is_measured_at_the_runs_micro_batch_and_scales_with_its_tokens():
+    spec, result = simulated("dp=4")
+    c = calibrate(result.table, spec, base=dataclasses.replace(BASE, cpu_cores=None), emulated=True)
+    reference = value(c, "host_reference_tokens")
+    assert reference.value == spec.training.micro_batch_size * spec.model.seq_length  # b·s, cp = 1
+    assert c.overrides["host_reference_tokens"] == reference.value  # written to the file, loaded by --assumptions
+    host = value(c, "host_seconds_per_layer_pass").value
+    assert host == pytest.approx(0.004 * 2, rel=0.1)  # TRUTH's 4 ms at 4 ranks on 2 cores, not modelled here
+    # Half the sequences per micro-batch, twice the micro-batches: each layer pass has half the tokens, so its host
+    # time is 0.5 ** (1/3) of the measured one (the emulated base's exponent), over 8 micro-batches x the layers.
+    target = tiny_job_spec(
+        dataclasses.replace(JOB, micro_batch_size=1, micro_batches=8), spec.layout, gpus_per_node=None
+    )
+    scaled = predict(c, target).plan.stages[0].step_time.compute_seconds
+    flat = dataclasses.replace(c.assumptions, host_tokens_exponent=0.0)
+    unscaled = predict(dataclasses.replace(c, assumptions=flat), target).plan.stages[0].step_time.compute_seconds
+    passes = 8 * target.model.layers
+    assert scaled - unscaled == pytest.approx(passes * host * (0.5 ** (1 / 3) - 1), rel=1e-9)
+
+
 # ---------------------------------------------------------------------------------------------------- collector.json
 
 

@@ -279,6 +279,32 @@ def test_host_time_per_layer_pass_splits_a_third_forward_two_thirds_backward(ass
     assert backward == pytest.approx(0.008, rel=1e-9)
 
 
+@pytest.mark.parametrize(
+    ("reference", "exponent", "layout", "scale"),
+    [
+        (8.0, 1.0 / 3.0, ParallelLayout(tp=2), 4.0 ** (1.0 / 3.0)),  # S tokens per rank, measured at S/4
+        (8.0, 1.0 / 3.0, ParallelLayout(cp=2), 2.0 ** (1.0 / 3.0)),  # cp halves a rank's tokens: S/2 against S/4
+        (64.0, 0.5, ParallelLayout(tp=2), 0.5**0.5),  # a smaller micro-batch than the measured one: less host time
+        (8.0, 0.0, ParallelLayout(tp=2), 1.0),  # exponent 0: launches and dispatch only, any size
+        (None, 1.0 / 3.0, ParallelLayout(tp=2), 1.0),  # no reference: not calibrated at any size
+    ],
+    ids=["larger", "cp", "smaller", "exponent-0", "no-reference"],
+)
+def test_host_time_per_layer_pass_scales_with_a_ranks_tokens_per_micro_batch(reference, exponent, layout, scale):
+    # S = 32 tokens per micro-batch (b = 1); 4 layers x 3 ms x (tokens ÷ reference) ** exponent, a third of it in
+    # forward and two thirds in backward.
+    assert S == 32
+    base = _compute(FLAT, layout=layout, layers=4)
+    assumptions = dataclasses.replace(
+        FLAT, host_seconds_per_layer_pass=0.003, host_reference_tokens=reference, host_tokens_exponent=exponent
+    )
+    hosted = _compute(assumptions, layout=layout, layers=4)
+    forward = hosted.forward_seconds_per_microbatch - base.forward_seconds_per_microbatch
+    backward = hosted.backward_seconds_per_microbatch - base.backward_seconds_per_microbatch
+    assert forward == pytest.approx(0.004 * scale, rel=1e-9)
+    assert backward == pytest.approx(0.008 * scale, rel=1e-9)
+
+
 def test_roofline_attention_core_time_is_the_kernels_attention_core_class():
     got = _compute(PlanAssumptions())
     assert got.kernels is not None

@@ -64,9 +64,27 @@ TINY_EXPERTS: Final = 4
 """Routed experts per MoE layer of ``train_tiny --moe`` (top-1, FFN half the dense FFN)."""
 
 
+HOST_TOKENS_EXPONENT: Final = 1.0 / 3.0
+"""How the host's time per layer pass grows with a micro-batch's tokens on the CPU ranks of ``train_tiny``
+(``PlanAssumptions.host_tokens_exponent``): part of it is dispatch and autograd, the same at any size, part the tiny
+tensors' real math. Measured on this project's 2-core machine, idle, 2026-12-05 (docs/predict.md, "Where (e)'s
+errors are"): compute beyond the emulated sleep less the training thread's run-queue wait, per layer pass, was
+10.3 ms at one micro-batch of 8 sequences (dp=2) against 5.9-6.9 ms at micro-batches of 2 (dp=2,pp=2), and 8.4
+against 5.1-5.5 ms for dp=4 against dp=4,pp=2: 4x the tokens, 1.5-1.7x the time, i.e. tokens ** 0.3-0.4."""
+
+
 def emulated_assumptions() -> PlanAssumptions:
-    """Plan assumptions for an emulated run: every efficiency 1, so expected seconds are FLOPs (bytes) ÷ peak."""
-    return PlanAssumptions(compute_efficiency=1.0, nvlink_efficiency=1.0, network_efficiency=1.0, hbm_efficiency=1.0)
+    """Plan assumptions for an emulated run: every efficiency 1, so expected seconds are FLOPs (bytes) ÷ peak.
+
+    The host's time per layer pass grows with the micro-batch as measured on CPU ranks (:data:`HOST_TOKENS_EXPONENT`).
+    """
+    return PlanAssumptions(
+        compute_efficiency=1.0,
+        nvlink_efficiency=1.0,
+        network_efficiency=1.0,
+        hbm_efficiency=1.0,
+        host_tokens_exponent=HOST_TOKENS_EXPONENT,
+    )
 
 
 def tiny_model(*, moe: bool = False, experts: int = TINY_EXPERTS) -> ModelConfig:

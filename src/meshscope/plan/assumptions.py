@@ -212,6 +212,15 @@ class PlanAssumptions:
     Default 0. ``meshscope calibrate`` fits it on the emulated accelerator, whose kernels take exactly FLOPs ÷ peak,
     so that what the host adds is what is left; on real GPUs it cannot be told apart from the compute efficiency
     from one layout, and stays 0."""
+    host_tokens_exponent: float = 0.0
+    """How the host time per layer pass grows with a micro-batch's tokens: it is ``host_seconds_per_layer_pass x
+    (tokens ÷ host_reference_tokens) ** host_tokens_exponent``, tokens per rank (``b·s ÷ cp``). Default 0: the same
+    time at any micro-batch (launches and dispatch do not depend on the tensors' size). On a CPU testbed the host
+    also does the tiny tensors' real math, which does; one run has one micro-batch size and cannot fit it
+    (``meshscope.local.emulation.emulated_assumptions`` sets the testbed's measured value)."""
+    host_reference_tokens: float | None = None
+    """Tokens per rank per micro-batch at which ``host_seconds_per_layer_pass`` was measured (``meshscope calibrate``
+    writes it); ``None`` (default): no scaling by tokens."""
     data_wait_seconds: float = 0.0
     """Time each step waits for the data loader, seconds. Default 0: a prefetching loader hides behind compute (no
     formula gives it; ``meshscope calibrate`` measures it)."""
@@ -341,6 +350,7 @@ _OPTIONAL: Final = (
     "gemm_efficiency",
     "optimizer_hbm_efficiency",
     "cpu_cores",
+    "host_reference_tokens",
     *SYNC_WAIT_AXIS_FIELDS.values(),
 )
 _CHOICES: Final = {"nccl_algorithms": NCCL_ALGORITHMS, "nccl_protocols": NCCL_PROTOCOLS}
@@ -363,6 +373,8 @@ _RANGES: Final[dict[str, tuple[float, float | None, bool]]] = {
         (0.0, None, False),
     ),
     "cpu_cores": (0.0, None, True),
+    "host_tokens_exponent": (0.0, 1.0, False),
+    "host_reference_tokens": (0.0, None, True),
     "cpu_contention_at_fit": (1.0, None, False),
     "cpu_time_scale": (0.0, None, True),
 }  # fmt: skip

@@ -13,7 +13,7 @@ Conventions (docs/planner.md, "Expected step time"):
   ``compute_efficiency`` set (the flat model), a GPU's hardware FLOPs ÷ (dense peak x ``compute_efficiency``),
   forward = 1 pass, backward = 2 passes + recompute;
 * host: ``host_seconds_per_layer_pass`` x the stage's layers per micro-batch (a third forward, two thirds backward;
-  0 unless calibrated);
+  0 unless calibrated), scaled by the micro-batch's tokens where calibrated at another size (:func:`host_tokens_scale`);
 * CPU contention (only with ``cpu_cores``, a CPU testbed): host time, sync waits, collectives and the optimizer
   stretched by :func:`cpu_contention` of the layout over the calibrated run's (:func:`contended`);
 * bubble: ``(pp - 1)/m`` (1F1B, GPipe) or ``(pp - 1)/(m·vpp)`` (interleaved) of a stage's compute and exposed
@@ -94,6 +94,18 @@ def contended(assumptions: PlanAssumptions, world_size: int, bubble: float) -> P
         ep_sync_wait_per_collective_seconds=stretched(assumptions.ep_sync_wait_per_collective_seconds),
         cpu_time_scale=assumptions.cpu_time_scale * ratio,
     )
+
+
+def host_tokens_scale(assumptions: PlanAssumptions, tokens_per_rank: float) -> float:
+    """How much the host time per layer pass changes at a micro-batch of ``tokens_per_rank`` tokens (``b·s ÷ cp``).
+
+    ``(tokens ÷ host_reference_tokens) ** host_tokens_exponent`` relative to the micro-batch it was measured at; 1
+    without a reference or with exponent 0.
+    """
+    ref = assumptions.host_reference_tokens
+    if ref is None or assumptions.host_tokens_exponent == 0.0:
+        return 1.0
+    return float((tokens_per_rank / ref) ** assumptions.host_tokens_exponent)
 
 
 def peak_flops_per_s(hardware: HardwareConfig, precision: Precision) -> float:
@@ -180,7 +192,12 @@ def stage_compute(
         forward += logits_forward_flops(model, tokens=tokens)
     per_gpu = forward.scaled(1.0 / (layout.tp * layout.cp))
     recompute = recompute_forward_flops(per_gpu, training.recompute)
-    host = assumptions.host_seconds_per_layer_pass * len(layer_indices)  # launches and dispatch, per micro-batch
+    # launches and dispatch (and, on a CPU testbed, the tiny tensors' math), per micro-batch
+    host = (
+        assumptions.host_seconds_per_layer_pass
+        * len(layer_indices)
+        * host_tokens_scale(assumptions, tokens / layout.cp)
+    )
     if assumptions.compute_efficiency is not None:
         rate = peak_flops_per_s(hardware, training.precision) * assumptions.compute_efficiency
         core_passes = 3.0 + (1.0 if training.recompute in (Recompute.SELECTIVE, Recompute.FULL) else 0.0)
