@@ -700,7 +700,7 @@ def _fit_host_compute(
         name="host_reference_tokens", value=tokens, low=None, high=None, base=base.host_reference_tokens, unit="",
         basis=f"the run's tokens per rank per micro-batch (b·s ÷ cp = {spec.training.micro_batch_size} x "
         f"{spec.model.seq_length} ÷ {spec.layout.cp}), at which the host time per layer pass was measured; another "
-        f"micro-batch scales it by (tokens ÷ {tokens:g}) ** host_tokens_exponent ({base.host_tokens_exponent:g})",
+        f"micro-batch scales it by (tokens ÷ {tokens:g}) ** host_tokens_exponent ({base.host_tokens_exponent:.3g})",
     ))  # fmt: skip
     changes["host_reference_tokens"] = tokens
     overrides["host_reference_tokens"] = tokens
