@@ -285,10 +285,11 @@ def test_host_time_per_layer_pass_splits_a_third_forward_two_thirds_backward(ass
         (8.0, 1.0 / 3.0, ParallelLayout(tp=2), 4.0 ** (1.0 / 3.0)),  # S tokens per rank, measured at S/4
         (8.0, 1.0 / 3.0, ParallelLayout(cp=2), 2.0 ** (1.0 / 3.0)),  # cp halves a rank's tokens: S/2 against S/4
         (64.0, 0.5, ParallelLayout(tp=2), 0.5**0.5),  # a smaller micro-batch than the measured one: less host time
+        (8.0, 1.0, ParallelLayout(tp=2), 4.0),  # exponent 1: all of it the tensors' math, in proportion
         (8.0, 0.0, ParallelLayout(tp=2), 1.0),  # exponent 0: launches and dispatch only, any size
         (None, 1.0 / 3.0, ParallelLayout(tp=2), 1.0),  # no reference: not calibrated at any size
     ],
-    ids=["larger", "cp", "smaller", "exponent-0", "no-reference"],
+    ids=["larger", "cp", "smaller", "proportional", "exponent-0", "no-reference"],
 )
 def test_host_time_per_layer_pass_scales_with_a_ranks_tokens_per_micro_batch(reference, exponent, layout, scale):
     # S = 32 tokens per micro-batch (b = 1); 4 layers x 3 ms x (tokens ÷ reference) ** exponent, a third of it in
