@@ -257,6 +257,27 @@ def test_a_cpu_run_is_calibrated_and_predicted_with_its_contention(cpu_run_dir, 
     ).expected_step_time.compute_seconds
     assert got["categories"]["compute"]["expected_s"] == pytest.approx(sleep + 4 * host / 2, rel=1e-6)
     assert got["not_calibrated"] == []
+    assert got["host_tokens_scale"] is None  # the same micro-batch: nothing scaled
+
+
+def test_a_prediction_at_another_micro_batch_says_how_it_scaled_the_host_time(cpu_run_dir, capsys):
+    measured = tiny_job_spec(JOB, parse_layout("dp=4"), gpus_per_node=None)
+    tokens = measured.training.micro_batch_size * measured.model.seq_length  # the whole step is one micro-batch
+    code, out, err = _run(capsys, "predict", "--from", str(cpu_run_dir), "--layout", "dp=2,pp=2", "--json", "-q")
+    assert (code, err) == (0, "")
+    got = json.loads(out)
+    size = got["predicted"]["micro_batch_size"]
+    assert size < measured.training.micro_batch_size  # a pipeline splits the step into micro-batches
+    scale = (size * measured.model.seq_length / tokens) ** (1 / 3)
+    assert got["host_tokens_scale"] == pytest.approx(scale, rel=1e-12)
+    code, out, err = _run(capsys, "predict", "--from", str(cpu_run_dir), "--layout", "dp=2,pp=2")
+    assert (code, err) == (0, "")
+    line = next(x for x in out.splitlines() if x.startswith("host time per layer pass:"))
+    assert (
+        f"measured at {tokens} tokens per micro-batch per rank, x {scale:.3g} at {size * measured.model.seq_length}"
+        in line
+    )
+    assert "host_tokens_exponent, a testbed constant the run cannot fit" in line
 
 
 def test_an_axis_the_run_never_had_is_marked_not_calibrated(cpu_run_dir, capsys):

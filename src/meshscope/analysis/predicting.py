@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from meshscope.analysis.calibration import PRED_CATEGORIES, expected_categories
 from meshscope.errors import PlanError
 from meshscope.formatting import human_bytes, human_seconds, render_table
-from meshscope.plan import SYNC_WAIT_AXIS_FIELDS, plan_job
+from meshscope.plan import SYNC_WAIT_AXIS_FIELDS, host_tokens_scale, plan_job
 from meshscope.topology import default_hardware
 
 if TYPE_CHECKING:
@@ -142,9 +142,35 @@ class Prediction:
             },
             "findings": [f.to_dict() for f in self.plan.findings],
             "not_calibrated": list(self.not_calibrated()),
+            "host_tokens_scale": None if (found := self.host_tokens()) is None else found[2],
             "calibrated_step_seconds": c.plan.expected_step_time.total_seconds,
             "assumptions": c.overrides,
         }  # fmt: skip
+
+    def host_tokens(self) -> tuple[float, float, float] | None:
+        """Where the target's micro-batch differs from the measured one's: how the host time per layer pass scales.
+
+        Returns:
+            (measured, predicted tokens per rank per micro-batch, the scale between them); ``None`` where the host
+            time per layer pass was not calibrated or the tokens are the same.
+        """
+        a = self.calibration.assumptions
+        if a.host_reference_tokens is None or a.host_seconds_per_layer_pass == 0.0:
+            return None
+        y = self.spec
+        tokens = y.training.micro_batch_size * y.model.seq_length / y.layout.cp
+        if tokens == a.host_reference_tokens:
+            return None
+        return a.host_reference_tokens, tokens, host_tokens_scale(a, tokens)
+
+    def _host_tokens_line(self, found: tuple[float, float, float]) -> str:
+        measured, tokens, scale = found
+        a = self.calibration.assumptions
+        return (
+            f"host time per layer pass: {human_seconds(a.host_seconds_per_layer_pass)} measured at {measured:g} tokens "
+            f"per micro-batch per rank, x {scale:.3g} at {tokens:g} (tokens ratio ** {a.host_tokens_exponent:.3g}: "
+            "host_tokens_exponent, a testbed constant the run cannot fit)"
+        )
 
     def _not_calibrated_line(self) -> str:
         return (
@@ -181,6 +207,7 @@ class Prediction:
             ),
             f"\nchange: {self.changes_text()}",
             *([self._not_calibrated_line()] if self.not_calibrated() else []),
+            *([self._host_tokens_line(found)] if (found := self.host_tokens()) is not None else []),
             (
                 "calibration residual on the measured layout: calibrated plan "
                 f"{human_seconds(c.plan.expected_step_time.total_seconds)} vs measured "

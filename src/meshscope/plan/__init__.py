@@ -46,6 +46,7 @@ from meshscope.plan.timing import (
     bubble_fraction,
     contended,
     cpu_contention,
+    host_tokens_scale,
     stage_compute,
 )
 
@@ -73,6 +74,7 @@ __all__ = [
     "bubble_fraction",
     "contended",
     "cpu_contention",
+    "host_tokens_scale",
     "layer_forward_flops",
     "logits_forward_flops",
     "plan_job",
