@@ -56,7 +56,14 @@ from meshscope.analysis.costs import index_rank_steps
 from meshscope.analysis.transfers import place_of_rows
 from meshscope.errors import MeshscopeError, ParseCode, ParseError
 from meshscope.formatting import human_seconds, render_table
-from meshscope.plan import SYNC_WAIT_AXIS_FIELDS, NcclProtocolCosts, PlanAssumptions, cpu_contention, plan_job
+from meshscope.plan import (
+    SYNC_WAIT_AXIS_FIELDS,
+    NcclProtocolCosts,
+    PlanAssumptions,
+    cpu_contention,
+    micro_batch_tokens_per_rank,
+    plan_job,
+)
 from meshscope.records import OPS, CommOp
 from meshscope.topology import AXES, Link, MeshAxis
 
@@ -695,7 +702,7 @@ def _fit_host_compute(
     ))  # fmt: skip
     changes["host_seconds_per_layer_pass"] = value
     overrides["host_seconds_per_layer_pass"] = value
-    tokens = spec.training.micro_batch_size * spec.model.seq_length / spec.layout.cp
+    tokens = micro_batch_tokens_per_rank(spec.model, spec.training, spec.layout)
     values.append(FittedValue(
         name="host_reference_tokens", value=tokens, low=None, high=None, base=base.host_reference_tokens, unit="",
         basis=f"the run's tokens per rank per micro-batch (b·s ÷ cp = {spec.training.micro_batch_size} x "

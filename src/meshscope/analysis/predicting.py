@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from meshscope.analysis.calibration import PRED_CATEGORIES, expected_categories
 from meshscope.errors import PlanError
 from meshscope.formatting import human_bytes, human_seconds, render_table
-from meshscope.plan import SYNC_WAIT_AXIS_FIELDS, host_tokens_scale, plan_job
+from meshscope.plan import SYNC_WAIT_AXIS_FIELDS, host_tokens_scale, micro_batch_tokens_per_rank, plan_job
 from meshscope.topology import default_hardware
 
 if TYPE_CHECKING:
@@ -158,7 +158,7 @@ class Prediction:
         if a.host_reference_tokens is None or a.host_seconds_per_layer_pass == 0.0:
             return None
         y = self.spec
-        tokens = y.training.micro_batch_size * y.model.seq_length / y.layout.cp
+        tokens = micro_batch_tokens_per_rank(y.model, y.training, y.layout)
         if tokens == a.host_reference_tokens:
             return None
         return a.host_reference_tokens, tokens, host_tokens_scale(a, tokens)

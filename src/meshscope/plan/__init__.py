@@ -47,6 +47,7 @@ from meshscope.plan.timing import (
     contended,
     cpu_contention,
     host_tokens_scale,
+    micro_batch_tokens_per_rank,
     stage_compute,
 )
 
@@ -77,6 +78,7 @@ __all__ = [
     "host_tokens_scale",
     "layer_forward_flops",
     "logits_forward_flops",
+    "micro_batch_tokens_per_rank",
     "plan_job",
     "render_plan",
     "render_plan_report",

@@ -96,6 +96,11 @@ def contended(assumptions: PlanAssumptions, world_size: int, bubble: float) -> P
     )
 
 
+def micro_batch_tokens_per_rank(model: ModelConfig, training: TrainingConfig, layout: ParallelLayout) -> float:
+    """Tokens one rank holds of a micro-batch: ``b·s ÷ cp`` (what the host time per layer pass scales with)."""
+    return training.micro_batch_size * model.seq_length / layout.cp
+
+
 def host_tokens_scale(assumptions: PlanAssumptions, tokens_per_rank: float) -> float:
     """How much the host time per layer pass changes at a micro-batch of ``tokens_per_rank`` tokens (``b·s ÷ cp``).
 
@@ -196,7 +201,7 @@ def stage_compute(
     host = (
         assumptions.host_seconds_per_layer_pass
         * len(layer_indices)
-        * host_tokens_scale(assumptions, tokens / layout.cp)
+        * host_tokens_scale(assumptions, micro_batch_tokens_per_rank(model, training, layout))
     )
     if assumptions.compute_efficiency is not None:
         rate = peak_flops_per_s(hardware, training.precision) * assumptions.compute_efficiency
