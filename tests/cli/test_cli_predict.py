@@ -28,8 +28,17 @@ JOB = TinyJob(micro_batch_size=8, micro_batches=1, block_ms=10)
 """How ``train_tiny --micro-batch-size 2 --micro-batches 4 --emulate 10`` describes itself without a pipeline: the
 whole step as one micro-batch."""
 TRUTH = emulated_assumptions().__class__(
-    compute_efficiency=0.6, nccl_latency=False, nvlink_efficiency=0.3, network_efficiency=0.1, hbm_efficiency=0.2
+    compute_efficiency=1.0,
+    nccl_latency=False,
+    nvlink_efficiency=0.3,
+    network_efficiency=0.1,
+    hbm_efficiency=0.2,
+    host_seconds_per_layer_pass=0.003,
+    host_reference_tp=2.0,
+    host_tp_factor=emulated_assumptions().host_tp_factor,
 )
+"""The emulated accelerator's world: kernels take exactly their sleep, the host adds 3 ms per layer pass with tp=2
+(``host_tp_factor`` less without tp, as the testbed measured), slow links."""
 
 
 def _simulated(layout: str, steps: int = 6):
@@ -70,11 +79,10 @@ def test_calibrate_a_run_directory_writes_what_plan_loads(run_dir, tmp_path, cap
     assert "never crossed" not in out  # dp crosses the two emulated nodes
     loaded = assumptions_from_mapping(load_yaml_mapping(path), base=emulated_assumptions(), origin=str(path))
     # The emulated accelerator's efficiency is known (1); what the run spent beyond its sleep is the host's, per
-    # layer and micro-batch: here the simulated compute at 0.6 of peak, i.e. sleep x (1/0.6 - 1).
-    spec = tiny_job_spec(JOB, parse_layout("tp=2,dp=4"), gpus_per_node=4)
-    sleep = plan_job(spec, assumptions=emulated_assumptions()).expected_step_time.compute_seconds
+    # layer and micro-batch: the simulated 3 ms, at the run's tp=2.
     assert loaded.compute_efficiency == 1.0
-    assert loaded.host_seconds_per_layer_pass == pytest.approx(sleep * (1 / 0.6 - 1) / (1 * 4), rel=0.01)
+    assert loaded.host_seconds_per_layer_pass == pytest.approx(0.003, rel=0.01)
+    assert loaded.host_reference_tp == 2.0
     assert loaded.network_efficiency == pytest.approx(0.1, rel=0.01)
     code, out, err = _run(capsys, "plan", str(ROOT / "examples" / "llama3-8b-h100.yaml"), "--assumptions", str(path))
     assert (code, err) == (0, "")
@@ -278,6 +286,21 @@ def test_a_prediction_at_another_micro_batch_says_how_it_scaled_the_host_time(cp
         in line
     )
     assert "host_tokens_exponent, a testbed constant the run cannot fit" in line
+
+
+def test_a_prediction_with_tensor_parallelism_says_how_it_scaled_the_host_time(cpu_run_dir, capsys):
+    factor = emulated_assumptions().host_tp_factor  # the measured run is dp=4: no tp
+    code, out, err = _run(capsys, "predict", "--from", str(cpu_run_dir), "--layout", "dp=2,tp=2", "--json", "-q")
+    assert (code, err) == (0, "")
+    got = json.loads(out)
+    assert got["host_tp_scale"] == pytest.approx(factor, rel=1e-12)
+    assert got["host_tokens_scale"] is None  # the same micro-batch per rank
+    code, out, err = _run(capsys, "predict", "--from", str(cpu_run_dir), "--layout", "dp=2,tp=2")
+    assert (code, err) == (0, "")
+    line = next(x for x in out.splitlines() if x.startswith("host time per layer pass:"))
+    assert f"measured at tp=1, x {factor:.3g} at tp=2 (tensor parallelism's dispatch: host_tp_factor" in line
+    code, out, _ = _run(capsys, "predict", "--from", str(cpu_run_dir), "--layout", "dp=2", "--json", "-q")
+    assert json.loads(out)["host_tp_scale"] is None
 
 
 def test_an_axis_the_run_never_had_is_marked_not_calibrated(cpu_run_dir, capsys):

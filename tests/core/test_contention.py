@@ -196,6 +196,32 @@ def test_the_host_time_per_layer_pass_is_measured_at_the_runs_micro_batch_and_sc
     assert scaled - unscaled == pytest.approx(passes * host * (0.5 ** (1 / 3) - 1), rel=1e-9)
 
 
+def test_the_host_time_per_layer_pass_is_measured_at_the_runs_tp_and_scales_with_tensor_parallelism():
+    spec, result = simulated("dp=4")
+    c = calibrate(result.table, spec, base=dataclasses.replace(BASE, cpu_cores=None), emulated=True)
+    reference = value(c, "host_reference_tp")
+    assert reference.value == 1.0  # dp=4 has no tensor parallelism
+    assert c.overrides["host_reference_tp"] == 1  # written to the file, loaded by --assumptions
+    host = value(c, "host_seconds_per_layer_pass").value
+    # dp=2,tp=2: the same ranks and micro-batch; every layer pass gains tp's dispatch, the emulated base's factor.
+    factor = emulated_assumptions().host_tp_factor
+    assert factor > 1.0
+    target = tiny("dp=2,tp=2")
+    scaled = predict(c, target)
+    flat = dataclasses.replace(c.assumptions, host_tp_factor=1.0)
+    unscaled = predict(dataclasses.replace(c, assumptions=flat), target)
+    passes = JOB.micro_batches * target.model.layers
+    compute = [p.plan.stages[0].step_time.compute_seconds for p in (scaled, unscaled)]
+    assert compute[0] - compute[1] == pytest.approx(passes * host * (factor - 1.0), rel=1e-9)
+    assert scaled.host_tp() == (1, 2, factor)
+    assert predict(c, tiny("dp=4")).host_tp() is None  # the measured layout: nothing scaled
+    # And back: a tp run's time planned without tp is divided by the factor.
+    spec, result = simulated("dp=2,tp=2")
+    c = calibrate(result.table, spec, base=dataclasses.replace(BASE, cpu_cores=None), emulated=True)
+    assert value(c, "host_reference_tp").value == 2.0
+    assert predict(c, tiny("dp=4")).host_tp() == (2, 1, pytest.approx(1.0 / factor, rel=1e-12))
+
+
 # ---------------------------------------------------------------------------------------------------- collector.json
 
 

@@ -50,9 +50,11 @@ def test_tiles_come_as_lists():
         ({"bubble_warning_fraction": -1}, r"expected a number >= 0, got -1"),
         ({"hbm_efficiency": float("nan")}, r"expected a number in \(0, 1\], got nan"),
         ({"compute_efficiency": True}, r"expected a number in \(0, 1\], got True"),
+        ({"host_reference_tp": 1.5}, r"f\.host_reference_tp: expected a whole number >= 1 \(a tensor-parallel .*got 1\.5"),
+        ({"host_tp_factor": 0.7}, r"f\.host_tp_factor: expected a number >= 1, got 0\.7"),
     ],
     ids=["typo", "above-one", "zero", "text", "int-for-bool", "nested-typo", "nested-scalar", "zero-fraction",
-         "short-tile", "negative", "nan", "bool-for-number"],
+         "short-tile", "negative", "nan", "bool-for-number", "fractional-tp", "tp-factor-below-one"],
 )  # fmt: skip
 def test_bad_values_name_the_field_the_value_and_what_fits(data, message):
     with pytest.raises(PlanError, match=message):
@@ -84,6 +86,8 @@ _MEASURED_TIMES: dict[str, st.SearchStrategy[object]] = {
     "cpu_cores": st.none() | st.floats(min_value=0.1, max_value=64.0),
     "cpu_contention_at_fit": st.floats(min_value=1.0, max_value=20.0),
     "cpu_time_scale": st.floats(min_value=1.0, max_value=20.0),
+    "host_tp_factor": st.floats(min_value=1.0, max_value=4.0),
+    "host_reference_tp": st.none() | st.sampled_from([1.0, 2.0, 8.0]),
     **dict.fromkeys(("data_wait_seconds", "host_overhead_seconds"), st.floats(min_value=0.0, max_value=10.0)),
 }
 """Valid values of the measured-time assumptions: per-step waits, per-axis sync waits, CPU contention."""

@@ -306,6 +306,36 @@ def test_host_time_per_layer_pass_scales_with_a_ranks_tokens_per_micro_batch(ref
     assert backward == pytest.approx(0.008 * scale, rel=1e-9)
 
 
+@pytest.mark.parametrize(
+    ("reference", "factor", "layout", "scale"),
+    [
+        (1.0, 1.5, ParallelLayout(tp=2), 1.5),  # measured without tp, planned with it: tp's dispatch added
+        (2.0, 1.5, ParallelLayout(dp=2), 1.0 / 1.5),  # measured with tp, planned without: taken away
+        (2.0, 1.5, ParallelLayout(tp=4), 1.0),  # both have tp: the measured time holds
+        (1.0, 1.5, ParallelLayout(dp=2), 1.0),  # neither has it
+        (None, 1.5, ParallelLayout(tp=2), 1.0),  # no reference: not calibrated with or without tp
+        (1.0, 1.0, ParallelLayout(tp=2), 1.0),  # factor 1: tp adds no host time
+    ],
+    ids=["add-tp", "drop-tp", "both-tp", "neither", "no-reference", "factor-1"],
+)
+def test_host_time_per_layer_pass_scales_with_tensor_parallelisms_dispatch(reference, factor, layout, scale):
+    # 4 layers x 3 ms x the tp scale per micro-batch, a third of it in forward, two thirds in backward.
+    base = _compute(FLAT, layout=layout, layers=4)
+    assumptions = dataclasses.replace(
+        FLAT, host_seconds_per_layer_pass=0.003, host_reference_tp=reference, host_tp_factor=factor
+    )
+    hosted = _compute(assumptions, layout=layout, layers=4)
+    forward = hosted.forward_seconds_per_microbatch - base.forward_seconds_per_microbatch
+    backward = hosted.backward_seconds_per_microbatch - base.backward_seconds_per_microbatch
+    assert forward == pytest.approx(0.004 * scale, rel=1e-9)
+    assert backward == pytest.approx(0.008 * scale, rel=1e-9)
+
+
+def test_a_reference_tensor_parallel_degree_must_be_whole():
+    with pytest.raises(PlanError, match=r"host_reference_tp must be a whole number >= 1 .*got 1\.5"):
+        dataclasses.replace(FLAT, host_reference_tp=1.5)
+
+
 def test_roofline_attention_core_time_is_the_kernels_attention_core_class():
     got = _compute(PlanAssumptions())
     assert got.kernels is not None

@@ -13,7 +13,9 @@ computes, and the plan of the layout that ran, it fits:
   the planner's ring model ``hops x hop latency + bus bytes / bus bandwidth`` (hops as NCCL's ring counts them,
   :func:`ring_hops`), fitted by Huber-weighted least squares, so that a time-sliced outlier does not drag the fit;
 * **host compute** on the emulated accelerator (``train_tiny --emulate``), whose kernels take exactly FLOPs ÷ peak:
-  ``host_seconds_per_layer_pass``, the median of (measured - planned compute) ÷ (micro-batches x layers);
+  ``host_seconds_per_layer_pass``, the median of (measured - planned compute) ÷ (micro-batches x layers), with the
+  micro-batch's tokens and the tensor-parallel degree it was measured at (``host_reference_tokens``,
+  ``host_reference_tp``: the planner scales it to another micro-batch and to a layout with or without tp);
 * **optimizer**: ``optimizer_hbm_efficiency``, the median of planned optimizer time at efficiency 1 ÷ measured;
 * **sync wait**: ``sync_wait_per_collective_seconds``, the mean sync wait per step ÷ the plan's collectives per step;
 * **overlap** per axis whose exposed time the job's settings let a fraction move: the fraction at which the
@@ -711,6 +713,15 @@ def _fit_host_compute(
     ))  # fmt: skip
     changes["host_reference_tokens"] = tokens
     overrides["host_reference_tokens"] = tokens
+    tp = spec.layout.tp
+    values.append(FittedValue(
+        name="host_reference_tp", value=float(tp), low=None, high=None, base=base.host_reference_tp, unit="",
+        basis=f"the run's tensor-parallel degree, at which the host time per layer pass was measured; a layout "
+        f"{'without' if tp > 1 else 'with'} tensor parallelism {'divides' if tp > 1 else 'multiplies'} it by "
+        f"host_tp_factor ({base.host_tp_factor:.3g})",
+    ))  # fmt: skip
+    changes["host_reference_tp"] = float(tp)
+    overrides["host_reference_tp"] = tp
     values.append(_per_class_refusal(base))
 
 

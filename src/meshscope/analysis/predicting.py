@@ -16,7 +16,13 @@ from typing import TYPE_CHECKING, Any
 from meshscope.analysis.calibration import PRED_CATEGORIES, expected_categories
 from meshscope.errors import PlanError
 from meshscope.formatting import human_bytes, human_seconds, render_table
-from meshscope.plan import SYNC_WAIT_AXIS_FIELDS, host_tokens_scale, micro_batch_tokens_per_rank, plan_job
+from meshscope.plan import (
+    SYNC_WAIT_AXIS_FIELDS,
+    host_tokens_scale,
+    host_tp_scale,
+    micro_batch_tokens_per_rank,
+    plan_job,
+)
 from meshscope.topology import default_hardware
 
 if TYPE_CHECKING:
@@ -143,6 +149,7 @@ class Prediction:
             "findings": [f.to_dict() for f in self.plan.findings],
             "not_calibrated": list(self.not_calibrated()),
             "host_tokens_scale": None if (found := self.host_tokens()) is None else found[2],
+            "host_tp_scale": None if (tp := self.host_tp()) is None else tp[2],
             "calibrated_step_seconds": c.plan.expected_step_time.total_seconds,
             "assumptions": c.overrides,
         }  # fmt: skip
@@ -170,6 +177,28 @@ class Prediction:
             f"host time per layer pass: {human_seconds(a.host_seconds_per_layer_pass)} measured at {measured:g} tokens "
             f"per micro-batch per rank, x {scale:.3g} at {tokens:g} (tokens ratio ** {a.host_tokens_exponent:.3g}: "
             "host_tokens_exponent, a testbed constant the run cannot fit)"
+        )
+
+    def host_tp(self) -> tuple[int, int, float] | None:
+        """Where one of the measured and the target layout has tensor parallelism and the other not: the host scale.
+
+        Returns:
+            (measured, target tensor-parallel degree, the scale of the host time per layer pass between them);
+            ``None`` where the host time per layer pass was not calibrated or the scale is 1.
+        """
+        a = self.calibration.assumptions
+        if a.host_reference_tp is None or a.host_seconds_per_layer_pass == 0.0:
+            return None
+        tp = self.spec.layout.tp
+        scale = host_tp_scale(a, tp)
+        return None if scale == 1.0 else (int(a.host_reference_tp), tp, scale)
+
+    def _host_tp_line(self, found: tuple[int, int, float]) -> str:
+        measured, tp, scale = found
+        a = self.calibration.assumptions
+        return (
+            f"host time per layer pass: measured at tp={measured}, x {scale:.3g} at tp={tp} (tensor parallelism's "
+            f"dispatch: host_tp_factor {a.host_tp_factor:.3g}, a testbed constant the run cannot fit)"
         )
 
     def _not_calibrated_line(self) -> str:
@@ -208,6 +237,7 @@ class Prediction:
             f"\nchange: {self.changes_text()}",
             *([self._not_calibrated_line()] if self.not_calibrated() else []),
             *([self._host_tokens_line(found)] if (found := self.host_tokens()) is not None else []),
+            *([self._host_tp_line(tp)] if (tp := self.host_tp()) is not None else []),
             (
                 "calibration residual on the measured layout: calibrated plan "
                 f"{human_seconds(c.plan.expected_step_time.total_seconds)} vs measured "

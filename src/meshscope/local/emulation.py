@@ -73,10 +73,23 @@ errors are"): compute beyond the emulated sleep less the training thread's run-q
 against 5.1-5.5 ms for dp=4 against dp=4,pp=2: 4x the tokens, 1.5-1.7x the time, i.e. tokens ** 0.3-0.4."""
 
 
+HOST_TP_FACTOR: Final = 1.44
+"""How much tensor parallelism multiplies the host's time per layer pass on the CPU ranks of ``train_tiny``
+(``PlanAssumptions.host_tp_factor``): with ``tp > 1`` every op on a sharded weight goes through DTensor's sharding
+propagation and the ranks wake up after each tensor-parallel all-reduce. Measured on this project's 2-core machine,
+idle, 2026-12-05 (docs/predict.md, "Tensor parallelism's host time"): the fitted host time per layer pass of
+``meshscope run ... --steps 6 --emulate 10``, three runs of each layout, against the layout with the same ranks,
+micro-batch and contention without tp: tp=2 / dp=2 1.22 (1.20-1.23), dp=2,tp=2 / dp=4 1.49 (1.43-1.58),
+tp=2,pp=2 / dp=2,pp=2 1.66 (1.64-1.68); the geometric mean of the three. It grows with contention and with smaller
+micro-batches (the dispatch does not shrink with the tensors); one factor is the simple model. tp=2 only: the tiny
+model's 2 KV heads allow no more."""
+
+
 def emulated_assumptions() -> PlanAssumptions:
     """Plan assumptions for an emulated run: every efficiency 1, so expected seconds are FLOPs (bytes) ÷ peak.
 
-    The host's time per layer pass grows with the micro-batch as measured on CPU ranks (:data:`HOST_TOKENS_EXPONENT`).
+    The host's time per layer pass grows with the micro-batch and with tensor parallelism as measured on CPU ranks
+    (:data:`HOST_TOKENS_EXPONENT`, :data:`HOST_TP_FACTOR`).
     """
     return PlanAssumptions(
         compute_efficiency=1.0,
@@ -84,6 +97,7 @@ def emulated_assumptions() -> PlanAssumptions:
         network_efficiency=1.0,
         hbm_efficiency=1.0,
         host_tokens_exponent=HOST_TOKENS_EXPONENT,
+        host_tp_factor=HOST_TP_FACTOR,
     )
 
 

@@ -47,6 +47,7 @@ from meshscope.plan.timing import (
     contended,
     cpu_contention,
     host_tokens_scale,
+    host_tp_scale,
     micro_batch_tokens_per_rank,
     stage_compute,
 )
@@ -76,6 +77,7 @@ __all__ = [
     "contended",
     "cpu_contention",
     "host_tokens_scale",
+    "host_tp_scale",
     "layer_forward_flops",
     "logits_forward_flops",
     "micro_batch_tokens_per_rank",

@@ -221,6 +221,16 @@ class PlanAssumptions:
     host_reference_tokens: float | None = None
     """Tokens per rank per micro-batch at which ``host_seconds_per_layer_pass`` was measured (``meshscope calibrate``
     writes it); ``None`` (default): no scaling by tokens."""
+    host_tp_factor: float = 1.0
+    """How much tensor parallelism multiplies the host time per layer pass: with ``tp > 1`` every op on a sharded
+    tensor also goes through the framework's sharding dispatch (DTensor's propagation and redistribution in PyTorch),
+    and the ranks wake up after each of the layer's tensor-parallel collectives. Relative to the layout the time was
+    measured at (``host_reference_tp``): a layout with ``tp > 1`` planned from one without multiplies by it, the
+    other way divides. Default 1 (no change). One run has one tp and cannot fit it
+    (``meshscope.local.emulation.emulated_assumptions`` sets the testbed's measured value)."""
+    host_reference_tp: float | None = None
+    """Tensor-parallel degree at which ``host_seconds_per_layer_pass`` was measured (``meshscope calibrate`` writes
+    it); ``None`` (default): no scaling by tensor parallelism."""
     data_wait_seconds: float = 0.0
     """Time each step waits for the data loader, seconds. Default 0: a prefetching loader hides behind compute (no
     formula gives it; ``meshscope calibrate`` measures it)."""
@@ -281,6 +291,11 @@ class PlanAssumptions:
         for name in NCCL_FIELDS:
             if not isinstance(getattr(self, name), NcclProtocolCosts):
                 raise PlanError(f"assumption {name} must be NCCL protocol costs, got {getattr(self, name)!r}")
+        if self.host_reference_tp is not None and not _is_degree(self.host_reference_tp):
+            raise PlanError(
+                f"assumption host_reference_tp must be a whole number >= 1 (a tensor-parallel degree), "
+                f"got {self.host_reference_tp!r}"
+            )
         _check_tiles(self.gemm_tiles)
         _check_choices("nccl_algorithms", self.nccl_algorithms, NCCL_ALGORITHMS)
         _check_choices("nccl_protocols", self.nccl_protocols, NCCL_PROTOCOLS)
@@ -351,6 +366,7 @@ _OPTIONAL: Final = (
     "optimizer_hbm_efficiency",
     "cpu_cores",
     "host_reference_tokens",
+    "host_reference_tp",
     *SYNC_WAIT_AXIS_FIELDS.values(),
 )
 _CHOICES: Final = {"nccl_algorithms": NCCL_ALGORITHMS, "nccl_protocols": NCCL_PROTOCOLS}
@@ -375,6 +391,8 @@ _RANGES: Final[dict[str, tuple[float, float | None, bool]]] = {
     "cpu_cores": (0.0, None, True),
     "host_tokens_exponent": (0.0, 1.0, False),
     "host_reference_tokens": (0.0, None, True),
+    "host_tp_factor": (1.0, None, False),
+    "host_reference_tp": (1.0, None, False),
     "cpu_contention_at_fit": (1.0, None, False),
     "cpu_time_scale": (0.0, None, True),
 }  # fmt: skip
@@ -393,6 +411,11 @@ def _fits(low: float, high: float | None, *, low_open: bool) -> str:
 
 def _is_number(value: object) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _is_degree(value: object) -> bool:
+    """A parallel degree: a whole number >= 1 (``2`` or ``2.0``)."""
+    return _is_number(value) and float(value) >= 1.0 and float(value).is_integer()  # type: ignore[arg-type]
 
 
 def _check_tiles(tiles: object) -> None:
@@ -518,5 +541,7 @@ def _override(key: str, value: object, base: PlanAssumptions, *, where: str, ori
         return tuple(value)
     if key in _OPTIONAL and value is None:
         return None
+    if key == "host_reference_tp" and not _is_degree(value):
+        raise PlanError(f"{where}: expected a whole number >= 1 (a tensor-parallel degree), got {_show(value)}")
     low, high, low_open = _RANGES[key]
     return _number(where, value, low=low, high=high, low_open=low_open)

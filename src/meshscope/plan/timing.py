@@ -13,7 +13,8 @@ Conventions (docs/planner.md, "Expected step time"):
   ``compute_efficiency`` set (the flat model), a GPU's hardware FLOPs ÷ (dense peak x ``compute_efficiency``),
   forward = 1 pass, backward = 2 passes + recompute;
 * host: ``host_seconds_per_layer_pass`` x the stage's layers per micro-batch (a third forward, two thirds backward;
-  0 unless calibrated), scaled by the micro-batch's tokens where calibrated at another size (:func:`host_tokens_scale`);
+  0 unless calibrated), scaled by the micro-batch's tokens where calibrated at another size (:func:`host_tokens_scale`)
+  and by tensor parallelism's dispatch where calibrated with or without it (:func:`host_tp_scale`);
 * CPU contention (only with ``cpu_cores``, a CPU testbed): host time, sync waits, collectives and the optimizer
   stretched by :func:`cpu_contention` of the layout over the calibrated run's (:func:`contended`);
 * bubble: ``(pp - 1)/m`` (1F1B, GPipe) or ``(pp - 1)/(m·vpp)`` (interleaved) of a stage's compute and exposed
@@ -113,6 +114,18 @@ def host_tokens_scale(assumptions: PlanAssumptions, tokens_per_rank: float) -> f
     return float((tokens_per_rank / ref) ** assumptions.host_tokens_exponent)
 
 
+def host_tp_scale(assumptions: PlanAssumptions, tp: int) -> float:
+    """How much the host time per layer pass changes at tensor-parallel degree ``tp``.
+
+    ``host_tp_factor`` where ``tp > 1`` and the time was measured without tensor parallelism, its inverse the other
+    way round, 1 where both have it or neither does, and without a reference (``host_reference_tp``).
+    """
+    ref = assumptions.host_reference_tp
+    if ref is None or assumptions.host_tp_factor == 1.0:
+        return 1.0
+    return float(assumptions.host_tp_factor ** (int(tp > 1) - int(ref > 1)))
+
+
 def peak_flops_per_s(hardware: HardwareConfig, precision: Precision) -> float:
     """Dense peak FLOP/s of one GPU at ``precision``."""
     return hardware.gpu.peak_flops_per_s(precision.value)
@@ -202,6 +215,7 @@ def stage_compute(
         assumptions.host_seconds_per_layer_pass
         * len(layer_indices)
         * host_tokens_scale(assumptions, micro_batch_tokens_per_rank(model, training, layout))
+        * host_tp_scale(assumptions, layout.tp)
     )
     if assumptions.compute_efficiency is not None:
         rate = peak_flops_per_s(hardware, training.precision) * assumptions.compute_efficiency
