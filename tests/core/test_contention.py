@@ -151,6 +151,48 @@ def test_a_pipeline_frees_cores_and_the_prediction_follows(dp4):
     assert p.expected_step_seconds == pytest.approx(simulated_step, rel=0.15)  # the simulator's own bubble: 15 %
 
 
+def test_dp_and_the_optimizer_in_a_pipeline_follow_the_stages_contention(dp4):
+    # dp=4 measured its dp sync wait and optimizer at 4 ranks on 2 cores (stage contention 2, no pipeline). In
+    # dp=2,pp=2 a stage has 2 ranks, one core each, while it reduces its gradients and steps: ratio 1 / 2, where
+    # the busy-rank ratio (1.6 / 2) still applies to the host time (above).
+    _, _, c = dp4
+    assert value(c, "cpu_stage_contention_at_fit").value == pytest.approx(2.0)
+    assert c.overrides["cpu_stage_contention_at_fit"] == pytest.approx(2.0)
+    target = tiny("dp=2,pp=2")
+    p = predict(c, target)
+    wait = p.plan.expected_step_time.sync_wait_seconds or {}
+    dp_count = sum(x.count_per_step for x in p.plan.stages[p.plan.expected_step_time.pp_rank].collectives
+                   if x.axis == "dp")  # fmt: skip
+    fitted = value(c, "dp_sync_wait_per_collective_seconds").value
+    assert wait["dp"] == pytest.approx(dp_count * fitted * 1 / 2, rel=1e-9)
+    # The optimizer of each stage: the same state at full contention 1 over the fit's 2, with no contention model.
+    free = dataclasses.replace(c.assumptions, cpu_cores=None)
+    for with_model, without in zip(p.plan.stages, plan_job(target, assumptions=free).stages, strict=True):
+        assert with_model.step_time.optimizer_seconds == pytest.approx(without.step_time.optimizer_seconds / 2)
+
+
+def test_a_pipelined_run_records_its_stage_contention_apart_from_the_busy_ranks():
+    spec, result = simulated("dp=2,pp=2")
+    c = calibrate(result.table, spec, base=BASE, emulated=True)
+    assert value(c, "cpu_contention_at_fit").value == pytest.approx(1.6)  # 4 ranks ÷ (1 + 1/4) on 2 cores
+    assert value(c, "cpu_stage_contention_at_fit").value == pytest.approx(1.0)  # a stage's 2 ranks on 2 cores
+    # Planned again as measured, nothing moves.
+    assert predict(c, spec).expected_step_seconds == pytest.approx(c.plan.expected_step_time.total_seconds, rel=1e-9)
+
+
+def test_the_planner_stretches_in_compute_collectives_by_busy_ranks_and_dp_by_a_stages_ranks():
+    spec = tiny("dp=2,tp=2,pp=2")  # 8 ranks, bubble 1/4: 6.4 busy; a stage has 4 ranks
+    free = emulated_assumptions()
+    busy = dataclasses.replace(free, cpu_cores=2.0)  # fitted alone on a core: both contentions 1 at the fit
+    p_free, p_busy = plan_job(spec, assumptions=free), plan_job(spec, assumptions=busy)
+    for a, b in zip(p_free.stages, p_busy.stages, strict=True):
+        for x, y in zip(a.collectives, b.collectives, strict=True):
+            ratio = {"dp": 4 / 2}.get(x.axis, 6.4 / 2)
+            assert y.seconds_per_instance == pytest.approx(ratio * x.seconds_per_instance, rel=1e-12), x.axis
+        assert {x.axis for x in a.collectives} >= {"dp", "tp", "pp"}
+        assert b.step_time.optimizer_seconds == pytest.approx(2 * a.step_time.optimizer_seconds, rel=1e-12)
+
+
 def test_an_axis_the_run_never_measured_is_not_calibrated(dp4):
     _, _, c = dp4
     dp_wait = value(c, "dp_sync_wait_per_collective_seconds")

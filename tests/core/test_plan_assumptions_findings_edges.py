@@ -266,7 +266,9 @@ def test_unknown_key_with_no_close_match_lists_the_known_names():
     message = str(raised.value)
     # The fields of PlanAssumptions in declaration order: compute_efficiency, gemm_efficiency, gemm_tiles, ...
     assert message.startswith("f: unknown assumption 'zzzz'; known: compute_efficiency, gemm_efficiency, gemm_tiles, ")
-    assert message.endswith(", cpu_cores, cpu_contention_at_fit, cpu_time_scale")
+    assert message.endswith(
+        ", cpu_cores, cpu_contention_at_fit, cpu_stage_contention_at_fit, cpu_time_scale, cpu_stage_time_scale"
+    )
 
 
 def test_unknown_key_with_a_close_match_names_the_origin_and_the_match():
@@ -853,13 +855,18 @@ def test_plan_collectives_come_from_the_stage_moving_the_most_bytes_first_on_tie
     assert [c.pp_rank for c in layer_gathers] == [1]
 
 
-def test_cpu_contention_scales_the_optimizer_step_by_busy_ranks_over_cores():
+def test_cpu_contention_scales_the_optimizer_step_by_a_stages_ranks_over_cores():
     # pp = 2, vpp = 2, tp = 2: 4 ranks, interleaved, m = 4: bubble (2-1)/(4·2) = 1/8; busy ranks 4 / (1 + 1/8) = 32/9;
-    # on one core the CPU time of collectives and the optimizer stretches by 32/9.
+    # on one core the tp collectives inside compute stretch by 32/9, while the optimizer, stepped as the stages
+    # drain one after another, competes with its own stage's 2 ranks only: x 2.
     model = replace(DENSE, layers=4)
     spec = job(model, ParallelLayout(tp=2, pp=2, vpp=2), global_batch_size=4)
     free = plan_job(spec)
     shared = plan_job(spec, assumptions=PlanAssumptions(cpu_cores=1.0))
     assert free.bubble_fraction == 1 / 8
     for a, b in zip(free.stages, shared.stages, strict=True):
-        assert b.step_time.optimizer_seconds == pytest.approx(a.step_time.optimizer_seconds * 32 / 9, rel=1e-12)
+        assert b.step_time.optimizer_seconds == pytest.approx(a.step_time.optimizer_seconds * 2, rel=1e-12)
+        tp = [(x, y) for x, y in zip(a.collectives, b.collectives, strict=True) if x.axis == "tp"]
+        assert tp
+        for x, y in tp:
+            assert y.seconds_per_instance == pytest.approx(x.seconds_per_instance * 32 / 9, rel=1e-12)

@@ -130,15 +130,23 @@ CALIBRATED = PlanAssumptions(
 
 
 def test_contended_stretches_every_cpu_time_by_the_contention_ratio():
-    # 12 ranks, bubble 0.5: 8 busy on 2 cores, kappa 4; fitted at 1.6: ratio 4 / 1.6 = 2.5.
-    got = contended(CALIBRATED, 12, 0.5)
+    # 12 ranks, bubble 0.5: 8 busy on 2 cores, kappa 4; fitted at 1.6: ratio 4 / 1.6 = 2.5. In 3 stages a stage has
+    # 4 ranks: 2 per core while it reduces its gradients and steps, against 1.6 at the fit (unset: the same as
+    # kappa's): ratio 2 / 1.6 = 1.25 for dp's sync wait and collectives and the optimizer.
+    got = contended(CALIBRATED, 12, 0.5, pp=3)
     assert got.host_seconds_per_layer_pass == pytest.approx(0.025)
     assert got.sync_wait_per_collective_seconds == pytest.approx(0.0025)
-    assert got.dp_sync_wait_per_collective_seconds == pytest.approx(0.005)
+    assert got.dp_sync_wait_per_collective_seconds == pytest.approx(0.0025)
     assert got.tp_sync_wait_per_collective_seconds == pytest.approx(0.0075)
     assert got.cp_sync_wait_per_collective_seconds == pytest.approx(0.01)
     assert got.ep_sync_wait_per_collective_seconds == pytest.approx(0.0125)
     assert got.cpu_time_scale == pytest.approx(1.5 * 2.5)
+    assert got.cpu_stage_time_scale == pytest.approx(1.25)
+    # A stage contention measured at the fit replaces kappa's there: 2 / 4 = 0.5.
+    measured = contended(dataclasses.replace(CALIBRATED, cpu_stage_contention_at_fit=4.0), 12, 0.5, pp=3)
+    assert measured.dp_sync_wait_per_collective_seconds == pytest.approx(0.001)
+    assert measured.cpu_stage_time_scale == pytest.approx(0.5)
+    assert measured.cpu_time_scale == pytest.approx(1.5 * 2.5)
     # What contention does not touch stays as it was.
     assert got.cpu_cores == 2.0
     assert got.cpu_contention_at_fit == 1.6

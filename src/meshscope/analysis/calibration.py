@@ -63,6 +63,7 @@ from meshscope.plan import (
     NcclProtocolCosts,
     PlanAssumptions,
     cpu_contention,
+    cpu_stage_contention,
     micro_batch_tokens_per_rank,
     plan_job,
 )
@@ -1117,8 +1118,9 @@ def _fit_contention(
 ) -> PlanAssumptions:
     """On a CPU testbed (``base.cpu_cores`` set), the contention the run's values are measured at.
 
-    Returns ``base`` with ``cpu_contention_at_fit`` set, so that the calibrated plan of the measured layout is not
-    stretched, and another layout's is by the ratio of the two contentions (:func:`meshscope.plan.contended`).
+    Returns ``base`` with ``cpu_contention_at_fit`` and ``cpu_stage_contention_at_fit`` set, so that the calibrated
+    plan of the measured layout is not stretched, and another layout's is by the ratios of its contentions to these
+    (:func:`meshscope.plan.contended`).
     """
     if base.cpu_cores is None:
         values.append(FittedValue(
@@ -1139,9 +1141,17 @@ def _fit_contention(
     values.append(FittedValue(
         name="cpu_contention_at_fit", value=kappa, low=None, high=None, base=1.0, unit="",
         basis=f"max(1, busy ranks ÷ cores) = max(1, {busy:.3g} ÷ {base.cpu_cores:.3g}): {layout.world_size} ranks, "
-        f"of which a share 1 ÷ (1 + bubble {plan.bubble_fraction:.3g}) compute at once; the host time, sync waits "
-        "and link fits below are measured at this contention",
+        f"of which a share 1 ÷ (1 + bubble {plan.bubble_fraction:.3g}) compute at once; the host time and the "
+        "collectives inside compute below are measured at this contention",
+    ))  # fmt: skip
+    stage = cpu_stage_contention(layout.world_size, layout.pp, base.cpu_cores)
+    values.append(FittedValue(
+        name="cpu_stage_contention_at_fit", value=stage, low=None, high=None, base=1.0, unit="",
+        basis=f"max(1, ranks of a stage ÷ cores) = max(1, {layout.world_size // layout.pp} ÷ {base.cpu_cores:.3g}): "
+        "what competes while a stage reduces its gradients and steps its optimizer; dp's sync wait and collectives "
+        "and the optimizer below are measured at this contention",
     ))  # fmt: skip
     overrides["cpu_cores"] = base.cpu_cores
     overrides["cpu_contention_at_fit"] = kappa
-    return replace(base, cpu_contention_at_fit=kappa)
+    overrides["cpu_stage_contention_at_fit"] = stage
+    return replace(base, cpu_contention_at_fit=kappa, cpu_stage_contention_at_fit=stage)

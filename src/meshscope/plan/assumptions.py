@@ -262,10 +262,19 @@ class PlanAssumptions:
     """The contention factor ``max(1, busy ranks ÷ cpu_cores)`` of the run the host time per layer pass, the sync
     waits and the link fits were measured on (``meshscope calibrate`` writes it); 1 by default. Only used with
     ``cpu_cores``."""
+    cpu_stage_contention_at_fit: float | None = None
+    """The contention while a stage reduces its gradients and steps its optimizer, ``max(1, world ÷ pp ÷
+    cpu_cores)``, of the run dp's sync wait and collectives and the optimizer were measured on (``meshscope
+    calibrate`` writes it); ``None`` (default): ``cpu_contention_at_fit``, which it equals for a run without a
+    pipeline. Only used with ``cpu_cores``."""
     cpu_time_scale: float = 1.0
-    """Multiplies the expected seconds of what a CPU testbed runs on its cores besides the host term and sync waits:
-    every collective (latency and payload) and the optimizer step (AdamW on the CPU). Default 1; the planner sets it to
-    the CPU contention ratio of the planned layout when ``cpu_cores`` is set (not meant to be set by hand)."""
+    """Multiplies the expected seconds of the collectives a CPU testbed runs inside compute (tp, cp, ep, pp; latency
+    and payload). Default 1; the planner sets it to the CPU contention ratio of the planned layout when ``cpu_cores``
+    is set (not meant to be set by hand)."""
+    cpu_stage_time_scale: float = 1.0
+    """Multiplies the expected seconds of dp's collectives and of the optimizer step (AdamW on the CPU) on a CPU
+    testbed. Default 1; the planner sets it to the ratio of the stage contentions (``cpu_stage_contention_at_fit``)
+    when ``cpu_cores`` is set (not meant to be set by hand)."""
     _hash: int = field(init=False, repr=False, compare=False, default=0)
     """The hash, computed once: the planner's caches key on the assumptions thousands of times per layout search."""
 
@@ -367,6 +376,7 @@ _OPTIONAL: Final = (
     "cpu_cores",
     "host_reference_tokens",
     "host_reference_tp",
+    "cpu_stage_contention_at_fit",
     *SYNC_WAIT_AXIS_FIELDS.values(),
 )
 _CHOICES: Final = {"nccl_algorithms": NCCL_ALGORITHMS, "nccl_protocols": NCCL_PROTOCOLS}
@@ -394,7 +404,9 @@ _RANGES: Final[dict[str, tuple[float, float | None, bool]]] = {
     "host_tp_factor": (1.0, None, False),
     "host_reference_tp": (1.0, None, False),
     "cpu_contention_at_fit": (1.0, None, False),
+    "cpu_stage_contention_at_fit": (1.0, None, False),
     "cpu_time_scale": (0.0, None, True),
+    "cpu_stage_time_scale": (0.0, None, True),
 }  # fmt: skip
 """``(low, high, low excluded)`` of every numeric assumption (``high`` ``None``: unbounded)."""
 

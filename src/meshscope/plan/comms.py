@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import TYPE_CHECKING
 
@@ -283,6 +283,12 @@ def stage_collectives(
     drafts = [d for d in drafts if d.count_per_step > 0 and d.message_bytes > 0 and d.group in spans]
     hiding = _hiding_flops(compute)
     precision = training.precision.value
+    # dp's collectives run in the pipeline's fill and drain: on a CPU testbed, at the stage's contention
+    at_drain = (
+        assumptions
+        if assumptions.cpu_stage_time_scale == assumptions.cpu_time_scale
+        else replace(assumptions, cpu_time_scale=assumptions.cpu_stage_time_scale)
+    )
     sized = []
     for d in drafts:
         span = spans[d.group]
@@ -296,7 +302,7 @@ def stage_collectives(
             nodes=span.max_domains_per_group,
             link=link.value,
             link_bandwidth_bytes_per_s=bandwidth,
-            assumptions=assumptions,
+            assumptions=at_drain if d.axis is MeshAxis.DP else assumptions,
         )
         sized.append((d, span, bus, link, bandwidth, timed, d.message_bytes * bus * d.count_per_step))
     axis_bytes: dict[MeshAxis, float] = defaultdict(float)

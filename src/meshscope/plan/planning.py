@@ -307,7 +307,8 @@ def plan_job(
     m = _check_batch(training, layout)
     schedule = resolve_schedule(training, layout)
     given = assumptions
-    assumptions = contended(assumptions, world, bubble_fraction(layout.pp, m, vpp=layout.vpp, schedule=schedule))
+    bubble = bubble_fraction(layout.pp, m, vpp=layout.vpp, schedule=schedule)
+    assumptions = contended(assumptions, world, bubble, layout.pp)
     ranges = stage_layer_ranges(
         model.layers,
         layout,
@@ -355,7 +356,7 @@ def plan_job(
             (r, params, memory_breakdown(state, activations), activations, compute, collectives, state, resting)
         )
 
-    fraction = bubble_fraction(layout.pp, m, vpp=layout.vpp, schedule=schedule)
+    fraction = bubble
     peak = peak_flops_per_s(hardware, training.precision)
     paths = [d[4].compute_seconds_per_step + _in_path_seconds(d[5], assumptions) for d in drafts]
     bubble_seconds = _bubble_seconds(paths, fraction)
@@ -374,7 +375,8 @@ def plan_job(
             exposed_comm_seconds=exposed,
             sync_wait_seconds=sync or None,
             bubble_seconds=bubble_seconds,
-            optimizer_seconds=optimizer_seconds(state, per_param, hardware, assumptions) * assumptions.cpu_time_scale,
+            optimizer_seconds=optimizer_seconds(state, per_param, hardware, assumptions)
+            * assumptions.cpu_stage_time_scale,
             data_seconds=assumptions.data_wait_seconds,
             other_seconds=assumptions.host_overhead_seconds,
         )

@@ -15,8 +15,9 @@ Conventions (docs/planner.md, "Expected step time"):
 * host: ``host_seconds_per_layer_pass`` x the stage's layers per micro-batch (a third forward, two thirds backward;
   0 unless calibrated), scaled by the micro-batch's tokens where calibrated at another size (:func:`host_tokens_scale`)
   and by tensor parallelism's dispatch where calibrated with or without it (:func:`host_tp_scale`);
-* CPU contention (only with ``cpu_cores``, a CPU testbed): host time, sync waits, collectives and the optimizer
-  stretched by :func:`cpu_contention` of the layout over the calibrated run's (:func:`contended`);
+* CPU contention (only with ``cpu_cores``, a CPU testbed): host time, sync waits and in-compute collectives stretched
+  by :func:`cpu_contention` of the layout over the calibrated run's, dp's collectives and sync wait and the
+  optimizer by :func:`cpu_stage_contention`'s (:func:`contended`);
 * bubble: ``(pp - 1)/m`` (1F1B, GPipe) or ``(pp - 1)/(m·vpp)`` (interleaved) of a stage's compute and exposed
   in-path (tp, cp, ep) communication (what a micro-batch's forward and backward take), for unequal stages that of
   the stages the slowest one waits on (``planning._bubble_seconds``);
@@ -70,30 +71,51 @@ def cpu_contention(world_size: int, bubble: float, cpu_cores: float) -> float:
     return max(1.0, busy / cpu_cores)
 
 
-def contended(assumptions: PlanAssumptions, world_size: int, bubble: float) -> PlanAssumptions:
+def cpu_stage_contention(world_size: int, pp: int, cpu_cores: float) -> float:
+    """The contention while a stage reduces its gradients and steps its optimizer: ``max(1, world ÷ pp ÷ cores)``.
+
+    dp's collectives run in a stage's pipeline fill (parameter all-gathers before the first micro-batch) and drain
+    (gradient all-reduces or reduce-scatters after the last one), and its optimizer step after that. In 1F1B the
+    stages drain one after another, the last stage first (Narayanan et al. 2021 §2.2, Fig. 4), so what competes
+    for the cores then is mostly the stage's own ``world ÷ pp`` ranks, not every busy rank of
+    :func:`cpu_contention`; without a pipeline the two are the same. The other stages' host work in their own drain
+    still competes a little, so this is the lower bound and :func:`cpu_contention` the upper one (docs/predict.md,
+    "CPU contention": measured, the optimizer step of pipelined layouts sits near this bound).
+    """
+    return max(1.0, world_size / pp / cpu_cores)
+
+
+def contended(assumptions: PlanAssumptions, world_size: int, bubble: float, pp: int = 1) -> PlanAssumptions:
     """``assumptions`` with host, sync-wait, collective and optimizer times stretched to ``world_size`` ranks' use.
 
     The ratio is :func:`cpu_contention` of the planned layout over ``cpu_contention_at_fit`` (the run the values
-    were measured on), so planning the measured layout again changes nothing. Unchanged without ``cpu_cores``.
+    were measured on) for the host time, the in-compute collectives and their sync waits, and
+    :func:`cpu_stage_contention` over ``cpu_stage_contention_at_fit`` for dp's collectives, dp's sync wait and the
+    optimizer step, so planning the measured layout again changes nothing. Unchanged without ``cpu_cores``.
     """
     if assumptions.cpu_cores is None:
         return assumptions
     ratio = cpu_contention(world_size, bubble, assumptions.cpu_cores) / assumptions.cpu_contention_at_fit
-    if ratio == 1.0:
+    stage_at_fit = assumptions.cpu_stage_contention_at_fit
+    stage = cpu_stage_contention(world_size, pp, assumptions.cpu_cores) / (
+        assumptions.cpu_contention_at_fit if stage_at_fit is None else stage_at_fit
+    )
+    if ratio == 1.0 and stage == 1.0:
         return assumptions
 
-    def stretched(value: float | None) -> float | None:
-        return None if value is None else value * ratio
+    def stretched(value: float | None, by: float) -> float | None:
+        return None if value is None else value * by
 
     return replace(
         assumptions,
         host_seconds_per_layer_pass=assumptions.host_seconds_per_layer_pass * ratio,
         sync_wait_per_collective_seconds=assumptions.sync_wait_per_collective_seconds * ratio,
-        dp_sync_wait_per_collective_seconds=stretched(assumptions.dp_sync_wait_per_collective_seconds),
-        tp_sync_wait_per_collective_seconds=stretched(assumptions.tp_sync_wait_per_collective_seconds),
-        cp_sync_wait_per_collective_seconds=stretched(assumptions.cp_sync_wait_per_collective_seconds),
-        ep_sync_wait_per_collective_seconds=stretched(assumptions.ep_sync_wait_per_collective_seconds),
+        dp_sync_wait_per_collective_seconds=stretched(assumptions.dp_sync_wait_per_collective_seconds, stage),
+        tp_sync_wait_per_collective_seconds=stretched(assumptions.tp_sync_wait_per_collective_seconds, ratio),
+        cp_sync_wait_per_collective_seconds=stretched(assumptions.cp_sync_wait_per_collective_seconds, ratio),
+        ep_sync_wait_per_collective_seconds=stretched(assumptions.ep_sync_wait_per_collective_seconds, ratio),
         cpu_time_scale=assumptions.cpu_time_scale * ratio,
+        cpu_stage_time_scale=assumptions.cpu_stage_time_scale * stage,
     )
 
 
