@@ -147,6 +147,11 @@ def test_contended_stretches_every_cpu_time_by_the_contention_ratio():
     assert measured.dp_sync_wait_per_collective_seconds == pytest.approx(0.001)
     assert measured.cpu_stage_time_scale == pytest.approx(0.5)
     assert measured.cpu_time_scale == pytest.approx(1.5 * 2.5)
+    # The busy-rank ratio at 1 does not stop the stage's: fitted at kappa 4 (both contentions), 3 stages of 4 ranks.
+    same_busy = contended(dataclasses.replace(CALIBRATED, cpu_contention_at_fit=4.0), 12, 0.5, pp=3)
+    assert same_busy.host_seconds_per_layer_pass == pytest.approx(0.01)
+    assert same_busy.dp_sync_wait_per_collective_seconds == pytest.approx(0.002 * 2 / 4)
+    assert same_busy.cpu_stage_time_scale == pytest.approx(0.5)
     # What contention does not touch stays as it was.
     assert got.cpu_cores == 2.0
     assert got.cpu_contention_at_fit == 1.6
