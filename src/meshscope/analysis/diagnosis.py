@@ -328,15 +328,22 @@ class _Context:
         )
 
     def phase_us(self, phase: str) -> NDArray[np.float64]:
-        """A phase's µs per rank-step as the straggler detector compares them: less its excess run delay, if known.
+        """A phase's µs per rank-step as the straggler detector holds a rank to: less its excess run delay, if known.
 
-        The excess (:attr:`runqueue_excess_us`) is taken out of the phase whole, at most down to 0: on a host-timed
-        run the thread was waiting for a CPU in one of the step's phases, nearly always the longest.
+        The excess (:attr:`runqueue_excess_us`) is taken out of the phase whole, at most down to 0: the records do not
+        say in which phase the thread waited for a CPU, so this is the least the rank's own work can have taken. Its
+        peers are compared as measured (:meth:`reference_us`), the most theirs can have taken: a rank is named only
+        where it is slower than the peers on both bounds. Taking the excess out of the peers too made a peer that
+        waited for a core in its compute look faster in its optimizer step, and its partner a straggler there.
         """
         values = self.rs.us(phase)
         if self.runqueue_excess_us is None:
             return values
         return np.maximum(values - self.runqueue_excess_us, 0.0)
+
+    def reference_us(self, phase: str) -> NDArray[np.float64]:
+        """A phase's µs per rank-step as the peers a rank is compared with took it, as measured (:meth:`phase_us`)."""
+        return self.rs.us(phase)
 
     def peer_median(self, values: NDArray[np.float64]) -> NDArray[np.float64]:
         """Each rank-step's (step, stage) peers' median of ``values``."""
@@ -512,8 +519,7 @@ def _phases_excess_us(ctx: _Context, rank_index: int, suspects: NDArray[np.intp]
     more_work = ctx.work_ratio is not None and float(np.median(ctx.work_ratio[mine])) >= WORK_RATIO
     total = 0.0
     for phase in (OPTIMIZER,) if more_work else (COMPUTE, DATA, OPTIMIZER):  # more work to compute is imbalance
-        values = ctx.phase_us(phase)
-        gap = (values - _rest_reference(ctx, values, suspects))[mine]
+        gap = (ctx.phase_us(phase) - _rest_reference(ctx, ctx.reference_us(phase), suspects))[mine]
         gap = gap[np.isfinite(gap)]
         if gap.size:
             total += max(float(np.median(gap)), 0.0)
@@ -537,8 +543,8 @@ def _persistent(ctx: _Context, phase: str) -> list[_Slow]:
     (:data:`NOISE_SIGMAS`) and step to step (:data:`JITTER_SIGMAS`), in :data:`STRAGGLER_CONSISTENCY` of its steps.
     """
     rs = ctx.rs
-    values = ctx.phase_us(phase)
-    peers = ctx.peer_median(values)
+    values, measured = ctx.phase_us(phase), ctx.reference_us(phase)
+    peers = ctx.peer_median(measured)
     excess = grouped_median(rs.rank_index, values - peers, rs.n_ranks)
     peer_rank = grouped_median(rs.rank_index, peers, rs.n_ranks)
     floor = MIN_COST_SHARE * ctx.step_us
@@ -549,7 +555,7 @@ def _persistent(ctx: _Context, phase: str) -> list[_Slow]:
     suspects = _minority(rs, np.flatnonzero(hit), excess)
     if suspects.size == 0:
         return []
-    ref = _rest_reference(ctx, values, suspects)
+    ref = _rest_reference(ctx, measured, suspects)
     gap = values - ref
     known = np.isfinite(gap)
     is_rest = ~np.isin(rs.rank_index, suspects)
@@ -585,7 +591,7 @@ def _transient(ctx: _Context, phase: str, *, exclude: dict[int, _Slow]) -> dict[
     """
     rs = ctx.rs
     values = ctx.phase_us(phase)
-    peers = ctx.peer_median(values)
+    peers = ctx.peer_median(ctx.reference_us(phase))
     excess = values - peers
     relative = CONTENDED_MIN_EXCESS if ctx.contention is not None else STRAGGLER_MIN_EXCESS
     floor = np.maximum(max(MIN_COST_SHARE * ctx.step_us, NOISE_SIGMAS * _robust_sigma(excess)), relative * peers)
