@@ -7,7 +7,9 @@ cause and rank (target >= 95 %), and how the finding's cost compares with the co
 
 Every run is a real ``meshscope run`` of one of the third-party-style scripts in ``tests/scripts/`` (a nanoGPT-style
 DDP loop, a DDP-tutorial-style epoch loop, an FSDP2 loop) on 4 gloo ranks, or of the demo job (``train_tiny`` on 8
-ranks, emulated accelerator). Foreign load, where asked, is one spinning process per core beside the job. Faults:
+ranks, emulated accelerator). Foreign load, where asked, is one spinning process per core beside the job (the
+issue's burner) or, for a third of the clean runs, a single one (one core loaded: the ranks on it wait for a CPU
+and the others do not, which once made a clean run name a rank). Faults:
 ``--straggler RANK:2`` (that rank's passes take twice as long) or ``--imbalance RANK:3`` (three times the rows), the
 rank drawn from a seeded generator. A clean run is right when it has no finding; a straggler run when exactly one
 straggler finding names exactly the injected rank; an imbalance run when a data-imbalance finding names it first and
@@ -64,11 +66,14 @@ SPIN = "import os\nparent = os.getppid()\nwhile os.getppid() == parent:\n    for
 """A spinning process that ends when its parent does (a killed benchmark leaves no burner behind)."""
 
 
-def burner(*, on: bool) -> list[subprocess.Popen[bytes]]:
-    """One spinning process per core, or none."""
-    if not on:
-        return []
-    return [subprocess.Popen([sys.executable, "-c", SPIN]) for _ in range(os.cpu_count() or 2)]
+LOADS = {"": 0, "burner": -1, "one": 1}
+"""Foreign load -> spinning processes: none, one per core (-1), a single one."""
+
+
+def burner(load: str) -> list[subprocess.Popen[bytes]]:
+    """The spinning processes of ``load`` (:data:`LOADS`)."""
+    count = LOADS[load] if LOADS[load] >= 0 else os.cpu_count() or 2
+    return [subprocess.Popen([sys.executable, "-c", SPIN]) for _ in range(count)]
 
 
 def stop(procs: list[subprocess.Popen[bytes]]) -> None:
@@ -103,7 +108,7 @@ def verdict(analysis: dict[str, Any], fault: str | None, rank: int | None) -> tu
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
-    p.add_argument("--clean", type=int, default=24, help="clean runs (half beside a CPU burner)")
+    p.add_argument("--clean", type=int, default=24, help="clean runs (a third each: no load, a burner, one spinner)")
     p.add_argument("--faults", type=int, default=30, help="runs with an injected fault")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--keep", default="", help="copy the output directory of every wrong run here")
@@ -111,18 +116,18 @@ def main() -> None:
     print(machine_reference())
     rng = random.Random(args.seed)
     jobs = [*JOBS, "demo"]
-    plan: list[tuple[str, bool, str | None, int | None]] = [
-        (jobs[i % len(jobs)], i % 2 == 1, None, None) for i in range(args.clean)
+    plan: list[tuple[str, str, str | None, int | None]] = [
+        (jobs[i % len(jobs)], ("", "burner", "one")[i % 3], None, None) for i in range(args.clean)
     ]
     for i in range(args.faults):
         job = list(JOBS)[i % len(JOBS)]
         fault = "straggler" if (i // len(JOBS)) % 2 == 0 else "imbalance"
-        plan.append((job, i % 3 == 2, fault, rng.randrange(4)))
+        plan.append((job, "burner" if i % 3 == 2 else "", fault, rng.randrange(4)))
     results = []
     with tempfile.TemporaryDirectory() as tmp:
         for k, (job, load, fault, rank) in enumerate(plan):
             extra = [] if fault is None else [f"--{fault}", f"{rank}:{2 if fault == 'straggler' else 3}"]
-            procs = burner(on=load)
+            procs = burner(load)
             t0 = time.perf_counter()
             try:
                 analysis = run(job, Path(tmp) / f"run-{k}", extra)
@@ -133,7 +138,7 @@ def main() -> None:
                 shutil.copytree(Path(tmp) / f"run-{k}", Path(args.keep) / f"run-{k}-{job}", dirs_exist_ok=True)
             wall = time.perf_counter() - t0
             what = "clean" if fault is None else f"{fault} on rank {rank}"
-            load_text = " + CPU burner" if load else ""
+            load_text = {"": "", "burner": " + CPU burner", "one": " + 1 spinner"}[load]
             print(f"{k + 1:3d}. {job:13s} {what:22s}{load_text:15s} {wall:6.1f} s  {'ok ' if right else 'BAD'} {found}",
                   flush=True)  # fmt: skip
             results.append((fault, right, found, ratio, load))
@@ -141,7 +146,8 @@ def main() -> None:
     faulty = [r for r in results if r[0] is not None]
     false = sum(0 if r[2] == "none" else r[2].count(";") + 1 for r in clean)
     print(
-        f"\nclean runs: {len(clean)} ({sum(r[4] for r in clean)} beside a CPU burner); false findings: {false} "
+        f"\nclean runs: {len(clean)} ({sum(r[4] == 'burner' for r in clean)} beside a CPU burner, "
+        f"{sum(r[4] == 'one' for r in clean)} beside one spinner); false findings: {false} "
         f"({false / max(len(clean), 1):.2f} per run); clean runs with any finding: {sum(not r[1] for r in clean)}"
     )
     right = sum(r[1] for r in faulty)
