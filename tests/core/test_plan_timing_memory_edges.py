@@ -292,6 +292,16 @@ def test_host_time_per_layer_pass_splits_a_third_forward_two_thirds_backward(ass
     assert backward == pytest.approx(0.008, rel=1e-9)
 
 
+def _assert_host_scaled(layout: ParallelLayout, scale: float, **host: float | None) -> None:
+    """4 layers x 3 ms of host time per layer pass x ``scale`` on ``layout``: 4 ms x scale forward, 8 ms backward."""
+    base = _compute(FLAT, layout=layout, layers=4)
+    hosted = _compute(dataclasses.replace(FLAT, host_seconds_per_layer_pass=0.003, **host), layout=layout, layers=4)
+    forward = hosted.forward_seconds_per_microbatch - base.forward_seconds_per_microbatch
+    backward = hosted.backward_seconds_per_microbatch - base.backward_seconds_per_microbatch
+    assert forward == pytest.approx(0.004 * scale, rel=1e-9)
+    assert backward == pytest.approx(0.008 * scale, rel=1e-9)
+
+
 @pytest.mark.parametrize(
     ("reference", "exponent", "layout", "scale"),
     [
@@ -308,15 +318,7 @@ def test_host_time_per_layer_pass_scales_with_a_ranks_tokens_per_micro_batch(ref
     # S = 32 tokens per micro-batch (b = 1); 4 layers x 3 ms x (tokens ÷ reference) ** exponent, a third of it in
     # forward and two thirds in backward.
     assert S == 32
-    base = _compute(FLAT, layout=layout, layers=4)
-    assumptions = dataclasses.replace(
-        FLAT, host_seconds_per_layer_pass=0.003, host_reference_tokens=reference, host_tokens_exponent=exponent
-    )
-    hosted = _compute(assumptions, layout=layout, layers=4)
-    forward = hosted.forward_seconds_per_microbatch - base.forward_seconds_per_microbatch
-    backward = hosted.backward_seconds_per_microbatch - base.backward_seconds_per_microbatch
-    assert forward == pytest.approx(0.004 * scale, rel=1e-9)
-    assert backward == pytest.approx(0.008 * scale, rel=1e-9)
+    _assert_host_scaled(layout, scale, host_reference_tokens=reference, host_tokens_exponent=exponent)
 
 
 @pytest.mark.parametrize(
@@ -333,15 +335,7 @@ def test_host_time_per_layer_pass_scales_with_a_ranks_tokens_per_micro_batch(ref
 )
 def test_host_time_per_layer_pass_scales_with_tensor_parallelisms_dispatch(reference, factor, layout, scale):
     # 4 layers x 3 ms x the tp scale per micro-batch, a third of it in forward, two thirds in backward.
-    base = _compute(FLAT, layout=layout, layers=4)
-    assumptions = dataclasses.replace(
-        FLAT, host_seconds_per_layer_pass=0.003, host_reference_tp=reference, host_tp_factor=factor
-    )
-    hosted = _compute(assumptions, layout=layout, layers=4)
-    forward = hosted.forward_seconds_per_microbatch - base.forward_seconds_per_microbatch
-    backward = hosted.backward_seconds_per_microbatch - base.backward_seconds_per_microbatch
-    assert forward == pytest.approx(0.004 * scale, rel=1e-9)
-    assert backward == pytest.approx(0.008 * scale, rel=1e-9)
+    _assert_host_scaled(layout, scale, host_reference_tp=reference, host_tp_factor=factor)
 
 
 def test_a_reference_tensor_parallel_degree_must_be_whole():
