@@ -334,9 +334,9 @@ def _median_step_seconds(lines: list[bytes]) -> float:
     return float(np.quantile([sum(v) / len(v) for v in per_rank.values()], 0.5))
 
 
-def _top_continuous_category(lines: list[bytes]) -> str:
-    """The costliest category beyond compute as the continuous tier sees it (exposed comm per axis as a whole),
-    by the core's breakdown of the records: the mean over ranks of each rank's share of its step time."""
+def _continuous_shares(lines: list[bytes]) -> dict[str, float]:
+    """Each category beyond compute as the continuous tier sees it (exposed comm per axis as a whole), by the core's
+    breakdown of the records: the mean over ranks of each rank's share of its step time."""
     table = table_from_lines(lines)
     ticks = break_down(table, align_clocks=False).ticks.astype(np.float64)
     ranks = table.steps.rank
@@ -349,8 +349,25 @@ def _top_continuous_category(lines: list[bytes]) -> str:
             per[name] = per.get(name, 0.0) + ticks[rows, i].sum() / ticks[rows].sum()
         for name, value in per.items():
             shares.setdefault(name, []).append(value)
-    mean = {c: float(np.mean(v)) for c, v in shares.items() if c != "compute"}
-    return max(mean, key=lambda c: mean[c])
+    return {c: float(np.mean(v)) for c, v in shares.items() if c != "compute"}
+
+
+TOP_COST_TIE = 0.01
+"""Shares of the step this close to the costliest category's are a tie: the continuous tier's rates and the core's
+breakdown of the same records round and weigh ranks differently (a real gloo job measured exposed comm dp 11.28 %
+against tp 11.18 %; under load a run named dp where the records put tp first)."""
+
+
+def _check_top_cost(top_cost: str, shares: dict[str, float]) -> None:
+    """``topCost`` ("exposed comm dp 23.3%") names a costliest category of the records, or one tied with it
+    (:data:`TOP_COST_TIE`), with its share of the step as the records give it."""
+    name, _, percent_text = top_cost.rpartition(" ")
+    assert name in shares, top_cost
+    assert shares[name] >= max(shares.values()) - TOP_COST_TIE, (top_cost, shares)
+    assert float(percent_text.rstrip("%")) == pytest.approx(100 * shares[name], abs=100 * TOP_COST_TIE), (
+        top_cost,
+        shares,
+    )
 
 
 def _meshscope(*args: str) -> str:
@@ -657,7 +674,7 @@ def test_trainingjobs_to_cost_tables_through_kubectl(
     # the continuous tier: the step time and (before any deep analysis) the top cost, from the recording rules
     for case in (SIM, GLOO):
         status = _continuous_status(w, case)
-        assert status["topCost"].startswith(_top_continuous_category(w.records[case.name]) + " "), status["topCost"]
+        _check_top_cost(status["topCost"], _continuous_shares(w.records[case.name]))
         assert "costTableRef" not in status
 
     # the deep tier, on demand
