@@ -88,6 +88,7 @@ _MEASURED_TIMES: dict[str, st.SearchStrategy[object]] = {
     "cpu_time_scale": st.floats(min_value=1.0, max_value=20.0),
     "cpu_stage_contention_at_fit": st.none() | st.floats(min_value=1.0, max_value=20.0),
     "cpu_stage_time_scale": st.floats(min_value=1.0, max_value=20.0),
+    "cpu_dp_comm_time_scale": st.floats(min_value=1.0, max_value=20.0),
     "host_tp_factor": st.floats(min_value=1.0, max_value=4.0),
     "host_reference_tp": st.none() | st.sampled_from([1.0, 2.0, 8.0]),
     **dict.fromkeys(("data_wait_seconds", "host_overhead_seconds"), st.floats(min_value=0.0, max_value=10.0)),

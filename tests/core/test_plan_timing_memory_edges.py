@@ -147,6 +147,10 @@ def test_contended_stretches_every_cpu_time_by_the_contention_ratio():
     assert measured.dp_sync_wait_per_collective_seconds == pytest.approx(0.001)
     assert measured.cpu_stage_time_scale == pytest.approx(0.5)
     assert measured.cpu_time_scale == pytest.approx(1.5 * 2.5)
+    # dp's collectives are priced on the link fit, which is referenced to the busy ranks' contention at the fit:
+    # 2 / 1.6, whatever the stage's was.
+    assert got.cpu_dp_comm_time_scale == pytest.approx(1.25)
+    assert measured.cpu_dp_comm_time_scale == pytest.approx(1.25)
     # The busy-rank ratio at 1 does not stop the stage's: fitted at kappa 4 (both contentions), 3 stages of 4 ranks.
     same_busy = contended(dataclasses.replace(CALIBRATED, cpu_contention_at_fit=4.0), 12, 0.5, pp=3)
     assert same_busy.host_seconds_per_layer_pass == pytest.approx(0.01)

@@ -407,6 +407,8 @@ class Instances:
     """Last member's arrival to the end, seconds."""
     hops: NDArray[np.float64]
     inter_hops: NDArray[np.float64]
+    axis: NDArray[np.int64]
+    """Axis code (an index into :data:`meshscope.topology.AXES`)."""
 
 
 def collective_instances(rs: RankSteps) -> Instances:
@@ -418,7 +420,8 @@ def collective_instances(rs: RankSteps) -> Instances:
     empty = np.zeros(0)
     if idx.size == 0:
         return Instances(op=empty.astype(np.int64), members=empty.astype(np.int64), nodes=empty.astype(np.int64),
-                         bus_bytes=empty, transfer_s=empty, hops=empty, inter_hops=empty)  # fmt: skip
+                         bus_bytes=empty, transfer_s=empty, hops=empty, inter_hops=empty,
+                         axis=empty.astype(np.int64))  # fmt: skip
     g, q = iv.group[idx], iv.seq[idx]
     new = np.ones(idx.size, dtype=bool)
     new[1:] = (g[1:] != g[:-1]) | (q[1:] != q[:-1])
@@ -449,6 +452,7 @@ def collective_instances(rs: RankSteps) -> Instances:
         transfer_s=transfer[keep],
         hops=pairs[:, 0],
         inter_hops=pairs[:, 1],
+        axis=iv.axis[idx[starts]][keep].astype(np.int64),
     )
 
 
@@ -768,6 +772,13 @@ def _fit_links(
     overrides: dict[str, Any],
 ) -> tuple[LinkFit, ...]:
     inst = collective_instances(rs)
+    transfer_s = inst.transfer_s
+    stage_at_fit = base.cpu_stage_contention_at_fit
+    if base.cpu_cores is not None and stage_at_fit is not None and stage_at_fit != base.cpu_contention_at_fit:
+        # dp's collectives ran at the stage's contention, the others at the busy ranks': one line for both is
+        # referenced to the busy ranks' (the planner prices dp on it x stage contention ÷ cpu_contention_at_fit).
+        dp = inst.axis == AXES.index(MeshAxis.DP)
+        transfer_s = np.where(dp, transfer_s * base.cpu_contention_at_fit / stage_at_fit, transfer_s)
     network = inst.nodes > 1
     hw = spec.hardware
     fits: list[LinkFit] = []
@@ -790,7 +801,7 @@ def _fit_links(
                                           refused=f"{why}: the base value is kept"))  # fmt: skip
             continue
         x = inst.hops[mask]
-        y = inst.transfer_s[mask]
+        y = transfer_s[mask]
         if link == Link.NETWORK.value:
             # The hops inside a domain are priced at the NVLink hop latency (fitted above, else the base).
             y = y - (x - inst.inter_hops[mask]) * hops["nvlink"]

@@ -272,9 +272,14 @@ class PlanAssumptions:
     and payload). Default 1; the planner sets it to the CPU contention ratio of the planned layout when ``cpu_cores``
     is set (not meant to be set by hand)."""
     cpu_stage_time_scale: float = 1.0
-    """Multiplies the expected seconds of dp's collectives and of the optimizer step (AdamW on the CPU) on a CPU
-    testbed. Default 1; the planner sets it to the ratio of the stage contentions (``cpu_stage_contention_at_fit``)
-    when ``cpu_cores`` is set (not meant to be set by hand)."""
+    """Multiplies the expected seconds of the optimizer step (AdamW on the CPU) on a CPU testbed. Default 1; the
+    planner sets it to the ratio of the stage contentions (``cpu_stage_contention_at_fit``) when ``cpu_cores`` is set
+    (not meant to be set by hand)."""
+    cpu_dp_comm_time_scale: float = 1.0
+    """Multiplies the expected seconds of dp's collectives on a CPU testbed. Default 1; the planner sets it to the
+    planned layout's stage contention over ``cpu_contention_at_fit``, the contention the link fit is referenced to
+    (``meshscope calibrate`` expresses a pipelined run's dp transfers at it), when ``cpu_cores`` is set (not meant to
+    be set by hand)."""
     _hash: int = field(init=False, repr=False, compare=False, default=0)
     """The hash, computed once: the planner's caches key on the assumptions thousands of times per layout search."""
 
@@ -407,6 +412,7 @@ _RANGES: Final[dict[str, tuple[float, float | None, bool]]] = {
     "cpu_stage_contention_at_fit": (1.0, None, False),
     "cpu_time_scale": (0.0, None, True),
     "cpu_stage_time_scale": (0.0, None, True),
+    "cpu_dp_comm_time_scale": (0.0, None, True),
 }  # fmt: skip
 """``(low, high, low excluded)`` of every numeric assumption (``high`` ``None``: unbounded)."""
 

@@ -286,8 +286,8 @@ def stage_collectives(
     # dp's collectives run in the pipeline's fill and drain: on a CPU testbed, at the stage's contention
     at_drain = (
         assumptions
-        if assumptions.cpu_stage_time_scale == assumptions.cpu_time_scale
-        else replace(assumptions, cpu_time_scale=assumptions.cpu_stage_time_scale)
+        if assumptions.cpu_dp_comm_time_scale == assumptions.cpu_time_scale
+        else replace(assumptions, cpu_time_scale=assumptions.cpu_dp_comm_time_scale)
     )
     sized = []
     for d in drafts:

@@ -90,17 +90,19 @@ def contended(assumptions: PlanAssumptions, world_size: int, bubble: float, pp: 
 
     The ratio is :func:`cpu_contention` of the planned layout over ``cpu_contention_at_fit`` (the run the values
     were measured on) for the host time, the in-compute collectives and their sync waits, and
-    :func:`cpu_stage_contention` over ``cpu_stage_contention_at_fit`` for dp's collectives, dp's sync wait and the
-    optimizer step, so planning the measured layout again changes nothing. Unchanged without ``cpu_cores``.
+    :func:`cpu_stage_contention` over ``cpu_stage_contention_at_fit`` for dp's sync wait and the optimizer step, and
+    over ``cpu_contention_at_fit`` for dp's collectives (the link fit is referenced to the busy ranks' contention:
+    ``meshscope calibrate`` expresses a pipelined run's dp transfers at it), so planning the measured layout again
+    changes nothing. Unchanged without ``cpu_cores``.
     """
     if assumptions.cpu_cores is None:
         return assumptions
     ratio = cpu_contention(world_size, bubble, assumptions.cpu_cores) / assumptions.cpu_contention_at_fit
     stage_at_fit = assumptions.cpu_stage_contention_at_fit
-    stage = cpu_stage_contention(world_size, pp, assumptions.cpu_cores) / (
-        assumptions.cpu_contention_at_fit if stage_at_fit is None else stage_at_fit
-    )
-    if ratio == 1.0 and stage == 1.0:
+    kappa_stage = cpu_stage_contention(world_size, pp, assumptions.cpu_cores)
+    stage = kappa_stage / (assumptions.cpu_contention_at_fit if stage_at_fit is None else stage_at_fit)
+    dp_comm = kappa_stage / assumptions.cpu_contention_at_fit  # the link fit's reference is the busy ranks'
+    if ratio == 1.0 and stage == 1.0 and dp_comm == 1.0:
         return assumptions
 
     def stretched(value: float | None, by: float) -> float | None:
@@ -116,6 +118,7 @@ def contended(assumptions: PlanAssumptions, world_size: int, bubble: float, pp: 
         ep_sync_wait_per_collective_seconds=stretched(assumptions.ep_sync_wait_per_collective_seconds, ratio),
         cpu_time_scale=assumptions.cpu_time_scale * ratio,
         cpu_stage_time_scale=assumptions.cpu_stage_time_scale * stage,
+        cpu_dp_comm_time_scale=assumptions.cpu_dp_comm_time_scale * dp_comm,
     )
 
 
