@@ -151,6 +151,10 @@ def test_contended_stretches_every_cpu_time_by_the_contention_ratio():
     # 2 / 1.6, whatever the stage's was.
     assert got.cpu_dp_comm_time_scale == pytest.approx(1.25)
     assert measured.cpu_dp_comm_time_scale == pytest.approx(1.25)
+    # A stage's contention as at the fit does not stop the busy ranks': 8 ranks in 2 stages, fitted at 2 (both).
+    same_stage = contended(dataclasses.replace(CALIBRATED, cpu_contention_at_fit=2.0), 8, 0.25, pp=2)
+    assert (same_stage.cpu_stage_time_scale, same_stage.cpu_dp_comm_time_scale) == (1.0, 1.0)
+    assert same_stage.host_seconds_per_layer_pass == pytest.approx(0.01 * 3.2 / 2)
     # The busy-rank ratio at 1 does not stop the stage's: fitted at kappa 4 (both contentions), 3 stages of 4 ranks.
     same_busy = contended(dataclasses.replace(CALIBRATED, cpu_contention_at_fit=4.0), 12, 0.5, pp=3)
     assert same_busy.host_seconds_per_layer_pass == pytest.approx(0.01)
