@@ -321,6 +321,31 @@ def test_the_first_rank_to_exit_is_the_failure_even_when_both_have_exited_before
     assert [p.code for p in procs] == [1, 3]  # both reaped
 
 
+@pytest.mark.parametrize("first_cpu", [0, 1])
+def test_the_first_rank_to_exit_is_named_when_the_ranks_died_on_cpus_whose_clocks_differ(first_cpu: int) -> None:
+    """As above, each rank pinned to its own CPU, both ways round. The kernel stamps a process's last run with its
+    CPU's scheduler clock, and the CPUs' clocks drift apart (0.87 s on this kind of virtual machine, more than the
+    0.4 s between the exits): compared raw, one of the two orders names the rank that died last (what CI showed)."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        pytest.skip("needs two CPUs in the affinity mask: with one, every stamp is on the same clock (test above)")
+    pin_first, pin_late = cpus[first_cpu], cpus[1 - first_cpu]
+    late_code = f"import os, time; os.sched_setaffinity(0, {{{pin_late}}}); time.sleep(0.4); raise SystemExit(1)"
+    late = subprocess.Popen([sys.executable, "-c", late_code])
+    first_code = f"import os; os.sched_setaffinity(0, {{{pin_first}}}); raise SystemExit(3)"
+    first = subprocess.Popen([sys.executable, "-c", first_code])
+    for p in (late, first):
+        os.waitid(os.P_PID, p.pid, os.WEXITED | os.WNOWAIT)
+    procs = [_RankProcess(0, late.pid, late), _RankProcess(1, first.pid, first)]
+    if not Path(f"/proc/{late.pid}/sched").exists():
+        for p in (late, first):
+            p.wait()
+        pytest.skip("no scheduler statistics under /proc: the ranks keep their order (test above)")
+    failed, stopped = _monitor(procs, grace_s=1.0)
+    assert (failed, stopped) == (RankExit(rank=1, code=3), 0)
+    assert [p.code for p in procs] == [1, 3]
+
+
 GROUPS_OUTLIVE = """import gc, sys, weakref
 import torch.distributed as dist
 

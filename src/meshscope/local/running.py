@@ -24,7 +24,6 @@ import builtins
 import contextlib
 import functools
 import json
-import math
 import os
 import re
 import resource
@@ -34,6 +33,7 @@ import signal
 import socket
 import sys
 import tempfile
+import threading
 import time
 import types
 from dataclasses import dataclass, field, replace
@@ -512,34 +512,80 @@ def _exit_order(procs: list[_RankProcess]) -> list[_RankProcess]:
     """The ranks that have exited and are not reaped yet, the first to exit first.
 
     A dead child stays a zombie until it is reaped, and its ``/proc/PID/sched`` (Linux with scheduler statistics)
-    still says when it last ran (``se.exec_start``, ms of the scheduler clock): its exit. Where that cannot be read
-    the ranks keep their order.
+    still says when it last ran (``se.exec_start``): its exit, on the clock of the CPU it last ran on
+    (:func:`_exit_stamp`). Those clocks are per CPU and drift apart (they leave out the time the CPU spent in
+    interrupts or taken by the hypervisor: the two CPUs of a virtual machine were 0.87 s apart after 19 hours up),
+    so stamps from different CPUs are put on one clock first (:func:`_cpu_clock_offsets_ms`). Where that cannot be
+    done the ranks keep their order.
     """
-    exited = []
+    exited: list[tuple[tuple[int, float] | None, _RankProcess]] = []
     for p in procs:
         if p.code is not None:
             continue
         try:
             info = os.waitid(os.P_PID, p.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
         except ChildProcessError:  # reaped elsewhere (a Popen's own wait): its poll() says how it ended
-            exited.append((math.inf, p.rank, p))
+            exited.append((None, p))
             continue
         if info is not None:
-            exited.append((_last_ran_ms(p.pid), p.rank, p))
-    exited.sort(key=lambda e: (e[0], e[1]))
-    return [p for _, _, p in exited]
+            exited.append((_exit_stamp(p.pid), p))
+    known = [(stamp, p) for stamp, p in exited if stamp is not None]
+    if len(exited) < 2 or len(known) < len(exited):
+        return [p for _, p in exited]
+    cpus = {cpu for (cpu, _), _ in known}
+    offsets = _cpu_clock_offsets_ms(cpus) if len(cpus) > 1 else dict.fromkeys(cpus, 0.0)
+    if offsets is None:
+        return [p for _, p in exited]
+    order = sorted((at_ms - offsets[cpu], p.rank, p) for (cpu, at_ms), p in known)
+    return [p for _, _, p in order]
 
 
-def _last_ran_ms(pid: int) -> float:
-    """When process ``pid`` last ran (the scheduler clock, ms), or infinity when the kernel does not say."""
+def _exit_stamp(pid: int) -> tuple[int, float] | None:
+    """The CPU process ``pid`` last ran on and when (``se.exec_start``, ms of that CPU's scheduler clock).
+
+    ``None`` where the kernel does not say (no ``/proc``, no scheduler statistics).
+    """
     try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        cpu = int(stat[stat.rindex(")") + 2 :].split()[_STAT_PROCESSOR - 3])
         with Path(f"/proc/{pid}/sched").open() as f:
             for line in f:
                 if line.startswith("se.exec_start"):
-                    return float(line.rsplit(":", 1)[1])
+                    return cpu, float(line.rsplit(":", 1)[1])
     except (OSError, ValueError, IndexError):
         pass
-    return math.inf
+    return None
+
+
+_STAT_PROCESSOR = 39
+"""The field of ``/proc/PID/stat`` (1-based, proc(5)) that holds the CPU the process last ran on."""
+
+
+def _cpu_clock_offsets_ms(cpus: set[int]) -> dict[int, float] | None:
+    """Each CPU's scheduler clock minus ``CLOCK_MONOTONIC``, ms; ``None`` where one cannot be measured.
+
+    A thread pinned to the CPU sleeps a moment (so that it has just been put on that CPU, which sets its
+    ``se.exec_start`` to that CPU's clock) and reads its own ``/proc/thread-self/sched`` beside ``time.monotonic``.
+    Good to a few microseconds plus a scheduler tick where the kernel updates the clock between the two reads.
+    """
+    offsets: dict[int, float] = {}
+
+    def measure() -> None:
+        for cpu in sorted(cpus):
+            try:
+                os.sched_setaffinity(0, {cpu})  # this thread only (Linux: 0 is the calling thread)
+                time.sleep(0.0005)
+                now_ms = time.monotonic_ns() / 1e6
+                with Path("/proc/thread-self/sched").open() as f:
+                    start = next(float(line.rsplit(":", 1)[1]) for line in f if line.startswith("se.exec_start"))
+            except (AttributeError, OSError, ValueError, StopIteration):
+                return
+            offsets[cpu] = start - now_ms
+
+    worker = threading.Thread(target=measure, name="meshscope-cpu-clocks", daemon=True)
+    worker.start()
+    worker.join(timeout=5.0)
+    return offsets if set(offsets) == cpus else None
 
 
 class _ExitWatch:
