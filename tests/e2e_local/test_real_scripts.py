@@ -33,6 +33,15 @@ JOBS: dict[str, list[str]] = {
     "ddp-tutorial": ["ddp_tutorial.py", "--epochs", "2", "--samples", "768"],
     "fsdp2": ["fsdp2_loop.py", "--steps", "10"],
 }
+CLEAN_RUN: dict[str, tuple[str, ...]] = {
+    "nanogpt-ddp": ("--iters", "40"),
+    "ddp-tutorial": ("--samples", "1536"),
+    "fsdp2": ("--steps", "40"),
+}
+"""A clean run is about a second of steps (40 or more): on shared or virtual cores one rank runs 10-45 % slower for
+a few tenths of a second at a time with no wait for a CPU to show for it, which can fill most of a 10-step run
+(0.2 s; 4 of 93 clean nanoGPT-style runs here, one of them in CI); in a longer run it is a burst, which the
+straggler detector does not name (``STRAGGLER_STEADY``)."""
 
 
 def run_script(out_dir: Path, job: str, *extra: str) -> Run:
@@ -62,7 +71,7 @@ def _row(run: Run, category: str) -> dict[str, Any]:
 
 @pytest.mark.parametrize("job", list(JOBS))
 def test_a_clean_run_of_a_real_script_yields_no_finding(tmp_path: Path, job: str) -> None:
-    run = run_script(tmp_path / "out", job)
+    run = run_script(tmp_path / "out", job, *CLEAN_RUN[job])
     assert run.findings == [], [f["message"] for f in run.findings]
     # Data-parallel traffic was captured on the dp axis with bytes.
     dp = [r for r in run.analysis["rows"] if r["category"].startswith("comm.dp.")]

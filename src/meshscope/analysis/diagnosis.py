@@ -89,6 +89,11 @@ optimizer step took 0.9 ms longer than its peers' is last for another reason (ti
 rank its peers waited for."""
 STRAGGLER_CONSISTENCY = 0.75
 """A persistent straggler is above the rest of its stage in at least this share of its steps ..."""
+STRAGGLER_STEADY = 0.5
+"""... by at least this share of its median excess: slow steadily, not a burst. On shared or virtual cores a rank
+runs 20-45 % slower for a few steps at a time with no wait for a CPU to show for it (2 ranks on 2 cores, clean
+nanoGPT-style runs of 10 steps: 4 in 93 had such a rank, whose median excess a burst of 5 slow steps and 4 steps
+within 0.8 ms of its peer's made); counted merely "above", half the steps of a clean rank are."""
 STEP_JITTER_SIGMAS = 1.5
 """A straggler or slow link must cost at least this many robust standard deviations of the run's own step-to-step
 jitter (each step's median own time, i.e. step minus sync wait and bubble, over steps): on shared cores or a busy
@@ -540,7 +545,8 @@ def _persistent(ctx: _Context, phase: str) -> list[_Slow]:
 
     Candidates are the ranks above their (step, stage) median by the cost floor; the worst half of a stage at most
     is confirmed against the median of the others (the rest), by more than the rest's own spread between ranks
-    (:data:`NOISE_SIGMAS`) and step to step (:data:`JITTER_SIGMAS`), in :data:`STRAGGLER_CONSISTENCY` of its steps.
+    (:data:`NOISE_SIGMAS`) and step to step (:data:`JITTER_SIGMAS`), and by :data:`STRAGGLER_STEADY` of that in
+    :data:`STRAGGLER_CONSISTENCY` of its steps.
     """
     rs = ctx.rs
     values, measured = ctx.phase_us(phase), ctx.reference_us(phase)
@@ -570,7 +576,7 @@ def _persistent(ctx: _Context, phase: str) -> list[_Slow]:
             continue
         over = float(np.median(gap[mine]))
         rest = float(np.median(ref[mine]))
-        above = float(np.mean(gap[mine] > 0))
+        above = float(np.mean(gap[mine] >= STRAGGLER_STEADY * over))
         # The median of n noisy steps wanders by about sigma / sqrt(n): the bar for a median, not for one step.
         jitter = JITTER_SIGMAS * sigma / math.sqrt(int(np.count_nonzero(mine)))
         relative = CONTENDED_MIN_EXCESS if ctx.contention is not None else STRAGGLER_MIN_EXCESS
