@@ -83,8 +83,8 @@ def stop(procs: list[subprocess.Popen[bytes]]) -> None:
         p.wait()
 
 
-def verdict(analysis: dict[str, Any], fault: str | None, rank: int | None) -> tuple[bool, str, float | None]:
-    """(right, what was found, the finding's cost ÷ the table's sync-wait figure for the rank)."""
+def verdict(analysis: dict[str, Any], fault: str | None, rank: int | None) -> tuple[bool, str, float | str | None]:
+    """(right, what was found, the finding's cost ÷ the table's sync-wait figure for the rank, or why there is none)."""
     findings = analysis.get("findings", [])
     found = "; ".join(f"{f['code']}({','.join(str(s['rank']) for s in f['suspects'])})" for f in findings) or "none"
     if fault is None:
@@ -96,12 +96,18 @@ def verdict(analysis: dict[str, Any], fault: str | None, rank: int | None) -> tu
         right = right and [s["rank"] for s in hits[0]["suspects"]] == [rank]
     else:
         right = right and not any(f["code"] == "straggler" for f in findings)
-    ratio = None
+    ratio: float | str | None = None
     if hits:
         suspect = next((r.get("suspect") or {} for r in analysis["rows"] if r["category"] == "comm.dp.sync_wait"), {})
         cost = hits[0]["evidence"].get("cost_seconds_per_step")
         per_member = hits[0]["evidence"].get("wait_per_member_seconds_per_step")
-        if cost and per_member and suspect.get("rank") == rank and suspect.get("message", "") in hits[0]["message"]:
+        if not (cost and per_member):
+            ratio = f"no cost figure in the finding (cost {cost}, per member {per_member})"
+        elif suspect.get("rank") != rank:
+            ratio = f"the table's dp sync-wait row names rank {suspect.get('rank')}: {suspect.get('message', '')!r}"
+        elif suspect.get("message", "") not in hits[0]["message"]:
+            ratio = f"the table's words {suspect.get('message', '')!r} are not in the finding's"
+        else:
             ratio = cost / per_member
     return right, found, ratio
 
@@ -120,9 +126,8 @@ def main() -> None:
         (jobs[i % len(jobs)], ("", "burner", "one")[i % 3], None, None) for i in range(args.clean)
     ]
     for i in range(args.faults):
-        job = list(JOBS)[i % len(JOBS)]
-        fault = "straggler" if (i // len(JOBS)) % 2 == 0 else "imbalance"
-        plan.append((job, "burner" if i % 3 == 2 else "", fault, rng.randrange(4)))
+        kind = "straggler" if (i // len(JOBS)) % 2 == 0 else "imbalance"
+        plan.append((list(JOBS)[i % len(JOBS)], "burner" if i % 3 == 2 else "", kind, rng.randrange(4)))
     results = []
     with tempfile.TemporaryDirectory() as tmp:
         for k, (job, load, fault, rank) in enumerate(plan):
@@ -139,8 +144,9 @@ def main() -> None:
             wall = time.perf_counter() - t0
             what = "clean" if fault is None else f"{fault} on rank {rank}"
             load_text = {"": "", "burner": " + CPU burner", "one": " + 1 spinner"}[load]
-            print(f"{k + 1:3d}. {job:13s} {what:22s}{load_text:15s} {wall:6.1f} s  {'ok ' if right else 'BAD'} {found}",
-                  flush=True)  # fmt: skip
+            cost_text = f"  cost / table {ratio:.3f}" if isinstance(ratio, float) else f"  {ratio}" if ratio else ""
+            print(f"{k + 1:3d}. {job:13s} {what:22s}{load_text:15s} {wall:6.1f} s  {'ok ' if right else 'BAD'} {found}"
+                  f"{cost_text}", flush=True)  # fmt: skip
             results.append((fault, right, found, ratio, load))
     clean = [r for r in results if r[0] is None]
     faulty = [r for r in results if r[0] is not None]
@@ -150,13 +156,16 @@ def main() -> None:
         f"{sum(r[4] == 'one' for r in clean)} beside one spinner); false findings: {false} "
         f"({false / max(len(clean), 1):.2f} per run); clean runs with any finding: {sum(not r[1] for r in clean)}"
     )
-    right = sum(r[1] for r in faulty)
-    print(f"fault runs: {len(faulty)}; right cause and rank: {right} ({100 * right / max(len(faulty), 1):.1f} %)")
-    ratios = [r[3] for r in faulty if r[3] is not None]
+    n_right = sum(r[1] for r in faulty)
+    print(f"fault runs: {len(faulty)}; right cause and rank: {n_right} ({100 * n_right / max(len(faulty), 1):.1f} %)")
+    ratios = [r[3] for r in faulty if isinstance(r[3], float)]
+    without = [r[3] for r in faulty if isinstance(r[3], str)]
     if ratios:
         inside = sum(0.8 <= x <= 1.2 for x in ratios)
         print(f"finding cost / the table's sync-wait figure for the rank: {len(ratios)} runs, {inside} within 20 % "
               f"(min {min(ratios):.3f}, max {max(ratios):.3f})")  # fmt: skip
+    if without:
+        print(f"fault runs whose finding has no table figure to compare: {len(without)} (each said above)")
 
 
 if __name__ == "__main__":
