@@ -40,7 +40,7 @@ CLEAN_RUN: dict[str, tuple[str, ...]] = {
 }
 """A clean run is about a second of steps (40 or more): on shared or virtual cores one rank runs 10-45 % slower for
 a few tenths of a second at a time with no wait for a CPU to show for it, which can fill most of a 10-step run
-(0.2 s; 4 of 93 clean nanoGPT-style runs here, one of them in CI); in a longer run it is a burst, which the
+(0.2 s; 4 of 118 clean nanoGPT-style runs here, one of them in CI); in a longer run it is a burst, which the
 straggler detector does not name (``STRAGGLER_STEADY``)."""
 
 

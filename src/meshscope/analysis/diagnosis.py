@@ -91,8 +91,8 @@ STRAGGLER_CONSISTENCY = 0.75
 """A persistent straggler is above the rest of its stage in at least this share of its steps ..."""
 STRAGGLER_STEADY = 0.5
 """... by at least this share of its median excess: slow steadily, not a burst. On shared or virtual cores a rank
-runs 20-45 % slower for a few steps at a time with no wait for a CPU to show for it (2 ranks on 2 cores, clean
-nanoGPT-style runs of 10 steps: 4 in 93 had such a rank, whose median excess a burst of 5 slow steps and 4 steps
+runs 10-45 % slower for a few steps at a time with no wait for a CPU to show for it (2 ranks on 2 cores, clean
+nanoGPT-style runs of 10 steps: 4 in 118 had such a rank, whose median excess a burst of 5 slow steps and 4 steps
 within 0.8 ms of its peer's made); counted merely "above", half the steps of a clean rank are."""
 STEP_JITTER_SIGMAS = 1.5
 """A straggler or slow link must cost at least this many robust standard deviations of the run's own step-to-step
