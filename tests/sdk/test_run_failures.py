@@ -94,6 +94,47 @@ def test_a_bare_python_runs_under_meshscopes_interpreter_and_no_records_exit_non
     assert "fix: ranks 0, 1 sent no step record: the script never started meshscope's tracker" in result.stderr
 
 
+NO_STEP = "from meshscope import sdk\ntracker = sdk.tracker_from_env()\ntracker.close()\n"
+"""A script that starts the tracker and ends no step."""
+BROKEN_HOOKS = """from meshscope import sdk
+tracker = sdk.tracker_from_env()
+
+def broken(self, now=None):
+    raise RuntimeError("a fault inside meshscope")
+
+type(tracker)._end_step = broken  # every step's end fails inside the SDK, as a bug of meshscope's would
+for step in range(3):
+    with tracker.step(step):
+        pass
+tracker.close()
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("script", "fix"),
+    [
+        (NO_STEP, "fix: ranks 0, 1 started meshscope's tracker but ended no step: wrap each step in"),
+        (
+            BROKEN_HOOKS,
+            # 4 a rank: 3 step ends, and close() ending the step the last failure left open
+            "fix: ranks 0, 1 started meshscope's tracker, but its hooks failed 8 times and no step record was sent",
+        ),
+    ],
+    ids=["no-step", "hooks-fail"],
+)
+def test_ranks_whose_tracker_started_but_sent_no_record_are_told_apart_from_ranks_without_one(
+    tmp_path: Path, script: str, fix: str
+) -> None:
+    # The launcher heard each tracker's hello and close (with its hook-error count): "the script never started
+    # meshscope's tracker" would send the user to fix what is there.
+    (tmp_path / "job.py").write_text(script)
+    result = _meshscope("run", "--nproc", "2", "--out", str(tmp_path / "out"), "--", "python", "job.py", cwd=tmp_path)
+    assert result.returncode == EXIT_NO_ANALYSIS, result.stderr
+    assert fix in result.stderr, result.stderr
+    assert "never started meshscope's tracker" not in result.stderr
+
+
 TRACKED = """import time
 from meshscope import sdk
 tracker = sdk.tracker_from_env()

@@ -845,12 +845,42 @@ def _explain_failure(
         _say(f"rank {first} wrote nothing to stderr")
     fix = fix_for(tail, python=python)
     if fix is None and not bad:
-        fix = (
-            f"{_ranks_text(silent)} sent no step record: the script never started meshscope's tracker: call "
-            "meshscope.sdk.tracker_from_env() and wrap each step in 'with tracker.step(n):' (docs/sdk.md §1)"
-        )
+        fix = _no_record_fix(silent, collector)
     if fix is not None:
         _say(f"fix: {fix}")
+
+
+def _no_record_fix(silent: list[int], collector: RecordCollector) -> str:
+    """Why ranks that exited 0 sent no step record, told apart by what their trackers said to the collector.
+
+    A rank never heard from never started the tracker; one whose tracker said hello but whose hooks failed (the
+    ``hook_errors`` counter of its close message) lost its records to meshscope, not to the script; one heard from
+    without errors ended no step.
+    """
+    heard = [r for r in silent if r in collector.ranks and (collector.ranks[r].hello or collector.ranks[r].closed)]
+    never = [r for r in silent if r not in heard]
+    errors = sum(collector.ranks[r].counters.get("hook_errors", 0) for r in heard)
+    failing = [r for r in heard if collector.ranks[r].counters.get("hook_errors", 0) > 0]
+    idle = [r for r in heard if r not in failing]
+    parts = []
+    if failing:
+        parts.append(
+            f"{_ranks_text(failing)} started meshscope's tracker, but its hooks failed {errors:,} "
+            f"time{'' if errors == 1 else 's'} and no step record was sent (the error is in the ranks' stderr, "
+            f"above): a fault of meshscope's, not of the script; {ENV_DISABLE}=1 trains without it, and the error "
+            "is worth reporting"
+        )
+    if idle:
+        parts.append(
+            f"{_ranks_text(idle)} started meshscope's tracker but ended no step: wrap each step in 'with "
+            "tracker.step(n):', or pair tracker.start_step() with tracker.end_step() (docs/sdk.md §1)"
+        )
+    if never:
+        parts.append(
+            f"{_ranks_text(never)} sent no step record: the script never started meshscope's tracker: call "
+            "meshscope.sdk.tracker_from_env() and wrap each step in 'with tracker.step(n):' (docs/sdk.md §1)"
+        )
+    return "; ".join(parts)
 
 
 def _ranks_text(ranks: Sequence[int]) -> str:
