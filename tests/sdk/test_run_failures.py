@@ -21,6 +21,7 @@ from meshscope.local.running import (
     RunSettings,
     _free_port,
     _monitor,
+    _no_record_fix,
     _RankProcess,
     resolve_python,
     run_job,
@@ -133,6 +134,31 @@ def test_ranks_whose_tracker_started_but_sent_no_record_are_told_apart_from_rank
     assert result.returncode == EXIT_NO_ANALYSIS, result.stderr
     assert fix in result.stderr, result.stderr
     assert "never started meshscope's tracker" not in result.stderr
+
+
+def test_the_no_record_fix_names_each_kind_of_silent_rank() -> None:
+    # Rank 0 never said hello; rank 1's tracker closed with 3 hook errors; rank 2's sent 5 records, none arrived;
+    # rank 3's closed clean having sent none. One sentence each, in that order of urgency.
+    from types import SimpleNamespace  # noqa: PLC0415
+
+    from meshscope.sdk.transport import RankTally  # noqa: PLC0415
+
+    ranks = {
+        1: RankTally(hello=True, closed=True, counters={"hook_errors": 3, "records_sent": 0}),
+        2: RankTally(hello=True, closed=True, counters={"hook_errors": 0, "records_sent": 5}),
+        3: RankTally(hello=True, closed=True, counters={"records_sent": 0}),
+    }
+    fix = _no_record_fix([0, 1, 2, 3], SimpleNamespace(ranks=ranks))  # type: ignore[arg-type]
+    said = [
+        "rank 2 ended steps and sent their records, but none arrived",
+        "; rank 1 started meshscope's tracker, but its hooks failed 3 times",
+        "; rank 3 started meshscope's tracker but ended no step",
+        "; rank 0 sent no step record: the script never started meshscope's tracker",
+    ]
+    at = [fix.find(part) for part in said]
+    assert at[0] == 0, fix
+    assert -1 not in at, fix
+    assert at == sorted(at), fix
 
 
 TRACKED = """import time

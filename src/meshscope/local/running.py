@@ -854,15 +854,21 @@ def _no_record_fix(silent: list[int], collector: RecordCollector) -> str:
     """Why ranks that exited 0 sent no step record, told apart by what their trackers said to the collector.
 
     A rank never heard from never started the tracker; one whose tracker said hello but whose hooks failed (the
-    ``hook_errors`` counter of its close message) lost its records to meshscope, not to the script; one heard from
-    without errors ended no step.
+    ``hook_errors`` counter of its close message) lost its records to meshscope, not to the script; one whose close
+    message counts records sent lost them on the way; one heard from without either ended no step.
     """
     heard = [r for r in silent if r in collector.ranks and (collector.ranks[r].hello or collector.ranks[r].closed)]
     never = [r for r in silent if r not in heard]
     errors = sum(collector.ranks[r].counters.get("hook_errors", 0) for r in heard)
     failing = [r for r in heard if collector.ranks[r].counters.get("hook_errors", 0) > 0]
-    idle = [r for r in heard if r not in failing]
+    lost = [r for r in heard if r not in failing and collector.ranks[r].counters.get("records_sent", 0) > 0]
+    idle = [r for r in heard if r not in failing and r not in lost]
     parts = []
+    if lost:
+        parts.append(
+            f"{_ranks_text(lost)} ended steps and sent their records, but none arrived (lost between the ranks and "
+            "the collector: the loss notes say how many)"
+        )
     if failing:
         parts.append(
             f"{_ranks_text(failing)} started meshscope's tracker, but its hooks failed {errors:,} "
