@@ -365,19 +365,24 @@ def test_a_burst_of_slow_steps_on_one_of_two_ranks_is_not_a_persistent_straggler
 
 
 @pytest.mark.parametrize(
-    ("factors", "named"),
+    ("factors", "noise", "named"),
     [
         # 45 % slower in 5 steps, 2 % in 4: "above" in 9 of 9, a median of +45 %; by half that in 5 of 9: a burst.
-        ([1.45] * 5 + [1.02] * 4, False),
+        ([1.45] * 5 + [1.02] * 4, 0.01, False),
         # 20-40 % slower in every step: steady, named although no step is at its median exactly.
-        ([1.3, 1.2, 1.4, 1.25, 1.35, 1.3, 1.2, 1.4, 1.3], True),
+        ([1.3, 1.2, 1.4, 1.25, 1.35, 1.3, 1.2, 1.4, 1.3], 0.01, True),
         # Slow by half its median excess or more in 7 of 9 steps: steady enough (the rule's 75 %).
-        ([1.4] * 5 + [1.2] * 2 + [1.0] * 2, True),
+        ([1.4] * 5 + [1.2] * 2 + [1.0] * 2, 0.01, True),
+        # Without noise, 8 ms slower in 5 steps and exactly half that (4 ms) in 4: "at least half" counts them all.
+        ([1.4] * 5 + [1.2] * 4, 0.0, True),
     ],
-    ids=["burst", "steady", "mostly-steady"],
+    ids=["burst", "steady", "mostly-steady", "exactly-half"],
 )
-def test_a_persistent_straggler_is_slow_steadily_not_in_a_burst(factors: list[float], named: bool) -> None:
-    job = Job(tp=1, dp=2, gpus_per_node=2, steps=len(factors), slow_in_step={(1, i): f for i, f in enumerate(factors)})
+def test_a_persistent_straggler_is_slow_steadily_not_in_a_burst(
+    factors: list[float], noise: float, named: bool
+) -> None:
+    slow = {(1, i): f for i, f in enumerate(factors)}
+    job = Job(tp=1, dp=2, gpus_per_node=2, steps=len(factors), noise=noise, slow_in_step=slow)
     found = findings(job)
     if named:
         assert only(found, "straggler").suspects[0].rank == 1
