@@ -40,6 +40,7 @@ from meshscope.records import (
     table_from_lines,
     unpack_columns,
 )
+from meshscope_operator.bodies import read_at_most
 from meshscope_operator.costs import encode_analysis
 
 if TYPE_CHECKING:
@@ -168,13 +169,13 @@ async def _pull_one(
         target.url + "/v1/steps", params=params, timeout=timeout, headers={"Accept": _ACCEPT}
     ) as response:
         if response.status != 200:
-            text = (await response.content.read(300)).decode(errors="replace")
+            text = (await read_at_most(response.content, 300)).decode(errors="replace")
             raise aiohttp.ClientResponseError(
                 response.request_info, (), status=response.status, message=text.strip()[:200]
             )
         packed = response.content_type == PACKED_MEDIA_TYPE
         trimmed = CUT_HEADER in response.headers  # the sidecar kept to max_bytes by leaving records out
-        raw = await response.content.read(allowance + 1)
+        raw = await read_at_most(response.content, allowance + 1)
     if len(raw) <= allowance:
         return _Answer(body=raw, packed=packed, cut=trimmed)
     return _Answer(body=b"" if packed else raw[: raw.rfind(b"\n", 0, allowance) + 1], packed=packed, cut=True)

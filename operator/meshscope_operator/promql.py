@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 import aiohttp
 
+from meshscope_operator.bodies import read_at_most
 from meshscope_operator.costs import MetricsReading
 
 if TYPE_CHECKING:
@@ -115,7 +116,7 @@ class StoreClient:
         timeout = aiohttp.ClientTimeout(total=self.timeout_s)
         try:
             async with self.session.get(self.url, params=params, timeout=timeout) as response:
-                raw = await response.content.read(MAX_RESPONSE_BYTES + 1)
+                raw = await read_at_most(response.content, MAX_RESPONSE_BYTES + 1)
                 status = response.status
         except TimeoutError:
             raise MetricsError("StoreTimeout", f"no answer to {expr!r} within {self.timeout_s:g} s") from None

@@ -158,7 +158,8 @@ class _Store(http.server.ThreadingHTTPServer):
 
     daemon_threads = True
 
-    def __init__(self, answer: Any, delay_s: float = 0.0) -> None:
+    def __init__(self, answer: Any, delay_s: float = 0.0, pause_s: float = 0.0) -> None:
+        """``pause_s``: send each body in two parts that far apart, as a network that splits an answer does."""
         self.requests = 0
         self.release = threading.Event()
         outer = self
@@ -173,8 +174,12 @@ class _Store(http.server.ThreadingHTTPServer):
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
+                half = len(body) // 2 if pause_s else len(body)
                 with contextlib.suppress(OSError):
-                    self.wfile.write(body)
+                    self.wfile.write(body[:half])
+                    self.wfile.flush()
+                    time.sleep(pause_s)
+                    self.wfile.write(body[half:])
 
             def log_message(self, *_args: object) -> None:
                 return
@@ -195,8 +200,8 @@ class _Store(http.server.ThreadingHTTPServer):
 
 
 @contextlib.contextmanager
-def _store(answer: Any, delay_s: float = 0.0) -> Iterator[_Store]:
-    s = _Store(answer, delay_s)
+def _store(answer: Any, delay_s: float = 0.0, pause_s: float = 0.0) -> Iterator[_Store]:
+    s = _Store(answer, delay_s, pause_s)
     try:
         yield s
     finally:
@@ -251,6 +256,13 @@ def test_a_store_error_is_not_retried() -> None:
 def test_a_wrong_answer_is_refused(status: int, body: bytes) -> None:
     with _store(lambda _p: (status, body)) as wrong:
         assert _reason(wrong.url) == "BadAnswer"
+
+
+def test_an_answer_that_arrives_in_parts_is_read_whole() -> None:
+    """A store's answer split by the network (half, a pause, the rest) reads as the same answer sent at once. (Read
+    once, its first half was taken as the whole and refused as "BadAnswer".)"""
+    with _store(_answers) as whole, _store(_answers, pause_s=0.3) as split:
+        assert _read(split.url) == _read(whole.url)
 
 
 _json = st.recursive(

@@ -259,7 +259,10 @@ class _Stub(http.server.ThreadingHTTPServer):
 
     daemon_threads = True
 
-    def __init__(self, status: int, delay_s: float = 0.0, lines: list[bytes] | None = None) -> None:
+    def __init__(
+        self, status: int, delay_s: float = 0.0, lines: list[bytes] | None = None, pause_s: float = 0.0
+    ) -> None:
+        """``pause_s``: send the body in two parts that far apart, as a network that splits an answer does."""
         self.release = threading.Event()
         self.asked: list[str] = []
         outer = self
@@ -273,8 +276,12 @@ class _Stub(http.server.ThreadingHTTPServer):
                 self.send_header("Content-Type", "application/x-ndjson")
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
+                half = len(body) // 2 if pause_s else len(body)
                 with contextlib.suppress(OSError):
-                    self.wfile.write(body)
+                    self.wfile.write(body[:half])
+                    self.wfile.flush()
+                    time.sleep(pause_s)
+                    self.wfile.write(body[half:])
 
             def log_message(self, *_args: object) -> None:
                 return
@@ -400,6 +407,22 @@ def test_a_sidecar_that_answers_json_lines_is_analysed_beside_packed_ones(tmp_pa
     expected = analyze(table_from_lines(window, where="window"))
     assert result.analysis["rows"] == expected.to_dict()["rows"]
     assert result.analysis["summary"] == expected.to_dict()["summary"]
+
+
+def test_an_answer_that_arrives_in_parts_is_read_whole() -> None:
+    """A sidecar's answer split by the network (half, a pause, the rest) is read to its end: every line kept, none
+    cut. (Read once, the first part alone was taken as the whole answer: its last line unreadable, the rest lost,
+    and no note about a cut.)"""
+    lines = [json.dumps({"step": step, "rank": 0, "pad": "x" * 200}).encode() + b"\n" for step in range(40)]
+    split = _Stub(200, lines=lines, pause_s=0.3)
+    try:
+        pulled = _pull([Target(pod="tiny-0", url=split.url)], pod_max_bytes=1 << 20, total_max_bytes=1 << 30)
+    finally:
+        split.close()
+    assert pulled.notes == []
+    assert pulled.bytes_read == sum(map(len, lines))
+    [pod] = pulled.records
+    assert pod.lines == lines
 
 
 def test_pods_without_an_ip_are_noted_not_asked() -> None:
