@@ -6,6 +6,7 @@ shared schema (and, where it matters, through a file and the analysis).
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import time
@@ -367,6 +368,57 @@ def test_a_phase_after_the_fetch_lands_in_the_step_that_the_fetch_opened(listene
     assert records[1].between_steps.checkpoint_us == 0
 
 
+@pytest.mark.parametrize("closing", ["next-start", "end-step"])
+def test_a_step_every_k_batches_holds_its_k_fetches_and_bodies(listener, closing: str) -> None:
+    # Gradient accumulation over the loader's own micro-batches (Hugging Face Accelerate's loop): a step opens every
+    # second batch, so the fetch in between is the open step's own, not the next step's.
+    sock, path = listener
+    tracker = _tracker(path)
+    for i, batch in enumerate(tracker.data(SlowLoader(9, 0.01))):
+        if i % 2 == 0:
+            tracker.start_step(i // 2)
+        tracker.data_stats(tokens=batch + 1)  # after the fetch: the micro-batch's tokens, whichever step it is in
+        with tracker.phase("forward"):
+            time.sleep(0.002)
+        with tracker.phase("optimizer"):
+            time.sleep(0.001)
+        if closing == "end-step" and i % 2 == 1:
+            tracker.end_step()
+    tracker.close()
+    records = _records(sock)
+    assert [r.step for r in records] == [0, 1, 2, 3, 4]
+    for rec in records[:4]:
+        kinds = _kinds(rec)
+        assert kinds == [("data", None), ("compute", "forward"), ("optimizer", None)] * 2
+        (first, *_) = rec.intervals
+        assert first.start_us == rec.start_us  # the step starts at its first batch's fetch
+        assert _span_us(rec, IntervalKind.DATA) >= 20 * MS
+    # tokens: batches 2k and 2k+1 (each batch's value + 1); the ninth batch alone, ended by the loader's end
+    assert [r.stats.tokens for r in records] == [1 + 2, 3 + 4, 5 + 6, 7 + 8, 9]
+    assert _kinds(records[4]) == [("data", None), ("compute", "forward"), ("optimizer", None)]
+    for prev, rec in itertools.pairwise(records):
+        assert prev.end_us <= rec.start_us
+        assert rec.gap_before_us is not None
+        assert rec.gap_before_us < 20 * MS
+    counters = tracker.counters()
+    assert (counters.phases_outside_step, counters.hook_errors, counters.unmatched_end_steps) == (0, 0, 0)
+
+
+def test_data_stats_between_a_fetch_and_start_step_go_to_the_step_it_opens(listener) -> None:
+    sock, path = listener
+    tracker = _tracker(path)
+    for i, _ in enumerate(tracker.data(SlowLoader(3, 0.0))):
+        tracker.data_stats(sequence_lengths=[2, 3 + i])  # before start_step: the next step's, not the open one's
+        tracker.start_step(i)
+        tracker.data_stats(tokens=1)
+    tracker.close()
+    records = _records(sock)
+    assert [(r.stats.tokens, r.stats.longest_sequence) for r in records] == [(6, 3), (7, 4), (8, 5)]
+    for rec in records:
+        (fetch,) = [iv for iv in rec.intervals if iv.kind is IntervalKind.DATA]
+        assert fetch.start_us == rec.start_us
+
+
 # ---------------------------------------------------------------------------- a real gloo job
 
 
@@ -427,6 +479,49 @@ def test_a_plain_ddp_loop_needs_no_registration_and_its_records_analyse(fork_job
         assert one.between_steps is not None
         assert one.between_steps.eval_us == 0
     assert analyze(table).to_dict()
+
+
+def _accumulating_ddp_loop(rank: int, world: int) -> dict[str, object]:
+    """Accelerate's loop: one micro-batch per loader batch, ``no_sync`` on all but every second, a step per two."""
+    import torch  # noqa: PLC0415 - the forked rank's torch, pre-imported by conftest
+    from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: N817, PLC0415
+
+    tracker = sdk.tracker_from_env()
+    torch.manual_seed(0)
+    model = DDP(torch.nn.Linear(8, 4))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    loader = [torch.full((2, 8), float(i + rank)) for i in range(6)]
+    for i, batch in enumerate(tracker.data(loader)):
+        if i % 2 == 0:
+            tracker.start_step()
+        sync = i % 2 == 1
+        with contextlib.nullcontext() if sync else model.no_sync():
+            with tracker.phase("forward"):
+                loss = model(batch).sum()
+            with tracker.phase("backward"):
+                loss.backward()
+        if sync:
+            with tracker.phase("optimizer"):
+                optimizer.step()
+                optimizer.zero_grad()
+    counters = tracker.counters().as_dict()
+    tracker.close()
+    return {"counters": counters}
+
+
+@pytest.mark.slow
+def test_a_ddp_step_over_several_loader_batches_keeps_its_all_reduce(fork_job) -> None:
+    # The second micro-batch's backward all-reduces; before, its fetch ended the step and it ran outside any step.
+    job = fork_job(_accumulating_ddp_loop, 2, every_step=("data", "comm", "optimizer"))
+    for result in job.results:
+        assert (result["counters"]["phases_outside_step"], result["counters"]["hook_errors"]) == (0, 0)
+    records = sorted(read_table(job.records_path).to_records(), key=lambda r: (r.rank, r.step))
+    assert [(r.rank, r.step) for r in records] == [(rank, step) for rank in (0, 1) for step in (0, 1, 2)]
+    for rec in records:
+        assert [str(iv.op) for iv in rec.intervals if iv.axis] == ["all_reduce"]
+        assert len([iv for iv in rec.intervals if iv.kind is IntervalKind.DATA]) == 2
+        phases = [phase for phase, _ in itertools.groupby(iv.phase.value for iv in rec.intervals if iv.phase)]
+        assert phases == ["forward", "backward"] * 2  # (backward cut around the all-reduce's wait)
 
 
 def test_data_stats_between_a_fetch_and_its_step_go_to_that_step(listener) -> None:

@@ -71,6 +71,10 @@ log = logging.getLogger("meshscope.sdk")
 _perf_ns = time.perf_counter_ns
 _T = TypeVar("_T")
 
+_IN_STEP, _HELD, _BOUNDARY = 0, 1, 2
+"""What a fetch of :meth:`Tracker.data` is when it begins: the open step's ``data`` phase, held for the step opened
+next (no step open), or a :class:`_Boundary` fetch of the iterator that fed the open step."""
+
 MAX_DEFERRED_STEPS: Final = 4
 """Steps a record may wait for its operations to complete before they are left out (and counted)."""
 ACTIVATION_STEPS: Final = 2
@@ -154,6 +158,33 @@ class _Frame:
         self.step = step
 
 
+class _Boundary:
+    """A fetch of the iterator that fed the open :meth:`Tracker.start_step` step, made while that step is open.
+
+    It is the next step's fetch (``for batch in tracker.data(loader): tracker.start_step()``) when the body calls
+    ``start_step`` next with nothing in between; then the open step ends where the fetch began and the fetch goes to
+    the step it opens. Anything else first (a phase, a collective, attention, another fetch) makes it the open step's
+    own fetch: a loop that opens a step every k batches (gradient accumulation over the loader's micro-batches).
+    """
+
+    __slots__ = ("after", "attention", "ops", "runqueue_ns", "segments", "source", "start_ns", "windows")
+
+    def __init__(self, source: object, start_ns: int, runqueue_ns: int | None, st: StepState) -> None:
+        self.source = source
+        self.start_ns = start_ns
+        self.runqueue_ns = runqueue_ns
+        """The training thread's run delay when the fetch began."""
+        self.segments, self.ops, self.windows, self.attention = (
+            len(st.segments),
+            len(st.ops),
+            len(st.windows),
+            len(st.attention),
+        )
+        """Where the fetch's own pieces begin in the open step's lists (moved to the next step with it)."""
+        self.after: tuple[int, ...] | None = None
+        """The lists' lengths and the phase stack's depth when the (last) fetch ended: unchanged = nothing since."""
+
+
 class _PhaseContext:
     """Reusable context manager of one phase name (stateless: the stack lives on the tracker)."""
 
@@ -211,9 +242,12 @@ class _DataIterator(Generic[_T]):
     A fetch while no step is open is held and given to the next step that opens: that step starts where the fetch
     started and carries it as its ``data`` interval (so ``for batch in tracker.data(loader): with tracker.step():``
     charges every fetch to the step that consumes its batch). A fetch inside an open step is that step's ``data``
-    phase, except in the loop ``for batch in tracker.data(loader): tracker.start_step()``: a step that
-    :meth:`Tracker.start_step` opened right after a fetch of this iterator ends where this iterator's next fetch
-    starts, since that fetch is for the next step (and the loader's end ends the last step).
+    phase, except in the loop ``for batch in tracker.data(loader): tracker.start_step()``: when a step that
+    :meth:`Tracker.start_step` opened right after a fetch of this iterator is still open at this iterator's next
+    fetch, and the body calls ``start_step`` (or ``end_step``) next with nothing in between, the step ends where that
+    fetch started, since the fetch was for the next step; the loader's end ends the last step the same way. When
+    anything else comes first (a phase, a collective, another fetch: a loop that opens a step every k batches), the
+    fetch was the open step's own (:class:`_Boundary`).
     """
 
     __slots__ = ("_it", "_tracker")
@@ -340,7 +374,7 @@ class Tracker:
     enabled = True
     """Always ``True`` (``False`` on :class:`NullTracker`)."""
 
-    def __init__(self, settings: TrackerSettings) -> None:
+    def __init__(self, settings: TrackerSettings) -> None:  # noqa: PLR0915 - the state, each with its docstring
         """Start tracking: open the transport, install the capture patches, say hello to the collector.
 
         Args:
@@ -384,8 +418,13 @@ class Tracker:
         self._fed_by: object = None
         """The data iterator whose held fetch the open step took, when :meth:`start_step` opened it."""
         self._unmatched_ends = 0
+        self._boundary: _Boundary | None = None
+        self._carried: tuple[list[Any], list[Any], list[Any]] | None = None
+        """Operations, blocked windows and attention spans of a boundary fetch, for the step that takes it."""
+        """A fetch of the iterator that fed the open step, not yet known to be the next step's or this one's."""
         self._held_stats: StepState | None = None
-        """Data statistics given after a held fetch, before its step opened (only the stats fields are used)."""
+        """Data statistics given after a held fetch (or a :class:`_Boundary` fetch), before its step opened (only
+        the stats fields are used)."""
         self._mesh_coord: dict[str, int] = {}
         self._coord_cache: dict[str, int] | None = None
         self._rss = RssPeak()
@@ -459,7 +498,7 @@ class Tracker:
         :meth:`data` loop, or :meth:`close`. Never raises.
         """
         try:
-            if self._ops.step is not None:
+            if self._ops.step is not None and not self._split_at_boundary():
                 self._end_step()
             self._start_step(step, explicit=True)
         except Exception as exc:  # noqa: BLE001
@@ -474,7 +513,8 @@ class Tracker:
             if self._ops.step is None:
                 self._unmatched_ends += 1
                 return
-            self._end_step()
+            if not self._split_at_boundary():
+                self._end_step()
         except Exception as exc:  # noqa: BLE001
             self.fault("step end", exc)
 
@@ -521,8 +561,8 @@ class Tracker:
             sequences: sequences, when lengths are not at hand.
         """
         st = self._ops.step
-        if st is None:
-            if self._fetch_ns is None:
+        if st is None or self._boundary is not None:
+            if st is None and self._fetch_ns is None:
                 return
             if self._held_stats is None:
                 self._held_stats = StepState(0, 0, None)
@@ -633,7 +673,7 @@ class Tracker:
             return
         self._closed = True
         try:
-            if self._ops.step is not None:
+            if self._ops.step is not None and not self._split_at_boundary():
                 self._end_step()
             self._flush(final=True)
             if self._measurements:
@@ -761,16 +801,23 @@ class Tracker:
         if self._pre_step:  # what ran since the held fetch started belongs to this step (host marks)
             st.segments.extend((kind, phase, a, b) for _, kind, phase, a, b in self._pre_step)
             self._pre_step = []
+        if self._carried is not None:  # what a boundary fetch issued (a loader's own collectives) comes with it
+            st.ops[:0], st.windows[:0], st.attention[:0] = self._carried
+            self._carried = None
         self._fed_by = self._fetch_from if explicit and self._fetch_ns is not None else None
         self._fetch_ns = self._fetch_from = None
 
-    def _end_step(self, now: int | None = None) -> None:
+    def _end_step(self, now: int | None = None, runqueue_ns: int | None = None) -> None:
+        """End the open step at host ``now`` (default: now); ``runqueue_ns``: the run delay read then, if it was."""
         ops = self._ops
         st = ops.step
         if st is None:
             return
         if now is None:
             now = _perf_ns()
+        if self._boundary is not None:  # a fetch that turned out to be this step's: its stats too
+            self._boundary = None
+            self._settle_held_stats(st)
         if self._stack and self._stack[-1].step is st:  # only the innermost open phase owns the time now
             top = self._stack[-1]
             st.segments.append((top.kind, top.phase, top.seg_start, self._mark_for(top.kind, now)))
@@ -783,7 +830,7 @@ class Tracker:
         st.end_ns = now
         st.end_mark = ops.device_mark(now)
         if st.runqueue_ns is not None:
-            delay = self._runqueue.read()
+            delay = self._runqueue.read() if runqueue_ns is None else runqueue_ns
             st.runqueue_wait_ns = None if delay is None else max(0, delay - st.runqueue_ns)
         st.peak_memory_bytes = self._peak_memory()
         ops.end_unwaited(st)
@@ -839,29 +886,52 @@ class Tracker:
 
     # ------------------------------------------------------------------ data loaders
 
-    def _fetch_begin(self, source: object) -> bool | None:
-        """Before a fetch of ``source``: ``None`` (not timed), ``False`` (the open step's phase), ``True`` (held)."""
+    def _fetch_begin(self, source: object) -> int | None:
+        """Before a fetch of ``source``: ``None`` (not timed), or :data:`_IN_STEP`, :data:`_HELD`, :data:`_BOUNDARY`."""
         if self._closed:
             return None
         now = _perf_ns()
-        if self._ops.step is not None and self._fed_by is source:  # the loop came back for the next batch
-            self._end_step(now)
-        if self._ops.step is not None:
+        st = self._ops.step
+        if st is not None:
+            if self._fed_by is not source:
+                self._push("data", None, "data", now)
+                return _IN_STEP
+            # the loop came back for a batch: the next step's, or (accumulation) this one's (_Boundary)
+            b = self._boundary
+            if b is not None and not self._quiet_since(b, st):
+                self._boundary = None  # the earlier fetch was this step's own
+                self._settle_held_stats(st)
+                b = None
             self._push("data", None, "data", now)
-            return False
+            if b is None:
+                self._boundary = _Boundary(source, now, self._runqueue.read(), st)
+            return _BOUNDARY
         self._push("data", None, "data", now, count=False)
         if self._fetch_ns is None:
             self._fetch_ns, self._fetch_from = now, source
             self._fetch_runqueue_ns = self._runqueue.read()
-        return True
+        return _HELD
 
-    def _fetch_end(self, token: bool | None, *, failed: bool) -> None:  # noqa: FBT001 - the token _fetch_begin gave
+    def _fetch_end(self, token: int | None, *, failed: bool) -> None:
         """After the fetch begun with ``token``; a failed one (the loader's end, its error) is no step's."""
         if token is None:
             return
         try:
             self._pop()
-            if token and failed:
+            if token == _BOUNDARY:
+                pending, st = self._boundary, self._ops.step
+                if pending is None or st is None:
+                    return
+                pending.after = self._lengths(st)
+                if not failed:
+                    return
+                # the loader's end (or its error) ends the step where the fetch began; the fetch is no step's
+                if not self._split_at_boundary():
+                    self._boundary = None
+                    self._settle_held_stats(st)
+                    return
+                self._carried = None
+            if token != _IN_STEP and failed:
                 for between, _, _, a, b in self._pre_step:
                     self._between_ns[between] = self._between_ns.get(between, 0) + (b - a)
                 self._pre_step = []
@@ -869,6 +939,50 @@ class Tracker:
                 self._held_stats = None
         except Exception as exc:  # noqa: BLE001
             self.fault("data", exc)
+
+    def _lengths(self, st: StepState) -> tuple[int, ...]:
+        return len(st.segments), len(st.ops), len(st.windows), len(st.attention), len(self._stack)
+
+    def _quiet_since(self, b: _Boundary, st: StepState) -> bool:
+        """Whether nothing but the boundary fetch (and ``data_stats``) happened in ``st`` since it began."""
+        return b.after is not None and b.after == self._lengths(st)
+
+    def _split_at_boundary(self) -> bool:
+        """End the open step where a pending boundary fetch began, when nothing followed it; ``False``: no split.
+
+        The fetch (its data interval, run delay, held stats, anything it issued) goes to the step opened next.
+        """
+        b, st = self._boundary, self._ops.step
+        if b is None or st is None:
+            return False
+        if not self._quiet_since(b, st) or (self._stack and self._stack[-1].step is st):
+            return False  # the step ends now, the fetch its own (_end_step settles it)
+        self._boundary = None
+        fetched = st.segments[b.segments :]
+        self._carried = (st.ops[b.ops :], st.windows[b.windows :], st.attention[b.attention :])
+        del st.segments[b.segments :], st.ops[b.ops :], st.windows[b.windows :], st.attention[b.attention :]
+        self._end_step(b.start_ns, b.runqueue_ns)
+        self._fetch_ns, self._fetch_from, self._fetch_runqueue_ns = b.start_ns, b.source, b.runqueue_ns
+        self._pre_step.extend(("data", kind, phase, a, e) for kind, phase, a, e in fetched)
+        return True
+
+    @staticmethod
+    def _add_stats(st: StepState, more: StepState) -> None:
+        """Add the data statistics of ``more`` to ``st``'s (sums, and the longest sequence's maximum)."""
+        if more.tokens is not None:
+            st.tokens = (st.tokens or 0) + more.tokens
+        if more.sequences is not None:
+            st.sequences = (st.sequences or 0) + more.sequences
+        if more.longest is not None:
+            st.longest = max(st.longest or 0, more.longest)
+        if more.work is not None:
+            st.work = (st.work or 0.0) + more.work
+
+    def _settle_held_stats(self, st: StepState) -> None:
+        """Statistics held since a boundary fetch that turned out to be ``st``'s own: they are ``st``'s."""
+        if self._held_stats is not None:
+            self._add_stats(st, self._held_stats)
+            self._held_stats = None
 
     def _mark_for(self, kind: str, now: int) -> Mark:
         return self._ops.device_mark(now) if kind in DEVICE_KINDS else now
