@@ -1695,6 +1695,10 @@ def test_a_cpu_contention_note_raises_the_straggler_bar_and_is_said() -> None:
     f = only(analyze(Job(slow={5: 1.3}, noise=0.0).table(), notes=[note]).findings, "straggler")
     assert f.message.endswith(", 20.9 % of the step (timings include CPU contention: 8 ranks ran on 2 CPU cores)")
     assert f.evidence["cpu_contention"] == 1
+    # `meshscope run`'s own note says it already: said once
+    said = Note(code="cpu_contention", count=8, message="8 ranks on 2 CPU cores: timings include CPU contention")
+    f = only(analyze(Job(slow={5: 1.3}, noise=0.0).table(), notes=[said]).findings, "straggler")
+    assert f.message.endswith(" of the step (8 ranks on 2 CPU cores: timings include CPU contention)")
 
 
 def test_placement_from_the_plan_when_the_records_have_no_domains() -> None:

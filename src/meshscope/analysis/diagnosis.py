@@ -148,6 +148,8 @@ MAX_STRAGGLER_FINDINGS = 5
 
 CPU_CONTENTION = "cpu_contention"
 """Code of the note ``meshscope run`` adds when ranks outnumber the CPU cores they run on."""
+CONTENTION_SAID = "timings include CPU contention"
+"""What a timing finding of a contended run says, once."""
 RUNQUEUE_CONTENTION_SHARE = 0.05
 """On a run without a GPU whose records carry the training threads' run delay (``runqueue_wait_us``): when the
 median rank-step waited at least this share of its step for a CPU, the run was CPU-contended (foreign load, more
@@ -290,7 +292,10 @@ class _Context:
         """What every timing finding of a contended run must say."""
         if self.contention is None:
             return ""
-        return f" (timings include CPU contention: {self.contention.message})"
+        message = self.contention.message
+        if CONTENTION_SAID in message:  # `meshscope run`'s notes say it already
+            return f" ({message})"
+        return f" ({CONTENTION_SAID}: {message})"
 
     @classmethod
     def build(cls, rs: RankSteps, notes: Sequence[Note] = ()) -> _Context:
