@@ -329,6 +329,11 @@ class NullTracker:
     def end_step(self) -> None:
         """Do nothing."""
 
+    @property
+    def in_step(self) -> bool:
+        """Always ``False``."""
+        return False
+
     def data(self, loader: Iterable[_T]) -> Iterable[_T]:
         """The loader itself."""
         return loader
@@ -939,6 +944,35 @@ class Tracker:
                 self._held_stats = None
         except Exception as exc:  # noqa: BLE001
             self.fault("data", exc)
+
+    def _mark_now(self) -> tuple[int, int | None]:
+        """Host ns and the training thread's run delay now.
+
+        Where a stretch between steps begins that a caller names once it has ended (:meth:`_claim_between`,
+        :meth:`_claim_fetch`).
+        """
+        return _perf_ns(), self._runqueue.read()
+
+    def _claim_between(self, kind: str, since: tuple[int, int | None]) -> None:
+        """The time from ``since`` (:meth:`_mark_now`) to now was ``kind`` (a ``between_steps`` key) between steps.
+
+        For a caller that learns what a stretch was only when it ends (a Trainer's save after an evaluation).
+        Nothing happens when a step is open or a fetch is held: the time is theirs.
+        """
+        if self._ops.step is None and self._fetch_ns is None:
+            self._between_ns[kind] = self._between_ns.get(kind, 0) + max(0, _perf_ns() - since[0])
+
+    def _claim_fetch(self, since: tuple[int, int | None], source: object) -> None:
+        """The time from ``since`` (:meth:`_mark_now`) to now fetched the next step's batches.
+
+        Held for that step, as a :meth:`data` fetch that began then. Nothing happens when a step is open or a fetch
+        is held.
+        """
+        if self._closed or self._ops.step is not None or self._fetch_ns is not None:
+            return
+        start_ns, runqueue_ns = since
+        self._fetch_ns, self._fetch_from, self._fetch_runqueue_ns = start_ns, source, runqueue_ns
+        self._pre_step.append(("data", "data", None, start_ns, _perf_ns()))
 
     def _lengths(self, st: StepState) -> tuple[int, ...]:
         return len(st.segments), len(st.ops), len(st.windows), len(st.attention), len(self._stack)

@@ -1,0 +1,201 @@
+"""Hugging Face ``transformers.Trainer``: one callback gives a step record per optimizer step, no loop to edit.
+
+Exists because a Trainer owns its training loop: a script that uses one has no loop body to open steps in. Its
+callback events say where each optimizer step begins and ends, where the optimizer runs, and what the Trainer does
+between steps (log, evaluate, save, fetch the next micro-batches); :class:`MeshscopeCallback` turns them into the
+tracker's calls::
+
+    from meshscope.sdk.huggingface import MeshscopeCallback
+
+    trainer = Trainer(model=model, args=args, train_dataset=train, callbacks=[MeshscopeCallback()])
+    trainer.train()
+
+What each event becomes (``docs/sdk.md`` §1.6):
+
+- ``on_step_begin`` (the first micro-batch of an optimizer step): ``start_step(state.global_step)``, so a resumed
+  run keeps its numbers; the step holds every micro-batch of the accumulation window, their collectives (DDP's
+  all-reduces, FSDP's gathers) and attention. Until ``on_pre_optimizer_step`` the micro-batches' forward and backward
+  passes are ``compute`` (the Trainer has no event between the two); from there to ``on_step_end`` (the optimizer,
+  the scheduler, ``zero_grad``) ``optimizer``.
+- ``on_step_end``: ``end_step()``. The Trainer then does, in this order, what its flags say (``should_log``,
+  ``should_evaluate``, ``should_save``) and fetches the next step's micro-batches before ``on_step_begin``: logging
+  (its loss gather, until ``on_log``) is left unlabelled, evaluation is the ``eval`` phase (until ``on_evaluate``), a
+  save the ``checkpoint`` phase (until ``on_save``), all timed between steps; the fetch is held for the next step
+  as a ``tracker.data`` fetch is: that step starts where the fetch began and carries it as its ``data`` interval.
+
+It must never raise into the Trainer. It imports transformers (so :mod:`meshscope.sdk` itself never does).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+from transformers import TrainerCallback
+
+from meshscope.sdk.tracker import NullTracker, Tracker, tracker_from_env
+
+if TYPE_CHECKING:
+    from contextlib import AbstractContextManager
+
+log = logging.getLogger("meshscope.sdk")
+
+LOG, EVAL, CHECKPOINT, MAYBE_CHECKPOINT, FETCH = "log", "eval", "checkpoint", "checkpoint?", "fetch"
+"""What the Trainer does between two steps, in its order; ``checkpoint?``: with ``save_strategy="best"`` the Trainer
+decides after the evaluation whether to save, so the time from there is named when it ends: a save (``on_save``),
+or the next step's fetch (``on_step_begin``)."""
+
+_PHASE_OF_STAGE = {EVAL: "eval", CHECKPOINT: "checkpoint"}
+
+
+class MeshscopeCallback(TrainerCallback):
+    """A ``transformers.TrainerCallback`` that records the Trainer's optimizer steps with a meshscope tracker."""
+
+    def __init__(self, tracker: Tracker | NullTracker | None = None) -> None:
+        """Record with ``tracker``; by default :func:`~meshscope.sdk.tracker_from_env` (started here).
+
+        Build the callback before the Trainer, or at least before ``trainer.train()``: the tracker then sees the
+        process group, the DDP or FSDP wrap and every collective (it also finds a DDP model wrapped earlier).
+        """
+        self.tracker = tracker if tracker is not None else tracker_from_env()
+        self._phase: AbstractContextManager[Any] | None = None
+        self._stages: list[str] = []
+        """What is left to happen before the next step, the first of them happening now."""
+        self._fetch: int | None = None
+        """The token of the held fetch of the next step's micro-batches (a real tracker only)."""
+        self._since: tuple[int, int | None] | None = None
+        """Where the ``checkpoint?`` stage began (a real tracker only): a save, or the fetch, named when it ends."""
+
+    # ------------------------------------------------------------------ phases and stages
+
+    def _enter(self, name: str) -> None:
+        """Time what follows as phase ``name``, ending the phase entered before."""
+        self._leave()
+        try:
+            phase = self.tracker.phase(name)
+            phase.__enter__()
+            self._phase = phase
+        except Exception as exc:  # noqa: BLE001 - never into the Trainer
+            log.warning("meshscope: phase %s not entered: %r", name, exc)
+
+    def _leave(self) -> None:
+        phase, self._phase = self._phase, None
+        if phase is not None:
+            try:
+                phase.__exit__(None, None, None)
+            except Exception as exc:  # noqa: BLE001
+                log.warning("meshscope: phase not left: %r", exc)
+
+    def _end_fetch(self, *, taken: bool) -> None:
+        """End the held fetch: ``taken`` by the step opening now, or no step's (training ended, or it was not one)."""
+        token, self._fetch = self._fetch, None
+        if token is not None and isinstance(self.tracker, Tracker):
+            self.tracker._fetch_end(token, failed=not taken)  # noqa: SLF001 - tracker.data's own fetch, from its package
+
+    def _plan(self, args: Any, control: Any) -> None:  # noqa: ANN401 - the Trainer's types
+        """Between steps: what the Trainer's flags say it does next, then the next step's fetch; start the first."""
+        stages = []
+        if control.should_log:
+            stages.append(LOG)
+        if control.should_evaluate:
+            stages.append(EVAL)
+        if str(getattr(args, "save_strategy", "")).lower().endswith("best"):
+            if control.should_evaluate:
+                stages.append(MAYBE_CHECKPOINT)
+        elif control.should_save:
+            stages.append(CHECKPOINT)
+        self._stages = [*stages, FETCH]
+        self._start_stage()
+
+    def _done(self, stage: str) -> None:
+        """``stage`` ended (and any planned before it that did not happen): start the next one."""
+        if stage in self._stages:
+            del self._stages[: self._stages.index(stage) + 1]
+            self._start_stage()
+
+    def _start_stage(self) -> None:
+        self._leave()
+        if not self._stages:
+            return
+        stage = self._stages[0]
+        if stage in _PHASE_OF_STAGE:
+            self._enter(_PHASE_OF_STAGE[stage])
+        elif stage == MAYBE_CHECKPOINT and isinstance(self.tracker, Tracker):
+            self._since = self.tracker._mark_now()  # noqa: SLF001 - named by on_save or on_step_begin
+        elif stage == FETCH and isinstance(self.tracker, Tracker):
+            try:
+                self._fetch = self.tracker._fetch_begin(self)  # noqa: SLF001
+            except Exception as exc:  # noqa: BLE001
+                log.warning("meshscope: fetch not timed: %r", exc)
+
+    # ------------------------------------------------------------------ events
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:  # noqa: ANN401, ARG002
+        """The first step's micro-batches are fetched next."""
+        self._stages = [FETCH]
+        self._start_stage()
+
+    def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:  # noqa: ANN401, ARG002
+        """An optimizer step's first micro-batch: its step opens, numbered as the Trainer's ``global_step``."""
+        self._leave()
+        if self._stages[:1] == [MAYBE_CHECKPOINT]:  # no save came: the time since the evaluation fetched this step's
+            self._claim(fetch=True)
+        self._stages = []
+        self._end_fetch(taken=True)
+        self.tracker.start_step(int(state.global_step))
+        self._enter("compute")
+
+    def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:  # noqa: ANN401, ARG002
+        """Gradients are clipped; the optimizer steps next (then the scheduler and ``zero_grad``: the same phase)."""
+        self._enter("optimizer")
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:  # noqa: ANN401, ARG002
+        """The step ends; what the Trainer does next is timed between steps."""
+        self._leave()
+        self.tracker.end_step()
+        self._plan(args, control)
+
+    def on_epoch_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:  # noqa: ANN401, ARG002
+        """An epoch-end log, evaluation or save comes before the next epoch's fetch when the flags say so."""
+        if control.should_log or control.should_evaluate or control.should_save:
+            self._leave()
+            self._end_fetch(taken=False)
+            self._plan(args, control)
+
+    def on_log(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:  # noqa: ANN401, ARG002
+        """Logged (between steps: the loss gathered over the ranks)."""
+        if self._stages[:1] == [LOG]:
+            self._done(LOG)
+
+    def on_evaluate(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:  # noqa: ANN401, ARG002
+        """An evaluation ended (one the user runs outside training changes nothing)."""
+        self._done(EVAL)
+
+    def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:  # noqa: ANN401, ARG002
+        """A checkpoint was written (after a ``best`` evaluation: the time since it was the save)."""
+        if self._stages[:1] == [MAYBE_CHECKPOINT]:
+            self._claim(fetch=False)
+            self._done(MAYBE_CHECKPOINT)
+        else:
+            self._done(CHECKPOINT)
+
+    def _claim(self, *, fetch: bool) -> None:
+        """Name the ``checkpoint?`` stage now that it ended: the next step's fetch, or a save."""
+        since, self._since = self._since, None
+        if since is None or not isinstance(self.tracker, Tracker):
+            return
+        try:
+            if fetch:
+                self.tracker._claim_fetch(since, self)  # noqa: SLF001
+            else:
+                self.tracker._claim_between("checkpoint", since)  # noqa: SLF001
+        except Exception as exc:  # noqa: BLE001
+            log.warning("meshscope: time after an evaluation not named: %r", exc)
+
+    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:  # noqa: ANN401, ARG002
+        """Training ended: no phase stays open, the last fetch is no step's, a step still open ends."""
+        self._leave()
+        self._stages = []
+        self._end_fetch(taken=False)
+        if self.tracker.in_step:
+            self.tracker.end_step()

@@ -1,0 +1,199 @@
+"""A real Hugging Face ``Trainer`` on 2 forked gloo ranks, recorded through ``meshscope.sdk.huggingface``.
+
+The Trainer owns the loop (DDP wrap by accelerate, gradient accumulation with ``no_sync``, logging, evaluation and
+checkpoints between optimizer steps, the next micro-batches fetched before ``on_step_begin``); the callback is the
+only meshscope line in the script. Each check is against what the Trainer's arguments say must happen when.
+"""
+
+from __future__ import annotations
+
+import time
+from types import SimpleNamespace
+from typing import TYPE_CHECKING
+
+import pytest
+
+from meshscope import sdk
+from meshscope.analysis import analyze
+from meshscope.records import IntervalKind, _parse_record, read_table
+from meshscope.sdk.huggingface import MeshscopeCallback
+from meshscope.sdk.transport import decode
+
+if TYPE_CHECKING:
+    import socket
+    from pathlib import Path
+
+    from meshscope.records import StepRecord
+
+STEPS, ACCUM, EVAL_STEPS, SAVE_STEPS = 6, 2, 2, 3
+
+
+def _trainer_job(rank: int, world: int, out: str, save_strategy: str) -> dict[str, object]:
+    import torch  # noqa: PLC0415 - the forked rank's torch
+    from torch.utils.data import Dataset  # noqa: PLC0415
+    from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments  # noqa: PLC0415
+
+    class Tokens(Dataset):  # type: ignore[type-arg]
+        def __init__(self, n: int) -> None:
+            self.x = torch.randint(0, 64, (n, 16), generator=torch.Generator().manual_seed(0))
+
+        def __len__(self) -> int:
+            return len(self.x)
+
+        def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+            return {"input_ids": self.x[i], "labels": self.x[i]}
+
+    callback = MeshscopeCallback()  # before the Trainer: it initialises the process group and wraps the model
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=32, n_head=2, n_positions=16, vocab_size=64))
+    args = TrainingArguments(
+        output_dir=out,
+        use_cpu=True,
+        per_device_train_batch_size=2,
+        per_device_eval_batch_size=2,
+        gradient_accumulation_steps=ACCUM,
+        max_steps=STEPS,
+        eval_strategy="steps",
+        eval_steps=EVAL_STEPS,
+        save_strategy=save_strategy,
+        save_steps=SAVE_STEPS,
+        metric_for_best_model="loss",
+        save_only_model=True,
+        logging_steps=1,
+        report_to=[],
+        disable_tqdm=True,
+        dataloader_num_workers=0,
+    )
+    trainer = Trainer(model=model, args=args, train_dataset=Tokens(64), eval_dataset=Tokens(8), callbacks=[callback])
+    trainer.train()
+    counters = callback.tracker.counters().as_dict()
+    callback.tracker.close()
+    return {"counters": counters}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("save_strategy", ["steps", "best"])
+def test_a_trainer_gives_one_record_per_optimizer_step_with_its_data_eval_and_checkpoints(
+    fork_job, tmp_path: Path, save_strategy: str
+) -> None:
+    job = fork_job(
+        lambda rank, world: _trainer_job(rank, world, str(tmp_path / "trainer"), save_strategy),
+        2,
+        init=False,  # the Trainer (accelerate) joins the process group itself
+        timeout_s=180.0,
+        every_step=("data", "compute", "comm", "optimizer"),
+    )
+    for result in job.results:
+        assert result["counters"]["hook_errors"] == 0
+        assert result["counters"]["uncaptured_ddp"] == 0
+    table = read_table(job.records_path)
+    by_rank: dict[int, list[StepRecord]] = {}
+    for rec in table.to_records():
+        by_rank.setdefault(rec.rank, []).append(rec)
+    assert sorted(by_rank) == [0, 1]
+    for rank, records in by_rank.items():
+        records.sort(key=lambda r: r.step)
+        assert [r.step for r in records] == list(range(STEPS)), rank  # the Trainer's global_step
+        for rec in records:
+            # the step starts where its micro-batches' fetch began (before on_step_begin), and holds it
+            first = rec.intervals[0]
+            assert (first.kind, first.start_us) == (IntervalKind.DATA, rec.start_us)
+            # one sync per optimizer step: the k-th micro-batch's all-reduce, on the world (dp) group
+            reduces = {(str(iv.axis), str(iv.op), iv.group) for iv in rec.intervals if iv.axis}
+            assert reduces == {("dp", "all_reduce", "dp:0")}, (rank, rec.step)
+        # between steps: the evaluations after global steps 2 and 4, the save after step 3 (each before the next
+        # step's record); logging runs after every step, so every later record has a gap
+        for rec in records[1:]:
+            b = rec.between_steps
+            assert b is not None
+            assert (b.eval_us > 0) == (rec.step % EVAL_STEPS == 0), (rank, rec.step, b)
+            if save_strategy == "steps":
+                assert (b.checkpoint_us > 0) == (rec.step % SAVE_STEPS == 0), (rank, rec.step, b)
+            else:  # a save only after an evaluation that improved the loss (the first one always does)
+                assert b.checkpoint_us == 0 or rec.step % EVAL_STEPS == 0, (rank, rec.step, b)
+                assert b.checkpoint_us > 0 or rec.step != EVAL_STEPS, (rank, rec.step, b)
+            assert rec.gap_before_us is not None
+            assert rec.gap_before_us >= b.total_us()
+    analysis = analyze(table)
+    measured = {row.category for row in analysis.rows if row.measured_median_seconds > 0}
+    assert measured >= {"compute", "data", "optimizer", "comm.dp.transfer"}
+
+
+# ---------------------------------------------------------------------------- the events, one rank, no Trainer
+
+MS = 1000  # µs
+
+
+def _replay(sock: socket.socket, path: Path, *, save_strategy: str, saved: bool) -> list[StepRecord]:
+    """The Trainer's events around two steps, in its order, with sleeps for its work: log, evaluate, save (if
+    ``saved``), then fetch; ``save_strategy="best"`` decides the save only after the evaluation."""
+    tracker = sdk.Tracker(sdk.TrackerSettings(collector=f"unix:{path}", job="hf", rank=0, world_size=1))
+    cb = MeshscopeCallback(tracker)
+    args = SimpleNamespace(save_strategy=save_strategy)
+    control = SimpleNamespace(should_log=False, should_evaluate=False, should_save=False)
+    state = SimpleNamespace(global_step=0)
+
+    def step() -> None:
+        cb.on_step_begin(args, state, control)
+        time.sleep(0.01)  # forward and backward
+        cb.on_pre_optimizer_step(args, state, control)
+        time.sleep(0.005)
+        state.global_step += 1
+        cb.on_step_end(args, state, control)
+
+    cb.on_train_begin(args, state, control)
+    time.sleep(0.02)  # the first fetch
+    control.should_log = control.should_evaluate = True
+    control.should_save = saved and save_strategy != "best"  # "best": decided after the evaluation
+    step()
+    time.sleep(0.005)  # logging
+    control.should_log = False
+    cb.on_log(args, state, control)
+    time.sleep(0.03)  # evaluation
+    control.should_evaluate = False
+    cb.on_evaluate(args, state, control)
+    control.should_save = saved
+    if saved:
+        time.sleep(0.04)  # the save
+        control.should_save = False
+        cb.on_save(args, state, control)
+    time.sleep(0.02)  # the next fetch
+    step()
+    cb.on_train_end(args, state, control)
+    tracker.close()
+    assert tracker.counters().hook_errors == 0
+    out = []
+    while True:
+        try:
+            message = decode(sock.recv(1 << 22))
+        except BlockingIOError:
+            break
+        if message["schema"] == "meshscope.step/1":
+            out.append(_parse_record(message, "record"))
+    return out
+
+
+@pytest.mark.parametrize(
+    ("save_strategy", "saved"), [("steps", True), ("steps", False), ("best", True), ("best", False)]
+)
+def test_what_the_trainer_does_between_steps_is_labelled_by_its_flags(
+    listener, save_strategy: str, saved: bool
+) -> None:
+    sock, path = listener
+    first, second = _replay(sock, path, save_strategy=save_strategy, saved=saved)
+    assert [r.step for r in (first, second)] == [0, 1]
+    assert first.intervals[0].kind is IntervalKind.DATA  # the first fetch, from on_train_begin
+    assert first.intervals[0].end_us - first.intervals[0].start_us >= 20 * MS
+    b = second.between_steps
+    assert b is not None
+    assert b.eval_us >= 30 * MS
+    assert second.gap_before_us is not None
+    assert second.gap_before_us >= b.total_us() + 5 * MS  # logging stays unlabelled
+    # the next step starts where its fetch began, and holds it ("best" without a save: named at on_step_begin)
+    fetch = second.intervals[0]
+    assert (fetch.kind, fetch.start_us) == (IntervalKind.DATA, second.start_us)
+    assert 20 * MS <= fetch.end_us - fetch.start_us < 40 * MS
+    if saved:  # "best": named at on_save
+        assert 40 * MS <= b.checkpoint_us < 60 * MS
+    else:
+        assert b.checkpoint_us == 0
