@@ -111,3 +111,19 @@ def test_an_imbalance_in_a_real_script_is_named_with_the_tables_cost(tmp_path: P
     assert f["evidence"]["cost_seconds_per_step"] == f["evidence"]["wait_per_member_seconds_per_step"]
     assert wait["suspect"]["message"] in f["message"]
     assert f["evidence"]["compute_excess_seconds_per_step"] > 0
+
+
+def test_a_script_that_spawns_its_own_ranks_is_recorded_with_the_ranks_it_gave_them(tmp_path: Path) -> None:
+    # The DDP tutorial's mp.spawn form under one launched process: every child inherits RANK=0 of 1 and passes its
+    # own rank to init_process_group. Before, all children recorded themselves as rank 0: no analysis at all.
+    out = tmp_path / "out"
+    command = [sys.executable, "-m", "meshscope", "run", "--nproc", "1", "--out", str(out), "--",
+               "python", str(SCRIPTS / "ddp_spawn.py"), "--world", "2"]  # fmt: skip
+    done = subprocess.run(command, capture_output=True, text=True, timeout=180, check=False,
+                          env={**os.environ, "PYTHONWARNINGS": "ignore"})  # fmt: skip
+    run = Run(code=done.returncode, out=done.stdout + done.stderr, out_dir=out)
+    assert run.code == 0, run.out[-3000:]
+    assert "rank 1 is beyond the 1 launched: the script started processes of its own" in run.out
+    check_records_file(out / "records.jsonl", every_step=("optimizer", "comm"))
+    assert (run.analysis["ranks_seen"], run.analysis["world_size"]) == (2, 2)
+    assert _row(run, "comm.dp.transfer")["measured_median_seconds"] > 0

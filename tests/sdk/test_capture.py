@@ -409,6 +409,35 @@ def test_a_tracker_started_before_init_process_group_sees_the_groups_created_lat
     assert comm[0] == comm[1] == [("tp", "all_reduce", 4 * F32, "tp:0"), ("dp", "all_reduce", 36 * F32, "dp:0")]
 
 
+def _rank_given_to_the_group_job(rank: int, world: int) -> dict[str, object]:
+    tracker = sdk.tracker_from_env()  # the environment says RANK=0 of 1 on every rank (mp.spawn, SLURM)
+    dist.init_process_group("gloo", rank=rank, world_size=world)  # the script knows better
+    torch.manual_seed(0)
+    ddp = DDP(nn.Linear(8, 4))
+    for step in range(2):
+        with tracker.step(step):
+            with tracker.phase("forward"):
+                loss = ddp(torch.full((3, 8), float(rank + 1))).sum()
+            with tracker.phase("backward"):
+                loss.backward()
+    counters = tracker.counters().as_dict()
+    tracker.close()
+    return {"counters": counters}
+
+
+@pytest.mark.slow
+def test_rank_and_world_size_come_from_the_process_group_when_the_environment_says_otherwise(fork_job) -> None:
+    # Before: every rank recorded itself as rank 0 of 1 (its environment), and the run's records collided.
+    env = {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MESHSCOPE_LAYOUT": "dp=1"}
+    job = fork_job(_rank_given_to_the_group_job, 2, env=env, init=False)
+    assert all(r["counters"]["hook_errors"] == 0 for r in job.results)
+    records = read_records(job.records_path)
+    assert sorted((r.rank, r.step) for r in records) == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    for r in records:  # the layout for 1 rank is dropped: each rank is dp = rank of the world (dp=2)
+        assert (r.coord.dp, r.coord.tp, r.coord.pp) == (r.rank, 0, 0)
+        assert [(str(iv.axis), iv.group, iv.group_size) for iv in r.intervals if iv.axis] == [("dp", "dp:0", 2)]
+
+
 def _fsdp_dtensor_before_tracker_job(rank: int, world: int) -> dict[str, object]:
     from torch.distributed.device_mesh import init_device_mesh  # noqa: PLC0415
     from torch.distributed.fsdp import fully_shard  # noqa: PLC0415

@@ -66,6 +66,45 @@ def test_run_settings_from_the_command_line() -> None:
         settings_from_args(_args(gpus_per_node=3))
 
 
+@pytest.mark.parametrize(
+    ("command", "instead"),
+    [
+        (
+            ["torchrun", "--standalone", "--nproc-per-node=4", "train.py", "--lr", "3"],
+            "--nproc 4 -- python train.py --lr 3",
+        ),
+        (["/opt/env/bin/torchrun", "--nnodes", "1", "--nproc_per_node", "8", "t.py"], "--nproc 8 -- python t.py"),
+        (["python", "-m", "torch.distributed.run", "--nproc-per-node", "2", "a/b.py"], "--nproc 2 -- python a/b.py"),
+        (["python3", "-m", "torch.distributed.launch", "x.py"], "--nproc N -- python x.py"),
+        (["accelerate", "launch", "--cpu", "--num_processes", "2", "x.py", "--y"], "--nproc 2 -- python x.py --y"),
+        (["deepspeed", "--num_gpus=4", "ds.py"], "--nproc 4 -- python ds.py"),
+        (["torchrun", "--nproc-per-node", "gpu", "-m", "pkg.train"], "--nproc N -- python SCRIPT.py"),
+    ],
+)
+def test_a_launcher_in_the_command_is_refused_with_the_command_to_run_instead(command: list[str], instead: str) -> None:
+    # meshscope run starts the ranks; a launcher under it would start each rank's processes again, all claiming
+    # the rank's records (seen: "rank 1 step 0 appears twice" and no analysis)
+    with pytest.raises(RunError, match="is a launcher") as err:
+        settings_from_args(_args(command=["--", *command]))
+    assert f"Run the script directly: meshscope run {instead} " in str(err.value)
+    assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize(
+    "command",
+    [["python", "train.py"], ["python", "-m", "pkg.train"], ["./torchrun_wrapper.sh"], ["bash", "-c", "torchrun x"]],
+)
+def test_a_command_that_is_not_a_launcher_runs(command: list[str]) -> None:
+    assert settings_from_args(_args(command=command)).command == tuple(command)
+
+
+def test_the_cli_refuses_a_launcher_in_one_line() -> None:
+    done = _meshscope("run", "--nproc", "2", "--", "torchrun", "--nproc-per-node", "2", "train.py")
+    assert done.returncode == 2
+    assert done.stderr.count("\n") == 1
+    assert "Run the script directly: meshscope run --nproc 2 -- python train.py" in done.stderr
+
+
 def test_every_rank_gets_torchrun_and_meshscope_environment(tmp_path: Path) -> None:
     layout = ParallelLayout(dp=2, tp=2, pp=2)
     settings = RunSettings(

@@ -922,7 +922,7 @@ def _wait_for_goodbyes(collector: RecordCollector, nproc: int) -> None:
     deadline = time.monotonic() + CLOSE_WAIT_S
     while time.monotonic() < deadline:
         hello = [t for t in collector.ranks.values() if t.hello]
-        if all(t.closed for t in hello) and (len(hello) == nproc or not hello):
+        if all(t.closed for t in hello) and (len(hello) >= nproc or not hello):
             return
         time.sleep(POLL_S)
 
@@ -932,15 +932,20 @@ def _dropped(collector: RecordCollector) -> int:
 
 
 def _received_line(collector: RecordCollector, nproc: int, wall_s: float, *, failed: bool = False) -> str:
-    silent = nproc - len(collector.ranks)
-    parts = [
-        f"{collector.lines} records from {len(collector.ranks)} of {nproc} ranks in {wall_s:.1f} s",
-        f"{_dropped(collector)} dropped",
-    ]
+    silent = sum(1 for r in range(nproc) if r not in collector.ranks)
+    beyond = sorted(r for r in collector.ranks if r >= nproc)
+    heard = f"{len(collector.ranks)} ranks" if beyond else f"{len(collector.ranks)} of {nproc} ranks"
+    parts = [f"{collector.lines} records from {heard} in {wall_s:.1f} s", f"{_dropped(collector)} dropped"]
     if collector.garbage:
         parts.append(f"{collector.garbage} unreadable datagrams skipped")
     if silent:
         parts.append(f"{silent} ranks sent nothing" + (" (ranks failed: below)" if failed else " (below)"))
+    if beyond:
+        parts.append(
+            f"{_ranks_text(beyond)} {'is' if len(beyond) == 1 else 'are'} beyond the {nproc} launched: the script "
+            "started processes of its own (torch.multiprocessing.spawn) and each took its rank from the process "
+            "group; --nproc counts the processes meshscope run starts"
+        )
     return "; ".join(parts)
 
 
@@ -1024,6 +1029,70 @@ class RunOutcome:
 # ====================================================================== the command line
 
 
+_LAUNCHERS: dict[tuple[str, ...], tuple[str, ...]] = {
+    ("torchrun",): ("--nproc-per-node", "--nproc_per_node"),
+    ("torch.distributed.run",): ("--nproc-per-node", "--nproc_per_node"),
+    ("torch.distributed.launch",): ("--nproc-per-node", "--nproc_per_node"),
+    ("accelerate", "launch"): ("--num_processes", "--num-processes"),
+    ("deepspeed",): ("--num_gpus", "--num-gpus"),
+}
+"""Launchers that start the ranks themselves, and their option that says how many (per node)."""
+
+
+def launcher_in(command: Sequence[str]) -> str | None:
+    """Why ``command`` cannot run under ``meshscope run`` when it starts a launcher of its own, else ``None``.
+
+    ``meshscope run`` is the launcher: every rank it starts gets torchrun's environment and its own collector socket.
+    ``meshscope run --nproc 4 -- torchrun --nproc-per-node 4 train.py`` would start 16 processes, four per rank,
+    each claiming that rank's records. The message gives the command to run instead.
+    """
+    words = list(command)
+    program = Path(words[0]).name if words else ""
+    rest: list[str] = []
+    found: tuple[str, ...] | None = None
+    if program in {"python", "python3"} or program.startswith("python3."):
+        if len(words) >= 3 and words[1] == "-m" and (words[2],) in _LAUNCHERS:
+            found, rest = (words[2],), words[3:]
+    elif (program,) in _LAUNCHERS:
+        found, rest = (program,), words[1:]
+    elif program == "accelerate" and words[1:2] == ["launch"]:
+        found, rest = ("accelerate", "launch"), words[2:]
+    if found is None:
+        return None
+    count, script, args = None, None, []
+    options = _LAUNCHERS[found]
+    for i, word in enumerate(rest):
+        name, _, value = word.partition("=")
+        if name in options:
+            count = value or (rest[i + 1] if i + 1 < len(rest) else None)
+        if word.endswith(".py") and not word.startswith("-"):
+            script, args = word, rest[i + 1 :]
+            break
+    name = " ".join(found)
+    instead = f"meshscope run --nproc {count if count and count.isdigit() else 'N'} -- python " + " ".join(
+        [script or "SCRIPT.py", *args]
+    )
+    return (
+        f"'{name}' is a launcher: meshscope run is one too (it starts every rank with torchrun's environment, "
+        f"RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT, and gives each its own collector), so the two "
+        f"would start ranks twice over. Run the script directly: {instead} (for several machines, the operator: "
+        "docs/operator.md)"
+    )
+
+
+def _command_of(args: argparse.Namespace) -> list[str]:
+    """The command after ``--``, checked: there is one, and it is not a launcher (:func:`launcher_in`)."""
+    command = list(args.command)
+    if command and command[0] == "--":
+        command = command[1:]
+    if not command:
+        raise RunError("run needs a command after '--', e.g. meshscope run --nproc 8 -- python train.py")
+    launcher = launcher_in(command)
+    if launcher is not None:
+        raise RunError(launcher)
+    return command
+
+
 def settings_from_args(args: argparse.Namespace) -> RunSettings:
     """Build :class:`RunSettings` from parsed ``meshscope run`` arguments.
 
@@ -1031,11 +1100,7 @@ def settings_from_args(args: argparse.Namespace) -> RunSettings:
         RunError: for a missing command or a bad count.
         LayoutError: for a layout that does not fit ``--nproc``.
     """
-    command = list(args.command)
-    if command and command[0] == "--":
-        command = command[1:]
-    if not command:
-        raise RunError("run needs a command after '--', e.g. meshscope run --nproc 8 -- python train.py")
+    command = _command_of(args)
     if args.nproc < 1:
         raise RunError(f"--nproc must be >= 1, got {args.nproc}")
     spec = None

@@ -133,6 +133,8 @@ class Operations:
         self._ids: dict[str, str] = {}
         self._seq: dict[str, Iterator[int]] = {}
         self._by_work: dict[int, list[Any]] = {}
+        self.identity_known = False
+        """Whether rank and world size were checked against the default process group (:meth:`take_identity`)."""
         """Operations in flight by ``id()`` of their ``Work`` (held in the operation, so the id stays unique)."""
         self._by_storage: dict[int, list[Any]] = {}
         """Functional collectives in flight by the storage address of their outputs (held in the operation, so the
@@ -200,7 +202,47 @@ class Operations:
             self._by_name[group_name] = group  # type: ignore[index]
         return group
 
+    def take_identity(self) -> bool:
+        """Take rank and world size from the default process group once it exists; ``True``: they changed.
+
+        The environment says who a rank is when ``torchrun`` or ``meshscope run`` started it, but a script may start
+        its own processes (``torch.multiprocessing.spawn``: every child inherits the parent's ``RANK``) or take its
+        rank from elsewhere (``SLURM_PROCID``) and pass it to ``init_process_group``: the group is then the truth. A
+        layout (``MESHSCOPE_LAYOUT``) for another world size is dropped (each rank then reports ``dp = rank``).
+        """
+        if self.identity_known:
+            return False
+        dist = self._dist
+        if not (dist.is_available() and dist.is_initialized()):
+            return False
+        self.identity_known = True
+        s = self.settings
+        rank, world = int(dist.get_rank()), int(dist.get_world_size())
+        if (rank, world) == (s.rank, s.world_size):
+            return False
+        layout = s.layout
+        if layout is not None and layout.world_size != world:
+            log.warning(
+                "meshscope: the layout %s is for %d ranks but the process group has %d; ignored",
+                layout.describe(),
+                layout.world_size,
+                world,
+            )
+            layout = None
+        if s.rank != rank:
+            log.warning(
+                "meshscope: the environment says rank %d of %d, the process group rank %d of %d: recorded as rank %d",
+                s.rank,
+                s.world_size,
+                rank,
+                world,
+                rank,
+            )
+        self.settings = replace(s, rank=rank, world_size=world, layout=layout)
+        return True
+
     def _resolve(self, pg: ProcessGroup) -> GroupInfo:
+        self.take_identity()
         ranks = tuple(int(r) for r in self._dist.get_process_group_ranks(pg))
         pg_name = str(pg.group_name)
         registered = self._registered.get(pg_name)

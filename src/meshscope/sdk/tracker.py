@@ -771,6 +771,8 @@ class Tracker:
             return None
         if not self._clock_chosen:
             self._choose_clock()
+        if not ops.identity_known:
+            ops.take_identity()
         number, user_step = self._number(step)
         self._last_step = number
         self._capture.patch_pipelining_if_loaded()
@@ -1076,6 +1078,7 @@ class Tracker:
 
     def _record_header(self) -> RecordHeader:
         """The encoded identity fields; encoded again after what they depend on changed (a mesh, the CUDA clock)."""
+        self._adopt_identity()
         if self._head is None:
             self._head = RecordHeader(self._header())
         return self._head
@@ -1095,7 +1098,16 @@ class Tracker:
             header["gpu"] = gpu
         return header
 
+    def _adopt_identity(self) -> None:
+        """Take the rank and world size the process group told (:meth:`Operations.take_identity`), once."""
+        if self._ops.settings is self.settings:
+            return
+        self.settings = self._ops.settings
+        self._head = self._coord_cache = None
+        self._send_control("hello")  # the collector learns the rank it is
+
     def _send_control(self, event: str, **extra: Any) -> None:  # noqa: ANN401 - JSON-ready values
+        self._adopt_identity()
         s = self.settings
         self._sender.send(
             {
