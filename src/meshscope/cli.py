@@ -290,7 +290,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 def _analyze_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("records", nargs="+", help="step-record files (JSON lines, .gz ok), e.g. one per rank")
+    p.add_argument("records", nargs="+", help="step-record files (JSON lines, .gz ok), or directories of them")
     p.add_argument("--spec", help="TrainingJob manifest (YAML): adds the plan's expected numbers")
     p.add_argument("--json", action="store_true", help="print one JSON object (base units) instead of tables")
     p.add_argument(
@@ -309,7 +309,9 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
 
 
 def _report_arguments(report: argparse.ArgumentParser) -> None:
-    report.add_argument("records", nargs="+", help="step-record files (JSON lines, .gz allowed)")
+    report.add_argument(
+        "records", nargs="+", help="step-record files (JSON lines, .gz allowed), or directories of them"
+    )
     report.add_argument("--spec", help="TrainingJob manifest the records belong to (for expected numbers)")
     report.add_argument("--out", default="meshscope-report", help="output directory (./meshscope-report)")
     _quiet_argument(report)

@@ -121,6 +121,22 @@ def test_errors_still_reach_a_terminal_with_quiet(tmp_path) -> None:
     assert "no such records file" in err.decode()
 
 
+def test_a_directory_stands_for_its_records_files(tmp_path) -> None:
+    import shutil  # noqa: PLC0415
+
+    _, from_file, _ = meshscope("analyze", "--json", str(RECORDS))
+    shutil.copy(RECORDS, tmp_path / RECORDS.name)
+    (tmp_path / "notes.txt").write_text("not records")
+    code, from_dir, err = meshscope("analyze", "--json", str(tmp_path))
+    assert code == 0, err
+    assert from_dir == from_file
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    code, out, err = meshscope("analyze", str(empty))
+    assert (code, out) == (2, b"")
+    assert f"no records files (*.jsonl, *.jsonl.gz) in the directory {empty}" in err.decode()
+
+
 def test_report_shows_its_phases_and_prints_the_same_paths(tmp_path) -> None:
     out_dir = tmp_path / "report"
     code, plain_out, plain_err = meshscope("report", str(RECORDS), "--out", str(out_dir))

@@ -10,6 +10,7 @@ is measured as a rate by benchmarks/bench_real_runs.py (the demo's emulated job 
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -127,3 +128,28 @@ def test_a_script_that_spawns_its_own_ranks_is_recorded_with_the_ranks_it_gave_t
     check_records_file(out / "records.jsonl", every_step=("optimizer", "comm"))
     assert (run.analysis["ranks_seen"], run.analysis["world_size"]) == (2, 2)
     assert _row(run, "comm.dp.transfer")["measured_median_seconds"] > 0
+
+
+def test_a_job_launched_by_torchrun_writes_records_that_analyze_reads_from_their_directory(tmp_path: Path) -> None:
+    # No meshscope run, no sidecar: MESHSCOPE_COLLECTOR=file:DIR, each rank appends to DIR/rank-NNNNN.jsonl
+    records = tmp_path / "records"
+    env = {
+        **os.environ,
+        "PYTHONWARNINGS": "ignore",
+        "PYTHONPATH": os.pathsep.join([str(SCRIPTS), os.environ.get("PYTHONPATH", "")]),
+        "MESHSCOPE_COLLECTOR": f"file:{records}",
+    }
+    script, *args = JOBS["ddp-tutorial"]
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(NPROC),
+               str(SCRIPTS / script), *args]  # fmt: skip
+    done = subprocess.run(command, capture_output=True, text=True, timeout=180, env=env, check=False)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    assert sorted(p.name for p in records.iterdir()) == ["rank-00000.jsonl", "rank-00001.jsonl"]
+    check_records_file(records / "rank-00000.jsonl", every_step=("optimizer", "data"))
+    analyze = [sys.executable, "-m", "meshscope", "analyze", str(records), "--json", "--quiet"]
+    done = subprocess.run(analyze, capture_output=True, text=True, timeout=120, env=env, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    analysis = json.loads(done.stdout)
+    assert (analysis["ranks_seen"], analysis["world_size"]) == (NPROC, NPROC)
+    dp = next(r for r in analysis["rows"] if r["category"] == "comm.dp.transfer")
+    assert dp["measured_median_seconds"] > 0

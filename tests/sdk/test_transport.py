@@ -12,9 +12,11 @@ from meshscope.sdk.transport import (
     COMPRESS_ABOVE_BYTES,
     AddressError,
     RecordCollector,
+    RecordFile,
     RecordSender,
     decode,
     encode,
+    open_sender,
     parse_address,
 )
 
@@ -104,3 +106,52 @@ def test_records_as_the_sdk_writes_them_take_the_fast_path_to_the_same_line(tmp_
     assert [json.loads(line) for line in out.read_text().splitlines()] == [record, reordered]
     assert (collector.ranks[5].counters, collector.ranks[5].step_times_us) == ({"records_dropped": 1}, [60])
     assert (collector.ranks[6].counters, collector.ranks[6].step_times_us) == ({"records_dropped": 2}, [60])
+
+
+def _sdk_bytes(record: dict[str, object], counters: dict[str, int]) -> bytes:
+    """A record as the SDK writes it: compact JSON, the ``sdk`` counters last."""
+    return json.dumps({**record, "sdk": counters}, separators=(",", ":")).encode()
+
+
+def test_a_file_destination_appends_each_ranks_records_as_a_collector_writes_them(tmp_path: Path) -> None:
+    rank = [0]
+    sender = open_sender(f"file:{tmp_path}/run", lambda: rank[0])
+    assert isinstance(sender, RecordFile)
+    assert sender.send({"schema": "meshscope.sdk/1", "event": "hello", "rank": 0})  # nothing to write, no file yet
+    assert not (tmp_path / "run").exists()
+    rank[0] = 3  # the rank the process group told before the first record (mp.spawn, SLURM)
+    records = [
+        {"schema": "meshscope.step/1", "job": "j", "step": n, "rank": 3, "start_us": 1, "end_us": 2} for n in (0, 1)
+    ]
+    for record in records:
+        assert sender.send_record(_sdk_bytes(record, {"records_dropped": 0}))
+    sender.close()
+    assert sender.path is None  # closed: no file held
+    path = tmp_path / "run" / "rank-00003.jsonl"
+    assert [json.loads(line) for line in path.read_text().splitlines()] == records  # no sdk counters, one per line
+    assert (sender.sent, sender.dropped) == (2, 0)
+    assert not sender.send_record(_sdk_bytes(records[0], {}))  # after close: dropped, counted
+    assert (sender.sent, sender.dropped) == (2, 1)
+    # a second run into the same directory appends (a resumed job keeps one file per rank)
+    again = RecordFile(str(tmp_path / "run"), lambda: 3)
+    assert again.send_record(_sdk_bytes({**records[1], "step": 2}, {}))
+    again.close()
+    assert len(path.read_text().splitlines()) == 3
+
+
+@pytest.mark.parametrize("where", ["relative/dir", "/proc/meshscope-cannot-write-here"])
+def test_a_file_destination_that_cannot_be_written_drops_and_counts_never_raises(where: str) -> None:
+    sender = open_sender(f"file:{where}", lambda: 0)
+    assert not sender.send_record(_sdk_bytes({"schema": "meshscope.step/1", "rank": 0}, {}))
+    assert not sender.send_record(_sdk_bytes({"schema": "meshscope.step/1", "rank": 0}, {}))
+    assert (sender.sent, sender.dropped) == (0, 2)
+    assert sender.last_error is not None
+    assert where in sender.last_error
+    sender.close()
+
+
+def test_an_address_that_is_not_a_file_destination_is_a_socket() -> None:
+    for address in ("unix:/tmp/x.sock", None):
+        sender = open_sender(address, lambda: 0)
+        assert isinstance(sender, RecordSender)
+        sender.close()

@@ -73,7 +73,7 @@ def read_inputs(
         MeshscopeError: ``error`` for missing or unreadable records files (and, under ``allow_partial``, records the
             reader refuses, worded for the command line); the spec's errors as :func:`meshscope.jobs.load_spec`.
     """
-    paths = [Path(p) for p in records]
+    paths = _records_files(records, error)
     missing = [str(p) for p in paths if not p.is_file()]
     if missing:
         raise error(f"no such records file: {', '.join(missing)}")
@@ -92,6 +92,26 @@ def read_inputs(
         raise error(str(exc).replace("allow_partial=True", "--allow-partial")) from exc
     launched, launch_notes = _launches(paths)
     return Inputs(table=table, spec=job_spec, notes=(*notes, *launch_notes), one_clock=launched)
+
+
+RECORDS_SUFFIXES = (".jsonl", ".jsonl.gz")
+"""What a records file in a directory is called: ``meshscope run``'s ``OUT/records.jsonl``, the SDK's per-rank files
+(``MESHSCOPE_COLLECTOR=file:DIR``: ``DIR/rank-NNNNN.jsonl``), ``meshscope simulate``'s ``.jsonl.gz``."""
+
+
+def _records_files(records: Sequence[str], error: type[MeshscopeError]) -> list[Path]:
+    """The files the command line names, a directory standing for its records files (sorted by name)."""
+    paths: list[Path] = []
+    for name in records:
+        path = Path(name)
+        if not path.is_dir():
+            paths.append(path)
+            continue
+        found = sorted(p for p in path.iterdir() if p.name.endswith(RECORDS_SUFFIXES) and p.is_file())
+        if not found:
+            raise error(f"no records files ({', '.join('*' + s for s in RECORDS_SUFFIXES)}) in the directory {path}")
+        paths.extend(found)
+    return paths
 
 
 def _launches(paths: Sequence[Path]) -> tuple[bool, list[Note]]:

@@ -57,7 +57,7 @@ from meshscope.sdk.steps import (
     StepState,
     encode_record,
 )
-from meshscope.sdk.transport import CONTROL_SCHEMA, RECORD_SCHEMA, RecordSender, pack
+from meshscope.sdk.transport import CONTROL_SCHEMA, RECORD_SCHEMA, open_sender
 from meshscope.topology import AXES, MeshAxis
 
 if TYPE_CHECKING:
@@ -397,7 +397,7 @@ class Tracker:
         self._ops = Operations(settings, dist, phase=self.phase, fault=self.fault)
         """What the capture patches report to; holds the open step and the clock."""
         self._clock_chosen = False
-        self._sender = RecordSender(settings.collector)
+        self._sender = open_sender(settings.collector, lambda: self.settings.rank)
         self._sent = 0
         self._dropped = 0
         self._incomplete = 0
@@ -1050,7 +1050,7 @@ class Tracker:
                 continue
             finally:
                 self._ops.release(st)
-            if self._sender.send_bytes(pack(data)):
+            if self._sender.send_record(data):
                 self._sent += 1
             else:
                 self._dropped += 1

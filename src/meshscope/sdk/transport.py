@@ -12,7 +12,8 @@ Protocol (``docs/sdk.md``, "Transport"):
 
 * address: ``unix:/absolute/path`` (a filesystem socket) or ``unix:@name`` (Linux abstract namespace); a bare
   absolute path is accepted too. ``meshscope run`` gives every rank its own socket, so one rank's burst cannot fill
-  another's queue.
+  another's queue. ``file:/directory`` is no socket: each rank appends its records to its own file there
+  (:class:`RecordFile`), for jobs launched without ``meshscope run`` or a sidecar (``torchrun``, SLURM's ``srun``).
 * one datagram = one JSON object, UTF-8. A payload over :data:`COMPRESS_ABOVE_BYTES` is sent zlib-compressed; a reader
   tells the two apart by the first byte (``{`` for JSON, ``0x78`` for zlib).
 * a record has ``"schema": "meshscope.step/1"`` (``docs/records.md``) plus an ``"sdk"`` object of cumulative counters
@@ -41,7 +42,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Callable, Sequence
 
 log = logging.getLogger("meshscope.sdk")
 
@@ -65,7 +66,11 @@ _FAST_SPAN = re.compile(rb'"start_us":(-?\d+),"end_us":(-?\d+),"intervals":')
 
 
 class AddressError(ValueError):
-    """A collector address that is not ``unix:/path``, ``unix:@name`` or an absolute path."""
+    """A collector address that is not ``unix:/path``, ``unix:@name``, an absolute path or ``file:/directory``."""
+
+
+FILE_SCHEME = "file:"
+"""A collector address that names a directory of per-rank record files (:class:`RecordFile`)."""
 
 
 def parse_address(address: str) -> str | bytes:
@@ -163,6 +168,10 @@ class RecordSender:
             return False
         return self.send_bytes(data)
 
+    def send_record(self, data: bytes) -> bool:
+        """Send one step record (its JSON, the ``sdk`` counters last); ``False`` (and counted) when dropped."""
+        return self.send_bytes(pack(data))
+
     def send_bytes(self, data: bytes) -> bool:
         """Send one datagram; ``False`` (and counted) when it was dropped. Never raises, never blocks."""
         if self._sock is None or self._target is None:
@@ -185,6 +194,86 @@ class RecordSender:
             with contextlib.suppress(OSError):
                 self._sock.close()
             self._sock = None
+
+
+class RecordFile:
+    """The training side without a collector: each rank appends its step records to its own file in a directory.
+
+    ``MESHSCOPE_COLLECTOR=file:/shared/run-7`` on every rank of a job launched by ``torchrun`` or ``srun``; then
+    ``meshscope analyze /shared/run-7``. The file is ``rank-NNNNN.jsonl``, one record per line exactly as a collector
+    writes it (without the ``sdk`` counters), opened at the first record: the rank is known by then even where the
+    environment had it wrong (``Operations.take_identity``). A write that fails is dropped and counted like a
+    datagram; control messages are not written (a file has no one to greet). Same interface as
+    :class:`RecordSender`.
+    """
+
+    def __init__(self, directory: str, rank: Callable[[], int]) -> None:
+        """Write under ``directory`` (made if missing) the records of the rank that ``rank()`` names at the first one.
+
+        Never raises: a directory that cannot be made is logged once and every record counts as dropped.
+        """
+        self.sent = 0
+        self.dropped = 0
+        self.oversize = 0
+        self.last_error: str | None = None
+        self._directory = Path(directory)
+        self._rank = rank
+        self._file: IO[bytes] | None = None
+        self._closed = False
+        if not self._directory.is_absolute():
+            self.last_error = f"{FILE_SCHEME}{directory}: the directory must be an absolute path"
+            log.warning("meshscope: records will be dropped: %s", self.last_error)
+
+    @property
+    def path(self) -> Path | None:
+        """The rank's file, once the first record opened it."""
+        return None if self._file is None else Path(self._file.name)
+
+    def send(self, message: dict[str, Any]) -> bool:  # noqa: ARG002 - RecordSender's interface
+        """A control message: nothing to write (``True``)."""
+        return True
+
+    def send_record(self, data: bytes) -> bool:
+        """Append one record as a line; ``False`` (and counted) when it could not be written."""
+        cut = data.rfind(b',"sdk":{')
+        line = (data[:cut] + b"}\n") if cut >= 0 and data.endswith(b"}}") else data + b"\n"
+        try:
+            if self._file is None:
+                if self._closed or not self._directory.is_absolute():
+                    raise OSError("closed" if self._closed else "not an absolute path")  # noqa: TRY301
+                self._directory.mkdir(parents=True, exist_ok=True)
+                self._file = (self._directory / f"rank-{self._rank():05d}.jsonl").open("ab")
+            self._file.write(line)
+            self._file.flush()
+        except OSError as exc:
+            self.dropped += 1
+            if self.last_error is None:
+                log.warning("meshscope: records will be dropped: cannot write under %s: %s", self._directory, exc)
+            self.last_error = f"cannot write under {self._directory}: {exc}"
+            return False
+        self.sent += 1
+        return True
+
+    def send_bytes(self, data: bytes) -> bool:
+        """A datagram of another kind: nothing is written (counted as dropped)."""
+        del data
+        self.dropped += 1
+        return False
+
+    def close(self) -> None:
+        """Close the file; later records count as dropped."""
+        self._closed = True
+        if self._file is not None:
+            with contextlib.suppress(OSError):
+                self._file.close()
+            self._file = None
+
+
+def open_sender(address: str | None, rank: Callable[[], int]) -> RecordSender | RecordFile:
+    """The sending side for ``address``: a :class:`RecordFile` for ``file:/directory``, else a :class:`RecordSender`."""
+    if address is not None and address.strip().startswith(FILE_SCHEME):
+        return RecordFile(address.strip()[len(FILE_SCHEME) :], rank)
+    return RecordSender(address)
 
 
 # ====================================================================== receiving side
