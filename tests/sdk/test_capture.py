@@ -438,6 +438,36 @@ def test_rank_and_world_size_come_from_the_process_group_when_the_environment_sa
         assert [(str(iv.axis), iv.group, iv.group_size) for iv in r.intervals if iv.axis] == [("dp", "dp:0", 2)]
 
 
+def _compiled_collective_job(rank: int, world: int) -> dict[str, object]:
+    import torch._dynamo  # noqa: PLC0415
+
+    tracker = sdk.tracker_from_env()
+
+    def reduce(x: torch.Tensor) -> torch.Tensor:  # a functional collective inside compiled code (DTensor's road)
+        return funcol.all_reduce(x * 2, "sum", dist.group.WORLD) + 1
+
+    torch._dynamo.reset()
+    compiled = torch.compile(reduce, backend="eager", fullgraph=True)  # a graph break raises
+    with tracker.step(0):
+        out = compiled(torch.full((4,), float(rank + 1)))
+        eager = reduce(torch.full((4,), float(rank + 1)))
+    counters = tracker.counters().as_dict()
+    tracker.close()
+    return {"out": out.tolist(), "eager": eager.tolist(), "counters": counters}
+
+
+@pytest.mark.slow
+def test_a_functional_collective_inside_compiled_code_is_traced_whole(fork_job) -> None:
+    job = fork_job(_compiled_collective_job, 2, env={"MESHSCOPE_LAYOUT": "dp=2"})
+    for result in job.results:
+        assert result["out"] == result["eager"] == [7.0] * 4  # 2 * (1 + 2) + 1
+        assert result["counters"]["hook_errors"] == 0
+    for record in read_records(job.records_path):
+        # both calls are captured: the eager one, and the compiled graph's, which the "eager" backend runs through
+        # torch.ops._c10d_functional (tracing put the packet in the graph; running it is no longer tracing)
+        assert [(str(iv.axis), str(iv.op)) for iv in record.intervals if iv.axis] == [("dp", "all_reduce")] * 2
+
+
 def _fsdp_dtensor_before_tracker_job(rank: int, world: int) -> dict[str, object]:
     from torch.distributed.device_mesh import init_device_mesh  # noqa: PLC0415
     from torch.distributed.fsdp import fully_shard  # noqa: PLC0415

@@ -95,6 +95,29 @@ def test_full_queue_drops_records_without_blocking_and_the_next_record_reports_t
     tracker.close()
 
 
+def test_a_compiled_model_with_attention_is_traced_whole_and_computes_the_same(listener) -> None:
+    # torch.compile traces into the attention wrapper: its clock reads broke the graph in two at every attention
+    # call (nanoGPT compiles by default), so a compiled model ran differently because meshscope was there.
+    import torch._dynamo  # noqa: PLC0415
+
+    sock, path = listener
+    tracker = sdk.Tracker(sdk.TrackerSettings(collector=f"unix:{path}", job="compiled", rank=0, world_size=1))
+
+    def attend(x: torch.Tensor) -> torch.Tensor:
+        q, k, v = (x * w for w in (1.0, 0.5, 2.0))
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True).relu()
+
+    x = torch.randn(2, 4, 16, 8)
+    torch._dynamo.reset()
+    compiled = torch.compile(attend, backend="eager", fullgraph=True)  # fullgraph: a graph break raises
+    with tracker.step(0):
+        out = compiled(x)
+    tracker.close()
+    assert torch.equal(out, attend(x))
+    (raw,) = _records(_drain(sock))
+    assert _parse_record(raw, "datagram").stats.attention_us is None  # inside a compiled graph: not timed
+
+
 def test_stats_attention_and_phases_land_in_the_record(listener) -> None:
     sock, path = listener
     tracker = sdk.Tracker(sdk.TrackerSettings(collector=f"unix:{path}", job="stats", rank=0, world_size=1))
