@@ -316,6 +316,15 @@ def test_the_interpreter_and_the_fix_named_for_a_tail() -> None:
     )
     assert "has no meshscope" in str(fix_for("ModuleNotFoundError: No module named 'meshscope'", python=None))
     assert fix_for("RuntimeError: boom", python=None) is None
+    # the DDP tutorial's mp.spawn script started as two ranks: both spawn a job on the tutorial's fixed port
+    spawned = (
+        '  File "/venv/lib/python3.11/site-packages/torch/multiprocessing/spawn.py", line 340, in spawn\n'
+        "torch.multiprocessing.spawn.ProcessRaisedException:\n-- Process 0 terminated with the following error:\n"
+        "torch.distributed.DistNetworkError: The server socket has failed to listen on any local network address. "
+        "port: 12355, useIpv6: false, code: -98, name: EADDRINUSE, message: address already in use\n"
+    )
+    assert "run it as one process, meshscope run --nproc 1 -- ..." in str(fix_for(spawned, python=None))
+    assert fix_for(spawned.replace("EADDRINUSE", "ECONNRESET").replace("address already", "x"), python=None) is None
     assert shown_tail("\n".join(str(i) for i in range(100)), lines=3) == "97\n98\n99"
 
 

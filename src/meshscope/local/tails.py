@@ -122,7 +122,7 @@ def fix_for(tail: str, *, python: str | None) -> str | None:
     """
     found = _NO_MODULE.findall(tail)
     if not found:
-        return None
+        return _spawned_twice(tail)
     module = found[-1]
     where = f"the interpreter {python}" if python else "the ranks' interpreter"
     if module == "torch":
@@ -136,3 +136,15 @@ def fix_for(tail: str, *, python: str | None) -> str | None:
             "interpreter)"
         )
     return f"{where} has no module {module!r}: install it there, or pass the full path of an interpreter that has it"
+
+
+def _spawned_twice(tail: str) -> str | None:
+    """The fix for a script that spawns its own ranks, started as several: their rendezvous ports collide."""
+    spawned = "torch.multiprocessing.spawn" in tail or "torch/multiprocessing/spawn.py" in tail
+    if not (spawned and ("EADDRINUSE" in tail or "Address already in use" in tail)):
+        return None
+    return (
+        "the script starts its own ranks (torch.multiprocessing.spawn), so each rank meshscope run started spawned "
+        "a whole job of its own, on the same port: run it as one process, meshscope run --nproc 1 -- ..., and the "
+        "ranks it spawns are recorded with the ranks they pass to init_process_group"
+    )
