@@ -35,7 +35,8 @@ intervals and its record), :mod:`~meshscope.sdk.capture` (the torch hooks that c
 (the one reader, with a pluggable :class:`RecordSink`), :class:`RecordCollector` (it, writing a file),
 :func:`decode` and :class:`RankTally` on the reader's side; :data:`RECORD_SCHEMA` and :data:`CONTROL_SCHEMA`.
 The launcher and the sidecar set up a rank through the ``ENV_*`` names. Import the names from here;
-:mod:`meshscope.sdk.huggingface` (a ``transformers.Trainer`` callback) is imported by the scripts that use it.
+:mod:`meshscope.sdk.huggingface` and :mod:`meshscope.sdk.lightning` (``Trainer`` callbacks) are imported by the
+scripts that use them.
 """
 
 from __future__ import annotations

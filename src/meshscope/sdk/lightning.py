@@ -1,0 +1,202 @@
+"""PyTorch Lightning: one callback gives a step record per optimizer step of a ``Trainer``, no loop to edit.
+
+Exists because Lightning owns its training loop (``trainer.fit``): a script that uses it has no loop body to open
+steps in. Its hooks say where each micro-batch begins, where forward, backward and the optimizer run, and what runs
+between batches; :class:`MeshscopeCallback` turns them into the tracker's calls::
+
+    from meshscope.sdk.lightning import MeshscopeCallback
+
+    trainer = L.Trainer(accelerator="cpu", devices=4, strategy="ddp", callbacks=[MeshscopeCallback()])
+    trainer.fit(model, train_loader, val_loader)
+
+What each hook becomes (``docs/sdk.md`` §1.7):
+
+- ``on_train_batch_start``: a step opens at the first micro-batch of an optimizer step, numbered as
+  ``trainer.global_step``; every micro-batch of the accumulation window (``accumulate_grad_batches``) is in it, with
+  DDP's all-reduce of the last one and FSDP's gathers. Within a micro-batch: ``forward`` until ``on_before_backward``,
+  ``backward`` until ``on_after_backward``, ``compute`` (clipping) until ``on_before_optimizer_step``, ``optimizer``
+  until ``on_train_batch_end``.
+- ``on_train_batch_end``: when the optimizer stepped (``trainer.global_step`` moved) or the epoch's last batch ran,
+  the step ends; otherwise the step goes on, and the next micro-batch's fetch is its ``data`` phase.
+- Between steps, Lightning fetches the next batch (its prefetcher, before ``on_train_batch_start``): held for the
+  next step as a ``tracker.data`` fetch is (the step starts where it began and carries it as its ``data`` interval).
+  Validation is the ``eval`` phase (``on_validation_start`` .. ``on_validation_end``, the sanity check included), a
+  checkpoint save the ``checkpoint`` phase (``Trainer.save_checkpoint``, wrapped on the trainer at
+  ``on_train_start``: Lightning has no hook at the end of a save), on every rank (rank 0 writes, the others wait in
+  the save's barrier); inside the step where one runs mid-accumulation.
+
+It must never raise into the Trainer. It imports lightning (so :mod:`meshscope.sdk` itself never does).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+from lightning.pytorch.callbacks import Callback
+
+from meshscope.sdk.tracker import NullTracker, Tracker, tracker_from_env
+
+if TYPE_CHECKING:
+    from contextlib import AbstractContextManager
+
+log = logging.getLogger("meshscope.sdk")
+
+
+class MeshscopeCallback(Callback):
+    """A ``lightning.pytorch.Callback`` that records the Trainer's optimizer steps with a meshscope tracker."""
+
+    def __init__(self, tracker: Tracker | NullTracker | None = None) -> None:
+        """Record with ``tracker``; by default :func:`~meshscope.sdk.tracker_from_env` (started here).
+
+        Build the callback before ``trainer.fit``: the tracker then sees the process group, the DDP or FSDP wrap and
+        every collective.
+        """
+        self.tracker = tracker if tracker is not None else tracker_from_env()
+        self._phase: AbstractContextManager[Any] | None = None
+        self._fetch: int | None = None
+        """The token of the held fetch of the next step's first batch (a real tracker only)."""
+        self._opened_at: int | None = None
+        """``trainer.global_step`` when the open step began (``None``: no step open)."""
+
+    # ------------------------------------------------------------------ phases and the held fetch
+
+    def _enter(self, name: str) -> None:
+        """Time what follows as phase ``name``, ending the phase entered before."""
+        self._leave()
+        try:
+            phase = self.tracker.phase(name)
+            phase.__enter__()
+            self._phase = phase
+        except Exception as exc:  # noqa: BLE001 - never into the Trainer
+            log.warning("meshscope: phase %s not entered: %r", name, exc)
+
+    def _leave(self) -> None:
+        phase, self._phase = self._phase, None
+        if phase is not None:
+            try:
+                phase.__exit__(None, None, None)
+            except Exception as exc:  # noqa: BLE001
+                log.warning("meshscope: phase not left: %r", exc)
+
+    def _begin_fetch(self) -> None:
+        self._end_fetch(taken=False)
+        if isinstance(self.tracker, Tracker):
+            try:
+                self._fetch = self.tracker._fetch_begin(self)  # noqa: SLF001 - tracker.data's own fetch, from its package
+            except Exception as exc:  # noqa: BLE001
+                log.warning("meshscope: fetch not timed: %r", exc)
+
+    def _end_fetch(self, *, taken: bool) -> None:
+        """End the held fetch: ``taken`` by the step opening now, or no step's (something else came first)."""
+        token, self._fetch = self._fetch, None
+        if token is not None and isinstance(self.tracker, Tracker):
+            try:
+                self.tracker._fetch_end(token, failed=not taken)  # noqa: SLF001
+            except Exception as exc:  # noqa: BLE001
+                log.warning("meshscope: fetch not timed: %r", exc)
+
+    def _end_step(self) -> None:
+        self._leave()
+        self._opened_at = None
+        if self.tracker.in_step:
+            self.tracker.end_step()
+
+    # ------------------------------------------------------------------ hooks
+
+    def on_train_start(self, trainer: Any, pl_module: Any) -> None:  # noqa: ANN401, ARG002 - Lightning's types
+        """The first batch is fetched next; checkpoint saves are bracketed from now on."""
+        self._bracket_checkpoints(trainer)
+        self._begin_fetch()
+
+    def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:  # noqa: ANN401, ARG002
+        """A micro-batch begins: the first of an optimizer step opens the step."""
+        self._leave()
+        if self._opened_at is None:
+            self._end_fetch(taken=True)
+            self._opened_at = int(trainer.global_step)
+            self.tracker.start_step(self._opened_at)
+        self._enter("forward")
+
+    def on_before_backward(self, trainer: Any, pl_module: Any, loss: Any) -> None:  # noqa: ANN401, ARG002
+        """The loss is computed; backward runs next."""
+        self._enter("backward")
+
+    def on_after_backward(self, trainer: Any, pl_module: Any) -> None:  # noqa: ANN401, ARG002
+        """Backward ran; gradient clipping (compute) until the optimizer, if it steps."""
+        self._enter("compute")
+
+    def on_before_optimizer_step(self, trainer: Any, pl_module: Any, optimizer: Any) -> None:  # noqa: ANN401, ARG002
+        """The optimizer steps next (then ``zero_grad``: the same phase)."""
+        self._enter("optimizer")
+
+    def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:  # noqa: ANN401, ARG002
+        """A micro-batch ended: the step ends with its optimizer step (or the epoch's last batch), else goes on."""
+        self._leave()
+        if self._opened_at is None:
+            return
+        epoch_loop = getattr(getattr(trainer, "fit_loop", None), "epoch_loop", None)
+        last = bool(getattr(getattr(epoch_loop, "batch_progress", None), "is_last_batch", False))
+        if int(trainer.global_step) > self._opened_at or last:
+            self._end_step()
+            self._begin_fetch()
+        else:
+            self._enter("data")  # accumulating: the next micro-batch's fetch is this step's
+
+    def on_validation_start(self, trainer: Any, pl_module: Any) -> None:  # noqa: ANN401, ARG002
+        """Validation (or the sanity check) runs: ``eval``, inside the step when it runs mid-accumulation."""
+        self._leave()
+        self._end_fetch(taken=False)
+        self._enter("eval")
+
+    def on_validation_end(self, trainer: Any, pl_module: Any) -> None:  # noqa: ANN401, ARG002
+        """Validation ended: the next batch is fetched next (within the step when one is open)."""
+        self._leave()
+        if self._opened_at is None:
+            self._begin_fetch()
+        else:
+            self._enter("data")
+
+    def on_train_end(self, trainer: Any, pl_module: Any) -> None:  # noqa: ANN401, ARG002
+        """Training ended: no phase stays open, the last fetch is no step's, a step still open ends."""
+        self._end_fetch(taken=False)
+        self._end_step()
+        if getattr(trainer.__dict__.get("save_checkpoint"), "_meshscope", False):
+            del trainer.save_checkpoint  # the Trainer's own method again
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def _bracket_checkpoints(self, trainer: Any) -> None:  # noqa: ANN401
+        """Time ``trainer.save_checkpoint`` as the ``checkpoint`` phase, on every rank.
+
+        Lightning has no hook at the end of a save (``on_save_checkpoint`` comes while the checkpoint is assembled,
+        before the file is written); ``Trainer.save_checkpoint`` is what ``ModelCheckpoint`` calls on every rank,
+        and covers assembling, writing (rank 0) and the barrier after it. It is wrapped on this trainer only.
+        """
+        save = getattr(trainer, "save_checkpoint", None)
+        if save is None or getattr(save, "_meshscope", False):
+            return
+
+        def save_checkpoint(*args: Any, **kwargs: Any) -> Any:  # noqa: ANN401
+            self._leave()
+            self._end_fetch(taken=False)
+            self._enter("checkpoint")
+            try:
+                return save(*args, **kwargs)
+            finally:
+                self._leave()
+                if self._opened_at is None:
+                    self._begin_fetch()
+                else:
+                    self._enter("data")
+
+        save_checkpoint._meshscope = True  # type: ignore[attr-defined]  # noqa: SLF001 - our own mark
+        try:
+            trainer.save_checkpoint = save_checkpoint
+        except Exception as exc:  # noqa: BLE001 - a Trainer that refuses: checkpoints stay unlabelled
+            log.warning("meshscope: checkpoints not timed: %r", exc)
+
+    def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:  # noqa: ARG002, ANN401
+        """Training failed: the step in progress ends (its record is sent), nothing stays open."""
+        self._end_fetch(taken=False)
+        self._end_step()

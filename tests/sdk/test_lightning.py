@@ -1,0 +1,114 @@
+"""A real PyTorch Lightning ``Trainer`` (DDP on 2 forked gloo ranks), recorded through ``meshscope.sdk.lightning``.
+
+Lightning owns the loop (its own process-group setup from the launcher's environment, the DDP wrap, gradient
+accumulation with ``no_sync``, the sanity check and validation, checkpoints, a prefetching data fetcher); the
+callback is the only meshscope line. Each check is against what the Trainer's arguments say must happen when.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import pytest
+
+from meshscope.analysis import analyze
+from meshscope.records import IntervalKind, read_table
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from meshscope.records import StepRecord
+
+STEPS, ACCUM, VAL_EVERY = 6, 2, 4
+"""Optimizer steps, micro-batches per step, validation every this many micro-batches (every second step)."""
+
+
+def _lightning_job(rank: int, world: int, out: str) -> dict[str, object]:
+    import lightning as L  # noqa: N812, PLC0415 - Lightning's own idiom
+    import torch  # noqa: PLC0415
+    from torch import nn  # noqa: PLC0415
+    from torch.utils.data import DataLoader, TensorDataset  # noqa: PLC0415
+
+    from meshscope.sdk.lightning import MeshscopeCallback  # noqa: PLC0415
+
+    class Regression(L.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 1))
+
+        def training_step(self, batch: list[torch.Tensor], batch_idx: int) -> torch.Tensor:
+            x, y = batch
+            return nn.functional.mse_loss(self.net(x), y)
+
+        def validation_step(self, batch: list[torch.Tensor], batch_idx: int) -> None:
+            x, y = batch
+            self.log("val_loss", nn.functional.mse_loss(self.net(x), y), sync_dist=True)
+
+        def configure_optimizers(self) -> torch.optim.Optimizer:
+            return torch.optim.SGD(self.parameters(), lr=0.01)
+
+    generator = torch.Generator().manual_seed(0)
+    data = TensorDataset(torch.randn(256, 16, generator=generator), torch.randn(256, 1, generator=generator))
+    callback = MeshscopeCallback()
+    torch.manual_seed(0)
+    trainer = L.Trainer(
+        accelerator="cpu",
+        devices=world,
+        strategy="ddp",
+        max_steps=STEPS,
+        accumulate_grad_batches=ACCUM,
+        val_check_interval=VAL_EVERY,
+        limit_val_batches=2,
+        num_sanity_val_steps=1,
+        default_root_dir=out,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        logger=False,
+        callbacks=[callback],
+    )
+    trainer.fit(Regression(), DataLoader(data, batch_size=8), DataLoader(data, batch_size=8))
+    counters = callback.tracker.counters().as_dict()
+    callback.tracker.close()
+    return {"counters": counters, "global_step": int(trainer.global_step)}
+
+
+@pytest.mark.slow
+def test_a_lightning_trainer_gives_one_record_per_optimizer_step(fork_job, tmp_path: Path) -> None:
+    job = fork_job(
+        lambda rank, world: _lightning_job(rank, world, str(tmp_path / "lightning")),
+        2,
+        init=False,  # Lightning joins the process group itself, from the launcher's environment
+        timeout_s=180.0,
+        every_step=("data", "compute", "comm", "optimizer"),
+    )
+    for result in job.results:
+        assert result["global_step"] == STEPS
+        assert result["counters"]["hook_errors"] == 0
+        assert result["counters"]["uncaptured_ddp"] == 0
+    table = read_table(job.records_path)
+    by_rank: dict[int, list[StepRecord]] = {}
+    for rec in table.to_records():
+        by_rank.setdefault(rec.rank, []).append(rec)
+    assert sorted(by_rank) == [0, 1]
+    for rank, records in by_rank.items():
+        records.sort(key=lambda r: r.step)
+        assert [r.step for r in records] == list(range(STEPS)), rank  # trainer.global_step at each step's start
+        for rec in records:
+            first = rec.intervals[0]  # the step starts where its first batch's fetch began, and holds it
+            assert (first.kind, first.start_us) == (IntervalKind.DATA, rec.start_us), (rank, rec.step)
+            fetches = [iv for iv in rec.intervals if iv.kind is IntervalKind.DATA]
+            assert len(fetches) >= ACCUM, (rank, rec.step)  # and the second micro-batch's fetch, inside it
+            phases = [iv.phase.value for iv in rec.intervals if iv.phase]
+            assert phases.count("forward") == ACCUM, (rank, rec.step, phases)
+            # one sync per optimizer step: the last micro-batch's all-reduce (the first ran under no_sync)
+            reduces = {(str(iv.axis), str(iv.op), iv.group) for iv in rec.intervals if iv.axis}
+            assert ("dp", "all_reduce", "dp:0") in reduces, (rank, rec.step, reduces)  # (and DDP's buffer broadcast)
+        # validation every VAL_EVERY micro-batches = after steps 1 and 3, each followed by ModelCheckpoint's save:
+        # between steps, before steps 2 and 4
+        for rec in records[1:]:
+            b = rec.between_steps
+            assert b is not None
+            assert (b.eval_us > 0) == (rec.step in {2, 4}), (rank, rec.step, b)
+            assert (b.checkpoint_us > 0) == (rec.step in {2, 4}), (rank, rec.step, b)
+    measured = {row.category for row in analyze(table).rows if row.measured_median_seconds > 0}
+    assert measured >= {"compute", "data", "optimizer", "comm.dp.transfer"}
