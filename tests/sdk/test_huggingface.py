@@ -197,3 +197,17 @@ def test_what_the_trainer_does_between_steps_is_labelled_by_its_flags(
         assert 40 * MS <= b.checkpoint_us < 60 * MS
     else:
         assert b.checkpoint_us == 0
+
+
+def test_with_meshscope_disabled_the_callback_does_nothing_and_never_raises() -> None:
+    cb = MeshscopeCallback(sdk.NullTracker())
+    args = SimpleNamespace(save_strategy="best")
+    control = SimpleNamespace(should_log=True, should_evaluate=True, should_save=True)
+    state = SimpleNamespace(global_step=0)
+    for event in ("on_train_begin", "on_step_begin", "on_pre_optimizer_step", "on_step_end", "on_log", "on_evaluate"):
+        getattr(cb, event)(args, state, control)
+    cb.on_save(args, state, control)
+    cb.on_step_begin(args, state, control)
+    cb.on_epoch_end(args, state, control)
+    cb.on_train_end(args, state, control)
+    assert not cb.tracker.in_step

@@ -112,3 +112,27 @@ def test_a_lightning_trainer_gives_one_record_per_optimizer_step(fork_job, tmp_p
             assert (b.checkpoint_us > 0) == (rec.step in {2, 4}), (rank, rec.step, b)
     measured = {row.category for row in analyze(table).rows if row.measured_median_seconds > 0}
     assert measured >= {"compute", "data", "optimizer", "comm.dp.transfer"}
+
+
+def test_with_meshscope_disabled_the_callback_does_nothing_and_never_raises() -> None:
+    from types import SimpleNamespace  # noqa: PLC0415
+
+    from meshscope import sdk  # noqa: PLC0415
+    from meshscope.sdk.lightning import MeshscopeCallback  # noqa: PLC0415
+
+    cb = MeshscopeCallback(sdk.NullTracker())
+    trainer = SimpleNamespace(global_step=0, save_checkpoint=lambda *_a, **_k: None)
+    cb.on_train_start(trainer, None)
+    for step in range(2):
+        cb.on_train_batch_start(trainer, None, None, step)
+        cb.on_before_backward(trainer, None, None)
+        cb.on_after_backward(trainer, None)
+        cb.on_before_optimizer_step(trainer, None, None)
+        trainer.global_step += 1
+        cb.on_train_batch_end(trainer, None, None, None, step)
+    trainer.save_checkpoint("x")  # wrapped at on_train_start: times nothing here, and calls the original
+    cb.on_validation_start(trainer, None)
+    cb.on_validation_end(trainer, None)
+    cb.on_exception(trainer, None, RuntimeError("x"))
+    cb.on_train_end(trainer, None)
+    assert "save_checkpoint" in trainer.__dict__  # a plain attribute, not ours: left as it was

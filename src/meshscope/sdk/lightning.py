@@ -58,6 +58,8 @@ class MeshscopeCallback(Callback):
         """The token of the held fetch of the next step's first batch (a real tracker only)."""
         self._opened_at: int | None = None
         """``trainer.global_step`` when the open step began (``None``: no step open)."""
+        self._own_save: Any = None
+        """A ``save_checkpoint`` the trainer instance itself held before it was wrapped (put back at the end)."""
 
     # ------------------------------------------------------------------ phases and the held fetch
 
@@ -161,8 +163,12 @@ class MeshscopeCallback(Callback):
         """Training ended: no phase stays open, the last fetch is no step's, a step still open ends."""
         self._end_fetch(taken=False)
         self._end_step()
-        if getattr(trainer.__dict__.get("save_checkpoint"), "_meshscope", False):
-            del trainer.save_checkpoint  # the Trainer's own method again
+        if getattr(getattr(trainer, "__dict__", {}).get("save_checkpoint"), "_meshscope", False):
+            own = self._own_save
+            if own is None:
+                del trainer.save_checkpoint  # the Trainer's method again
+            else:
+                trainer.save_checkpoint = own  # what the instance held before
 
     # ------------------------------------------------------------------ checkpoints
 
@@ -176,6 +182,7 @@ class MeshscopeCallback(Callback):
         save = getattr(trainer, "save_checkpoint", None)
         if save is None or getattr(save, "_meshscope", False):
             return
+        self._own_save = getattr(trainer, "__dict__", {}).get("save_checkpoint")
 
         def save_checkpoint(*args: Any, **kwargs: Any) -> Any:  # noqa: ANN401
             self._leave()
