@@ -134,7 +134,9 @@ def test_the_operator_extra_brings_every_module_the_operator_imports() -> None:
                     imported.add(node.module.split(".")[0])
     third_party = {m for m in imported if m in providers and m not in {"meshscope", "meshscope_operator"}}
     assert "kopf" in third_party
-    # pandas is lazily imported behind the frames extra, torch behind demo (STYLE.md §3): not needed by the operator
-    optional = {"pandas", "torch"}
+    # pandas is lazily imported behind the frames extra, torch behind demo (STYLE.md §3); transformers and lightning
+    # only by the Trainer callbacks (sdk/huggingface.py, sdk/lightning.py), which only training scripts import:
+    # none of them is needed by the operator
+    optional = {"pandas", "torch", "transformers", "lightning"}
     missing = {m for m in third_party - optional if not {_norm(d) for d in providers[m]} & closure}
     assert missing == set(), f"imported by the operator image but not installed by '.[operator]': {missing}"
