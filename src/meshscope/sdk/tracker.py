@@ -424,9 +424,9 @@ class Tracker:
         """The data iterator whose held fetch the open step took, when :meth:`start_step` opened it."""
         self._unmatched_ends = 0
         self._boundary: _Boundary | None = None
+        """A fetch of the iterator that fed the open step, not yet known to be the next step's or this one's."""
         self._carried: tuple[list[Any], list[Any], list[Any]] | None = None
         """Operations, blocked windows and attention spans of a boundary fetch, for the step that takes it."""
-        """A fetch of the iterator that fed the open step, not yet known to be the next step's or this one's."""
         self._held_stats: StepState | None = None
         """Data statistics given after a held fetch (or a :class:`_Boundary` fetch), before its step opened (only
         the stats fields are used)."""
