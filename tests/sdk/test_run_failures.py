@@ -136,6 +136,41 @@ def test_ranks_whose_tracker_started_but_sent_no_record_are_told_apart_from_rank
     assert "never started meshscope's tracker" not in result.stderr
 
 
+ALONE = """\
+import sys
+import torch
+import torch.distributed as dist
+from meshscope import sdk
+if sys.argv[1:] == ["--join"]:
+    dist.init_process_group("gloo")
+tracker = sdk.tracker_from_env()
+for step in range(3):
+    with tracker.step(step), tracker.phase("compute"):
+        torch.randn(64, 64).matmul(torch.randn(64, 64))
+"""
+"""Ranks that train without joining a process group (``--join``: the same ranks, joined)."""
+
+
+@pytest.mark.slow
+def test_ranks_that_never_joined_a_process_group_are_said_to_have_trained_alone(tmp_path: Path) -> None:
+    # A script that goes distributed only on GPUs (Accelerate, the HF Trainer without cpu=True) runs every rank alone
+    # on CPU: the trackers say at close that they never saw a process group, and the run says what that means.
+    (tmp_path / "job.py").write_text(ALONE)
+    alone = _meshscope("run", "--nproc", "2", "--out", str(tmp_path / "a"), "--", "python", "job.py", cwd=tmp_path)
+    assert alone.returncode == 0, alone.stderr
+    assert "the 2 ranks never joined a process group: each trained alone" in alone.stderr
+    assert "Accelerator(cpu=True)" in alone.stderr
+    ranks = json.loads((tmp_path / "a" / "collector.json").read_text())["ranks"]
+    assert [r["process_group_size"] for r in ranks.values()] == [None, None]
+    joined = _meshscope(
+        "run", "--nproc", "2", "--out", str(tmp_path / "j"), "--", "python", "job.py", "--join", cwd=tmp_path
+    )
+    assert joined.returncode == 0, joined.stderr
+    assert "never joined" not in joined.stderr
+    ranks = json.loads((tmp_path / "j" / "collector.json").read_text())["ranks"]
+    assert [r["process_group_size"] for r in ranks.values()] == [2, 2]
+
+
 def test_the_no_record_fix_names_each_kind_of_silent_rank() -> None:
     # Rank 0 never said hello; rank 1's tracker closed with 3 hook errors; rank 2's sent 5 records, none arrived;
     # rank 3's closed clean having sent none. One sentence each, in that order of urgency.

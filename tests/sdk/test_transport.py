@@ -155,3 +155,17 @@ def test_an_address_that_is_not_a_file_destination_is_a_socket() -> None:
         sender = open_sender(address, lambda: 0)
         assert isinstance(sender, RecordSender)
         sender.close()
+
+
+def test_a_close_message_tells_the_size_of_the_process_group_the_rank_joined(tmp_path: Path) -> None:
+    sock = Path(f"/tmp/ms-g-{tmp_path.name[-20:]}.sock")
+    collector = RecordCollector([sock], tmp_path / "records.jsonl")
+    close = {"schema": "meshscope.sdk/1", "event": "close", "counters": {}}
+    try:
+        collector.handle(encode({**close, "rank": 0, "process_group_size": 4}))
+        collector.handle(encode({**close, "rank": 1, "process_group_size": None}))  # never joined one
+        collector.handle(encode({**close, "rank": 2, "process_group_size": True}))  # not a size
+        collector.handle(encode({**close, "rank": 3}))  # an older SDK says nothing
+    finally:
+        collector.stop()
+    assert [collector.ranks[r].process_group_size for r in range(4)] == [4, None, None, None]

@@ -294,6 +294,8 @@ def partial_notes(rs: RankSteps, *, world_size: int | None, extra: Sequence[Note
 
 _MISSING_CAUSES = {
     "dp": (
+        "the script never wrapped the model for data parallelism (Accelerate and the Hugging Face Trainer go "
+        "distributed on a machine without GPUs only with Accelerator(cpu=True) or TrainingArguments(use_cpu=True)), "
         "the model was wrapped in DDP with a builtin comm hook before the tracker started (the ranks' uncaptured_ddp "
         "counter says so), or the dp groups were neither registered nor inferable from the layout"
     ),

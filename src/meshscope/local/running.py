@@ -760,6 +760,27 @@ def _say_end(  # noqa: PLR0917 - private, one caller
     if use.foreign_load and not use.oversubscribed:
         _say("foreign CPU load on these cores: timings include CPU contention, and the findings say so")
     _say_uncaptured(collector)
+    alone = ranks_alone(collector, settings.nproc)
+    if alone:
+        _say(alone)
+
+
+def ranks_alone(collector: RecordCollector, nproc: int) -> str | None:
+    """What to say when several ranks ran but none joined a process group (each trained alone), else ``None``.
+
+    Their trackers say so when they close (``process_group_size``). A script that decides from the device whether to
+    go distributed stays single-process on a machine without GPUs unless told: every rank then trains the whole job
+    alone, and the run's dp rows read zero for a reason no note about capture explains.
+    """
+    closed = [t for t in collector.ranks.values() if t.closed]
+    if nproc < 2 or len(closed) < 2 or any(t.process_group_size is not None for t in closed):
+        return None
+    return (
+        f"the {len(closed)} ranks never joined a process group: each trained alone, and nothing was communicated. "
+        "A script that goes distributed only on GPUs stays single-process on CPU unless told: "
+        "Accelerator(cpu=True), TrainingArguments(use_cpu=True), Lightning's accelerator='cpu' with devices=N, or "
+        "torch.distributed.init_process_group('gloo') in a plain script"
+    )
 
 
 def _own_cpu_seconds() -> float:
@@ -976,7 +997,12 @@ def _write_collector_report(
         "exit_codes": {str(p.rank): p.code for p in procs},
         "cpu": cpu.to_dict(),
         "ranks": {
-            str(rank): {"records": t.records, "closed": t.closed, "counters": t.counters}
+            str(rank): {
+                "records": t.records,
+                "closed": t.closed,
+                "counters": t.counters,
+                "process_group_size": t.process_group_size,
+            }
             for rank, t in sorted(collector.ranks.items())
         },
     }

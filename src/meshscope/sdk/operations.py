@@ -135,6 +135,8 @@ class Operations:
         self._by_work: dict[int, list[Any]] = {}
         self.identity_known = False
         """Whether rank and world size were checked against the default process group (:meth:`take_identity`)."""
+        self.group_size: int | None = None
+        """The default process group's size once one was seen (``None``: never, the rank trained alone)."""
         """Operations in flight by ``id()`` of their ``Work`` (held in the operation, so the id stays unique)."""
         self._by_storage: dict[int, list[Any]] = {}
         """Functional collectives in flight by the storage address of their outputs (held in the operation, so the
@@ -218,6 +220,7 @@ class Operations:
         self.identity_known = True
         s = self.settings
         rank, world = int(dist.get_rank()), int(dist.get_world_size())
+        self.group_size = world
         if (rank, world) == (s.rank, s.world_size):
             return False
         layout = s.layout

@@ -686,7 +686,9 @@ class Tracker:
         except Exception as exc:  # noqa: BLE001
             self.fault("close", exc)
         with contextlib.suppress(Exception):
-            self._send_control("close")
+            if not self._ops.identity_known:
+                self._ops.take_identity()  # a process group still up at close, never seen at a step
+            self._send_control("close", process_group_size=self._ops.group_size)
         with contextlib.suppress(Exception):
             self._capture.uninstall()
         self._sender.close()

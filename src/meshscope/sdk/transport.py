@@ -338,6 +338,9 @@ class RankTally:
     """``end_us - start_us`` of every record received, in arrival order (empty where the reader keeps none)."""
     measurements: dict[str, Any] = field(default_factory=dict)
     """The rank's latest ``measurements`` message: ``job``, ``model_state``, ``activations`` (``docs/sdk.md``)."""
+    process_group_size: int | None = None
+    """From the rank's ``close``: the size of the default process group it joined; ``None``: it never joined one, or
+    it did not say (no close, or an older SDK)."""
 
 
 def _tally_control(tally: RankTally, msg: dict[str, Any]) -> None:
@@ -345,6 +348,9 @@ def _tally_control(tally: RankTally, msg: dict[str, Any]) -> None:
     event = msg.get("event")
     tally.hello = tally.hello or event == "hello"
     tally.closed = tally.closed or event == "close"
+    size = msg.get("process_group_size")
+    if event == "close" and isinstance(size, int) and not isinstance(size, bool):
+        tally.process_group_size = size
     pid = msg.get("pid")
     if event == "hello" and isinstance(pid, int) and not isinstance(pid, bool):
         tally.pid = pid
