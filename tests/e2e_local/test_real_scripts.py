@@ -125,9 +125,23 @@ def test_a_script_that_spawns_its_own_ranks_is_recorded_with_the_ranks_it_gave_t
     run = Run(code=done.returncode, out=done.stdout + done.stderr, out_dir=out)
     assert run.code == 0, run.out[-3000:]
     assert "rank 1 is beyond the 1 launched: the script started processes of its own" in run.out
+    assert "claimed by more than one process" not in run.out  # each child said hello again as its own rank
     check_records_file(out / "records.jsonl", every_step=("optimizer", "comm"))
     assert (run.analysis["ranks_seen"], run.analysis["world_size"]) == (2, 2)
     assert _row(run, "comm.dp.transfer")["measured_median_seconds"] > 0
+
+
+def test_a_script_that_spawns_its_own_ranks_started_as_several_is_told_to_run_as_one(tmp_path: Path) -> None:
+    # Two launched processes each spawn ranks 0 and 1 (on ports of their own): four processes, two per rank, whose
+    # records collide. The run names the ranks claimed twice and the fix, beside the reader's own error.
+    out = tmp_path / "out"
+    command = [sys.executable, "-m", "meshscope", "run", "--nproc", "2", "--out", str(out), "--",
+               "python", str(SCRIPTS / "ddp_spawn.py"), "--world", "2"]  # fmt: skip
+    done = subprocess.run(command, capture_output=True, text=True, timeout=180, check=False,
+                          env={**os.environ, "PYTHONWARNINGS": "ignore"})  # fmt: skip
+    assert done.returncode != 0
+    assert "2 ranks were claimed by more than one process (rank 0: pids " in done.stderr, done.stderr[-3000:]
+    assert "run it as one process, meshscope run --nproc 1 -- ..." in done.stderr
 
 
 def test_a_job_launched_by_torchrun_writes_records_that_analyze_reads_from_their_directory(tmp_path: Path) -> None:

@@ -763,6 +763,14 @@ def _say_end(  # noqa: PLR0917 - private, one caller
     alone = ranks_alone(collector, settings.nproc)
     if alone:
         _say(alone)
+    twice = collector.claimed_twice()
+    if twice:
+        shown = "; ".join(f"rank {r}: pids {', '.join(map(str, pids))}" for r, pids in list(twice.items())[:4])
+        _say(
+            f"{len(twice)} ranks were claimed by more than one process ({shown}): their records collide. The script "
+            f"starts ranks of its own (torch.multiprocessing.spawn) in each of the {settings.nproc} processes "
+            "meshscope run started: run it as one process, meshscope run --nproc 1 -- ..."
+        )
 
 
 def ranks_alone(collector: RecordCollector, nproc: int) -> str | None:

@@ -418,6 +418,9 @@ class RecordReader:
         """Record lines handed to the sink."""
         self.lock = threading.Lock()
         """Held while a datagram is handled (tallies and the sink); take it to read the tallies from another thread."""
+        self.rank_of_pid: dict[int, int] = {}
+        """The rank each process said it is in its latest ``hello`` (a tracker says hello again when the process
+        group names another rank than its environment did): two processes with one rank make colliding records."""
         self._sink = sink
         self._keep_step_times = keep_step_times
         self._max_ranks = max_ranks
@@ -510,6 +513,17 @@ class RecordReader:
                     tally.step_times_us.append(end - start)
             else:
                 _tally_control(tally, msg)
+                pid = msg.get("pid")
+                if msg.get("event") == "hello" and isinstance(pid, int) and not isinstance(pid, bool):
+                    self.rank_of_pid[pid] = rank
+
+    def claimed_twice(self) -> dict[int, list[int]]:
+        """Ranks that more than one process says it is (latest ``hello`` of each), with their process ids."""
+        with self.lock:
+            pids_of: dict[int, list[int]] = {}
+            for pid, rank in self.rank_of_pid.items():
+                pids_of.setdefault(rank, []).append(pid)
+        return {rank: sorted(pids) for rank, pids in sorted(pids_of.items()) if len(pids) > 1}
 
     def _handle_fast(self, datagram: bytes) -> bool:
         """A record exactly as the SDK writes it, passed on without decoding it whole; ``False``: take the slow path.
