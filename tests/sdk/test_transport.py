@@ -169,3 +169,24 @@ def test_a_close_message_tells_the_size_of_the_process_group_the_rank_joined(tmp
     finally:
         collector.stop()
     assert [collector.ranks[r].process_group_size for r in range(4)] == [4, None, None, None]
+
+
+def test_the_rank_each_process_claims_is_its_latest_hello_and_the_memory_of_them_is_bounded(tmp_path: Path) -> None:
+    from meshscope.sdk import transport  # noqa: PLC0415
+
+    sock = Path(f"/tmp/ms-p-{tmp_path.name[-20:]}.sock")
+    collector = RecordCollector([sock], tmp_path / "records.jsonl")
+    hello = {"schema": "meshscope.sdk/1", "event": "hello", "counters": {}}
+    try:
+        # mp.spawn under one launched rank: both children first say the environment's rank 0, then their own
+        for pid, rank in ((10, 0), (11, 0), (11, 1)):
+            collector.handle(encode({**hello, "rank": rank, "pid": pid}))
+        assert collector.claimed_twice() == {}
+        collector.handle(encode({**hello, "rank": 1, "pid": 12}))  # a second process says it is rank 1 too
+        assert collector.claimed_twice() == {1: [11, 12]}
+        for pid in range(100, 100 + transport.MAX_PIDS):
+            collector.handle(encode({**hello, "rank": 5, "pid": pid}))
+    finally:
+        collector.stop()
+    assert len(collector.rank_of_pid) == transport.MAX_PIDS
+    assert 10 not in collector.rank_of_pid  # the oldest went first

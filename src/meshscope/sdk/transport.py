@@ -58,6 +58,8 @@ RECEIVE_BUFFER_BYTES = 4 * 1024 * 1024
 """Requested ``SO_RCVBUF`` of a collector socket, bytes."""
 MAX_DATAGRAM_BYTES = 4 * 1024 * 1024
 """Largest datagram a collector reads, bytes."""
+MAX_PIDS = 4096
+"""Processes whose latest ``hello`` a reader remembers (:attr:`RecordReader.rank_of_pid`), the newest kept."""
 
 _ZLIB_FIRST_BYTE = 0x78
 _FAST_PREFIX = b'{"schema":"meshscope.step/1","job":'
@@ -513,9 +515,17 @@ class RecordReader:
                     tally.step_times_us.append(end - start)
             else:
                 _tally_control(tally, msg)
-                pid = msg.get("pid")
-                if msg.get("event") == "hello" and isinstance(pid, int) and not isinstance(pid, bool):
-                    self.rank_of_pid[pid] = rank
+                self._remember_pid(msg, rank)
+
+    def _remember_pid(self, msg: dict[str, Any], rank: int) -> None:
+        """Keep the rank a ``hello`` says its process is (the newest :data:`MAX_PIDS` processes)."""
+        pid = msg.get("pid")
+        if msg.get("event") != "hello" or not isinstance(pid, int) or isinstance(pid, bool):
+            return
+        self.rank_of_pid.pop(pid, None)
+        self.rank_of_pid[pid] = rank  # newest last
+        if len(self.rank_of_pid) > MAX_PIDS:  # a long-lived reader (the sidecar) sees restarts
+            del self.rank_of_pid[next(iter(self.rank_of_pid))]
 
     def claimed_twice(self) -> dict[int, list[int]]:
         """Ranks that more than one process says it is (latest ``hello`` of each), with their process ids."""
