@@ -9,6 +9,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from pathlib import Path
 
+    from meshscope.records import RecordTable, StepRecord
+
 
 @dataclass
 class Run:
@@ -28,3 +30,11 @@ class Run:
 
     def losses(self) -> list[float]:
         return json.loads((self.out_dir / "losses.json").read_text())["losses"]
+
+
+def records_by_rank(table: RecordTable) -> dict[int, list[StepRecord]]:
+    """A table's records per rank, each rank's in step order."""
+    by_rank: dict[int, list[StepRecord]] = {}
+    for rec in table.to_records():
+        by_rank.setdefault(rec.rank, []).append(rec)
+    return {rank: sorted(records, key=lambda r: r.step) for rank, records in sorted(by_rank.items())}

@@ -114,15 +114,20 @@ def test_an_imbalance_in_a_real_script_is_named_with_the_tables_cost(tmp_path: P
     assert f["evidence"]["compute_excess_seconds_per_step"] > 0
 
 
+def _run_spawning(out: Path, *, nproc: int) -> Run:
+    """``meshscope run --nproc N -- python ddp_spawn.py --world 2``: a script that spawns 2 ranks of its own."""
+    command = [sys.executable, "-m", "meshscope", "run", "--nproc", str(nproc), "--out", str(out), "--",
+               "python", str(SCRIPTS / "ddp_spawn.py"), "--world", "2"]  # fmt: skip
+    done = subprocess.run(command, capture_output=True, text=True, timeout=180, check=False,
+                          env={**os.environ, "PYTHONWARNINGS": "ignore"})  # fmt: skip
+    return Run(code=done.returncode, out=done.stdout + done.stderr, out_dir=out)
+
+
 def test_a_script_that_spawns_its_own_ranks_is_recorded_with_the_ranks_it_gave_them(tmp_path: Path) -> None:
     # The DDP tutorial's mp.spawn form under one launched process: every child inherits RANK=0 of 1 and passes its
     # own rank to init_process_group. Before, all children recorded themselves as rank 0: no analysis at all.
     out = tmp_path / "out"
-    command = [sys.executable, "-m", "meshscope", "run", "--nproc", "1", "--out", str(out), "--",
-               "python", str(SCRIPTS / "ddp_spawn.py"), "--world", "2"]  # fmt: skip
-    done = subprocess.run(command, capture_output=True, text=True, timeout=180, check=False,
-                          env={**os.environ, "PYTHONWARNINGS": "ignore"})  # fmt: skip
-    run = Run(code=done.returncode, out=done.stdout + done.stderr, out_dir=out)
+    run = _run_spawning(out, nproc=1)
     assert run.code == 0, run.out[-3000:]
     assert "rank 1 is beyond the 1 launched: the script started processes of its own" in run.out
     assert "claimed by more than one process" not in run.out  # each child said hello again as its own rank
@@ -134,14 +139,10 @@ def test_a_script_that_spawns_its_own_ranks_is_recorded_with_the_ranks_it_gave_t
 def test_a_script_that_spawns_its_own_ranks_started_as_several_is_told_to_run_as_one(tmp_path: Path) -> None:
     # Two launched processes each spawn ranks 0 and 1 (on ports of their own): four processes, two per rank, whose
     # records collide. The run names the ranks claimed twice and the fix, beside the reader's own error.
-    out = tmp_path / "out"
-    command = [sys.executable, "-m", "meshscope", "run", "--nproc", "2", "--out", str(out), "--",
-               "python", str(SCRIPTS / "ddp_spawn.py"), "--world", "2"]  # fmt: skip
-    done = subprocess.run(command, capture_output=True, text=True, timeout=180, check=False,
-                          env={**os.environ, "PYTHONWARNINGS": "ignore"})  # fmt: skip
-    assert done.returncode != 0
-    assert "2 ranks were claimed by more than one process (rank 0: pids " in done.stderr, done.stderr[-3000:]
-    assert "run it as one process, meshscope run --nproc 1 -- ..." in done.stderr
+    run = _run_spawning(tmp_path / "out", nproc=2)
+    assert run.code != 0
+    assert "2 ranks were claimed by more than one process (rank 0: pids " in run.out, run.out[-3000:]
+    assert "run it as one process, meshscope run --nproc 1 -- ..." in run.out
 
 
 def test_a_job_launched_by_torchrun_writes_records_that_analyze_reads_from_their_directory(tmp_path: Path) -> None:

@@ -18,6 +18,7 @@ from meshscope.analysis import analyze
 from meshscope.records import IntervalKind, _parse_record, read_table
 from meshscope.sdk.huggingface import MeshscopeCallback
 from meshscope.sdk.transport import decode
+from runs import records_by_rank
 
 if TYPE_CHECKING:
     import socket
@@ -87,12 +88,9 @@ def test_a_trainer_gives_one_record_per_optimizer_step_with_its_data_eval_and_ch
         assert result["counters"]["hook_errors"] == 0
         assert result["counters"]["uncaptured_ddp"] == 0
     table = read_table(job.records_path)
-    by_rank: dict[int, list[StepRecord]] = {}
-    for rec in table.to_records():
-        by_rank.setdefault(rec.rank, []).append(rec)
+    by_rank = records_by_rank(table)
     assert sorted(by_rank) == [0, 1]
     for rank, records in by_rank.items():
-        records.sort(key=lambda r: r.step)
         assert [r.step for r in records] == list(range(STEPS)), rank  # the Trainer's global_step
         for rec in records:
             # the step starts where its micro-batches' fetch began (before on_step_begin), and holds it

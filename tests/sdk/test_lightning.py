@@ -13,11 +13,11 @@ import pytest
 
 from meshscope.analysis import analyze
 from meshscope.records import IntervalKind, read_table
+from runs import records_by_rank
 
 if TYPE_CHECKING:
     from pathlib import Path
 
-    from meshscope.records import StepRecord
 
 STEPS, ACCUM, VAL_EVERY = 6, 2, 4
 """Optimizer steps, micro-batches per step, validation every this many micro-batches (every second step)."""
@@ -86,12 +86,9 @@ def test_a_lightning_trainer_gives_one_record_per_optimizer_step(fork_job, tmp_p
         assert result["counters"]["hook_errors"] == 0
         assert result["counters"]["uncaptured_ddp"] == 0
     table = read_table(job.records_path)
-    by_rank: dict[int, list[StepRecord]] = {}
-    for rec in table.to_records():
-        by_rank.setdefault(rec.rank, []).append(rec)
+    by_rank = records_by_rank(table)
     assert sorted(by_rank) == [0, 1]
     for rank, records in by_rank.items():
-        records.sort(key=lambda r: r.step)
         assert [r.step for r in records] == list(range(STEPS)), rank  # trainer.global_step at each step's start
         for rec in records:
             first = rec.intervals[0]  # the step starts where its first batch's fetch began, and holds it

@@ -29,14 +29,12 @@ It must never raise into the Trainer. It imports transformers (so :mod:`meshscop
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from transformers import TrainerCallback
 
-from meshscope.sdk.tracker import NullTracker, Tracker, tracker_from_env
-
-if TYPE_CHECKING:
-    from contextlib import AbstractContextManager
+from meshscope.sdk.tracker import NullTracker, Tracker
+from meshscope.sdk.trainers import HookPhases
 
 log = logging.getLogger("meshscope.sdk")
 
@@ -48,7 +46,7 @@ or the next step's fetch (``on_step_begin``)."""
 _PHASE_OF_STAGE = {EVAL: "eval", CHECKPOINT: "checkpoint"}
 
 
-class MeshscopeCallback(TrainerCallback):
+class MeshscopeCallback(TrainerCallback, HookPhases):
     """A ``transformers.TrainerCallback`` that records the Trainer's optimizer steps with a meshscope tracker."""
 
     def __init__(self, tracker: Tracker | NullTracker | None = None) -> None:
@@ -57,40 +55,13 @@ class MeshscopeCallback(TrainerCallback):
         Build the callback before the Trainer, or at least before ``trainer.train()``: the tracker then sees the
         process group, the DDP or FSDP wrap and every collective (it also finds a DDP model wrapped earlier).
         """
-        self.tracker = tracker if tracker is not None else tracker_from_env()
-        self._phase: AbstractContextManager[Any] | None = None
+        HookPhases.__init__(self, tracker)
         self._stages: list[str] = []
         """What is left to happen before the next step, the first of them happening now."""
-        self._fetch: int | None = None
-        """The token of the held fetch of the next step's micro-batches (a real tracker only)."""
         self._since: tuple[int, int | None] | None = None
         """Where the ``checkpoint?`` stage began (a real tracker only): a save, or the fetch, named when it ends."""
 
     # ------------------------------------------------------------------ phases and stages
-
-    def _enter(self, name: str) -> None:
-        """Time what follows as phase ``name``, ending the phase entered before."""
-        self._leave()
-        try:
-            phase = self.tracker.phase(name)
-            phase.__enter__()
-            self._phase = phase
-        except Exception as exc:  # noqa: BLE001 - never into the Trainer
-            log.warning("meshscope: phase %s not entered: %r", name, exc)
-
-    def _leave(self) -> None:
-        phase, self._phase = self._phase, None
-        if phase is not None:
-            try:
-                phase.__exit__(None, None, None)
-            except Exception as exc:  # noqa: BLE001
-                log.warning("meshscope: phase not left: %r", exc)
-
-    def _end_fetch(self, *, taken: bool) -> None:
-        """End the held fetch: ``taken`` by the step opening now, or no step's (training ended, or it was not one)."""
-        token, self._fetch = self._fetch, None
-        if token is not None and isinstance(self.tracker, Tracker):
-            self.tracker._fetch_end(token, failed=not taken)  # noqa: SLF001 - tracker.data's own fetch, from its package
 
     def _plan(self, args: Any, control: Any) -> None:  # noqa: ANN401 - the Trainer's types
         """Between steps: what the Trainer's flags say it does next, then the next step's fetch; start the first."""
@@ -122,11 +93,8 @@ class MeshscopeCallback(TrainerCallback):
             self._enter(_PHASE_OF_STAGE[stage])
         elif stage == MAYBE_CHECKPOINT and isinstance(self.tracker, Tracker):
             self._since = self.tracker._mark_now()  # noqa: SLF001 - named by on_save or on_step_begin
-        elif stage == FETCH and isinstance(self.tracker, Tracker):
-            try:
-                self._fetch = self.tracker._fetch_begin(self)  # noqa: SLF001
-            except Exception as exc:  # noqa: BLE001
-                log.warning("meshscope: fetch not timed: %r", exc)
+        elif stage == FETCH:
+            self._begin_fetch()
 
     # ------------------------------------------------------------------ events
 

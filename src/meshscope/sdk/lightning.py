@@ -35,15 +35,15 @@ from typing import TYPE_CHECKING, Any
 
 from lightning.pytorch.callbacks import Callback
 
-from meshscope.sdk.tracker import NullTracker, Tracker, tracker_from_env
+from meshscope.sdk.trainers import HookPhases
 
 if TYPE_CHECKING:
-    from contextlib import AbstractContextManager
+    from meshscope.sdk.tracker import NullTracker, Tracker
 
 log = logging.getLogger("meshscope.sdk")
 
 
-class MeshscopeCallback(Callback):
+class MeshscopeCallback(Callback, HookPhases):
     """A ``lightning.pytorch.Callback`` that records the Trainer's optimizer steps with a meshscope tracker."""
 
     def __init__(self, tracker: Tracker | NullTracker | None = None) -> None:
@@ -52,51 +52,13 @@ class MeshscopeCallback(Callback):
         Build the callback before ``trainer.fit``: the tracker then sees the process group, the DDP or FSDP wrap and
         every collective.
         """
-        self.tracker = tracker if tracker is not None else tracker_from_env()
-        self._phase: AbstractContextManager[Any] | None = None
-        self._fetch: int | None = None
-        """The token of the held fetch of the next step's first batch (a real tracker only)."""
+        HookPhases.__init__(self, tracker)
         self._opened_at: int | None = None
         """``trainer.global_step`` when the open step began (``None``: no step open)."""
         self._own_save: Any = None
         """A ``save_checkpoint`` the trainer instance itself held before it was wrapped (put back at the end)."""
 
-    # ------------------------------------------------------------------ phases and the held fetch
-
-    def _enter(self, name: str) -> None:
-        """Time what follows as phase ``name``, ending the phase entered before."""
-        self._leave()
-        try:
-            phase = self.tracker.phase(name)
-            phase.__enter__()
-            self._phase = phase
-        except Exception as exc:  # noqa: BLE001 - never into the Trainer
-            log.warning("meshscope: phase %s not entered: %r", name, exc)
-
-    def _leave(self) -> None:
-        phase, self._phase = self._phase, None
-        if phase is not None:
-            try:
-                phase.__exit__(None, None, None)
-            except Exception as exc:  # noqa: BLE001
-                log.warning("meshscope: phase not left: %r", exc)
-
-    def _begin_fetch(self) -> None:
-        self._end_fetch(taken=False)
-        if isinstance(self.tracker, Tracker):
-            try:
-                self._fetch = self.tracker._fetch_begin(self)  # noqa: SLF001 - tracker.data's own fetch, from its package
-            except Exception as exc:  # noqa: BLE001
-                log.warning("meshscope: fetch not timed: %r", exc)
-
-    def _end_fetch(self, *, taken: bool) -> None:
-        """End the held fetch: ``taken`` by the step opening now, or no step's (something else came first)."""
-        token, self._fetch = self._fetch, None
-        if token is not None and isinstance(self.tracker, Tracker):
-            try:
-                self.tracker._fetch_end(token, failed=not taken)  # noqa: SLF001
-            except Exception as exc:  # noqa: BLE001
-                log.warning("meshscope: fetch not timed: %r", exc)
+    # ------------------------------------------------------------------ steps
 
     def _end_step(self) -> None:
         self._leave()
