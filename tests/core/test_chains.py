@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
 from meshscope.analysis import analyze, break_down
-from meshscope.analysis.chains import paying_rows, received_from_rows, waited_for_rows
+from meshscope.analysis.chains import host_delay_us, own_shares, paying_rows, received_from_rows, waited_for_rows
 from meshscope.jobs.loading import load_spec_text
-from meshscope.records import Interval, RecordTable, StepRecord
+from meshscope.records import Interval, RecordTable, StepRecord, read_records
 from meshscope.simulation import Noise, Straggler, simulate
 from meshscope.topology import AXES
 from meshscope.topology.layout import RankCoord
@@ -248,3 +250,106 @@ def test_no_rank_steps_pay_for_nothing() -> None:
         received_from=np.zeros(0, dtype=np.int64),
     )
     assert pay.tolist() == []
+
+
+# ---------------------------------------------------------------------------------------------- the host's share
+
+DATA = Path(__file__).parent.parent / "data"
+
+
+def test_host_delay_is_the_run_delay_beyond_the_peers_rate_for_the_same_work() -> None:
+    # Four rank-steps of one group: every thread waits a third of its CPU time for a core (rate 1/3 of own - run delay).
+    # Row 1 does three times the work and waits three times as long: none of it is the host's. Row 2 does the same work
+    # as rows 0 and 3 and waited 6 ms more: 6 ms is the host's. Row 3 waited less than its rate: 0, never negative.
+    own = np.array([20.0, 60.0, 26.0, 19.0])
+    runqueue = np.array([5.0, 15.0, 11.0, 4.0])
+    host = host_delay_us(peer_key=np.zeros(4, dtype=np.int64), own_us=own, runqueue_us=runqueue)
+    # peers' rates: 5/15, 15/45, 11/15, 4/15 -> median 1/3
+    assert host.tolist() == pytest.approx([0.0, 0.0, 11.0 - 15.0 / 3, 0.0])
+    # Groups are separate: the same rows in another group do not change the first group's figures.
+    both = host_delay_us(
+        peer_key=np.repeat(np.array([0, 1], dtype=np.int64), 4),
+        own_us=np.concatenate([own, own * 2]),
+        runqueue_us=np.concatenate([runqueue, np.zeros(4)]),
+    )
+    assert both[:4].tolist() == pytest.approx(host.tolist())
+    assert both[4:].tolist() == [0.0] * 4
+
+
+def test_own_share_takes_the_host_delay_out_of_the_excess_own_time() -> None:
+    key = np.zeros(4, dtype=np.int64)
+    own = np.array([20.0, 20.0, 30.0, 40.0])  # median 25: excess -5, -5, 5, 15
+    share = own_shares(peer_key=key, own_us=own, host_us=np.array([0.0, 1.0, 5.0, 5.0]))
+    # no host delay: all of it; host delay without excess own time: none; covering it: none; a third of it: 2/3
+    assert share.tolist() == pytest.approx([1.0, 0.0, 0.0, 2.0 / 3])
+
+
+def _late_rank_0(*, runqueue_us: int, gpu: int | None = None) -> RecordTable:
+    """Two ranks, 5 steps: rank 0 computes 6 ms longer and arrives last at the dp all-reduce; rank 1 waits 6 ms.
+
+    Both threads wait ``1 ms`` for a CPU per step, rank 0 ``runqueue_us`` more."""
+    records = []
+    for step in range(5):
+        t0 = step * 100_000
+        for rank, busy in ((0, 46_000), (1, 40_000)):
+            records.append(
+                StepRecord(
+                    job="t", step=step, rank=rank, coord=RankCoord(dp=rank, tp=0, pp=0, cp=0, ep=0), node="node-0",
+                    start_us=t0, end_us=t0 + 50_000, gpu=gpu,
+                    runqueue_wait_us=1_000 + (runqueue_us if rank == 0 else 0),
+                    intervals=(
+                        Interval(kind="compute", start_us=t0, end_us=t0 + busy, phase="backward"),
+                        Interval(kind="comm", start_us=t0 + busy, end_us=t0 + 48_000, axis="dp", op="all_reduce",
+                                 group="dp:0", seq=step, group_size=2, size_bytes=1 << 20),
+                    ),
+                )
+            )  # fmt: skip
+    return RecordTable.from_records(records)
+
+
+def test_a_rank_the_scheduler_kept_off_a_cpu_does_not_pay_for_the_wait_it_made() -> None:
+    # Rank 0's 6 ms of extra compute is all extra run delay (6 ms more than rank 1, same work): the host's.
+    bd = break_down(_late_rank_0(runqueue_us=6_000), align_clocks=False)
+    dp = AXES.index("dp")
+    caused = bd.wait_caused_us[:, dp].sum()
+    assert caused == pytest.approx(5 * 6_000)
+    assert bd.wait_paid_us[:, dp].sum() == pytest.approx(0.0)
+    assert bd.wait_host_us[:, dp].sum() == pytest.approx(caused)
+    # 2 ms more run delay than rank 1 for 6 ms more work: part of its lateness is its own, part the host's; the
+    # charge is split between them, nothing lost.
+    bd = break_down(_late_rank_0(runqueue_us=2_000), align_clocks=False)
+    paid, host = bd.wait_paid_us[:, dp].sum(), bd.wait_host_us[:, dp].sum()
+    assert 0 < paid < caused
+    assert paid + host == pytest.approx(caused)
+    # No extra run delay: rank 0 pays all of it.
+    bd = break_down(_late_rank_0(runqueue_us=0), align_clocks=False)
+    assert bd.wait_paid_us[:, dp].sum() == pytest.approx(caused)
+    assert bd.wait_host_us.sum() == 0
+
+
+def test_on_a_gpu_the_late_rank_pays_whatever_its_thread_waited_for() -> None:
+    # A kernel runs whether or not the thread that launched it has a core: nothing is the host's.
+    bd = break_down(_late_rank_0(runqueue_us=6_000, gpu=0), align_clocks=False)
+    dp = AXES.index("dp")
+    assert bd.wait_paid_us[:, dp].sum() == pytest.approx(5 * 6_000)
+    assert bd.wait_host_us.sum() == 0
+
+
+def test_a_rank_descheduled_by_foreign_load_is_not_charged_for_an_imbalance_elsewhere() -> None:
+    # A real 2-rank FSDP2 run (tests/data/imbalance_fsdp2_burners) with three times the batch on rank 1, beside two
+    # CPU burners: rank 0 was descheduled for up to 13 ms a step more than rank 1 and arrived last at some
+    # collectives. Charged to the last arrival, the dp sync-wait row named rank 0 (12.28 ms per step) while the
+    # data-imbalance finding named rank 1: the table and the finding disagreed on who pays.
+    records = read_records(DATA / "imbalance_fsdp2_burners" / "records.jsonl")
+    warmup = min(r.step for r in records)  # what meshscope run leaves out
+    table = RecordTable.from_records([r for r in records if r.step != warmup], notes=records.notes)
+    result = analyze(table, one_clock=True)
+    row = next(r for r in result.rows if r.category == "comm.dp.sync_wait")
+    assert row.suspect is not None
+    assert row.suspect.rank == 1
+    (finding,) = [f for f in result.findings if f.code == "data-imbalance"]
+    assert finding.suspects[0].rank == 1
+    assert row.suspect.message in finding.message
+    bd = result.breakdown
+    assert bd.wait_host_us.sum() > 0
+    assert bd.wait_paid_us.sum() + bd.wait_host_us.sum() == pytest.approx(bd.wait_caused_us.sum())

@@ -45,7 +45,7 @@ from typing import Any, TypeAlias
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from meshscope.analysis.chains import paying_rows, received_from_rows, waited_for_rows
+from meshscope.analysis.chains import host_delay_us, own_shares, paying_rows, received_from_rows, waited_for_rows
 from meshscope.errors import ParseCode, ParseError
 from meshscope.progress import NO_PROGRESS, Progress
 from meshscope.records import (
@@ -225,7 +225,13 @@ class Breakdown:
     wait_paid_us: NDArray[np.float64]
     """Shape ``(rows, 5)``: the sync wait this rank-step is charged with, µs: what it caused by arriving last, unless
     it arrived last because it waited (then the rank-step it waited for pays, :mod:`meshscope.analysis.chains`),
-    plus what was passed on to it. The cost table, the findings and the report charge this."""
+    plus what was passed on to it, less the host's share (:attr:`wait_host_us`). The cost table, the findings and the
+    report charge this."""
+    wait_host_us: NDArray[np.float64]
+    """Shape ``(rows, 5)``: of the sync wait this rank-step would pay, the host's share, µs: on a run timed on the host
+    (no GPU, every record with ``runqueue_wait_us``), the part of its lateness that the scheduler made by keeping its
+    thread off a CPU longer than its peers' rate (:func:`meshscope.analysis.chains.own_shares`); 0 elsewhere.
+    ``wait_paid_us + wait_host_us`` sums to ``wait_caused_us`` over the table."""
     collectives: CollectiveJoin
     """Per collective instance."""
     clock: ClockOffsets
@@ -265,8 +271,8 @@ class Breakdown:
     def to_rows(self) -> list[dict[str, Any]]:
         """One dict per rank-step, for small inputs, tests and debugging.
 
-        Keys: rank, step, node, step_us, every category in µs, ``wait_caused.<axis>`` and ``wait_paid.<axis>`` in µs,
-        gpu_util and compute_share.
+        Keys: rank, step, node, step_us, every category in µs, ``wait_caused.<axis>``, ``wait_paid.<axis>`` and
+        ``wait_host.<axis>`` in µs, gpu_util and compute_share.
         """
         t, s = self.table, self.table.steps
         share, util, step_us = self.compute_share, self.gpu_util, self.step_us
@@ -281,6 +287,7 @@ class Breakdown:
             row.update({c: float(self.ticks[i, k]) / TICKS_PER_US for k, c in enumerate(CATEGORIES)})
             row.update({f"wait_caused.{a.value}": float(self.wait_caused_us[i, k]) for k, a in enumerate(AXES)})
             row.update({f"wait_paid.{a.value}": float(self.wait_paid_us[i, k]) for k, a in enumerate(AXES)})
+            row.update({f"wait_host.{a.value}": float(self.wait_host_us[i, k]) for k, a in enumerate(AXES)})
             row["gpu_util"] = None if math.isnan(util[i]) else float(util[i])
             row["compute_share"] = None if math.isnan(share[i]) else float(share[i])
             rows.append(row)
@@ -685,7 +692,7 @@ def break_down(
         )
         ticks, wait_attr = _sweep(events, base=base, n=n, waits=waits, n_comm=ins.idx.size)
     with progress.phase("following chains of waits"):
-        pay = _paying(table, ins, joined, ticks, wait_attr)
+        pay, share = _paying(table, ins, joined, ticks, wait_attr)
         last = joined.join.last_row
         paying_row = np.where(last >= 0, pay[np.maximum(last, 0)], -1) if n else last
         join = replace(
@@ -695,12 +702,14 @@ def break_down(
             paying_rank=np.where(paying_row >= 0, s.rank[np.maximum(paying_row, 0)], -1) if n else last,
         )
         wait_caused_us = _charge(table, ins, joined, wait_attr, np.arange(n, dtype=np.int64))
-        wait_paid_us = _charge(table, ins, joined, wait_attr, pay)
+        wait_paid_us = _charge(table, ins, joined, wait_attr, pay, share=share)
+        wait_host_us = _charge(table, ins, joined, wait_attr, pay, share=1.0 - share)
     return Breakdown(
         table=table,
         ticks=ticks,
         wait_caused_us=wait_caused_us,
         wait_paid_us=wait_paid_us,
+        wait_host_us=wait_host_us,
         collectives=join,
         clock=clock,
         notes=(*table.notes, *notes),
@@ -980,11 +989,14 @@ def _aggregate(
 
 def _paying(
     table: RecordTable, ins: _Instances, joined: _Joined, ticks: NDArray[np.int64], wait_attr: NDArray[np.float64]
-) -> NDArray[np.int64]:
-    """Per rank-step, who pays for a wait it caused: itself, or the end of its chain of waits (module chains)."""
+) -> tuple[NDArray[np.int64], NDArray[np.float64]]:
+    """Per rank-step, who pays for a wait it caused, and the share of its lateness its own work made (module chains).
+
+    The payer is itself or the end of its chain of waits; the share is 1 unless the host's scheduler made some of it.
+    """
     s = table.steps
     if table.n_rows == 0:
-        return np.zeros(0, dtype=np.int64)
+        return np.zeros(0, dtype=np.int64), np.ones(0, dtype=np.float64)
     _, step_index = np.unique(s.step, return_inverse=True)
     step_index = step_index.reshape(-1)
     stage = np.maximum(s.coord[:, AXES.index("pp")].astype(np.int64), 0)
@@ -998,28 +1010,51 @@ def _paying(
         joined.join.last_row[ins.inst] if ins.idx.size else np.zeros(0, dtype=np.int64),
         table.n_rows,
     )
-    return paying_rows(
-        peer_key=peer_key.reshape(-1).astype(np.int64),
-        step_us=(s.end_us - s.start_us).astype(np.float64),
-        bubble_us=us[:, CATEGORY_INDEX[BUBBLE]],
-        sync_wait_us=np.column_stack([us[:, CATEGORY_INDEX[comm_category(a, SYNC_WAIT)]] for a in AXES]),
+    step_us = (s.end_us - s.start_us).astype(np.float64)
+    bubble_us = us[:, CATEGORY_INDEX[BUBBLE]]
+    sync_wait_us = np.column_stack([us[:, CATEGORY_INDEX[comm_category(a, SYNC_WAIT)]] for a in AXES])
+    key = peer_key.reshape(-1).astype(np.int64)
+    pay = paying_rows(
+        peer_key=key,
+        step_us=step_us,
+        bubble_us=bubble_us,
+        sync_wait_us=sync_wait_us,
         waited_for=waited_for,
         received_from=received_from_rows(table, step_index),
     )
+    # Only where the clocks read the host's time (no GPU record) and every record says how long its threads waited
+    # for a CPU: on a GPU the kernels run whether or not the launching thread has a core.
+    host_timed = not ((s.gpu >= 0).any() or np.isfinite(s.gpu_util).any()) and bool((s.runqueue_wait_us >= 0).all())
+    if not host_timed:
+        return pay, np.ones(table.n_rows, dtype=np.float64)
+    own_us = step_us - bubble_us - sync_wait_us.sum(axis=1)
+    host_us = host_delay_us(peer_key=key, own_us=own_us, runqueue_us=s.runqueue_wait_us.astype(np.float64))
+    return pay, own_shares(peer_key=key, own_us=own_us, host_us=host_us)
 
 
 def _charge(
-    table: RecordTable, ins: _Instances, joined: _Joined, wait_attr: NDArray[np.float64], pay: NDArray[np.int64]
+    table: RecordTable,
+    ins: _Instances,
+    joined: _Joined,
+    wait_attr: NDArray[np.float64],
+    pay: NDArray[np.int64],
+    *,
+    share: NDArray[np.float64] | None = None,
 ) -> NDArray[np.float64]:
-    """Charge each instance's total exposed sync wait to who pays for its last member(s), per rank-step and axis."""
+    """Charge each instance's total exposed sync wait to who pays for its last member(s), per rank-step and axis.
+
+    All of it, or (with ``share``, per rank-step) the payer's share of it.
+    """
     n, n_axes = table.n_rows, len(AXES)
     if ins.idx.size == 0:
         return np.zeros((n, n_axes), dtype=np.float64)
     per_inst = np.bincount(ins.inst, weights=wait_attr, minlength=ins.starts.size)
     charged = np.flatnonzero(joined.is_charged)
     inst = ins.inst[charged]
-    share = per_inst[inst] / joined.join.n_last[inst] / TICKS_PER_US
+    amount = per_inst[inst] / joined.join.n_last[inst] / TICKS_PER_US
     rows = pay[table.intervals.row[ins.idx[charged]].astype(np.int64)]
+    if share is not None:
+        amount = amount * share[rows]
     axis = table.intervals.axis[ins.idx[charged]].astype(np.int64)
-    caused = np.bincount(rows * n_axes + axis, weights=share, minlength=n * n_axes).astype(np.float64, copy=False)
+    caused = np.bincount(rows * n_axes + axis, weights=amount, minlength=n * n_axes).astype(np.float64, copy=False)
     return caused.reshape(n, n_axes)

@@ -18,6 +18,12 @@ The rule, per rank-step (its peers: the rank-steps of the same step and pipeline
 * chains are followed to their end (pointer jumping, a handful of rounds even at 16,384 ranks); a rank-step in a
   cycle of waits keeps its own charge.
 
+On a run timed on the host (no GPU: the clocks read CPU time in the training thread), a rank-step can also be late
+because the scheduler kept its thread off a CPU longer than its peers' (foreign load, more ranks than cores): that
+lateness is the host's, not the rank's work. :func:`own_shares` measures it from the records' run delay
+(``runqueue_wait_us``) and the breakdown charges the rank only with its own share; the rest is kept apart as the
+host's (``Breakdown.wait_host_us``), never passed to another rank.
+
 Vectorised over rank-steps and intervals; it must not read the category table itself (the breakdown hands it the
 arrays) and must not decide anything but who pays.
 """
@@ -148,3 +154,58 @@ def paying_rows(
         pay = nxt
     cycling = pay[pay] != pay
     return np.where(cycling, own, pay)
+
+
+def host_delay_us(
+    *,
+    peer_key: NDArray[np.int64],
+    own_us: NDArray[np.float64],
+    runqueue_us: NDArray[np.float64],
+) -> NDArray[np.float64]:
+    """Per rank-step, the run delay the host's scheduler added beyond what its peers had for the same work, µs.
+
+    A thread with more to do also waits longer for a CPU on a busy host, in proportion: a rank with three times its
+    peers' batch waits about three times their run delay, and that is its work's cost, not the host's. So the host's
+    part is the run delay beyond what the peers' *rate* predicts for this rank-step's time on a CPU or off it for
+    its own reasons (own time less run delay): ``runqueue - (own - runqueue) x median(peer runqueue / (own -
+    runqueue))``, at least 0. A rank whose own time and run delay both match its peers' gets 0; one the scheduler
+    kept off a CPU 6 ms longer than its peers for the same work gets 6 ms.
+
+    Args:
+        peer_key: each rank-step's (step, pipeline stage) group, dense codes.
+        own_us: its own time (step time minus sync wait and pipeline bubble).
+        runqueue_us: its training threads' run delay (time runnable but not running) in the step.
+    """
+    if own_us.size == 0:
+        return np.zeros(0, dtype=np.float64)
+    n_groups = int(peer_key.max()) + 1
+    base = np.maximum(own_us - runqueue_us, 0.0)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        rate = np.where(base > 0, runqueue_us / base, 0.0)
+    return np.maximum(runqueue_us - base * grouped_median(peer_key, rate, n_groups)[peer_key], 0.0)
+
+
+def own_shares(
+    *,
+    peer_key: NDArray[np.int64],
+    own_us: NDArray[np.float64],
+    host_us: NDArray[np.float64],
+) -> NDArray[np.float64]:
+    """Per rank-step, the share (0-1) of its lateness that its own work made; the rest is the host's scheduler.
+
+    Its lateness is its excess own time over its peers' median; the host's part (:func:`host_delay_us`) comes out of
+    it first: ``1 - host / excess_own``; 0 when the host's part covers it (or it had no excess own time and still
+    waited for a CPU longer than its peers: its lateness was the scheduler's); 1 when the host's part is 0.
+
+    Args:
+        peer_key: each rank-step's (step, pipeline stage) group, dense codes.
+        own_us: its own time (step time minus sync wait and pipeline bubble).
+        host_us: :func:`host_delay_us`.
+    """
+    if own_us.size == 0:
+        return np.ones(0, dtype=np.float64)
+    n_groups = int(peer_key.max()) + 1
+    excess_own = own_us - grouped_median(peer_key, own_us, n_groups)[peer_key]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        share = np.where(excess_own > host_us, 1.0 - host_us / excess_own, 0.0)
+    return np.where(host_us > 0, share, 1.0)

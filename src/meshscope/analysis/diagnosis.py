@@ -42,6 +42,7 @@ from meshscope.analysis.breakdown import (
     TRANSFER,
     comm_category,
 )
+from meshscope.analysis.chains import host_delay_us
 from meshscope.analysis.costs import (
     Suspect,
     Transfers,
@@ -284,7 +285,8 @@ class _Context:
     a CPU :data:`RUNQUEUE_CONTENTION_SHARE` of their steps), if any."""
     runqueue_excess_us: NDArray[np.float64] | None = None
     """Per rank-step of a run timed on the host (no GPU) whose every record has ``runqueue_wait_us``: how much its run
-    delay exceeds its (step, stage) peers' median (0 when it waited less), µs; ``None`` otherwise. Time the
+    delay exceeds what its (step, stage) peers' rate predicts for its work (0 when it waited less:
+    :func:`meshscope.analysis.chains.host_delay_us`, the table's definition too), µs; ``None`` otherwise. Time the
     scheduler took from one rank more than from its peers is the host's, not the job's: the straggler detector takes
     it out of the phase it compares."""
 
@@ -320,9 +322,10 @@ class _Context:
         contention = next((n for n in notes if n.code == CPU_CONTENTION), None) or runqueue_contention(rs)
         excess = None
         if _host_timed_with_runqueue(rs):
+            # Only a wait beyond the peers' for the same work is taken out: a rank the scheduler favoured is not made
+            # slower for it, and a rank with more work keeps the run delay that work brings on a busy host.
             rq = s.runqueue_wait_us.astype(np.float64)
-            # Only a wait beyond the peers' is taken out: a rank the scheduler favoured is not made slower for it.
-            excess = np.maximum(rq - grouped_median(key, rq, n_groups)[key], 0.0)
+            excess = host_delay_us(peer_key=key, own_us=own_time_us(rs), runqueue_us=rq)
         return cls(
             rs=rs,
             step_us=rs.median_step_us,

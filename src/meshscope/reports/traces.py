@@ -412,6 +412,9 @@ def _step_slice(table: RecordTable, bd: Breakdown, row: int, shift: int) -> _Sli
         paid = float(bd.wait_paid_us[row, k])
         if paid != caused:
             args[f"wait_paid.{axis.value}_us"] = round(paid, 1)
+        host = float(bd.wait_host_us[row, k])
+        if host > 0:
+            args[f"wait_host.{axis.value}_us"] = round(host, 1)
     return _Slice(
         start=int(s.start_us[row]) - shift,
         end=int(s.end_us[row]) - shift,
