@@ -7,6 +7,7 @@ test is one job of a few steps.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
@@ -50,7 +51,18 @@ def test_a_rank_that_dies_mid_run_stops_the_job_and_the_report_says_what_was_los
 ) -> None:
     run = tiny_run(steps=4, extra=("--die", "3:2"))
     assert run.code == 3  # the job's own failure, unchanged
-    assert "meshscope run: rank 3 exited with code 3; stopped the other 7 ranks" in run.out
+    # Rank 3 is named first. Its peers fail in their next collective (gloo: connection closed by peer): on a loaded
+    # machine some exit by themselves before the launcher stops them, and the failed line lists those. Every one of
+    # the other 7 ranks is either stopped or listed, never both, never neither.
+    first = re.search(r"meshscope run: rank 3 exited with code 3(?:; stopped the other (\d+) ranks)?\n", run.out)
+    assert first is not None, run.out[-3000:]
+    listed = re.search(r"meshscope run: failed: (.*)\n", run.out)
+    assert listed is not None, run.out[-3000:]
+    by_themselves = {
+        int(r) for r in re.findall(r"\d+", re.sub(r"(exited with code|killed by signal) \d+", "", listed[1]))
+    }
+    assert 3 in by_themselves
+    assert int(first[1] or 0) + len(by_themselves - {3}) == 7, run.out[-3000:]
     assert "PARTIAL DATA" in run.out
     codes = {n["code"]: n for n in run.analysis["partial_data"]}
     assert "rank 3 exited with code 3 after 2 recorded steps" in codes["rank_failed"]["message"]

@@ -202,7 +202,8 @@ class CollectiveJoin:
     """Exposed sync wait of all members in this instance: what the late member(s) cost the group, µs."""
     paying_rank: NDArray[np.int64]
     """The rank charged with the wait: the last arrival, or the rank at the end of the chain of waits that made it
-    late (:mod:`meshscope.analysis.chains`); -1 for incomplete instances."""
+    late (:mod:`meshscope.analysis.chains`); -1 for incomplete instances and where the lateness came from before the
+    records (``Breakdown.wait_before_us``)."""
     paying_row: NDArray[np.int64]
     """Its rank-step row; -1 for incomplete instances."""
 
@@ -231,7 +232,12 @@ class Breakdown:
     """Shape ``(rows, 5)``: of the sync wait this rank-step would pay, the host's share, µs: on a run timed on the host
     (no GPU, every record with ``runqueue_wait_us``), the part of its lateness that the scheduler made by keeping its
     thread off a CPU longer than its peers' rate (:func:`meshscope.analysis.chains.own_shares`); 0 elsewhere.
-    ``wait_paid_us + wait_host_us`` sums to ``wait_caused_us`` over the table."""
+    ``wait_paid_us + wait_host_us + wait_before_us`` sums to ``wait_caused_us`` over the table."""
+    wait_before_us: NDArray[np.float64]
+    """Shape ``(rows, 5)``: sync wait this rank-step caused by arriving last because it started its step late, where
+    what made it start late is not in the records (its step before is not in them: the warm-up step ``meshscope
+    run`` leaves out, the start of a window of a longer run), µs. No rank-step pays it
+    (:func:`meshscope.analysis.chains.paying_rows`)."""
     collectives: CollectiveJoin
     """Per collective instance."""
     clock: ClockOffsets
@@ -271,8 +277,8 @@ class Breakdown:
     def to_rows(self) -> list[dict[str, Any]]:
         """One dict per rank-step, for small inputs, tests and debugging.
 
-        Keys: rank, step, node, step_us, every category in µs, ``wait_caused.<axis>``, ``wait_paid.<axis>`` and
-        ``wait_host.<axis>`` in µs, gpu_util and compute_share.
+        Keys: rank, step, node, step_us, every category in µs, ``wait_caused.<axis>``, ``wait_paid.<axis>``,
+        ``wait_host.<axis>`` and ``wait_before.<axis>`` in µs, gpu_util and compute_share.
         """
         t, s = self.table, self.table.steps
         share, util, step_us = self.compute_share, self.gpu_util, self.step_us
@@ -288,6 +294,7 @@ class Breakdown:
             row.update({f"wait_caused.{a.value}": float(self.wait_caused_us[i, k]) for k, a in enumerate(AXES)})
             row.update({f"wait_paid.{a.value}": float(self.wait_paid_us[i, k]) for k, a in enumerate(AXES)})
             row.update({f"wait_host.{a.value}": float(self.wait_host_us[i, k]) for k, a in enumerate(AXES)})
+            row.update({f"wait_before.{a.value}": float(self.wait_before_us[i, k]) for k, a in enumerate(AXES)})
             row["gpu_util"] = None if math.isnan(util[i]) else float(util[i])
             row["compute_share"] = None if math.isnan(share[i]) else float(share[i])
             rows.append(row)
@@ -692,7 +699,7 @@ def break_down(
         )
         ticks, wait_attr = _sweep(events, base=base, n=n, waits=waits, n_comm=ins.idx.size)
     with progress.phase("following chains of waits"):
-        pay, share = _paying(table, ins, joined, ticks, wait_attr)
+        pay, share = _paying(table, ins, joined, clock, ticks, wait_attr)
         last = joined.join.last_row
         paying_row = np.where(last >= 0, pay[np.maximum(last, 0)], -1) if n else last
         join = replace(
@@ -704,12 +711,14 @@ def break_down(
         wait_caused_us = _charge(table, ins, joined, wait_attr, np.arange(n, dtype=np.int64))
         wait_paid_us = _charge(table, ins, joined, wait_attr, pay, share=share)
         wait_host_us = _charge(table, ins, joined, wait_attr, pay, share=1.0 - share)
+        wait_before_us = _charge(table, ins, joined, wait_attr, np.where(pay < 0, np.arange(n), -1))
     return Breakdown(
         table=table,
         ticks=ticks,
         wait_caused_us=wait_caused_us,
         wait_paid_us=wait_paid_us,
         wait_host_us=wait_host_us,
+        wait_before_us=wait_before_us,
         collectives=join,
         clock=clock,
         notes=(*table.notes, *notes),
@@ -987,8 +996,13 @@ def _aggregate(
     return out
 
 
-def _paying(
-    table: RecordTable, ins: _Instances, joined: _Joined, ticks: NDArray[np.int64], wait_attr: NDArray[np.float64]
+def _paying(  # noqa: PLR0917 - private, one caller
+    table: RecordTable,
+    ins: _Instances,
+    joined: _Joined,
+    clock: ClockOffsets,
+    ticks: NDArray[np.int64],
+    wait_attr: NDArray[np.float64],
 ) -> tuple[NDArray[np.int64], NDArray[np.float64]]:
     """Per rank-step, who pays for a wait it caused, and the share of its lateness its own work made (module chains).
 
@@ -1014,6 +1028,11 @@ def _paying(
     bubble_us = us[:, CATEGORY_INDEX[BUBBLE]]
     sync_wait_us = np.column_stack([us[:, CATEGORY_INDEX[comm_category(a, SYNC_WAIT)]] for a in AXES])
     key = peer_key.reshape(-1).astype(np.int64)
+    # The same rank's step before, where the records hold it (the step index one lower).
+    order = np.lexsort((step_index, s.rank))
+    previous = np.full(table.n_rows, -1, dtype=np.int64)
+    follows = (s.rank[order][1:] == s.rank[order][:-1]) & (step_index[order][1:] == step_index[order][:-1] + 1)
+    previous[order[1:][follows]] = order[:-1][follows]
     pay = paying_rows(
         peer_key=key,
         step_us=step_us,
@@ -1021,6 +1040,9 @@ def _paying(
         sync_wait_us=sync_wait_us,
         waited_for=waited_for,
         received_from=received_from_rows(table, step_index),
+        start_us=(s.start_us - clock.offset_us[s.node]).astype(np.float64),
+        previous=previous,
+        gap_before_us=s.gap_before_us.astype(np.float64),
     )
     # Only where the clocks read the host's time (no GPU record) and every record says how long its threads waited
     # for a CPU: on a GPU the kernels run whether or not the launching thread has a core.
@@ -1053,8 +1075,10 @@ def _charge(
     inst = ins.inst[charged]
     amount = per_inst[inst] / joined.join.n_last[inst] / TICKS_PER_US
     rows = pay[table.intervals.row[ins.idx[charged]].astype(np.int64)]
+    axis = table.intervals.axis[ins.idx[charged]].astype(np.int64)
+    paid = rows >= 0  # -1: the lateness came from before the records, no rank-step there pays
+    amount, rows, axis = amount[paid], rows[paid], axis[paid]
     if share is not None:
         amount = amount * share[rows]
-    axis = table.intervals.axis[ins.idx[charged]].astype(np.int64)
     caused = np.bincount(rows * n_axes + axis, weights=amount, minlength=n * n_axes).astype(np.float64, copy=False)
     return caused.reshape(n, n_axes)

@@ -18,6 +18,13 @@ The rule, per rank-step (its peers: the rank-steps of the same step and pipeline
 * chains are followed to their end (pointer jumping, a handful of rounds even at 16,384 ranks); a rank-step in a
   cycle of waits keeps its own charge.
 
+A rank-step can also be late because it **started** its step late (its own step before ran long at its end, after
+the step's last collective; or its time between the two steps): its excess start (against the same peers, on one
+clock) above both excesses, and at least the floor, passes the charge to the same rank's step before. Where the
+records do not hold that step (the first recorded step: ``meshscope run`` leaves out the warm-up, a window of a
+longer run starts mid-run) the charge is no rank-step's (``-1``): the lateness came from before the records,
+unless the rank's own time between the two steps (``gap_before_us``, above its peers') explains it.
+
 On a run timed on the host (no GPU: the clocks read CPU time in the training thread), a rank-step can also be late
 because the scheduler kept its thread off a CPU longer than its peers' (foreign load, more ranks than cores): that
 lateness is the host's, not the rank's work. :func:`own_shares` measures it from the records' run delay
@@ -117,6 +124,9 @@ def paying_rows(
     sync_wait_us: NDArray[np.float64],
     waited_for: NDArray[np.int64],
     received_from: NDArray[np.int64],
+    start_us: NDArray[np.float64] | None = None,
+    previous: NDArray[np.int64] | None = None,
+    gap_before_us: NDArray[np.float64] | None = None,
 ) -> NDArray[np.int64]:
     """Per rank-step, the rank-step that pays for a wait it caused (itself, or the end of its chain of waits).
 
@@ -127,6 +137,15 @@ def paying_rows(
         sync_wait_us: shape ``(rows, 5)``: its sync wait per axis.
         waited_for: shape ``(rows, 5)``: :func:`waited_for_rows`.
         received_from: :func:`received_from_rows`.
+        start_us: its start on one clock for all nodes; with ``previous``, a rank-step late because it *started*
+            late passes the charge to what made it start late (module docstring).
+        previous: the same rank's rank-step of the step before, -1 where the records do not hold it.
+        gap_before_us: the time since the rank's step before ended (-1 unknown): where the step before is not in the
+            records, a late start that this gap explains stays the rank-step's own.
+
+    Returns:
+        The paying rank-step of each rank-step; -1 where no rank-step in the records pays (the lateness came from
+        before the first step the records hold).
     """
     n = step_us.size
     own = np.arange(n, dtype=np.int64)
@@ -147,13 +166,28 @@ def paying_rows(
     targets = np.column_stack([received_from, waited_for])
     target = targets[own, where]
     pay = np.where(passes & (target >= 0) & (target != own), target, own)
+    nobody = n  # one slot past the rows: "before the records", a chain's end that no rank-step pays
+    if start_us is not None and previous is not None:
+        excess_start = start_us - grouped_median(peer_key, start_us, n_groups)[peer_key]
+        late = (excess_start > excess_own) & (excess_start >= excess_waiting) & (excess_start >= floor)
+        before = previous
+        if gap_before_us is not None:
+            known = gap_before_us >= 0
+            gap = np.where(known, gap_before_us, 0.0)
+            typical = grouped_median(peer_key[known], gap[known], n_groups)[peer_key] if known.any() else gap
+            # its own time between steps, just before this step, made it start late: in the records, its own
+            explained = known & (gap - typical >= excess_start)
+            before = np.where((previous < 0) & explained, own, previous)
+        pay = np.where(late, np.where(before >= 0, before, nobody), pay)
+    pay = np.append(pay, nobody)
     for _ in range(_MAX_ROUNDS):
         nxt = pay[pay]
         if np.array_equal(nxt, pay):
             break
         pay = nxt
     cycling = pay[pay] != pay
-    return np.where(cycling, own, pay)
+    pay = np.where(cycling, np.append(own, nobody), pay)[:n]
+    return np.where(pay == nobody, -1, pay)
 
 
 def host_delay_us(

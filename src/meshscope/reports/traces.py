@@ -415,6 +415,9 @@ def _step_slice(table: RecordTable, bd: Breakdown, row: int, shift: int) -> _Sli
         host = float(bd.wait_host_us[row, k])
         if host > 0:
             args[f"wait_host.{axis.value}_us"] = round(host, 1)
+        before = float(bd.wait_before_us[row, k])
+        if before > 0:
+            args[f"wait_before.{axis.value}_us"] = round(before, 1)
     return _Slice(
         start=int(s.start_us[row]) - shift,
         end=int(s.end_us[row]) - shift,
