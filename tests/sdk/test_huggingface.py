@@ -99,6 +99,12 @@ def test_a_trainer_gives_one_record_per_optimizer_step_with_its_data_eval_and_ch
             # one sync per optimizer step: the k-th micro-batch's all-reduce, on the world (dp) group
             reduces = {(str(iv.axis), str(iv.op), iv.group) for iv in rec.intervals if iv.axis}
             assert reduces == {("dp", "all_reduce", "dp:0")}, (rank, rec.step)
+            # the step's micro-batches' tokens, from each forward's input_ids (evaluation's forwards are not counted)
+            assert (rec.stats.tokens, rec.stats.sequences, rec.stats.longest_sequence) == (
+                ACCUM * 2 * 16,
+                ACCUM * 2,
+                16,
+            ), rec.step
         # between steps: the evaluations after global steps 2 and 4, the save after step 3 (each before the next
         # step's record); logging runs after every step, so every later record has a gap
         for rec in records[1:]:

@@ -100,6 +100,7 @@ def test_a_lightning_trainer_gives_one_record_per_optimizer_step(fork_job, tmp_p
             # one sync per optimizer step: the last micro-batch's all-reduce (the first ran under no_sync)
             reduces = {(str(iv.axis), str(iv.op), iv.group) for iv in rec.intervals if iv.axis}
             assert ("dp", "all_reduce", "dp:0") in reduces, (rank, rec.step, reduces)  # (and DDP's buffer broadcast)
+            assert rec.stats.tokens is None  # float features are no token ids: no numbers rather than wrong ones
         # validation every VAL_EVERY micro-batches = after steps 1 and 3, each followed by ModelCheckpoint's save:
         # between steps, before steps 2 and 4
         for rec in records[1:]:
@@ -133,3 +134,82 @@ def test_with_meshscope_disabled_the_callback_does_nothing_and_never_raises() ->
     cb.on_exception(trainer, None, RuntimeError("x"))
     cb.on_train_end(trainer, None)
     assert "save_checkpoint" in trainer.__dict__  # a plain attribute, not ours: left as it was
+
+
+@pytest.mark.slow
+def test_batches_of_token_ids_are_the_steps_tokens(listener) -> None:
+    # Lightning's hooks in its order for two optimizer steps of two micro-batches each, the batches as a Hugging Face
+    # collator makes them (a mapping with input_ids, padded to the batch's longest sequence), then a batch that is
+    # not token ids.
+    from types import SimpleNamespace  # noqa: PLC0415
+
+    import torch  # noqa: PLC0415
+
+    from meshscope import sdk  # noqa: PLC0415
+    from meshscope.records import _parse_record  # noqa: PLC0415
+    from meshscope.sdk.lightning import MeshscopeCallback  # noqa: PLC0415
+    from meshscope.sdk.transport import decode  # noqa: PLC0415
+
+    sock, path = listener
+    tracker = sdk.Tracker(sdk.TrackerSettings(collector=f"unix:{path}", job="pl", rank=0, world_size=1))
+    cb = MeshscopeCallback(tracker)
+    trainer = SimpleNamespace(global_step=0, save_checkpoint=lambda *_a, **_k: None)
+    cb.on_train_start(trainer, None)
+    batches = [
+        {"input_ids": torch.zeros(4, 32, dtype=torch.long), "attention_mask": torch.ones(4, 32)},
+        {"input_ids": torch.zeros(3, 48, dtype=torch.long)},
+        torch.zeros(2, 8, dtype=torch.int32),  # a bare tensor of token ids
+        (torch.randn(8, 16), torch.randn(8, 1)),  # features and targets: nothing
+    ]
+    for i, batch in enumerate(batches):
+        cb.on_train_batch_start(trainer, None, batch, i)
+        if i % 2:
+            trainer.global_step += 1
+        cb.on_train_batch_end(trainer, None, None, batch, i)
+    cb.on_train_end(trainer, None)
+    tracker.close()
+    records = []
+    while True:
+        try:
+            message = decode(sock.recv(1 << 22))
+        except BlockingIOError:
+            break
+        if message["schema"] == "meshscope.step/1":
+            records.append(_parse_record(message, "record"))
+    assert [(r.stats.tokens, r.stats.sequences, r.stats.longest_sequence) for r in records] == [
+        (4 * 32 + 3 * 48, 7, 48),
+        (16, 2, 8),
+    ]
+    assert records[0].stats.attention_work == 4 * 32**2 + 3 * 48**2
+
+
+@pytest.mark.parametrize(
+    ("batch", "expected"),
+    [
+        ("ids", (4, 32)),
+        ("mapping", (4, 32)),
+        ("floats", None),
+        ("bools", None),
+        ("three-d", None),
+        ("tuple", None),
+        ("none", None),
+        ("mapping-without-ids", None),
+    ],
+)
+def test_token_ids_are_read_from_a_2d_integer_tensor_only(batch: str, expected: tuple[int, int] | None) -> None:
+    import torch  # noqa: PLC0415
+
+    from meshscope.sdk.trainers import token_ids_shape  # noqa: PLC0415
+
+    ids = torch.zeros(4, 32, dtype=torch.long)
+    value = {
+        "ids": ids,
+        "mapping": {"input_ids": ids, "labels": ids},
+        "floats": torch.zeros(4, 32),
+        "bools": torch.zeros(4, 32, dtype=torch.bool),
+        "three-d": torch.zeros(4, 32, 8, dtype=torch.long),
+        "tuple": (ids, ids),
+        "none": None,
+        "mapping-without-ids": {"pixel_values": torch.zeros(4, 3, 8, 8)},
+    }[batch]
+    assert token_ids_shape(value) == expected

@@ -135,6 +135,8 @@ _tracing = getattr(torch.compiler, "is_dynamo_compiling", torch.compiler.is_comp
 (attention, functional collectives, inside a compiled model) then calls the original and nothing else, so that
 Dynamo folds it into the graph instead of breaking the graph at our clock reads (a graph break splits the compiled
 model: it would run slower because meshscope is there). What runs inside a compiled graph is not timed."""
+compiling = _tracing
+"""The same, for the hooks of the Trainer callbacks (a model's forward pre-hook runs inside a compiled model)."""
 
 
 def _nbytes(x: Any) -> int:

@@ -22,6 +22,9 @@ What each event becomes (``docs/sdk.md`` §1.6):
   (its loss gather, until ``on_log``) is left unlabelled, evaluation is the ``eval`` phase (until ``on_evaluate``), a
   save the ``checkpoint`` phase (until ``on_save``), all timed between steps; the fetch is held for the next step
   as a ``tracker.data`` fetch is: that step starts where the fetch began and carries it as its ``data`` interval.
+- Every forward of the model inside a step (each micro-batch's): its ``input_ids`` shape is the step's data
+  statistics (tokens, sequences, the longest sequence, padding included: a forward pre-hook registered at
+  ``on_train_begin``, removed at ``on_train_end``); evaluation's forwards are between steps and not counted.
 
 It must never raise into the Trainer. It imports transformers (so :mod:`meshscope.sdk` itself never does).
 """
@@ -60,6 +63,8 @@ class MeshscopeCallback(TrainerCallback, HookPhases):
         """What is left to happen before the next step, the first of them happening now."""
         self._since: tuple[int, int | None] | None = None
         """Where the ``checkpoint?`` stage began (a real tracker only): a save, or the fetch, named when it ends."""
+        self._tokens_hook: Any = None
+        """The handle of the model's forward pre-hook that counts each micro-batch's tokens."""
 
     # ------------------------------------------------------------------ phases and stages
 
@@ -99,9 +104,20 @@ class MeshscopeCallback(TrainerCallback, HookPhases):
     # ------------------------------------------------------------------ events
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:  # noqa: ANN401, ARG002
-        """The first step's micro-batches are fetched next."""
+        """The first step's micro-batches are fetched next; each one's forward counts its tokens from now on."""
+        model = kwargs.get("model")
+        if self.tracker.enabled and self._tokens_hook is None and model is not None:
+            try:
+                self._tokens_hook = model.register_forward_pre_hook(self._before_forward, with_kwargs=True)
+            except Exception as exc:  # noqa: BLE001 - never into the Trainer
+                log.warning("meshscope: tokens not counted: %r", exc)
         self._stages = [FETCH]
         self._start_stage()
+
+    def _before_forward(self, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:  # noqa: ANN401, ARG002
+        """A forward of the model: a micro-batch's ``input_ids`` (a keyword, as the Trainer passes them, or first)."""
+        ids = kwargs.get("input_ids")
+        self._count_tokens(ids if ids is not None or not args else args[0])
 
     def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:  # noqa: ANN401, ARG002
         """An optimizer step's first micro-batch: its step opens, numbered as the Trainer's ``global_step``."""
@@ -162,6 +178,9 @@ class MeshscopeCallback(TrainerCallback, HookPhases):
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:  # noqa: ANN401, ARG002
         """Training ended: no phase stays open, the last fetch is no step's, a step still open ends."""
+        hook, self._tokens_hook = self._tokens_hook, None
+        if hook is not None:
+            hook.remove()
         self._leave()
         self._stages = []
         self._end_fetch(taken=False)

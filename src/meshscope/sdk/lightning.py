@@ -15,7 +15,9 @@ What each hook becomes (``docs/sdk.md`` §1.7):
   ``trainer.global_step``; every micro-batch of the accumulation window (``accumulate_grad_batches``) is in it, with
   DDP's all-reduce of the last one and FSDP's gathers. Within a micro-batch: ``forward`` until ``on_before_backward``,
   ``backward`` until ``on_after_backward``, ``compute`` (clipping) until ``on_before_optimizer_step``, ``optimizer``
-  until ``on_train_batch_end``.
+  until ``on_train_batch_end``. A micro-batch of token ids (a 2-D integer tensor, or a mapping with ``input_ids``)
+  adds its shape to the step's data statistics (tokens, sequences, the longest sequence, padding included); any
+  other batch adds nothing (call ``callback.tracker.data_stats(...)`` in ``training_step`` for those).
 - ``on_train_batch_end``: when the optimizer stepped (``trainer.global_step`` moved) or the epoch's last batch ran,
   the step ends; otherwise the step goes on, and the next micro-batch's fetch is its ``data`` phase.
 - Between steps, Lightning fetches the next batch (its prefetcher, before ``on_train_batch_start``): held for the
@@ -80,6 +82,7 @@ class MeshscopeCallback(Callback, HookPhases):
             self._end_fetch(taken=True)
             self._opened_at = int(trainer.global_step)
             self.tracker.start_step(self._opened_at)
+        self._count_tokens(batch)
         self._enter("forward")
 
     def on_before_backward(self, trainer: Any, pl_module: Any, loss: Any) -> None:  # noqa: ANN401, ARG002

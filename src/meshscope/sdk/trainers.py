@@ -9,14 +9,36 @@ framework's callback class. It must never raise into a framework's loop.
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from meshscope.sdk.capture import compiling
 from meshscope.sdk.tracker import NullTracker, Tracker, tracker_from_env
 
 if TYPE_CHECKING:
     from contextlib import AbstractContextManager
 
 log = logging.getLogger("meshscope.sdk")
+
+
+_NOT_IDS = frozenset({"torch.bool", "torch.complex64", "torch.complex128", "torch.complex32"})
+"""Non-float tensor types that are no token ids (a mask; complex numbers)."""
+
+
+def token_ids_shape(batch: Any) -> tuple[int, int] | None:  # noqa: ANN401 - whatever the loader handed over
+    """``(sequences, length)`` of a micro-batch of token ids, or ``None`` when it is not one.
+
+    Token ids are a 2-D integer tensor: the batch itself, or its ``input_ids`` (the Hugging Face convention for a
+    batch mapping). Read from the shape alone, so nothing waits for a device: the tokens the model computes on,
+    padding included (a batch padded to its longest sequence gives that length for every sequence). Anything else
+    (images, a tuple, float features) is ``None``: no numbers rather than wrong ones.
+    """
+    ids = batch.get("input_ids") if isinstance(batch, Mapping) else batch
+    shape = getattr(ids, "shape", None)
+    is_float = getattr(ids, "is_floating_point", None)
+    if shape is None or len(shape) != 2 or is_float is None or is_float() or str(getattr(ids, "dtype", "")) in _NOT_IDS:
+        return None
+    return int(shape[0]), int(shape[1])
 
 
 class HookPhases:
@@ -65,3 +87,15 @@ class HookPhases:
                 self.tracker._fetch_end(token, failed=not taken)  # noqa: SLF001
             except Exception as exc:  # noqa: BLE001
                 log.warning("meshscope: fetch not timed: %r", exc)
+
+    def _count_tokens(self, batch: Any) -> None:  # noqa: ANN401 - whatever the loader handed over
+        """Add a micro-batch of token ids to the open step's data statistics (:func:`token_ids_shape`)."""
+        if compiling() or not self.tracker.in_step:
+            return
+        try:
+            shape = token_ids_shape(batch)
+            if shape is not None:
+                sequences, length = shape
+                self.tracker.data_stats([length] * sequences)
+        except Exception as exc:  # noqa: BLE001 - never into the framework's loop
+            log.warning("meshscope: tokens not counted: %r", exc)
