@@ -492,7 +492,9 @@ def _monitor(procs: list[_RankProcess], grace_s: float) -> tuple[RankExit | None
     takes the exited ranks in the order they exited (:func:`_exit_order`).
 
     Returns:
-        The first failed rank (or ``None``) and how many ranks were still running and were stopped.
+        The first failed rank (or ``None``) and how many ranks the stop ended (a rank still running when the stop
+        began can fail by itself before its signal lands: gloo's error after its peer's death; it is not counted,
+        and the ``failed:`` line lists it).
     """
     with _ExitWatch(procs) as watch:
         while True:
@@ -502,7 +504,7 @@ def _monitor(procs: list[_RankProcess], grace_s: float) -> tuple[RankExit | None
                     failed = RankExit(rank=p.rank, code=code)
                     others = [q for q in procs if q.poll() is None]
                     _stop_all(others, grace_s)
-                    return failed, len(others)
+                    return failed, sum(q.code in _STOP_CODES for q in others)
             if all(p.poll() is not None for p in procs):
                 return None, 0
             watch.wait(POLL_S)
@@ -829,10 +831,13 @@ def _cpu_seconds(procs: list[_RankProcess]) -> float | None:
     return sum(t for t in times if t is not None) if procs and None not in times else None
 
 
+_STOP_CODES = frozenset({-signal.SIGTERM, -signal.SIGKILL})
+"""How a rank the launcher stopped ends (``Popen.returncode`` of a process killed by its signal)."""
+
+
 def _failed_ranks(procs: list[_RankProcess], first: RankExit | None) -> dict[int, int]:
     """Ranks that failed by themselves (not stopped by the launcher's SIGTERM or SIGKILL): rank -> exit status."""
-    stopped = {-signal.SIGTERM, -signal.SIGKILL}
-    out = {p.rank: p.code for p in procs if p.code not in (None, 0) and p.code not in stopped}
+    out = {p.rank: p.code for p in procs if p.code not in (None, 0) and p.code not in _STOP_CODES}
     if first is not None:
         out[first.rank] = first.code
     return {r: c for r, c in sorted(out.items()) if c is not None}
