@@ -42,7 +42,6 @@ from meshscope.analysis.breakdown import (
     TRANSFER,
     comm_category,
 )
-from meshscope.analysis.chains import host_delay_us
 from meshscope.analysis.costs import (
     Suspect,
     Transfers,
@@ -107,6 +106,10 @@ worth chasing even on a run whose steps jitter more than it costs."""
 MINORITY_TIE = 0.8
 """Suspects beyond the fewer-than-half of a stage that may be named: when the first left out is at least this x as
 slow as the last kept, the stage splits into halves nobody can tell apart, and none is named."""
+CONTENDED_MIN_SLOW_STEPS = 2
+"""On a run whose timings include CPU contention, a transient straggler is slow in at least this many steps: one slow
+step on a contended host is a scheduler hiccup on a random rank (a clean DDP-tutorial run, 4 ranks on 2 cores beside
+two burners: rank 0 took 2x its peers' compute in one step of 11, 8 % of the step amortised, and was named)."""
 TRANSIENT_MIN_SHARE = 0.03
 """A transient straggler (slow in some steps only) costs at least this share of the step, amortised: one slow step
 in fifteen from a busy host is noise, not a rank to chase."""
@@ -285,8 +288,7 @@ class _Context:
     a CPU :data:`RUNQUEUE_CONTENTION_SHARE` of their steps), if any."""
     runqueue_excess_us: NDArray[np.float64] | None = None
     """Per rank-step of a run timed on the host (no GPU) whose every record has ``runqueue_wait_us``: how much its run
-    delay exceeds what its (step, stage) peers' rate predicts for its work (0 when it waited less:
-    :func:`meshscope.analysis.chains.host_delay_us`, the table's definition too), µs; ``None`` otherwise. Time the
+    delay exceeds its (step, stage) peers' median (0 when it waited less), µs; ``None`` otherwise. Time the
     scheduler took from one rank more than from its peers is the host's, not the job's: the straggler detector takes
     it out of the phase it compares."""
 
@@ -322,10 +324,14 @@ class _Context:
         contention = next((n for n in notes if n.code == CPU_CONTENTION), None) or runqueue_contention(rs)
         excess = None
         if _host_timed_with_runqueue(rs):
-            # Only a wait beyond the peers' for the same work is taken out: a rank the scheduler favoured is not made
-            # slower for it, and a rank with more work keeps the run delay that work brings on a busy host.
             rq = s.runqueue_wait_us.astype(np.float64)
-            excess = host_delay_us(peer_key=key, own_us=own_time_us(rs), runqueue_us=rq)
+            # Only a wait beyond the peers' is taken out: a rank the scheduler favoured is not made slower for it. All
+            # of it, not only the part beyond the peers' rate for the same work (the cost table's host share,
+            # chains.host_delay_us): a rank is named only on the least its own work can have taken. Time off a CPU
+            # that no run delay shows (a thread waiting for the GIL its preempted sibling holds) counts as work at the
+            # peers' rate: a rank 2x slower in one step beside burners, its extra run delay 30 ms of which the rate
+            # left 6 ms as the host's, was named; held to all 30 it was not.
+            excess = np.maximum(rq - grouped_median(key, rq, n_groups)[key], 0.0)
         return cls(
             rs=rs,
             step_us=rs.median_step_us,
@@ -601,7 +607,7 @@ def _transient(ctx: _Context, phase: str, *, exclude: dict[int, _Slow]) -> dict[
     excess must cost :data:`TRANSIENT_MIN_SHARE` of the step and stand out from the other ranks' of its stage by
     that much and by :data:`NOISE_SIGMAS` x their spread. Each rank-step is held to the same relative bar as a
     persistent straggler (:data:`CONTENDED_MIN_EXCESS` on a contended run): a rank slower in all its steps by less is
-    not named through this path either.
+    not named through this path either. On a contended run it is slow in :data:`CONTENDED_MIN_SLOW_STEPS` steps.
     """
     rs = ctx.rs
     values = ctx.phase_us(phase)
@@ -625,6 +631,8 @@ def _transient(ctx: _Context, phase: str, *, exclude: dict[int, _Slow]) -> dict[
     stands_out = (amortised - typical >= max(TRANSIENT_MIN_SHARE * ctx.step_us, spread)) & (
         amortised >= TRANSIENT_MIN_SHARE * ctx.step_us
     )
+    if ctx.contention is not None:
+        stands_out &= np.bincount(who, minlength=rs.n_ranks) >= CONTENDED_MIN_SLOW_STEPS
     out = {}
     for i in _minority(rs, np.flatnonzero(stands_out), amortised).tolist():
         mine = rows[who == i]
