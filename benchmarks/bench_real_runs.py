@@ -15,7 +15,7 @@ rank drawn from a seeded generator. A clean run is right when it has no finding;
 straggler finding names exactly the injected rank; an imbalance run when a data-imbalance finding names it first and
 no straggler finding appears.
 
-    .venv/bin/python benchmarks/bench_real_runs.py                      # 24 clean + 30 fault runs, ~15 min here
+    .venv/bin/python benchmarks/bench_real_runs.py                      # 24 clean + 30 fault runs, ~10 min here
     .venv/bin/python benchmarks/bench_real_runs.py --clean 4 --faults 6  # a quick look
 """
 
@@ -38,18 +38,23 @@ from timing import machine_reference
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS = ROOT / "tests" / "scripts"
 JOBS: dict[str, list[str]] = {
-    "nanogpt-ddp": ["nanogpt_ddp.py", "--iters", "10"],
-    "ddp-tutorial": ["ddp_tutorial.py", "--epochs", "2", "--samples", "768"],
-    "fsdp2": ["fsdp2_loop.py", "--steps", "10"],
+    "nanogpt-ddp": ["nanogpt_ddp.py", "--iters", "40"],
+    "ddp-tutorial": ["ddp_tutorial.py", "--epochs", "2", "--samples", "1536"],
+    "fsdp2": ["fsdp2_loop.py", "--steps", "40"],
 }
+"""The lengths of tests/e2e_local's runs (``RUN_LENGTH``: about a second of steps, so that a burst of a few slow
+steps on a busy host is a burst); ``--short`` runs the 10-step lengths of the earlier figures."""
+SHORT = {"nanogpt-ddp": ["--iters", "10"], "ddp-tutorial": ["--samples", "768"], "fsdp2": ["--steps", "10"]}
 
 
-def run(job: str, out: Path, extra: list[str]) -> dict[str, Any]:
+def run(job: str, out: Path, extra: list[str], *, short: bool = False) -> dict[str, Any]:
     """One ``meshscope run``; its analysis (``{}`` when it failed)."""
     if job == "demo":
         command = [sys.executable, "-m", "meshscope", "demo", "--out", str(out), "--steps", "6", *extra]
     else:
         script, *args = JOBS[job]
+        if short:
+            args = [*args, *SHORT[job]]
         command = [sys.executable, "-m", "meshscope", "run", "--nproc", "4", "--out", str(out), "--", sys.executable,
                    str(SCRIPTS / script), *args, *extra]  # fmt: skip
     env = {**os.environ, "PYTHONWARNINGS": "ignore", "PYTHONPATH": str(SCRIPTS)}
@@ -118,6 +123,7 @@ def main() -> None:
     p.add_argument("--faults", type=int, default=30, help="runs with an injected fault")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--keep", default="", help="copy the output directory of every wrong run here")
+    p.add_argument("--short", action="store_true", help="10-step runs (the earlier figures)")
     args = p.parse_args()
     print(machine_reference())
     rng = random.Random(args.seed)
@@ -135,11 +141,11 @@ def main() -> None:
             procs = burner(load)
             t0 = time.perf_counter()
             try:
-                analysis = run(job, Path(tmp) / f"run-{k}", extra)
+                analysis = run(job, Path(tmp) / f"run-{k}", extra, short=args.short)
             finally:
                 stop(procs)
             right, found, ratio = verdict(analysis, fault, rank) if analysis else (False, "run failed", None)
-            if not right and args.keep:
+            if (not right or isinstance(ratio, str)) and args.keep:
                 shutil.copytree(Path(tmp) / f"run-{k}", Path(args.keep) / f"run-{k}-{job}", dirs_exist_ok=True)
             wall = time.perf_counter() - t0
             what = "clean" if fault is None else f"{fault} on rank {rank}"
