@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    import socket
     from pathlib import Path
 
     from meshscope.records import RecordTable, StepRecord
@@ -38,3 +39,24 @@ def records_by_rank(table: RecordTable) -> dict[int, list[StepRecord]]:
     for rec in table.to_records():
         by_rank.setdefault(rec.rank, []).append(rec)
     return {rank: sorted(records, key=lambda r: r.step) for rank, records in sorted(by_rank.items())}
+
+
+def listener_messages(sock: socket.socket) -> list[dict[str, Any]]:
+    """The step messages queued on a test's ``listener`` socket (non-blocking), as sent (wire dicts), in order."""
+    from meshscope.sdk.transport import decode  # noqa: PLC0415
+
+    out = []
+    while True:
+        try:
+            message = decode(sock.recv(1 << 22))
+        except BlockingIOError:
+            return out
+        if message["schema"] == "meshscope.step/1":
+            out.append(message)
+
+
+def listener_records(sock: socket.socket) -> list[StepRecord]:
+    """:func:`listener_messages`, parsed."""
+    from meshscope.records import _parse_record  # noqa: PLC0415 - the wire form's own parser
+
+    return [_parse_record(raw, f"record {i}") for i, raw in enumerate(listener_messages(sock))]

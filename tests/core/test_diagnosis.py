@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from meshscope.analysis import analyze
+from meshscope.analysis import Analysis, analyze
 from meshscope.analysis.costs import stage_expected
 from meshscope.analysis.diagnosis import (
     CHECKPOINT_MIN_SHARE,
@@ -352,13 +352,19 @@ def test_a_peers_run_delay_does_not_make_its_partner_a_straggler() -> None:
     assert any(r.category == "comm.dp.sync_wait" for r in result.rows)  # the ranks did wait for each other
 
 
+def _analysed_as_meshscope_run_does(name: str) -> Analysis:
+    """The records of ``tests/data/NAME`` analysed as ``meshscope run`` does: the warm-up step left out, one clock."""
+    records = read_records(DATA / name / "records.jsonl")
+    warmup = min(r.step for r in records)
+    return analyze(
+        RecordTable.from_records([r for r in records if r.step != warmup], notes=records.notes), one_clock=True
+    )
+
+
 def test_one_slow_step_on_a_contended_host_is_not_a_transient_straggler() -> None:
     # A real clean 4-rank DDP-tutorial run beside two burners (tests/data/clean_ddp_tutorial_contended): rank 0 took
     # 2x its peers' compute in one step of 11 (8 % of the step amortised); every timing includes CPU contention.
-    records = read_records(DATA / "clean_ddp_tutorial_contended" / "records.jsonl")
-    warmup = min(r.step for r in records)
-    table = RecordTable.from_records([r for r in records if r.step != warmup], notes=records.notes)
-    result = analyze(table, one_clock=True)
+    result = _analysed_as_meshscope_run_does("clean_ddp_tutorial_contended")
     assert [f.message for f in result.findings] == []
     assert any(n.code == "cpu_contention" for n in result.partial_data)  # said once, from the records' run delay
     row = next(r for r in result.rows if r.category == "comm.dp.sync_wait")
@@ -370,10 +376,7 @@ def test_a_burst_of_slow_steps_on_one_of_two_ranks_is_not_a_persistent_straggler
     # A real clean 2-rank nanoGPT-style run (tests/data/clean_nanogpt_burst): rank 0 computed 4-8 ms longer in steps
     # 1-5 with no wait for a CPU to show for it, and as long as rank 1 in steps 6-9. "Above" in 7 of 9 steps with a
     # median excess of 45 %, it was named; slow by half that in 5 of 9 steps only, it is a burst.
-    records = read_records(DATA / "clean_nanogpt_burst" / "records.jsonl")
-    warmup = min(r.step for r in records)
-    table = RecordTable.from_records([r for r in records if r.step != warmup], notes=records.notes)
-    result = analyze(table, one_clock=True)
+    result = _analysed_as_meshscope_run_does("clean_nanogpt_burst")
     assert [f.message for f in result.findings] == []
     assert any(r.category == "comm.dp.sync_wait" for r in result.rows)
 

@@ -15,10 +15,9 @@ import pytest
 
 from meshscope import sdk
 from meshscope.analysis import analyze
-from meshscope.records import IntervalKind, _parse_record, read_table
+from meshscope.records import IntervalKind, read_table
 from meshscope.sdk.huggingface import MeshscopeCallback
-from meshscope.sdk.transport import decode
-from runs import records_by_rank
+from runs import listener_records, records_by_rank
 
 if TYPE_CHECKING:
     import socket
@@ -166,15 +165,7 @@ def _replay(sock: socket.socket, path: Path, *, save_strategy: str, saved: bool)
     cb.on_train_end(args, state, control)
     tracker.close()
     assert tracker.counters().hook_errors == 0
-    out = []
-    while True:
-        try:
-            message = decode(sock.recv(1 << 22))
-        except BlockingIOError:
-            break
-        if message["schema"] == "meshscope.step/1":
-            out.append(_parse_record(message, "record"))
-    return out
+    return listener_records(sock)
 
 
 @pytest.mark.parametrize(

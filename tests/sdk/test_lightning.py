@@ -13,7 +13,7 @@ import pytest
 
 from meshscope.analysis import analyze
 from meshscope.records import IntervalKind, read_table
-from runs import records_by_rank
+from runs import listener_records, records_by_rank
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -146,9 +146,7 @@ def test_batches_of_token_ids_are_the_steps_tokens(listener) -> None:
     import torch  # noqa: PLC0415
 
     from meshscope import sdk  # noqa: PLC0415
-    from meshscope.records import _parse_record  # noqa: PLC0415
     from meshscope.sdk.lightning import MeshscopeCallback  # noqa: PLC0415
-    from meshscope.sdk.transport import decode  # noqa: PLC0415
 
     sock, path = listener
     tracker = sdk.Tracker(sdk.TrackerSettings(collector=f"unix:{path}", job="pl", rank=0, world_size=1))
@@ -168,14 +166,7 @@ def test_batches_of_token_ids_are_the_steps_tokens(listener) -> None:
         cb.on_train_batch_end(trainer, None, None, batch, i)
     cb.on_train_end(trainer, None)
     tracker.close()
-    records = []
-    while True:
-        try:
-            message = decode(sock.recv(1 << 22))
-        except BlockingIOError:
-            break
-        if message["schema"] == "meshscope.step/1":
-            records.append(_parse_record(message, "record"))
+    records = listener_records(sock)
     assert [(r.stats.tokens, r.stats.sequences, r.stats.longest_sequence) for r in records] == [
         (4 * 32 + 3 * 48, 7, 48),
         (16, 2, 8),

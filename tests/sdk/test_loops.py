@@ -16,11 +16,10 @@ import pytest
 
 from meshscope import sdk
 from meshscope.analysis import analyze
-from meshscope.records import IntervalKind, StepRecord, _parse_record, read_table
-from meshscope.sdk.transport import decode
+from meshscope.records import IntervalKind, StepRecord, read_table
+from runs import listener_messages, listener_records
 
 if TYPE_CHECKING:
-    import socket
     from collections.abc import Iterator
     from pathlib import Path
 
@@ -33,19 +32,8 @@ def _tracker(path: Path, job: str = "loop") -> sdk.Tracker:
     return sdk.Tracker(sdk.TrackerSettings(collector=f"unix:{path}", job=job, rank=0, world_size=1))
 
 
-def _raw_records(sock: socket.socket) -> list[dict]:
-    out = []
-    while True:
-        try:
-            message = decode(sock.recv(1 << 22))
-        except BlockingIOError:
-            return out
-        if message["schema"] == "meshscope.step/1":
-            out.append(message)
-
-
-def _records(sock: socket.socket) -> list[StepRecord]:
-    return [_parse_record(raw, f"record {i}") for i, raw in enumerate(_raw_records(sock))]
+_raw_records = listener_messages
+_records = listener_records
 
 
 def _kinds(rec: StepRecord) -> list[tuple[str, str | None]]:
