@@ -25,7 +25,7 @@ records do not hold that step (the first recorded step: ``meshscope run`` leaves
 longer run starts mid-run) the charge is no rank-step's (``-1``): the lateness came from before the records,
 unless the rank's own time between the two steps (``gap_before_us``, above its peers') explains it.
 
-On a run timed on the host (no GPU: the clocks read CPU time in the training thread), a rank-step can also be late
+On a run timed on the host (no GPU: its phases are wall times of the training thread), a rank-step can also be late
 because the scheduler kept its thread off a CPU longer than its peers' (foreign load, more ranks than cores): that
 lateness is the host's, not the rank's work. :func:`own_shares` measures it from the records' run delay
 (``runqueue_wait_us``) and the breakdown charges the rank only with its own share; the rest is kept apart as the
