@@ -6,7 +6,7 @@ pp 16 with 4 virtual stages, dp 128, 16 micro-batches) with rank 1234 computing 
 ``MESHSCOPE_OPERATOR_DEEP_WINDOW_RANK_STEPS``). Printed:
 
 - **records**: the JSON lines a window is (what a sidecar keeps), and the packed columns the sidecars answer instead
-  (``meshscope.columns/1``): bytes, and what packing costs one sidecar (its node's 8 ranks);
+  (``meshscope.columns/2``): bytes, and what packing costs one sidecar (its node's 8 ranks);
 - **the operator's side**, in a process of its own so that its peak RSS is its own, as ``deep.analyse_window``
   runs it: unpacking the 2,048 answers into one table, ``analyze`` with the spec, ``to_dict`` and the JSON cut to
   the ConfigMap's budget; beside it, what parsing the same window as JSON lines in the operator would cost

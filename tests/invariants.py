@@ -3,7 +3,7 @@
 Why it exists: the breakdown trusts the SDK on one point above all (DESIGN.md, "The step breakdown"): exposed comm is a
 collective running while no compute runs, so time a rank spends *waiting* for a collective must never sit inside a
 compute (or optimizer) interval, or waiting is counted as compute. And a step that stepped the optimizer must say so;
-every step carries the training thread's wait for a CPU.
+every step carries the training thread's wait for a CPU and its time on one, which together fit in the step.
 Real-job tests (forked gloo ranks, ``meshscope run``) call :func:`check_records_file` on everything they collected.
 
 What "waiting" is comes from the record itself: a ``comm`` or ``p2p`` interval's ``wait_us`` (``docs/records.md``) is
@@ -29,7 +29,8 @@ BUSY_KINDS = frozenset({"compute", "optimizer"})
 NET_KINDS = frozenset({"comm", "p2p"})
 MAX_SHOWN = 8
 RUNQUEUE_SLACK_US = 10_000
-"""The kernel updates a thread's run delay when it is switched in: a read may lag by about one scheduler tick."""
+"""The kernel updates a thread's run delay when it is switched in, its time on a CPU at ticks and switches: a read
+may lag by about one scheduler tick."""
 
 
 def record_violations(record: dict[str, Any], *, every_step: Iterable[str] = ()) -> list[str]:
@@ -65,13 +66,17 @@ def record_violations(record: dict[str, Any], *, every_step: Iterable[str] = ())
                 )
     kinds = {iv["kind"] for iv in intervals}
     problems.extend(f"{where}: no {kind} interval" for kind in every_step if kind not in kinds)
-    # The training thread's wait for a CPU (Linux schedstat) is measured on every step, within the step.
-    runqueue = record.get("runqueue_wait_us")
+    # The training thread's wait for a CPU and time on one (Linux schedstat) are measured on every step, within it:
+    # a thread cannot run and wait for a CPU at once.
     span = record["end_us"] - record["start_us"]
-    if runqueue is None:
-        problems.append(f"{where}: no runqueue_wait_us (the thread's run delay is readable on Linux)")
-    elif not 0 <= runqueue <= span + RUNQUEUE_SLACK_US:
-        problems.append(f"{where}: runqueue_wait_us = {runqueue} outside the step's {span} us")
+    sched = {name: record.get(name) for name in ("runqueue_wait_us", "on_cpu_us")}
+    for name, value in sched.items():
+        if value is None:
+            problems.append(f"{where}: no {name} (the thread's schedstat is readable on Linux)")
+        elif not 0 <= value <= span + RUNQUEUE_SLACK_US:
+            problems.append(f"{where}: {name} = {value} outside the step's {span} us")
+    if None not in sched.values() and sum(sched.values()) > span + 2 * RUNQUEUE_SLACK_US:
+        problems.append(f"{where}: runqueue_wait_us + on_cpu_us = {sum(sched.values())} exceed the step's {span} us")
     return problems
 
 

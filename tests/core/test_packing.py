@@ -1,4 +1,4 @@
-"""Packed columns (``meshscope.columns/1``): the same table as the JSON lines they were packed from, hand-counted
+"""Packed columns (``meshscope.columns/2``): the same table as the JSON lines they were packed from, hand-counted
 sizes, a byte cap, several sources put together, and hostile bytes refused with a ParseError naming the source."""
 
 from __future__ import annotations
@@ -26,11 +26,11 @@ from meshscope.records import (
 from meshscope.records.packing import LAYOUT
 from record_samples import _outcome, _records_one_field_changed, good_json, write_lines
 
-ROW_BYTES = 228
+ROW_BYTES = 236
 """One rank-step's columns, counted by hand from the layout below: rank, step, start_us, end_us 4 x 8; coord 5 x 8;
 node, nvlink_domain, network_tier, gpu 4 x 4; gpu_util 8; tokens, sequences, longest_sequence, attention_work,
-attention_us, peak_memory_bytes 6 x 8; user_step, gap_before_us 2 x 8; between_us 5 x 8; runqueue_wait_us 8;
-source_file 4; source_line 8; n_intervals 8."""
+attention_us, peak_memory_bytes 6 x 8; user_step, gap_before_us 2 x 8; between_us 5 x 8; runqueue_wait_us,
+on_cpu_us 2 x 8; source_file 4; source_line 8; n_intervals 8."""
 INTERVAL_BYTES = 52
 """One interval's: kind 1, start_us and end_us 2 x 8, phase, axis, op 3 x 1, group 4, seq and size_bytes 2 x 8,
 group_size 4, peer 8."""
@@ -47,7 +47,7 @@ def _objs() -> list[dict]:
 
 def test_the_layout_is_the_schema_version() -> None:
     # A change of the columns is a new schema version: change both, and the readers of the old version refuse it.
-    assert PACKED_SCHEMA == "meshscope.columns/1"
+    assert PACKED_SCHEMA == "meshscope.columns/2"
     assert [(part, name, dtype, tail) for part, name, dtype, tail in LAYOUT] == [
         ("rows", "rank", "<i8", ()),
         ("rows", "step", "<i8", ()),
@@ -69,6 +69,7 @@ def test_the_layout_is_the_schema_version() -> None:
         ("rows", "gap_before_us", "<i8", ()),
         ("rows", "between_us", "<i8", (5,)),
         ("rows", "runqueue_wait_us", "<i8", ()),
+        ("rows", "on_cpu_us", "<i8", ()),
         ("rows", "source_file", "<i4", ()),
         ("rows", "source_line", "<i8", ()),
         ("rows", "n_intervals", "<i8", ()),
@@ -97,6 +98,32 @@ def test_packed_lines_read_back_as_the_table_of_the_lines() -> None:
     table = table_from_columns([unpack_columns(data, where="node-0")])
     assert table.to_records() == table_from_lines(lines).to_records()
     assert table.source_files == ("node-0",)
+
+
+def test_the_version_before_reads_with_on_cpu_time_unknown() -> None:
+    # A sidecar of a pod started before the operator's upgrade packs meshscope.columns/1: the same columns without
+    # on_cpu_us. Made here from a /2 message by cutting that column out.
+    lines = _lines(_objs())
+    data = pack_lines(lines, where="a")[0]
+    end = data.index(b"\n")
+    header = json.loads(data[:end])
+    at, cut = end + 1, None
+    for part, col, dtype, shape in header["columns"]:
+        size = int(np.prod(shape)) * np.dtype(dtype).itemsize
+        if (part, col) == ("rows", "on_cpu_us"):
+            cut = (at, at + size)
+        at += size
+    assert cut is not None
+    header["schema"] = "meshscope.columns/1"
+    header["columns"] = [c for c in header["columns"] if c[:2] != ["rows", "on_cpu_us"]]
+    old = json.dumps(header).encode() + b"\n" + data[end + 1 : cut[0]] + data[cut[1] :]
+    table = table_from_columns([unpack_columns(old, where="a")])
+    assert (table.steps.on_cpu_us == -1).all()
+    without = [json.dumps({k: v for k, v in o.items() if k != "on_cpu_us"}).encode() + b"\n" for o in _objs()]
+    assert table.to_records() == table_from_lines(without).to_records()
+    with pytest.raises(ParseError, match=r"34 columns; meshscope\.columns/2 has 35") as info:  # not /2's layout
+        unpack_columns(_with_header(old, schema="meshscope.columns/2"), where="a")
+    assert info.value.code == ParseCode.BAD_SHAPE
 
 
 def test_several_sources_make_the_table_of_all_their_lines(tmp_path) -> None:
@@ -206,14 +233,14 @@ def _with_column(data: bytes, name: str, change) -> bytes:
         (lambda d: d + b"\0", ParseCode.BAD_SHAPE, "1 bytes follow the last column"),
         (lambda d: d[: d.index(b"\n")], ParseCode.BAD_JSON, "no header line"),
         (lambda d: b"{" + d, ParseCode.BAD_JSON, "header is not JSON"),
-        (lambda d: _with_header(d, schema="meshscope.columns/2"), ParseCode.UNSUPPORTED_SCHEMA, "columns/2"),
+        (lambda d: _with_header(d, schema="meshscope.columns/3"), ParseCode.UNSUPPORTED_SCHEMA, "columns/3"),
         (lambda d: _with_header(d, extra=1), ParseCode.WRONG_TYPE, "header"),
         (lambda d: _with_header(d, steps=[0]), ParseCode.INCONSISTENT, "the header lists steps [0]"),
         (lambda d: _with_header(d, job=None), ParseCode.MISSING_FIELD, "without a job name"),
         (
             lambda d: _with_header(d, columns=json.loads(d[: d.index(b"\n")])["columns"][:-1]),
             ParseCode.BAD_SHAPE,
-            "33 columns; meshscope.columns/1 has 34",
+            "34 columns; meshscope.columns/2 has 35",
         ),
         (
             lambda d: _with_header(

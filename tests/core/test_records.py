@@ -96,7 +96,9 @@ def test_loop_fields_read_as_columns_with_minus_one_for_unknown(tmp_path):
     # user_step, gap_before_us and between_steps: optional; the table holds -1 where a record leaves them out, and a
     # between_steps object gives 0 for the kinds it leaves out.
     records = [
-        make_record(0, 0, user_step=None, gap_before_us=None, between_steps=None, runqueue_wait_us=None),
+        make_record(
+            0, 0, user_step=None, gap_before_us=None, between_steps=None, runqueue_wait_us=None, on_cpu_us=None
+        ),
         make_record(
             0,
             1,
@@ -105,7 +107,9 @@ def test_loop_fields_read_as_columns_with_minus_one_for_unknown(tmp_path):
             between_steps=BetweenSteps(checkpoint_us=150_000),
             runqueue_wait_us=0,
         ),
-        make_record(0, 2, user_step=None, gap_before_us=40, between_steps=BetweenSteps(), runqueue_wait_us=31_000),
+        make_record(
+            0, 2, user_step=None, gap_before_us=40, between_steps=BetweenSteps(), runqueue_wait_us=31_000, on_cpu_us=0
+        ),
     ]
     path = tmp_path / "loop.jsonl"
     write_records(path, records)
@@ -114,6 +118,8 @@ def test_loop_fields_read_as_columns_with_minus_one_for_unknown(tmp_path):
     assert "gap_before_us" not in lines[0]
     assert "between_steps" not in lines[0]
     assert "runqueue_wait_us" not in lines[0]
+    assert "on_cpu_us" not in lines[0]
+    assert lines[2]["on_cpu_us"] == 0
     assert lines[1]["runqueue_wait_us"] == 0
     assert lines[1]["between_steps"] == {"checkpoint": 150_000}
     assert lines[2]["between_steps"] == {}
@@ -122,6 +128,7 @@ def test_loop_fields_read_as_columns_with_minus_one_for_unknown(tmp_path):
         assert s.user_step.tolist() == [-1, 0, -1]
         assert s.gap_before_us.tolist() == [-1, 180_000, 40]
         assert s.runqueue_wait_us.tolist() == [-1, 0, 31_000]
+        assert s.on_cpu_us.tolist() == [-1, 90_000, 0]
         checkpoint = BETWEEN_KINDS.index("checkpoint")
         assert s.between_us.tolist()[0] == [-1] * len(BETWEEN_KINDS)
         assert s.between_us[1, checkpoint] == 150_000
@@ -144,10 +151,20 @@ _RANGE, _TYPE = ParseCode.VALUE_OUT_OF_RANGE, ParseCode.WRONG_TYPE
         ({"gap_before_us": 1.5}, _TYPE, "gap_before_us = 1.5 (float); expected a whole number"),
         ({"runqueue_wait_us": -3}, _RANGE, "runqueue_wait_us = -3 is below 0"),
         ({"runqueue_wait_us": "7"}, _TYPE, "runqueue_wait_us = '7' (str); expected a whole number"),
+        ({"on_cpu_us": -1}, _RANGE, "on_cpu_us = -1 is below 0"),
         ({"between_steps": {"checkpoint": -2}}, _RANGE, "between_steps: checkpoint = -2 is below 0"),
         ({"between_steps": [1]}, _TYPE, "between_steps = '[1]' (list); expected a JSON object"),
     ],
-    ids=["user-step", "gap", "gap-float", "runqueue-negative", "runqueue-str", "between-negative", "between-list"],
+    ids=[
+        "user-step",
+        "gap",
+        "gap-float",
+        "runqueue-negative",
+        "runqueue-str",
+        "on-cpu-negative",
+        "between-negative",
+        "between-list",
+    ],
 )
 def test_loop_field_errors_in_both_readers(tmp_path, change, code, fragment):
     path = write_lines(tmp_path / "r.jsonl", [good_json(1), good_json(2, **change)])
@@ -221,6 +238,7 @@ def test_from_arrays_builds_the_same_table_as_from_records():
             gap_before_us=[2_500] * 2,
             between_us=[[0, 0, 0, 1_500, 500]] * 2,
             runqueue_wait_us=[700] * 2,
+            on_cpu_us=[90_000] * 2,
         ),
         intervals=IntervalColumns.build(
             row=e.row,
@@ -757,6 +775,7 @@ _INTEGER_FIELDS = [
     ("line", "user_step", 64),
     ("line", "gap_before_us", 64),
     ("line", "runqueue_wait_us", 64),
+    ("line", "on_cpu_us", 64),
     ("coord", "dp", 64),
     ("stats", "tokens", 64),
     ("stats", "peak_memory_bytes", 64),
@@ -769,7 +788,7 @@ _INTEGER_FIELDS = [
     ("interval 3", "peer", 64),
 ]
 """(where, field, bits) of the whole-number fields, the newest (``user_step``, ``gap_before_us``,
-``runqueue_wait_us``, ``between_steps``) included."""
+``runqueue_wait_us``, ``on_cpu_us``, ``between_steps``) included."""
 
 
 @pytest.mark.parametrize(("place", "key", "bits"), _INTEGER_FIELDS, ids=[f"{p}-{k}" for p, k, _ in _INTEGER_FIELDS])

@@ -22,7 +22,7 @@ from meshscope.sdk.steps import (
     OpMeta,
     RecordHeader,
     RssPeak,
-    RunQueueWait,
+    SchedStat,
     StepIntervals,
     StepState,
     build_record,
@@ -265,7 +265,8 @@ while os.getppid() == parent:
 
 def test_run_delay_is_the_time_the_thread_waited_for_a_cpu() -> None:
     # A spinning process pinned to this thread's CPU: the two share it, so the thread waits for it while it spins;
-    # the run delay grows by a good part of the wall time, never by more.
+    # the run delay grows by a good part of the wall time, never by more, and with the time on a CPU makes up the
+    # wall time of a thread that never blocked.
     cpu = min(os.sched_getaffinity(0))
     old = os.sched_getaffinity(0)
     burner = subprocess.Popen([sys.executable, "-c", SPIN_ON_ONE_CPU, str(cpu)], stdout=subprocess.PIPE, text=True)
@@ -273,14 +274,14 @@ def test_run_delay_is_the_time_the_thread_waited_for_a_cpu() -> None:
         assert burner.stdout is not None
         assert burner.stdout.readline() == "spinning\n"
         os.sched_setaffinity(0, {cpu})
-        delay = RunQueueWait()
-        before = delay.read()
+        sched = SchedStat()
+        before = sched.read()
         t0 = time.perf_counter()
         while time.perf_counter() - t0 < 0.4:
             pass
         wall_ns = (time.perf_counter() - t0) * 1e9
-        after = delay.read()
-        delay.close()
+        after = sched.read()
+        sched.close()
     finally:
         os.sched_setaffinity(0, old)
         burner.kill()
@@ -289,11 +290,30 @@ def test_run_delay_is_the_time_the_thread_waited_for_a_cpu() -> None:
             burner.stdout.close()
     assert before is not None
     assert after is not None
-    assert 0.1 * wall_ns < after - before <= wall_ns + 20e6  # schedstat is updated at switches: a tick of slack
+    on_cpu, delay = after[0] - before[0], after[1] - before[1]
+    assert 0.1 * wall_ns < delay <= wall_ns + 20e6  # schedstat is updated at switches: a tick of slack
+    assert 0.1 * wall_ns < on_cpu <= wall_ns + 20e6
+    assert 0.8 * wall_ns < on_cpu + delay <= wall_ns + 40e6
+
+
+def test_time_asleep_is_neither_on_a_cpu_nor_run_delay() -> None:
+    # The injected straggler of tests/scripts/faults.py, and a rank waiting for a device, are off a CPU and not
+    # runnable: neither number grows by the sleep.
+    sched = SchedStat()
+    before = sched.read()
+    t0 = time.perf_counter()
+    time.sleep(0.3)
+    wall_ns = (time.perf_counter() - t0) * 1e9
+    after = sched.read()
+    sched.close()
+    assert before is not None
+    assert after is not None
+    assert after[0] - before[0] < 0.5 * wall_ns
+    assert after[1] - before[1] < 0.5 * wall_ns
 
 
 def test_run_delay_read_from_another_thread_is_unknown() -> None:
-    delay = RunQueueWait()
+    delay = SchedStat()
     assert delay.read() is not None  # opened here: this thread's
     seen: list[int | None] = []
     reader = threading.Thread(target=lambda: seen.append(delay.read()))

@@ -6,10 +6,11 @@ operator's deep tier pays it for every interval of every rank of a job in one pr
 decoding is spread over every node and the operator only checks and copies (:func:`unpack_columns`, then
 :func:`~meshscope.records.building.table_from_columns`). Packed columns take about 40 % of the bytes of the lines.
 
-The format, ``meshscope.columns/1`` (media type :data:`PACKED_MEDIA_TYPE`): one line of JSON (the header: schema,
+The format, ``meshscope.columns/2`` (media type :data:`PACKED_MEDIA_TYPE`): one line of JSON (the header: schema,
 job, the step numbers held, the name tables, and every column's part, name, dtype and shape, in the order of
 :data:`LAYOUT`), a newline, then every column's bytes back to back, little-endian, C order. A change of the columns
-is a new schema version.
+is a new schema version; a reader reads the versions before its own too (``meshscope.columns/1``: without
+``on_cpu_us``, read as unknown), so that an operator reads the sidecars of pods started before it was upgraded.
 
 Packed bytes are input like any other: this module must not trust them. :func:`unpack_columns` checks the header,
 every dtype, shape and length, the name tables and codes, and that every field a kind does not have is absent
@@ -36,7 +37,7 @@ if TYPE_CHECKING:
 
     from numpy.typing import NDArray
 
-PACKED_SCHEMA = "meshscope.columns/1"
+PACKED_SCHEMA = "meshscope.columns/2"
 """The header's ``schema``: the version of the column layout."""
 PACKED_MEDIA_TYPE = "application/vnd.meshscope.columns"
 """HTTP media type of packed columns (``Accept`` it to get them from a sidecar's ``/v1/steps``)."""
@@ -53,8 +54,15 @@ def _layout() -> tuple[tuple[str, str, str, tuple[int, ...]], ...]:
 
 
 LAYOUT = _layout()
-"""The columns of ``meshscope.columns/1``: (``rows`` or ``intervals``, column, numpy dtype string, shape after the
+"""The columns of :data:`PACKED_SCHEMA`: (``rows`` or ``intervals``, column, numpy dtype string, shape after the
 first axis)."""
+_ADDED: dict[str, tuple[tuple[str, str], ...]] = {"meshscope.columns/1": (("rows", "on_cpu_us"),)}
+"""The columns each older version lacks (read as unknown, -1): ``on_cpu_us`` came with ``meshscope.columns/2``."""
+_LAYOUTS = {
+    PACKED_SCHEMA: LAYOUT,
+    **{schema: tuple(c for c in LAYOUT if (c[0], c[1]) not in added) for schema, added in _ADDED.items()},
+}
+"""The layout of every version this reader reads."""
 _ROW_BYTES, _INTERVAL_BYTES = (
     sum(np.dtype(dtype).itemsize * math.prod(tail) for p, _, dtype, tail in LAYOUT if p == part)
     for part in ("rows", "intervals")
@@ -132,7 +140,7 @@ def _head(columns: RecordColumns, n: int) -> RecordColumns:
 
 
 def pack_columns(columns: RecordColumns) -> bytes:
-    """The bytes of ``columns`` in the ``meshscope.columns/1`` format."""
+    """The bytes of ``columns`` in the :data:`PACKED_SCHEMA` format."""
     raw = columns.raw
     arrays = [np.ascontiguousarray(getattr(raw, part)[name]) for part, name, _, _ in LAYOUT]
     header = _Header(
@@ -162,7 +170,7 @@ def unpack_columns(data: bytes, *, where: str) -> RecordColumns:
     """The columns of packed bytes, checked (see the module's docstring); the values get the table's checks later.
 
     Args:
-        data: one ``meshscope.columns/1`` message.
+        data: one packed message (:data:`PACKED_SCHEMA`, or an older version: see the module's docstring).
         where: the source's name for messages (``sidecar pod-3``).
 
     Raises:
@@ -170,6 +178,10 @@ def unpack_columns(data: bytes, *, where: str) -> RecordColumns:
     """
     header, at = _header_of(data, where)
     arrays = _arrays_of(header, data, at, where)
+    for part, name in _ADDED.get(header.schema, ()):  # an older version's: unknown
+        dtype, tail = next((d, tl) for p, n, d, tl in LAYOUT if (p, n) == (part, name))
+        length = next(iter(a.shape[0] for (p, _), a in arrays.items() if p == part))
+        arrays[part, name] = np.full((length, *tail), UNKNOWN, dtype=dtype)
     names = _names_of(header, where)
     rows = {name: col for (part, name), col in arrays.items() if part == "rows"}
     intervals = {name: col for (part, name), col in arrays.items() if part == "intervals"}
@@ -198,13 +210,14 @@ def unpack_columns(data: bytes, *, where: str) -> RecordColumns:
 
 
 def _arrays_of(header: _Header, data: bytes, at: int, where: str) -> dict[tuple[str, str], NDArray[Any]]:
-    """Every column of ``data`` from byte ``at`` on, as the header describes it, once it fits :data:`LAYOUT`."""
-    if len(header.columns) != len(LAYOUT):
-        raise _error(where, f"{len(header.columns)} columns; {PACKED_SCHEMA} has {len(LAYOUT)}", ParseCode.BAD_SHAPE)
+    """Every column of ``data`` from byte ``at`` on, as the header describes it, once it fits its version's layout."""
+    layout = _LAYOUTS[header.schema]
+    if len(header.columns) != len(layout):
+        raise _error(where, f"{len(header.columns)} columns; {header.schema} has {len(layout)}", ParseCode.BAD_SHAPE)
     arrays: dict[tuple[str, str], NDArray[Any]] = {}
     first: dict[str, int] = {}
     for (part, name, dtype, shape), (want_part, want_name, want_dtype, tail) in zip(
-        header.columns, LAYOUT, strict=True
+        header.columns, layout, strict=True
     ):
         column = f"column {part}.{name}"
         if (part, name) != (want_part, want_name):
@@ -240,9 +253,11 @@ def _header_of(data: bytes, where: str) -> tuple[_Header, int]:
         raise _error(where, f"header: {exc}", ParseCode.WRONG_TYPE) from None
     except msgspec.DecodeError as exc:
         raise _error(where, f"header is not JSON: {exc}", ParseCode.BAD_JSON) from None
-    if header.schema != PACKED_SCHEMA:
+    if header.schema not in _LAYOUTS:
         raise _error(
-            where, f"schema {header.schema[:60]!r}; this reader reads {PACKED_SCHEMA!r}", ParseCode.UNSUPPORTED_SCHEMA
+            where,
+            f"schema {header.schema[:60]!r}; this reader reads {', '.join(map(repr, sorted(_LAYOUTS)))}",
+            ParseCode.UNSUPPORTED_SCHEMA,
         )
     return header, end + 1
 

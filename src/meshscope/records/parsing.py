@@ -219,6 +219,7 @@ def _parse_record(obj: object, where: str) -> StepRecord:
     user_step = _int(d, "user_step", where, required=False, minimum=0)
     gap_before_us = _int(d, "gap_before_us", where, required=False, minimum=0)
     runqueue_wait_us = _int(d, "runqueue_wait_us", where, required=False, minimum=0)
+    on_cpu_us = _int(d, "on_cpu_us", where, required=False, minimum=0)
     between_obj = d.get("between_steps")
     between = None
     if between_obj is not None:
@@ -244,6 +245,7 @@ def _parse_record(obj: object, where: str) -> StepRecord:
             gap_before_us=gap_before_us,
             between_steps=between,
             runqueue_wait_us=runqueue_wait_us,
+            on_cpu_us=on_cpu_us,
         )
     except ParseError as exc:
         raise ParseError(f"{where}: {exc}", code=exc.code) from None
@@ -298,4 +300,6 @@ def record_to_json(record: StepRecord) -> dict[str, Any]:
         out["between_steps"] = record.between_steps.as_dict()
     if record.runqueue_wait_us is not None:
         out["runqueue_wait_us"] = record.runqueue_wait_us
+    if record.on_cpu_us is not None:
+        out["on_cpu_us"] = record.on_cpu_us
     return out

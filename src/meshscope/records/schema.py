@@ -277,6 +277,10 @@ class StepRecord:
     runqueue_wait_us: int | None = None
     """Microseconds the step's training thread was runnable but waiting for a CPU (Linux ``schedstat`` run delay):
     time the host's scheduler, not the job, took; ``None`` when not measured."""
+    on_cpu_us: int | None = None
+    """Microseconds the step's training thread ran on a CPU (Linux ``schedstat`` time on a CPU); the rest of the
+    step, less ``runqueue_wait_us``, it was blocked or asleep (a collective, a device, I/O); ``None`` when not
+    measured."""
 
     def __post_init__(self) -> None:
         """Check the step's own numbers and that no interval lies wholly outside it.
@@ -284,7 +288,7 @@ class StepRecord:
         Raises:
             ParseError: naming the field, its value and what would fit.
         """
-        for name in ("step", "rank", "user_step", "gap_before_us", "runqueue_wait_us"):
+        for name in ("step", "rank", "user_step", "gap_before_us", "runqueue_wait_us", "on_cpu_us"):
             value = getattr(self, name)
             if value is not None and value < 0:
                 raise ParseError(f"{name} = {value} is below 0", code=ParseCode.VALUE_OUT_OF_RANGE)

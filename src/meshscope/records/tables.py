@@ -102,6 +102,8 @@ class StepColumns:
     ``between_steps``, 0 for a kind it leaves out."""
     runqueue_wait_us: NDArray[np.int64]
     """Microseconds the step's training thread waited for a CPU (run delay), or -1 (not measured)."""
+    on_cpu_us: NDArray[np.int64]
+    """Microseconds the step's training thread ran on a CPU, or -1 (not measured)."""
     source_file: NDArray[np.int32]
     """Index into ``RecordTable.source_files`` the row was read from, or -1 (built from arrays)."""
     source_line: NDArray[np.int64]
@@ -131,6 +133,7 @@ class StepColumns:
         gap_before_us: ArrayLike | None = None,
         between_us: ArrayLike | None = None,
         runqueue_wait_us: ArrayLike | None = None,
+        on_cpu_us: ArrayLike | None = None,
         source_file: ArrayLike | None = None,
         source_line: ArrayLike | None = None,
     ) -> StepColumns:
@@ -175,6 +178,7 @@ class StepColumns:
             gap_before_us=_column(gap_before_us, n, i64, UNKNOWN, "gap_before_us"),
             between_us=np.ascontiguousarray(b),
             runqueue_wait_us=_column(runqueue_wait_us, n, i64, UNKNOWN, "runqueue_wait_us"),
+            on_cpu_us=_column(on_cpu_us, n, i64, UNKNOWN, "on_cpu_us"),
             source_file=_column(source_file, n, i32, UNKNOWN, "source_file"),
             source_line=_column(source_line, n, i64, UNKNOWN, "source_line"),
         )
@@ -322,6 +326,22 @@ class RecordTable:
         return len(self.steps)
 
     @property
+    def on_gpu(self) -> bool:
+        """Whether the run had GPUs: a record names one or reports its utilisation (else its phases are host times)."""
+        s = self.steps
+        return bool((s.gpu >= 0).any() or np.isfinite(s.gpu_util).any())
+
+    @property
+    def host_timed_with_runqueue(self) -> bool:
+        """Whether the run was timed on the host (no GPU) and every record has ``runqueue_wait_us``.
+
+        Where the scheduler's delays can be told from the job's own time; on a GPU the kernels run whether or not the
+        launching thread has a core.
+        """
+        runqueue = self.steps.runqueue_wait_us
+        return runqueue.size > 0 and not self.on_gpu and bool((runqueue >= 0).all())
+
+    @property
     def n_intervals(self) -> int:
         """Number of intervals."""
         return len(self.intervals)
@@ -399,7 +419,7 @@ def _table_of_records(records: Iterable[StepRecord], *, notes: tuple[Note, ...])
     job: tuple[str, str] | None = None
     rows: dict[str, list[Any]] = {k: [] for k in ("rank", "step", "start_us", "end_us", "coord", "gpu", "gpu_util")}
     rows.update({k: [] for k in ("node", "nvlink_domain", "network_tier", *_ROW_FIELDS, "attention_work")})
-    rows.update({k: [] for k in ("user_step", "gap_before_us", "between_us", "runqueue_wait_us")})
+    rows.update({k: [] for k in ("user_step", "gap_before_us", "between_us", "runqueue_wait_us", "on_cpu_us")})
     ivs: dict[str, list[Any]] = {k: [] for k in ("row", "kind", "start_us", "end_us", "phase", "axis", "op", "group")}
     ivs.update({k: [] for k in _NET_FIELDS})
     for i, rec in enumerate(records):
@@ -424,6 +444,7 @@ def _table_of_records(records: Iterable[StepRecord], *, notes: tuple[Note, ...])
         rows["user_step"].append(UNKNOWN if rec.user_step is None else rec.user_step)
         rows["gap_before_us"].append(UNKNOWN if rec.gap_before_us is None else rec.gap_before_us)
         rows["runqueue_wait_us"].append(UNKNOWN if rec.runqueue_wait_us is None else rec.runqueue_wait_us)
+        rows["on_cpu_us"].append(UNKNOWN if rec.on_cpu_us is None else rec.on_cpu_us)
         between = rec.between_steps
         rows["between_us"].append(
             _NO_BETWEEN if between is None else [getattr(between, f"{k}_us") for k in BETWEEN_KINDS]
@@ -546,6 +567,7 @@ def _row_record(table: RecordTable, i: int, intervals: list[Interval]) -> StepRe
         if s.between_us[i, 0] < 0
         else BetweenSteps(**{f"{k}_us": int(s.between_us[i, j]) for j, k in enumerate(BETWEEN_KINDS)}),
         runqueue_wait_us=_opt_int(s.runqueue_wait_us[i]),
+        on_cpu_us=_opt_int(s.on_cpu_us[i]),
     )
 
 
@@ -608,6 +630,7 @@ def _validate_table(t: RecordTable) -> NDArray[np.intp]:  # noqa: C901, PLR0912,
         "user_step",
         "gap_before_us",
         "runqueue_wait_us",
+        "on_cpu_us",
         "source_file",
         "source_line",
     ):
@@ -674,6 +697,7 @@ def _validate_table(t: RecordTable) -> NDArray[np.intp]:  # noqa: C901, PLR0912,
         "user_step",
         "gap_before_us",
         "runqueue_wait_us",
+        "on_cpu_us",
     ):
         col = getattr(s, name)
         bad = _first(col < UNKNOWN)

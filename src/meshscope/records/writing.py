@@ -141,6 +141,7 @@ class _LineOut(msgspec.Struct, kw_only=True, omit_defaults=True, gc=False):
     gap_before_us: int | None = None
     between_steps: BetweenFields | None = None
     runqueue_wait_us: int | None = None
+    on_cpu_us: int | None = None
 
 
 def _named(codes: NDArray[Any], names: Iterable[str]) -> list[str | None]:
@@ -191,6 +192,7 @@ def _table_lines(table: RecordTable) -> Iterator[list[_LineOut]]:
             _optional(s.gap_before_us[rows], s.gap_before_us[rows] >= 0),
             _chunk_between(s.between_us[rows]),
             _optional(s.runqueue_wait_us[rows], s.runqueue_wait_us[rows] >= 0),
+            _optional(s.on_cpu_us[rows], s.on_cpu_us[rows] >= 0),
             strict=True,
         )
         yield [
@@ -213,10 +215,27 @@ def _table_lines(table: RecordTable) -> Iterator[list[_LineOut]]:
                 gap_before_us=gap,
                 between_steps=between,
                 runqueue_wait_us=runqueue,
+                on_cpu_us=on_cpu,
             )
-            for step, rank, coord, node, domain, tier, gpu, start, end, ivs, st, util, user, gap, between, runqueue in (
-                columns
-            )
+            for (
+                step,
+                rank,
+                coord,
+                node,
+                domain,
+                tier,
+                gpu,
+                start,
+                end,
+                ivs,
+                st,
+                util,
+                user,
+                gap,
+                between,
+                runqueue,
+                on_cpu,
+            ) in columns
         ]
 
 

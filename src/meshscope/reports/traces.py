@@ -395,12 +395,12 @@ class _Slice:
 def _step_slice(table: RecordTable, bd: Breakdown, row: int, shift: int) -> _Slice:
     s = table.steps
     args: dict[str, Any] = {"step": int(s.step[row]), "step_us": int(s.end_us[row] - s.start_us[row])}
-    user_step = int(s.user_step[row])
-    if user_step >= 0:  # the loop's own number (per-epoch counts), where the SDK renumbered
-        args["user_step"] = user_step
-    runqueue = int(s.runqueue_wait_us[row])
-    if runqueue >= 0:
-        args["runqueue_wait_us"] = runqueue
+    # the loop's own number (per-epoch counts) where the SDK renumbered; the training thread's time waiting for a
+    # CPU, and on one
+    for name in ("user_step", "runqueue_wait_us", "on_cpu_us"):
+        value = int(getattr(s, name)[row])
+        if value >= 0:
+            args[name] = value
     for k, category in enumerate(CATEGORIES):
         ticks = int(bd.ticks[row, k])
         if ticks:
@@ -421,7 +421,7 @@ def _step_slice(table: RecordTable, bd: Breakdown, row: int, shift: int) -> _Sli
     return _Slice(
         start=int(s.start_us[row]) - shift,
         end=int(s.end_us[row]) - shift,
-        name=f"step {int(s.step[row])}" + (f" (loop step {user_step})" if user_step >= 0 else ""),
+        name=f"step {int(s.step[row])}" + (f" (loop step {args['user_step']})" if "user_step" in args else ""),
         cat="step",
         args=args,
     )

@@ -105,10 +105,11 @@ class StepState:
         "finished_at",
         "gap_ns",
         "longest",
+        "on_cpu_ns",
         "ops",
         "peak_memory_bytes",
-        "runqueue_ns",
         "runqueue_wait_ns",
+        "sched_ns",
         "segments",
         "sequences",
         "start_mark",
@@ -145,10 +146,13 @@ class StepState:
         """Host ns since the rank's previous step ended (``None``: the first step)."""
         self.between_ns: dict[str, int] = {}
         """Host ns of the phases timed in that gap, by :data:`BETWEEN_KINDS` key."""
-        self.runqueue_ns: int | None = None
-        """The training thread's run delay (:class:`RunQueueWait`) when the step started, ns; ``None``: unknown."""
+        self.sched_ns: tuple[int, int] | None = None
+        """The training thread's time on a CPU and run delay (:class:`SchedStat`) when the step started, ns;
+        ``None``: unknown."""
         self.runqueue_wait_ns: int | None = None
         """Run delay between the step's start and end, ns (the record's ``runqueue_wait_us``); ``None``: unknown."""
+        self.on_cpu_ns: int | None = None
+        """Time on a CPU between the step's start and end, ns (the record's ``on_cpu_us``); ``None``: unknown."""
 
 
 def between_us(between_ns: Mapping[str, int]) -> dict[str, int]:
@@ -359,6 +363,8 @@ def build_record(
         record["between_steps"] = between_us(st.between_ns)
     if st.runqueue_wait_ns is not None:
         record["runqueue_wait_us"] = st.runqueue_wait_ns // 1000
+    if st.on_cpu_ns is not None:
+        record["on_cpu_us"] = st.on_cpu_ns // 1000
     return record, p.incomplete
 
 
@@ -433,6 +439,8 @@ def encode_record(st: StepState, p: StepIntervals, *, header: RecordHeader, sdk:
         loop += f',"gap_before_us":{st.gap_ns // 1000},"between_steps":{_JSON(between_us(st.between_ns))}'
     if st.runqueue_wait_ns is not None:
         loop += f',"runqueue_wait_us":{st.runqueue_wait_ns // 1000}'
+    if st.on_cpu_ns is not None:
+        loop += f',"on_cpu_us":{st.on_cpu_ns // 1000}'
     text = (
         f'{header.before_step}{st.step}{header.after_step},"start_us":{p.start_us},"end_us":{p.end_us},'
         f'"intervals":[{",".join(parts)}]{stats},"gpu_util":null{loop},"sdk":{_JSON(sdk)}}}'
@@ -497,15 +505,17 @@ class RssPeak:
         self._pid = 0
 
 
-class RunQueueWait:
-    """How long the calling thread has waited for a CPU while runnable: the Linux scheduler's run delay, ns.
+class SchedStat:
+    """How long the calling thread has run on a CPU, and waited for one while runnable (the run delay), ns.
 
-    ``/proc/thread-self/schedstat`` holds three numbers: time on a CPU (ns), time runnable on a run queue but not
-    running (ns, the kernel's ``sched_info.run_delay``) and timeslices (Documentation/scheduler/sched-stats.rst). The
-    second, read at a step's start and end, is the time the host's scheduler took from the training thread: on shared
-    or oversubscribed cores it explains a "slow" rank that did no more work than its peers. The file stays open
-    (about 5 µs a read instead of a path lookup under ``/proc``) and belongs to the thread that opened it: read from
-    another thread or a forked child, it answers ``None``, never another thread's numbers.
+    ``/proc/thread-self/schedstat`` holds three numbers: time on a CPU (ns, ``sum_exec_runtime``), time runnable on a
+    run queue but not running (ns, the kernel's ``sched_info.run_delay``) and timeslices
+    (Documentation/scheduler/sched-stats.rst). Read at a step's start and end, the second is the time the host's
+    scheduler took from the training thread: on shared or oversubscribed cores it explains a "slow" rank that did no
+    more work than its peers. The first tells a rank that was slow while running (a slower or shared core: on a CPU
+    the whole time) from one that was slow while off a CPU (blocked, asleep, or waiting for a device). The file stays
+    open (about 5 µs a read instead of a path lookup under ``/proc``) and belongs to the thread that opened it: read
+    from another thread or a forked child, it answers ``None``, never another thread's numbers.
     """
 
     def __init__(self) -> None:
@@ -514,8 +524,8 @@ class RunQueueWait:
         self._owner: tuple[int, int] | None = None
         self._ok = True
 
-    def read(self) -> int | None:
-        """The calling thread's run delay so far, ns; ``None`` where not available (not Linux, another thread)."""
+    def read(self) -> tuple[int, int] | None:
+        """The calling thread's time on a CPU and run delay so far, ns; ``None``: not available (other OS, thread)."""
         if not self._ok:
             return None
         owner = (os.getpid(), threading.get_ident())
@@ -527,7 +537,7 @@ class RunQueueWait:
             elif self._owner != owner:
                 return None
             fields = os.pread(self._fd, 128, 0).split()
-            return int(fields[1])
+            return int(fields[0]), int(fields[1])
         except (OSError, ValueError, IndexError):
             self._ok = False
             self.close()

@@ -52,7 +52,7 @@ from meshscope.sdk.steps import (
     END,
     RecordHeader,
     RssPeak,
-    RunQueueWait,
+    SchedStat,
     StepIntervals,
     StepState,
     encode_record,
@@ -167,13 +167,13 @@ class _Boundary:
     own fetch: a loop that opens a step every k batches (gradient accumulation over the loader's micro-batches).
     """
 
-    __slots__ = ("after", "attention", "ops", "runqueue_ns", "segments", "source", "start_ns", "windows")
+    __slots__ = ("after", "attention", "ops", "sched_ns", "segments", "source", "start_ns", "windows")
 
-    def __init__(self, source: object, start_ns: int, runqueue_ns: int | None, st: StepState) -> None:
+    def __init__(self, source: object, start_ns: int, sched_ns: tuple[int, int] | None, st: StepState) -> None:
         self.source = source
         self.start_ns = start_ns
-        self.runqueue_ns = runqueue_ns
-        """The training thread's run delay when the fetch began."""
+        self.sched_ns = sched_ns
+        """The training thread's time on a CPU and run delay when the fetch began."""
         self.segments, self.ops, self.windows, self.attention = (
             len(st.segments),
             len(st.ops),
@@ -433,9 +433,10 @@ class Tracker:
         self._mesh_coord: dict[str, int] = {}
         self._coord_cache: dict[str, int] | None = None
         self._rss = RssPeak()
-        self._runqueue = RunQueueWait()
-        self._fetch_runqueue_ns: int | None = None
-        """The training thread's run delay when the held fetch began (the step that consumes it starts there)."""
+        self._sched = SchedStat()
+        self._fetch_sched_ns: tuple[int, int] | None = None
+        """The training thread's time on a CPU and run delay when the held fetch began (the step that consumes it
+        starts there)."""
         self._closed = False
         self._measurements = Measurements()
         for problem in settings.problems:
@@ -693,7 +694,7 @@ class Tracker:
             self._capture.uninstall()
         self._sender.close()
         self._rss.close()
-        self._runqueue.close()
+        self._sched.close()
 
     @property
     def in_step(self) -> bool:
@@ -788,7 +789,7 @@ class Tracker:
         if stack and stack[-1].step is None:  # a phase open since before the step: its time until now
             self._between_piece(stack[-1], now)
         st = StepState(number, now if self._fetch_ns is None else self._fetch_ns, ops.device_mark(now))
-        st.runqueue_ns = self._runqueue.read() if self._fetch_ns is None else self._fetch_runqueue_ns
+        st.sched_ns = self._sched.read() if self._fetch_ns is None else self._fetch_sched_ns
         st.user_step = user_step
         self._take_between(st, explicit=explicit)
         ops.step = st
@@ -816,8 +817,8 @@ class Tracker:
         self._fed_by = self._fetch_from if explicit and self._fetch_ns is not None else None
         self._fetch_ns = self._fetch_from = None
 
-    def _end_step(self, now: int | None = None, runqueue_ns: int | None = None) -> None:
-        """End the open step at host ``now`` (default: now); ``runqueue_ns``: the run delay read then, if it was."""
+    def _end_step(self, now: int | None = None, sched_ns: tuple[int, int] | None = None) -> None:
+        """End the open step at host ``now`` (default: now); ``sched_ns``: :class:`SchedStat` read then, if it was."""
         ops = self._ops
         st = ops.step
         if st is None:
@@ -838,9 +839,11 @@ class Tracker:
         self._fed_by = None
         st.end_ns = now
         st.end_mark = ops.device_mark(now)
-        if st.runqueue_ns is not None:
-            delay = self._runqueue.read() if runqueue_ns is None else runqueue_ns
-            st.runqueue_wait_ns = None if delay is None else max(0, delay - st.runqueue_ns)
+        if st.sched_ns is not None:
+            end = self._sched.read() if sched_ns is None else sched_ns
+            if end is not None:
+                st.on_cpu_ns = max(0, end[0] - st.sched_ns[0])
+                st.runqueue_wait_ns = max(0, end[1] - st.sched_ns[1])
         st.peak_memory_bytes = self._peak_memory()
         ops.end_unwaited(st)
         self._steps_finished += 1
@@ -913,12 +916,12 @@ class Tracker:
                 b = None
             self._push("data", None, "data", now)
             if b is None:
-                self._boundary = _Boundary(source, now, self._runqueue.read(), st)
+                self._boundary = _Boundary(source, now, self._sched.read(), st)
             return _BOUNDARY
         self._push("data", None, "data", now, count=False)
         if self._fetch_ns is None:
             self._fetch_ns, self._fetch_from = now, source
-            self._fetch_runqueue_ns = self._runqueue.read()
+            self._fetch_sched_ns = self._sched.read()
         return _HELD
 
     def _fetch_end(self, token: int | None, *, failed: bool) -> None:
@@ -949,15 +952,15 @@ class Tracker:
         except Exception as exc:  # noqa: BLE001
             self.fault("data", exc)
 
-    def _mark_now(self) -> tuple[int, int | None]:
-        """Host ns and the training thread's run delay now.
+    def _mark_now(self) -> tuple[int, tuple[int, int] | None]:
+        """Host ns, and the training thread's time on a CPU and run delay now.
 
         Where a stretch between steps begins that a caller names once it has ended (:meth:`_claim_between`,
         :meth:`_claim_fetch`).
         """
-        return _perf_ns(), self._runqueue.read()
+        return _perf_ns(), self._sched.read()
 
-    def _claim_between(self, kind: str, since: tuple[int, int | None]) -> None:
+    def _claim_between(self, kind: str, since: tuple[int, tuple[int, int] | None]) -> None:
         """The time from ``since`` (:meth:`_mark_now`) to now was ``kind`` (a ``between_steps`` key) between steps.
 
         For a caller that learns what a stretch was only when it ends (a Trainer's save after an evaluation).
@@ -966,7 +969,7 @@ class Tracker:
         if self._ops.step is None and self._fetch_ns is None:
             self._between_ns[kind] = self._between_ns.get(kind, 0) + max(0, _perf_ns() - since[0])
 
-    def _claim_fetch(self, since: tuple[int, int | None], source: object) -> None:
+    def _claim_fetch(self, since: tuple[int, tuple[int, int] | None], source: object) -> None:
         """The time from ``since`` (:meth:`_mark_now`) to now fetched the next step's batches.
 
         Held for that step, as a :meth:`data` fetch that began then. Nothing happens when a step is open or a fetch
@@ -974,8 +977,8 @@ class Tracker:
         """
         if self._closed or self._ops.step is not None or self._fetch_ns is not None:
             return
-        start_ns, runqueue_ns = since
-        self._fetch_ns, self._fetch_from, self._fetch_runqueue_ns = start_ns, source, runqueue_ns
+        start_ns, sched_ns = since
+        self._fetch_ns, self._fetch_from, self._fetch_sched_ns = start_ns, source, sched_ns
         self._pre_step.append(("data", "data", None, start_ns, _perf_ns()))
 
     def _lengths(self, st: StepState) -> tuple[int, ...]:
@@ -999,8 +1002,8 @@ class Tracker:
         fetched = st.segments[b.segments :]
         self._carried = (st.ops[b.ops :], st.windows[b.windows :], st.attention[b.attention :])
         del st.segments[b.segments :], st.ops[b.ops :], st.windows[b.windows :], st.attention[b.attention :]
-        self._end_step(b.start_ns, b.runqueue_ns)
-        self._fetch_ns, self._fetch_from, self._fetch_runqueue_ns = b.start_ns, b.source, b.runqueue_ns
+        self._end_step(b.start_ns, b.sched_ns)
+        self._fetch_ns, self._fetch_from, self._fetch_sched_ns = b.start_ns, b.source, b.sched_ns
         self._pre_step.extend(("data", kind, phase, a, e) for kind, phase, a, e in fetched)
         return True
 
