@@ -708,10 +708,14 @@ def break_down(
             paying_row=paying_row,
             paying_rank=np.where(paying_row >= 0, s.rank[np.maximum(paying_row, 0)], -1) if n else last,
         )
-        wait_caused_us = _charge(table, ins, joined, wait_attr, np.arange(n, dtype=np.int64))
-        wait_paid_us = _charge(table, ins, joined, wait_attr, pay, share=share)
-        wait_host_us = _charge(table, ins, joined, wait_attr, pay, share=1.0 - share)
-        wait_before_us = _charge(table, ins, joined, wait_attr, np.where(pay < 0, np.arange(n), -1))
+        rows, axis, amount = _last_arrivals(table, ins, joined, wait_attr)
+        payer = pay[rows]
+        paid = payer >= 0  # -1: the lateness came from before the records, no rank-step there pays
+        payer, paid_axis, paid_amount = payer[paid], axis[paid], amount[paid]
+        wait_caused_us = _per_row_axis(n, rows, axis, amount)
+        wait_paid_us = _per_row_axis(n, payer, paid_axis, paid_amount * share[payer])
+        wait_host_us = _per_row_axis(n, payer, paid_axis, paid_amount * (1.0 - share[payer]))
+        wait_before_us = _per_row_axis(n, rows[~paid], axis[~paid], amount[~paid])
     return Breakdown(
         table=table,
         ticks=ticks,
@@ -1044,41 +1048,33 @@ def _paying(  # noqa: PLR0917 - private, one caller
         previous=previous,
         gap_before_us=s.gap_before_us.astype(np.float64),
     )
-    # Only where the clocks read the host's time (no GPU record) and every record says how long its threads waited
-    # for a CPU: on a GPU the kernels run whether or not the launching thread has a core.
-    host_timed = not ((s.gpu >= 0).any() or np.isfinite(s.gpu_util).any()) and bool((s.runqueue_wait_us >= 0).all())
-    if not host_timed:
+    if not table.host_timed_with_runqueue:
         return pay, np.ones(table.n_rows, dtype=np.float64)
     own_us = step_us - bubble_us - sync_wait_us.sum(axis=1)
     host_us = host_delay_us(peer_key=key, own_us=own_us, runqueue_us=s.runqueue_wait_us.astype(np.float64))
     return pay, own_shares(peer_key=key, own_us=own_us, host_us=host_us)
 
 
-def _charge(
-    table: RecordTable,
-    ins: _Instances,
-    joined: _Joined,
-    wait_attr: NDArray[np.float64],
-    pay: NDArray[np.int64],
-    *,
-    share: NDArray[np.float64] | None = None,
-) -> NDArray[np.float64]:
-    """Charge each instance's total exposed sync wait to who pays for its last member(s), per rank-step and axis.
-
-    All of it, or (with ``share``, per rank-step) the payer's share of it.
-    """
-    n, n_axes = table.n_rows, len(AXES)
+def _last_arrivals(
+    table: RecordTable, ins: _Instances, joined: _Joined, wait_attr: NDArray[np.float64]
+) -> tuple[NDArray[np.int64], NDArray[np.int64], NDArray[np.float64]]:
+    """Each instance's total exposed sync wait, split over its last member(s): (row, axis, µs) per last member."""
     if ins.idx.size == 0:
-        return np.zeros((n, n_axes), dtype=np.float64)
+        empty = np.zeros(0, dtype=np.int64)
+        return empty, empty, np.zeros(0, dtype=np.float64)
     per_inst = np.bincount(ins.inst, weights=wait_attr, minlength=ins.starts.size)
     charged = np.flatnonzero(joined.is_charged)
     inst = ins.inst[charged]
     amount = per_inst[inst] / joined.join.n_last[inst] / TICKS_PER_US
-    rows = pay[table.intervals.row[ins.idx[charged]].astype(np.int64)]
+    rows = table.intervals.row[ins.idx[charged]].astype(np.int64)
     axis = table.intervals.axis[ins.idx[charged]].astype(np.int64)
-    paid = rows >= 0  # -1: the lateness came from before the records, no rank-step there pays
-    amount, rows, axis = amount[paid], rows[paid], axis[paid]
-    if share is not None:
-        amount = amount * share[rows]
-    caused = np.bincount(rows * n_axes + axis, weights=amount, minlength=n * n_axes).astype(np.float64, copy=False)
-    return caused.reshape(n, n_axes)
+    return rows, axis, amount.astype(np.float64, copy=False)
+
+
+def _per_row_axis(
+    n: int, rows: NDArray[np.int64], axis: NDArray[np.int64], amount: NDArray[np.float64]
+) -> NDArray[np.float64]:
+    """``amount`` summed per (row, axis): shape ``(n, len(AXES))``."""
+    n_axes = len(AXES)
+    summed = np.bincount(rows * n_axes + axis, weights=amount, minlength=n * n_axes).astype(np.float64, copy=False)
+    return summed.reshape(n, n_axes)

@@ -222,7 +222,7 @@ def index_rank_steps(breakdown: Breakdown) -> RankSteps:
         caused_per_step_us=caused / per_rank,
         group_of_rank=_group_of_rank(breakdown, rank_index, n_ranks),
         median_step_us=float(np.median(step_us)),
-        on_gpu=bool((s.gpu >= 0).any() or np.isfinite(s.gpu_util).any()),
+        on_gpu=table.on_gpu,
     )
 
 

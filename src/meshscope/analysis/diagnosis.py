@@ -53,7 +53,7 @@ from meshscope.analysis.costs import (
     place_of_rows,
     wait_caused,
 )
-from meshscope.analysis.grouping import distinct
+from meshscope.analysis.grouping import distinct, median_of_others
 from meshscope.formatting import human_bytes, human_seconds, percent
 from meshscope.plan import Severity
 from meshscope.records import BETWEEN_KINDS, COMM_CODE, OPS, CommOp, Note
@@ -106,6 +106,9 @@ worth chasing even on a run whose steps jitter more than it costs."""
 MINORITY_TIE = 0.8
 """Suspects beyond the fewer-than-half of a stage that may be named: when the first left out is at least this x as
 slow as the last kept, the stage splits into halves nobody can tell apart, and none is named."""
+SLOWER_CORE_OPTIMIZER = 0.10
+"""On a run without a GPU, a rank whose optimizer step takes at least this much longer than its peers' (relative, in
+its median step) runs on a slower core: its extra time on a CPU is the host's (``_slower_core``)."""
 CONTENDED_MIN_SLOW_STEPS = 2
 """On a run whose timings include CPU contention, a transient straggler is slow in at least this many steps: one slow
 step on a contended host is a scheduler hiccup on a random rank (a clean DDP-tutorial run, 4 ranks on 2 cores beside
@@ -240,12 +243,6 @@ def diagnose(
 # ---------------------------------------------------------------------------------------------- shared context
 
 
-def _host_timed_with_runqueue(rs: RankSteps) -> bool:
-    """Whether the run was timed on the host (no GPU) and every record carries the thread's run delay."""
-    runqueue = rs.breakdown.table.steps.runqueue_wait_us
-    return not rs.on_gpu and runqueue.size > 0 and bool((runqueue >= 0).all())
-
-
 def runqueue_contention(rs: RankSteps) -> Note | None:
     """The ``cpu_contention`` note of a host-timed run whose training threads waited for a CPU, else ``None``.
 
@@ -253,7 +250,7 @@ def runqueue_contention(rs: RankSteps) -> Note | None:
     local run, a busy host in a cluster. Said when the median rank-step waited :data:`RUNQUEUE_CONTENTION_SHARE` of
     its step or more.
     """
-    if not _host_timed_with_runqueue(rs):
+    if not rs.breakdown.table.host_timed_with_runqueue:
         return None
     s = rs.breakdown.table.steps
     steps_us = np.maximum((s.end_us - s.start_us).astype(np.float64), 1.0)
@@ -286,11 +283,12 @@ class _Context:
     contention: Note | None = None
     """The run's ``cpu_contention`` note (ranks outnumbered the cores they ran on, or the training threads waited for
     a CPU :data:`RUNQUEUE_CONTENTION_SHARE` of their steps), if any."""
-    runqueue_excess_us: NDArray[np.float64] | None = None
+    host_excess_us: NDArray[np.float64] | None = None
     """Per rank-step of a run timed on the host (no GPU) whose every record has ``runqueue_wait_us``: how much its run
-    delay exceeds its (step, stage) peers' median (0 when it waited less), µs; ``None`` otherwise. Time the
-    scheduler took from one rank more than from its peers is the host's, not the job's: the straggler detector takes
-    it out of the phase it compares."""
+    delay exceeds its (step, stage) peers' median (0 when it waited less), µs; ``None`` otherwise. On a contended run
+    whose records also have ``on_cpu_us``, plus how much its time on a CPU exceeds theirs. Time the host took from
+    one rank more than from its peers is the host's, not the job's: the straggler detector takes it out of the phase
+    it compares (:meth:`phase_us`)."""
 
     def contention_clause(self) -> str:
         """What every timing finding of a contended run must say."""
@@ -323,15 +321,8 @@ class _Context:
                 work_name = work_name or name
         contention = next((n for n in notes if n.code == CPU_CONTENTION), None) or runqueue_contention(rs)
         excess = None
-        if _host_timed_with_runqueue(rs):
-            rq = s.runqueue_wait_us.astype(np.float64)
-            # Only a wait beyond the peers' is taken out: a rank the scheduler favoured is not made slower for it. All
-            # of it, not only the part beyond the peers' rate for the same work (the cost table's host share,
-            # chains.host_delay_us): a rank is named only on the least its own work can have taken. Time off a CPU
-            # that no run delay shows (a thread waiting for the GIL its preempted sibling holds) counts as work at the
-            # peers' rate: a rank 2x slower in one step beside burners, its extra run delay 30 ms of which the rate
-            # left 6 ms as the host's, was named; held to all 30 it was not.
-            excess = np.maximum(rq - grouped_median(key, rq, n_groups)[key], 0.0)
+        if rs.breakdown.table.host_timed_with_runqueue:
+            excess = _host_excess_us(rs, key, n_groups, contended=contention is not None)
         return cls(
             rs=rs,
             step_us=rs.median_step_us,
@@ -343,22 +334,23 @@ class _Context:
             # not the median rank's own work, so its own effect never passes for the run's noise.
             step_jitter_us=_robust_sigma(grouped_median(rs.step_index, own_time_us(rs), rs.n_steps)),
             contention=contention,
-            runqueue_excess_us=excess,
+            host_excess_us=excess,
         )
 
     def phase_us(self, phase: str) -> NDArray[np.float64]:
         """A phase's µs per rank-step as the straggler detector holds a rank to: less its excess run delay, if known.
 
-        The excess (:attr:`runqueue_excess_us`) is taken out of the phase whole, at most down to 0: the records do not
-        say in which phase the thread waited for a CPU, so this is the least the rank's own work can have taken. Its
+        The excess (:attr:`host_excess_us`) is taken out of the phase whole, at most down to 0: the records do not
+        say in which phase the thread waited for a CPU (or ran slower on one), so this is the least the rank's own
+        work can have taken. Its
         peers are compared as measured (:meth:`reference_us`), the most theirs can have taken: a rank is named only
         where it is slower than the peers on both bounds. Taking the excess out of the peers too made a peer that
         waited for a core in its compute look faster in its optimizer step, and its partner a straggler there.
         """
         values = self.rs.us(phase)
-        if self.runqueue_excess_us is None:
+        if self.host_excess_us is None:
             return values
-        return np.maximum(values - self.runqueue_excess_us, 0.0)
+        return np.maximum(values - self.host_excess_us, 0.0)
 
     def reference_us(self, phase: str) -> NDArray[np.float64]:
         """A phase's µs per rank-step as the peers a rank is compared with took it, as measured (:meth:`phase_us`)."""
@@ -376,6 +368,54 @@ class _Context:
 
     def where(self, rank_index: int) -> str:
         return f"rank {int(self.rs.ranks[rank_index])} on {self.rs.node_name(rank_index)}"
+
+
+def _host_excess_us(rs: RankSteps, key: NDArray[np.int64], n_groups: int, *, contended: bool) -> NDArray[np.float64]:
+    """Per rank-step of a host-timed run: the time the host took from it beyond its (step, stage) peers', µs.
+
+    Its run delay beyond the median of its peers' (the others of its group: in a group of two, a median with itself
+    in it would leave it half its own excess). Only a wait beyond the peers' is taken out: a rank the scheduler
+    favoured is not made slower for it. All of it, not only the part beyond the peers' rate for the same work (the
+    cost table's host share, chains.host_delay_us): a rank is named only on the least its own work can have taken.
+    Time off a CPU that no run delay shows (a thread waiting for the GIL its preempted sibling holds) counts as work
+    at the peers' rate: a rank 2x slower in one step beside burners, its extra run delay 30 ms of which the rate left
+    6 ms as the host's, was named; held to all 30 it was not.
+
+    Where every record also has ``on_cpu_us``, plus its time on a CPU beyond its peers' when its core ran slower
+    (:func:`_slower_core`): the same work taking longer while running is the CPU's speed, the host's. A rank slow
+    while off a CPU (asleep, blocked, waiting for a device: the injected stragglers) keeps its excess; a rank with
+    more work (the imbalance) is compared in compute and data loading by its work, not here.
+    """
+    s = rs.breakdown.table.steps
+    rq = s.runqueue_wait_us.astype(np.float64)
+    excess = np.nan_to_num(np.maximum(rq - median_of_others(key, rq, n_groups), 0.0))
+    if bool((s.on_cpu_us >= 0).all()):
+        on_cpu = s.on_cpu_us.astype(np.float64)
+        beyond = np.nan_to_num(np.maximum(on_cpu - median_of_others(key, on_cpu, n_groups), 0.0))
+        slower = np.ones(rs.n_ranks, dtype=bool) if contended else _slower_core(rs, key, n_groups)
+        excess += np.where(slower[rs.rank_index], beyond, 0.0)
+    return excess
+
+
+def _slower_core(rs: RankSteps, key: NDArray[np.int64], n_groups: int) -> NDArray[np.bool_]:
+    """Per rank of a host-timed run: whether its core ran slower than its peers' (:data:`SLOWER_CORE_OPTIMIZER`).
+
+    The witness is the optimizer step: the same work on every rank of a stage (the same parameters, or equal shards
+    of them), all on a CPU, and no collective waits inside it. A rank whose optimizer step takes longer than its
+    peers' in the median step runs on a slower core (on a virtual machine, its virtual CPU shares a physical core
+    or its cache with another guest's load, which no counter in the guest shows), and its longer compute with the
+    same work is the same slowness. A clean 2-rank nanoGPT-style run on a quiet 2-core VM: rank 1 +25 % in compute
+    over all 40 steps, +41 % in its optimizer step, and on a CPU 3.7 ms longer per step, as much as its extra
+    compute. A rank doing more CPU work than its peers in its compute (a metric, a log line) keeps its optimizer
+    step's speed, and its excess. Without an optimizer step in the records, no rank has the witness.
+    """
+    opt = rs.us(OPTIMIZER)
+    peers = median_of_others(key, opt, n_groups)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        ratio = np.where((opt > 0) & (peers > 0), opt / peers, np.nan)
+    known = np.isfinite(ratio)
+    per_rank = grouped_median(rs.rank_index[known], ratio[known], rs.n_ranks)
+    return np.nan_to_num(per_rank, nan=0.0) >= 1.0 + SLOWER_CORE_OPTIMIZER
 
 
 def _robust_sigma(values: NDArray[np.float64]) -> float:

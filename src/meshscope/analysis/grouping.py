@@ -65,6 +65,38 @@ def grouped_median(
     return grouped_quantile(key, values, n_groups, 0.5)
 
 
+def median_of_others(
+    key: NDArray[np.integer[Any]], values: NDArray[np.floating[Any]], n_groups: int
+) -> NDArray[np.float64]:
+    """Per element: the median of the *other* members of its group ``key``; NaN for an element alone in its group.
+
+    A rank compared with "its peers" is not one of them: in a group of two, the median including itself would credit
+    it with half of its own excess. One sort for all groups.
+    """
+    out = np.full(key.size, np.nan)
+    if key.size == 0:
+        return out
+    order = np.lexsort((values, key))
+    v = values[order].astype(np.float64, copy=False)
+    counts = np.bincount(key, minlength=n_groups)
+    starts = np.concatenate(([0], np.cumsum(counts)[:-1]))
+    k = key[order]
+    start, others = starts[k], counts[k] - 1
+    mine = np.arange(key.size) - start  # each sorted element's place in its group
+    has = others > 0
+    lo_j, hi_j = (others - 1) // 2, others // 2  # the others' median places, among the others
+
+    def other(j: NDArray[np.int64]) -> NDArray[np.float64]:
+        """The ``j``-th of the others (sorted), for every element with others: skips the element's own place."""
+        at = np.minimum(start + j + (j >= mine), key.size - 1)
+        picked: NDArray[np.float64] = v[at]
+        return picked
+
+    median = np.where(has, 0.5 * (other(lo_j) + other(hi_j)), np.nan)
+    out[order] = median
+    return out
+
+
 def grouped_mean(
     key: NDArray[np.integer[Any]], values: NDArray[np.floating[Any]], n_groups: int
 ) -> NDArray[np.float64]:
