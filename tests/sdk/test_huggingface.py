@@ -119,7 +119,12 @@ def test_a_trainer_gives_one_record_per_optimizer_step_with_its_data_eval_and_ch
             assert rec.gap_before_us >= b.total_us()
     analysis = analyze(table)
     measured = {row.category for row in analysis.rows if row.measured_median_seconds > 0}
-    assert measured >= {"compute", "data", "optimizer", "comm.dp.transfer"}
+    assert measured >= {"compute", "data", "optimizer"}
+    # The dp all-reduce of every step (checked in the records above) shows in the table: how its time splits into
+    # exposed transfer and sync wait is the machine's (in one CI run the median rank-step's exposed transfer was 0,
+    # all of it under backward's compute or waiting), so the two together, at their 95th percentile.
+    dp = [row for row in analysis.rows if row.category.startswith("comm.dp.")]
+    assert sum(row.measured_p95_seconds for row in dp) > 0
 
 
 # ---------------------------------------------------------------------------- the events, one rank, no Trainer
