@@ -285,10 +285,10 @@ class _Context:
     a CPU :data:`RUNQUEUE_CONTENTION_SHARE` of their steps), if any."""
     host_excess_us: NDArray[np.float64] | None = None
     """Per rank-step of a run timed on the host (no GPU) whose every record has ``runqueue_wait_us``: how much its run
-    delay exceeds its (step, stage) peers' median (0 when it waited less), µs; ``None`` otherwise. On a contended run
-    whose records also have ``on_cpu_us``, plus how much its time on a CPU exceeds theirs. Time the host took from
-    one rank more than from its peers is the host's, not the job's: the straggler detector takes it out of the phase
-    it compares (:meth:`phase_us`)."""
+    delay exceeds the median of the others of its (step, stage) group (0 when it waited less), µs; ``None``
+    otherwise. Where its core ran slower and the records have ``on_cpu_us``, plus how much its time on a CPU exceeds
+    theirs (:func:`_host_excess_us`). Time the host took from one rank more than from its peers is the host's, not the
+    job's: the straggler detector takes it out of the phase it compares (:meth:`phase_us`)."""
 
     def contention_clause(self) -> str:
         """What every timing finding of a contended run must say."""
@@ -338,14 +338,14 @@ class _Context:
         )
 
     def phase_us(self, phase: str) -> NDArray[np.float64]:
-        """A phase's µs per rank-step as the straggler detector holds a rank to: less its excess run delay, if known.
+        """A phase's µs per rank-step as the straggler detector holds a rank to: less the host's excess, if known.
 
         The excess (:attr:`host_excess_us`) is taken out of the phase whole, at most down to 0: the records do not
         say in which phase the thread waited for a CPU (or ran slower on one), so this is the least the rank's own
-        work can have taken. Its
-        peers are compared as measured (:meth:`reference_us`), the most theirs can have taken: a rank is named only
-        where it is slower than the peers on both bounds. Taking the excess out of the peers too made a peer that
-        waited for a core in its compute look faster in its optimizer step, and its partner a straggler there.
+        work can have taken. Its peers are compared as measured (:meth:`reference_us`), the most theirs can have
+        taken: a rank is named only where it is slower than the peers on both bounds. Taking the excess out of the
+        peers too made a peer that waited for a core in its compute look faster in its optimizer step, and its
+        partner a straggler there.
         """
         values = self.rs.us(phase)
         if self.host_excess_us is None:

@@ -56,11 +56,11 @@ def _layout() -> tuple[tuple[str, str, str, tuple[int, ...]], ...]:
 LAYOUT = _layout()
 """The columns of :data:`PACKED_SCHEMA`: (``rows`` or ``intervals``, column, numpy dtype string, shape after the
 first axis)."""
-_ADDED: dict[str, tuple[tuple[str, str], ...]] = {"meshscope.columns/1": (("rows", "on_cpu_us"),)}
+_LACKS: dict[str, tuple[tuple[str, str], ...]] = {"meshscope.columns/1": (("rows", "on_cpu_us"),)}
 """The columns each older version lacks (read as unknown, -1): ``on_cpu_us`` came with ``meshscope.columns/2``."""
 _LAYOUTS = {
     PACKED_SCHEMA: LAYOUT,
-    **{schema: tuple(c for c in LAYOUT if (c[0], c[1]) not in added) for schema, added in _ADDED.items()},
+    **{schema: tuple(c for c in LAYOUT if (c[0], c[1]) not in added) for schema, added in _LACKS.items()},
 }
 """The layout of every version this reader reads."""
 _ROW_BYTES, _INTERVAL_BYTES = (
@@ -178,7 +178,7 @@ def unpack_columns(data: bytes, *, where: str) -> RecordColumns:
     """
     header, at = _header_of(data, where)
     arrays = _arrays_of(header, data, at, where)
-    for part, name in _ADDED.get(header.schema, ()):  # an older version's: unknown
+    for part, name in _LACKS.get(header.schema, ()):  # an older version's: unknown
         dtype, tail = next((d, tl) for p, n, d, tl in LAYOUT if (p, n) == (part, name))
         length = next(iter(a.shape[0] for (p, _), a in arrays.items() if p == part))
         arrays[part, name] = np.full((length, *tail), UNKNOWN, dtype=dtype)
