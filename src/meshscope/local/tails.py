@@ -122,7 +122,7 @@ def fix_for(tail: str, *, python: str | None) -> str | None:
     """
     found = _NO_MODULE.findall(tail)
     if not found:
-        return _spawned_twice(tail)
+        return _spawned_twice(tail) or _terminated_at_exit(tail)
     module = found[-1]
     where = f"the interpreter {python}" if python else "the ranks' interpreter"
     if module == "torch":
@@ -147,4 +147,27 @@ def _spawned_twice(tail: str) -> str | None:
         "the script starts its own ranks (torch.multiprocessing.spawn), so each rank meshscope run started spawned "
         "a whole job of its own, on the same port: run it as one process, meshscope run --nproc 1 -- ..., and the "
         "ranks it spawns are recorded with the ranks they pass to init_process_group"
+    )
+
+
+_TERMINATE = "terminate called without an active exception"
+"""What the C++ runtime prints before aborting when a ``std::thread`` that still runs is destroyed."""
+
+
+def _terminated_at_exit(tail: str) -> str | None:
+    """The fix for a rank that aborted in C++ (``std::terminate``), as PyTorch's gloo teardown does at exit.
+
+    Seen with PyTorch 2.13 (CPU, gloo): in a process that all-reduced over a gloo group and exited without
+    ``destroy_process_group()``, no meshscope imported (3 of 18 runs, 2026-12-06), and in ranks started by
+    ``torch.multiprocessing.spawn`` after it, under ``meshscope run`` (tests/scripts/ddp_spawn.py, 4 of 6 runs inside
+    the whole test suite). ``meshscope run``'s own ranks end with ``os._exit`` for that reason.
+    """
+    if _TERMINATE not in tail:
+        return None
+    return (
+        "the rank aborted in C++ (std::terminate: a thread destroyed while it still ran), which PyTorch's gloo "
+        "process groups do when they are torn down as a process ends, after its training; the steps it recorded "
+        "before are kept and analysed. Call torch.distributed.destroy_process_group() once training ends, and where "
+        "it still happens (processes started by torch.multiprocessing.spawn), end each rank with os._exit(0) after "
+        "its cleanup, as meshscope run's own ranks do"
     )
