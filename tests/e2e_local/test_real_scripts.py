@@ -118,6 +118,23 @@ def test_an_imbalance_in_a_real_script_is_named_with_the_tables_cost(tmp_path: P
     assert f["evidence"]["compute_excess_seconds_per_step"] > 0
 
 
+def test_a_rank_slow_outside_its_phases_is_named_with_the_tables_cost(tmp_path: Path) -> None:
+    # Rank 1 of the FSDP2 loop sleeps 20 ms a step between its forward and backward phases, in no phase: host work
+    # the loop does not mark. Its peer waits for it in the backward's first gather; the finding names that time.
+    run = run_script(tmp_path / "out", "fsdp2", *RUN_LENGTH["fsdp2"], "--pause", "1:20")
+    f = next((f for f in run.findings if f["code"] == "straggler"), None)
+    assert f is not None, [f["message"] for f in run.findings]
+    assert [s["rank"] for s in f["suspects"]] == [1], f["message"]
+    assert f["evidence"]["phase_is_other"] == 1, f["message"]
+    assert "outside phases and collectives" in f["message"]
+    # About the 20 ms it slept (less what the host took from it: the detector's least bound), and what the table says
+    # it made its peer wait.
+    assert 0.01 <= f["evidence"]["excess_seconds"] <= 0.03
+    wait = _row(run, "comm.dp.sync_wait")
+    assert wait["suspect"]["rank"] == 1
+    assert f["evidence"]["cost_seconds_per_step"] == f["evidence"]["wait_per_member_seconds_per_step"]
+
+
 def _run_spawning(out: Path, *, nproc: int) -> Run:
     """``meshscope run --nproc N -- python ddp_spawn.py --world 2``: a script that spawns 2 ranks of its own."""
     command = [sys.executable, "-m", "meshscope", "run", "--nproc", str(nproc), "--out", str(out), "--",

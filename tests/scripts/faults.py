@@ -3,7 +3,9 @@
 ``--straggler RANK:FACTOR`` makes that rank's forward and backward take FACTOR x as long, as a GPU FACTOR x slower
 would: after each pass it sleeps (FACTOR - 1) x the pass's own duration (a sleep, not more CPU work, so the slow rank
 does not also slow its neighbours on shared cores). ``--imbalance RANK:FACTOR`` gives that rank FACTOR x the rows
-of every batch (more tokens, more real compute), the way a packed batch of long documents does.
+of every batch (more tokens, more real compute), the way a packed batch of long documents does. ``--pause RANK:MS``
+makes that rank sleep MS milliseconds in every step outside any phase (host work no phase covers: a log line, a
+metric, a host-device sync between the forward and the backward pass), where the script calls :meth:`Faults.pause`.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ def add_fault_arguments(p: argparse.ArgumentParser) -> None:
     """``--straggler`` and ``--imbalance``."""
     p.add_argument("--straggler", default="", help="RANK:FACTOR, that rank's passes take FACTOR x as long")
     p.add_argument("--imbalance", default="", help="RANK:FACTOR, that rank gets FACTOR x the rows of every batch")
+    p.add_argument("--pause", default="", help="RANK:MS, that rank sleeps MS ms a step outside its phases")
 
 
 class Faults:
@@ -42,6 +45,8 @@ class Faults:
         imbalance = rank_factor(args.imbalance, "--imbalance")
         self.slow = straggler[1] if straggler and straggler[0] == rank else 1.0
         self.rows = imbalance[1] if imbalance and imbalance[0] == rank else 1.0
+        pause = rank_factor(args.pause, "--pause")
+        self.pause_s = pause[1] / 1e3 if pause and pause[0] == rank else 0.0
 
     def batch(self, rows: int) -> int:
         """This rank's rows for a batch of ``rows``."""
@@ -54,3 +59,8 @@ class Faults:
         yield
         if self.slow > 1.0:
             time.sleep((self.slow - 1.0) * (time.perf_counter() - t0))
+
+    def pause(self) -> None:
+        """Sleep this rank's ``--pause`` (outside any phase, where the script calls it)."""
+        if self.pause_s > 0:
+            time.sleep(self.pause_s)

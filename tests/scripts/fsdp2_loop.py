@@ -84,6 +84,7 @@ def main() -> None:
             with tracker.phase("forward"), faults.slowed():
                 logits = model(tokens[:, :-1])
                 loss = F.cross_entropy(logits.reshape(-1, VOCAB), tokens[:, 1:].reshape(-1))
+            faults.pause()
             with tracker.phase("backward"), faults.slowed():
                 loss.backward()
             with tracker.phase("optimizer"):

@@ -39,6 +39,7 @@ from meshscope.analysis.breakdown import (
     COMPUTE,
     DATA,
     OPTIMIZER,
+    OTHER,
     TRANSFER,
     comm_category,
 )
@@ -83,10 +84,10 @@ compute over a whole clean run (benchmarks/bench_real_runs.py)."""
 STRAGGLER_EXPLAINS = 0.5
 """A straggler's own phases explain at least this share of the sync wait it is charged with per waiting rank: its
 excess over the rest of its stage in the phase named (amortised for a transient one), or summed over compute, data
-loading and the optimizer step where each is longer. A rank last into its collectives by 5 ms a step whose
-optimizer step took 0.9 ms longer than its peers' is last for another reason (time outside its phases, noise on a
-2-rank run), and naming the phase would send the user after the wrong cause; the cost table still names it as the
-rank its peers waited for."""
+loading, the optimizer step and its time outside them where each is longer. A rank last into its collectives by 5 ms
+a step whose optimizer step took 0.9 ms longer than its peers' is last for another reason (a slow link on its way
+there, time before its step, noise on a 2-rank run), and naming the phase would send the user after the wrong cause;
+the cost table still names it as the rank its peers waited for."""
 STRAGGLER_CONSISTENCY = 0.75
 """A persistent straggler is above the rest of its stage in at least this share of its steps ..."""
 STRAGGLER_STEADY = 0.5
@@ -119,6 +120,18 @@ in fifteen from a busy host is noise, not a rank to chase."""
 JITTER_SIGMAS = 3.0
 """... by at least this many standard errors of a median over its steps (the robust standard deviation of the
 rest's rank-steps around their median, ÷ √steps): thresholds follow the run's measured noise, not a fixed share."""
+STRAGGLER_PHASES: tuple[str, ...] = (COMPUTE, DATA, OPTIMIZER, OTHER)
+"""What a straggler can be slow in: its own time in a step. ``other`` is the step's time outside its phases and its
+collectives (host work no phase covers: a metric, a log line, a host-device sync between ``forward`` and
+``backward``); small on every rank of a clean run, and a rank that spends 50 ms a step there makes its groups wait as
+surely as one that computes 50 ms longer (a DTensor/FSDP2 job whose rank 2 slept between its phases: the table
+charged it the sync wait, and no straggler finding said why)."""
+_PHASE_WORDS: dict[str, str] = {
+    COMPUTE: "compute",
+    DATA: "data loading",
+    OPTIMIZER: "the optimizer step",
+    OTHER: "its time outside phases and collectives (host work no phase covers)",
+}
 WORK_RATIO = 1.10
 """Work (attention work, tokens, longest sequence) at or above this x the peers' median counts as "more work"."""
 IMBALANCE_MIN_EXCESS = 0.05
@@ -507,11 +520,11 @@ def _stragglers(ctx: _Context) -> list[Finding]:
     """
     rs = ctx.rs
     best: dict[int, _Slow] = {}
-    for phase in (COMPUTE, DATA, OPTIMIZER):
+    for phase in STRAGGLER_PHASES:
         for slow in _persistent(ctx, phase):
             if slow.rank_index not in best or slow.excess_us > best[slow.rank_index].excess_us:
                 best[slow.rank_index] = slow
-    for phase in (COMPUTE, DATA, OPTIMIZER):
+    for phase in STRAGGLER_PHASES:
         for i, slow in _transient(ctx, phase, exclude=best).items():
             if i not in best or slow.excess_us > best[i].excess_us:
                 best[i] = slow
@@ -572,12 +585,13 @@ def _phases_excess_us(ctx: _Context, rank_index: int, suspects: NDArray[np.intp]
     """The part of a rank's step its own phases explain.
 
     Its median excess over the rest of its stage (the peers that are not ``suspects``) in each of compute, data
-    loading and the optimizer step, summed where positive.
+    loading, the optimizer step and its time outside them (``other``), summed where positive.
     """
     mine = ctx.rs.rank_index == rank_index
     more_work = ctx.work_ratio is not None and float(np.median(ctx.work_ratio[mine])) >= WORK_RATIO
     total = 0.0
-    for phase in (OPTIMIZER,) if more_work else (COMPUTE, DATA, OPTIMIZER):  # more work to compute is imbalance
+    # More work to compute (or to load) is an imbalance, not the rank's own slowness.
+    for phase in (OPTIMIZER, OTHER) if more_work else STRAGGLER_PHASES:
         gap = (ctx.phase_us(phase) - _rest_reference(ctx, ctx.reference_us(phase), suspects))[mine]
         gap = gap[np.isfinite(gap)]
         if gap.size:
@@ -714,7 +728,7 @@ def _straggler_finding(ctx: _Context, slow: list[_Slow]) -> Finding:
     peer_tokens = float(np.median(s.tokens[s.tokens >= 0])) if (s.tokens >= 0).any() else None
     gap_us = top.phase_us - top.peer_us
     relative = f" (+{percent(gap_us / top.peer_us)})" if top.peer_us >= gap_us / 100 else ""
-    phase_word = {COMPUTE: "compute", DATA: "data loading", OPTIMIZER: "the optimizer step"}[top.phase]
+    phase_word = _PHASE_WORDS[top.phase]
     on_node = int(np.count_nonzero(rs.node_of_rank == node_code))
     other_nodes = int(np.unique(rs.node_of_rank).size) > 1
     ranks = [int(rs.ranks[x.rank_index]) for x in slow]
@@ -748,6 +762,7 @@ def _straggler_finding(ctx: _Context, slow: list[_Slow]) -> Finding:
         "phase_is_compute": int(top.phase == COMPUTE),
         "phase_is_data": int(top.phase == DATA),
         "phase_is_optimizer": int(top.phase == OPTIMIZER),
+        "phase_is_other": int(top.phase == OTHER),
         "wait_caused_seconds_per_step": None if caused is None else caused.total_seconds,
         "wait_per_member_seconds_per_step": None if caused is None else caused.per_member_seconds,
         "tokens": tokens,
