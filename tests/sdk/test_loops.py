@@ -407,6 +407,65 @@ def test_data_stats_between_a_fetch_and_start_step_go_to_the_step_it_opens(liste
         assert fetch.start_us == rec.start_us
 
 
+# ---------------------------------------------------------------------------- a step without compute phases
+
+
+def _compute_us(rec: StepRecord) -> list[tuple[int, int, str | None]]:
+    return [
+        (iv.start_us, iv.end_us, iv.phase.value if iv.phase else None)
+        for iv in rec.intervals
+        if iv.kind is IntervalKind.COMPUTE
+    ]
+
+
+def test_a_step_that_declares_no_compute_phase_computes_outside_its_phases(listener) -> None:
+    # The loops people write first: only the step marked, or only the fetches (tracker.data), or an eval phase on
+    # some steps. Their time outside the phases they did mark is compute of unknown phase, not "other".
+    sock, path = listener
+    tracker = _tracker(path)
+    with tracker.step(0):  # nothing but the step
+        time.sleep(0.02)
+    for batch in tracker.data(SlowLoader(1, 0.01)):  # a fetch, then the body
+        with tracker.step(1):
+            del batch
+            time.sleep(0.02)
+    with tracker.step(2):  # eval inside the step is compute too, and declares no training compute
+        time.sleep(0.01)
+        with tracker.phase("eval"):
+            time.sleep(0.01)
+    with tracker.step(3):  # a training compute phase declared: the time outside it is not compute
+        with tracker.phase("forward"):
+            time.sleep(0.01)
+        time.sleep(0.02)
+    with tracker.step(4):  # an optimizer phase alone declares no compute: the rest is compute
+        time.sleep(0.01)
+        with tracker.phase("optimizer"):
+            time.sleep(0.01)
+    tracker.close()
+    recs = {r.step: r for r in _records(sock)}
+    # Step 0: one compute piece, the whole step.
+    assert _compute_us(recs[0]) == [(recs[0].start_us, recs[0].end_us, None)]
+    # Step 1: the fetch, then compute from its end to the step's end.
+    (fetch,) = [iv for iv in recs[1].intervals if iv.kind is IntervalKind.DATA]
+    assert _compute_us(recs[1]) == [(fetch.end_us, recs[1].end_us, None)]
+    assert recs[1].end_us - fetch.end_us >= 20 * MS
+    # Step 2: compute covers the whole step (before eval, and eval itself).
+    pieces = _compute_us(recs[2])
+    assert pieces[0][0] == recs[2].start_us
+    assert pieces[-1][1] == recs[2].end_us
+    assert sum(b - a for a, b, _ in pieces) == recs[2].end_us - recs[2].start_us
+    # Step 3: only the forward phase is compute; the 20 ms after it is left to "other".
+    ((a, b, phase),) = _compute_us(recs[3])
+    assert phase == "forward"
+    assert 10 * MS <= b - a < 10 * MS + SLACK_US
+    assert recs[3].end_us - b >= 20 * MS
+    # Step 4: compute before the optimizer, which keeps its own interval.
+    (opt,) = [iv for iv in recs[4].intervals if iv.kind is IntervalKind.OPTIMIZER]
+    first, *tail = _compute_us(recs[4])
+    assert first == (recs[4].start_us, opt.start_us, None)
+    assert all(a >= opt.end_us for a, _, _ in tail)  # the step's own end after the phase (microseconds)
+
+
 # ---------------------------------------------------------------------------- a real gloo job
 
 
@@ -467,6 +526,46 @@ def test_a_plain_ddp_loop_needs_no_registration_and_its_records_analyse(fork_job
         assert one.between_steps is not None
         assert one.between_steps.eval_us == 0
     assert analyze(table).to_dict()
+
+
+def _bare_ddp_loop(rank: int, world: int) -> dict[str, object]:
+    """The least a user adds: the tracker and ``with tracker.step(i):`` around a DDP loop's body, no phase at all."""
+    import torch  # noqa: PLC0415 - the forked rank's torch, pre-imported by conftest
+    from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: N817, PLC0415
+
+    tracker = sdk.tracker_from_env()
+    torch.manual_seed(0)
+    model = DDP(torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.GELU(), torch.nn.Linear(256, 64)))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for i in range(6):
+        with tracker.step(i):
+            batch = torch.randn(32, 64)
+            loss = model(batch).pow(2).mean()
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            if rank == 1:
+                time.sleep(0.03)  # host work on one rank (a log line, a metric): the other waits for it
+    counters = tracker.counters().as_dict()
+    tracker.close()
+    return {"counters": counters}
+
+
+@pytest.mark.slow
+def test_a_ddp_loop_that_marks_only_its_steps_has_its_compute_measured(fork_job) -> None:
+    # Every record holds compute (where the rank ran, its waits cut out: the invariants check that no wait sits in
+    # it), and the breakdown puts the steps' own time in compute, not in "other": rank 1's 30 ms of host work a step
+    # is its compute, and the table says it made rank 0 wait.
+    job = fork_job(_bare_ddp_loop, 2)
+    table = read_table(job.records_path)
+    for rec in table.to_records():
+        assert any(iv.kind is IntervalKind.COMPUTE for iv in rec.intervals), (rec.rank, rec.step)
+    result = analyze(table).to_dict()
+    rows = {r["category"]: r for r in result["rows"]}
+    assert rows["compute"]["measured_median_seconds"] > 0
+    assert rows["other"]["measured_median_seconds"] < 0.1 * rows["compute"]["measured_median_seconds"]
+    assert rows["compute"]["worst_rank"] == 1
+    assert rows["comm.dp.sync_wait"]["suspect"]["rank"] == 1
 
 
 def _accumulating_ddp_loop(rank: int, world: int) -> dict[str, object]:

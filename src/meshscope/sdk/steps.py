@@ -21,13 +21,14 @@ from operator import itemgetter
 from typing import TYPE_CHECKING, Any, Final
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping
+    from collections.abc import Callable, Mapping
 
     from meshscope.sdk.clocks import HostClock, Mark
 
 MERGE_GAP_US: Final = 20
 """Blocked windows closer than this many µs are merged (the Python between two waits is not compute)."""
 OPTIMIZER: Final = "optimizer"
+COMPUTE: Final = "compute"
 DEVICE_KINDS: Final = frozenset({"compute", OPTIMIZER})
 """Interval kinds whose marks are device marks and from which blocked windows are cut."""
 BETWEEN_KINDS: Final = ("data", "compute", "optimizer", "checkpoint", "eval")
@@ -100,6 +101,7 @@ class StepState:
     __slots__ = (
         "attention",
         "between_ns",
+        "declared_compute",
         "end_mark",
         "end_ns",
         "finished_at",
@@ -129,6 +131,11 @@ class StepState:
         self.end_ns = 0
         self.end_mark: Mark = None
         self.segments: list[tuple[str, str | None, Mark, Mark]] = []
+        self.declared_compute: bool | None = None
+        """Whether a training compute phase (``forward``, ``backward``, ``recompute``, ``compute``; not ``eval``)
+        owned time in this step (the tracker says; ``None``: not said, any ``compute`` segment counts). Without one
+        the step's time outside its phases is compute of unknown phase (:func:`implicit_compute`): a loop that marks
+        only its steps, or only its fetches, still computes."""
         self.ops: list[list[Any]] = []
         """Captured operations (:func:`new_op` lists), in issue order."""
         self.windows: list[Any] = []
@@ -193,6 +200,35 @@ def subtract_windows(a: int, b: int, windows: list[tuple[int, int]], first: int 
             break
     if cur < b:
         pieces.append((cur, b))
+    return pieces
+
+
+def _computes(st: StepState) -> bool:
+    """Whether ``st`` declared its compute (:attr:`StepState.declared_compute`)."""
+    if st.declared_compute is not None:
+        return st.declared_compute
+    return any(kind == COMPUTE for kind, _, _, _ in st.segments)
+
+
+def implicit_compute(
+    st: StepState, a: int, b: int, to_us: Callable[[Mark], int], windows: list[tuple[int, int]]
+) -> list[tuple[int, int]]:
+    """Where a step that declared no training compute phase computed; empty for a step that did.
+
+    The step's span ``[a, b]`` less the union of its phase pieces (marks read with ``to_us``), less its blocked
+    ``windows`` (sorted, disjoint), as out of any compute.
+    """
+    if _computes(st):
+        return []
+    declared = sorted((max(to_us(x), a), min(to_us(y), b)) for _, _, x, y in st.segments)
+    pieces: list[tuple[int, int]] = []
+    cur = a
+    for p0, p1 in declared:
+        if p0 > cur:
+            pieces.extend(subtract_windows(cur, p0, windows))
+        cur = max(cur, p1)
+    if cur < b:
+        pieces.extend(subtract_windows(cur, b, windows))
     return pieces
 
 
@@ -280,6 +316,8 @@ class StepIntervals:
                 add((a + base_us, b + base_us, kind, phase, None))
         if optimizer_end is not None and not kept:  # blocked throughout, or too short: the phase is still recorded
             add((optimizer_end, optimizer_end, OPTIMIZER, None, None))
+        implicit = implicit_compute(st, start, (st.end_ns - base) // 1000, lambda m: (m - base) // 1000, windows)
+        items.extend((p0 + base_us, p1 + base_us, COMPUTE, None, None) for p0, p1 in implicit)
         incomplete = 0
         for rec in st.ops:
             e = rec[END]
@@ -322,6 +360,9 @@ class StepIntervals:
                 items.append((a_us, b_us, kind, phase, None))
         if optimizer_end is not None and not kept:
             items.append((optimizer_end, optimizer_end, OPTIMIZER, None, None))
+        if st.end_mark is not None and ready(st.start_mark) and ready(st.end_mark):
+            implicit = implicit_compute(st, to_us(st.start_mark), to_us(st.end_mark), to_us, windows)
+            items.extend((p0, p1, COMPUTE, None, None) for p0, p1 in implicit)
         incomplete = 0
         for rec in st.ops:
             s, e, w = rec[START], rec[END], rec[WAIT]

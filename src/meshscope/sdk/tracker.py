@@ -48,6 +48,7 @@ from meshscope.sdk.groups import axis_of_name
 from meshscope.sdk.measurements import Measurements
 from meshscope.sdk.operations import Operations
 from meshscope.sdk.steps import (
+    COMPUTE,
     DEVICE_KINDS,
     END,
     RecordHeader,
@@ -791,11 +792,14 @@ class Tracker:
         st = StepState(number, now if self._fetch_ns is None else self._fetch_ns, ops.device_mark(now))
         st.sched_ns = self._sched.read() if self._fetch_ns is None else self._fetch_sched_ns
         st.user_step = user_step
+        st.declared_compute = False  # until a training compute phase owns time in it
         self._take_between(st, explicit=explicit)
         ops.step = st
         for frame in stack:  # phases opened before the step count from its start
             if frame.step is None:
                 frame.step, frame.seg_start = st, self._mark_for(frame.kind, now)
+                if frame.kind == COMPUTE and frame.between != "eval":
+                    st.declared_compute = True
         return st
 
     def _take_between(self, st: StepState, *, explicit: bool) -> None:
@@ -875,6 +879,8 @@ class Tracker:
             top = self._stack[-1]
             if top.step is st:
                 st.segments.append((top.kind, top.phase, top.seg_start, self._mark_for(top.kind, now)))
+        if kind == COMPUTE and between != "eval":
+            st.declared_compute = True
         self._stack.append(_Frame(kind, phase, between, self._mark_for(kind, now), st))
 
     def _pop(self) -> None:
