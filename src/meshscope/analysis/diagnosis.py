@@ -335,7 +335,7 @@ class _Context:
         contention = next((n for n in notes if n.code == CPU_CONTENTION), None) or runqueue_contention(rs)
         excess = None
         if rs.breakdown.table.host_timed_with_runqueue:
-            excess = _host_excess_us(rs, key, n_groups, contended=contention is not None)
+            excess = _host_excess_us(rs, key, n_groups)
         return cls(
             rs=rs,
             step_us=rs.median_step_us,
@@ -383,7 +383,7 @@ class _Context:
         return f"rank {int(self.rs.ranks[rank_index])} on {self.rs.node_name(rank_index)}"
 
 
-def _host_excess_us(rs: RankSteps, key: NDArray[np.int64], n_groups: int, *, contended: bool) -> NDArray[np.float64]:
+def _host_excess_us(rs: RankSteps, key: NDArray[np.int64], n_groups: int) -> NDArray[np.float64]:
     """Per rank-step of a host-timed run: the time the host took from it beyond its (step, stage) peers', µs.
 
     Its run delay beyond the median of its peers' (the others of its group: in a group of two, a median with itself
@@ -394,10 +394,16 @@ def _host_excess_us(rs: RankSteps, key: NDArray[np.int64], n_groups: int, *, con
     at the peers' rate: a rank 2x slower in one step beside burners, its extra run delay 30 ms of which the rate left
     6 ms as the host's, was named; held to all 30 it was not.
 
-    Where every record also has ``on_cpu_us``, plus its time on a CPU beyond its peers' when its core ran slower
-    (:func:`_slower_core`): the same work taking longer while running is the CPU's speed, the host's. A rank slow
-    while off a CPU (asleep, blocked, waiting for a device: the injected stragglers) keeps its excess; a rank with
-    more work (the imbalance) is compared in compute and data loading by its work, not here.
+    Where every record also has ``on_cpu_us``, plus its time on a CPU beyond its peers' where its core ran slower
+    (:func:`_slower_core`: its optimizer step, the same work as its peers', is slower in its median step): the same
+    work taking longer while running is the CPU's speed, the host's. On a CPU-contended run too: there one step's
+    optimizer step is no witness (4 ranks on 2 cores: each rank's was 10 % slower than its peers' in 6-9 of 19
+    steps). A rank slow while off a CPU (asleep, blocked, waiting for a device: the injected
+    stragglers) keeps its excess, and so does a rank with more CPU work whose optimizer step keeps its peers' speed
+    (an eval pass, a metric, a busy loop): on a contended run too. Taking every rank-step's time on a CPU out there
+    hid a rank that spun 40 ms a step in its forward pass (4 ranks on 2 cores: +37 % compute, the table charging it
+    50 ms of sync wait a step, no finding). A rank with more work of the job's own (the imbalance) is compared in
+    compute and data loading by its work, not here.
     """
     s = rs.breakdown.table.steps
     rq = s.runqueue_wait_us.astype(np.float64)
@@ -405,12 +411,20 @@ def _host_excess_us(rs: RankSteps, key: NDArray[np.int64], n_groups: int, *, con
     if bool((s.on_cpu_us >= 0).all()):
         on_cpu = s.on_cpu_us.astype(np.float64)
         beyond = np.nan_to_num(np.maximum(on_cpu - median_of_others(key, on_cpu, n_groups), 0.0))
-        slower = np.ones(rs.n_ranks, dtype=bool) if contended else _slower_core(rs, key, n_groups)
+        slower = _slower_core(rs, _optimizer_ratio(rs, key, n_groups))
         excess += np.where(slower[rs.rank_index], beyond, 0.0)
     return excess
 
 
-def _slower_core(rs: RankSteps, key: NDArray[np.int64], n_groups: int) -> NDArray[np.bool_]:
+def _optimizer_ratio(rs: RankSteps, key: NDArray[np.int64], n_groups: int) -> NDArray[np.float64]:
+    """Per rank-step: its optimizer step over the median of its (step, stage) peers' (NaN where either is 0)."""
+    opt = rs.us(OPTIMIZER)
+    peers = median_of_others(key, opt, n_groups)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where((opt > 0) & (peers > 0), opt / peers, np.nan)
+
+
+def _slower_core(rs: RankSteps, ratio: NDArray[np.float64]) -> NDArray[np.bool_]:
     """Per rank of a host-timed run: whether its core ran slower than its peers' (:data:`SLOWER_CORE_OPTIMIZER`).
 
     The witness is the optimizer step: the same work on every rank of a stage (the same parameters, or equal shards
@@ -420,12 +434,9 @@ def _slower_core(rs: RankSteps, key: NDArray[np.int64], n_groups: int) -> NDArra
     same work is the same slowness. A clean 2-rank nanoGPT-style run on a quiet 2-core VM: rank 1 +25 % in compute
     over all 40 steps, +41 % in its optimizer step, and on a CPU 3.7 ms longer per step, as much as its extra
     compute. A rank doing more CPU work than its peers in its compute (a metric, a log line) keeps its optimizer
-    step's speed, and its excess. Without an optimizer step in the records, no rank has the witness.
+    step's speed, and its excess. Without an optimizer step in the records, no rank has the witness. ``ratio``:
+    :func:`_optimizer_ratio`.
     """
-    opt = rs.us(OPTIMIZER)
-    peers = median_of_others(key, opt, n_groups)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        ratio = np.where((opt > 0) & (peers > 0), opt / peers, np.nan)
     known = np.isfinite(ratio)
     per_rank = grouped_median(rs.rank_index[known], ratio[known], rs.n_ranks)
     return np.nan_to_num(per_rank, nan=0.0) >= 1.0 + SLOWER_CORE_OPTIMIZER
