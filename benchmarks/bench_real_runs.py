@@ -10,10 +10,11 @@ DDP loop, a DDP-tutorial-style epoch loop, an FSDP2 loop) on 4 gloo ranks, or of
 ranks, emulated accelerator). Foreign load, where asked, is one spinning process per core beside the job (the
 issue's burner) or, for a third of the clean runs, a single one (one core loaded: the ranks on it wait for a CPU
 and the others do not, which once made a clean run name a rank). Faults:
-``--straggler RANK:2`` (that rank's passes take twice as long) or ``--imbalance RANK:3`` (three times the rows), the
-rank drawn from a seeded generator. A clean run is right when it has no finding; a straggler run when exactly one
-straggler finding names exactly the injected rank; an imbalance run when a data-imbalance finding names it first and
-no straggler finding appears.
+``--straggler RANK:2`` (that rank's passes take twice as long, sleeping), ``--busy RANK:2`` (twice as long, spinning
+on its CPU: host work, which on shared cores also slows the ranks beside it) or ``--imbalance RANK:3`` (three times
+the rows), the rank drawn from a seeded generator. A clean run is right when it has no finding; a straggler or busy
+run when exactly one straggler finding names exactly the injected rank; an imbalance run when a data-imbalance
+finding names it first and no straggler finding appears.
 
     .venv/bin/python benchmarks/bench_real_runs.py                      # 24 clean + 30 fault runs, ~10 min here
     .venv/bin/python benchmarks/bench_real_runs.py --clean 4 --faults 6  # a quick look
@@ -44,6 +45,8 @@ JOBS: dict[str, list[str]] = {
 }
 """The lengths of tests/e2e_local's runs (``RUN_LENGTH``: about a second of steps, so that a burst of a few slow
 steps on a busy host is a burst); ``--short`` runs the 10-step lengths of the earlier figures."""
+FAULTS = ("straggler", "imbalance", "busy")
+"""The injected faults, in turn (each for one run of every script)."""
 SHORT = {"nanogpt-ddp": ["--iters", "10"], "ddp-tutorial": ["--samples", "768"], "fsdp2": ["--steps", "10"]}
 
 
@@ -94,10 +97,10 @@ def verdict(analysis: dict[str, Any], fault: str | None, rank: int | None) -> tu
     found = "; ".join(f"{f['code']}({','.join(str(s['rank']) for s in f['suspects'])})" for f in findings) or "none"
     if fault is None:
         return not findings, found, None
-    code = "straggler" if fault == "straggler" else "data-imbalance"
+    code = "data-imbalance" if fault == "imbalance" else "straggler"
     hits = [f for f in findings if f["code"] == code]
     right = len(hits) == 1 and hits[0]["suspects"][0]["rank"] == rank
-    if fault == "straggler":
+    if code == "straggler":
         right = right and [s["rank"] for s in hits[0]["suspects"]] == [rank]
     else:
         right = right and not any(f["code"] == "straggler" for f in findings)
@@ -132,12 +135,12 @@ def main() -> None:
         (jobs[i % len(jobs)], ("", "burner", "one")[i % 3], None, None) for i in range(args.clean)
     ]
     for i in range(args.faults):
-        kind = "straggler" if (i // len(JOBS)) % 2 == 0 else "imbalance"
+        kind = FAULTS[(i // len(JOBS)) % len(FAULTS)]
         plan.append((list(JOBS)[i % len(JOBS)], "burner" if i % 3 == 2 else "", kind, rng.randrange(4)))
     results = []
     with tempfile.TemporaryDirectory() as tmp:
         for k, (job, load, fault, rank) in enumerate(plan):
-            extra = [] if fault is None else [f"--{fault}", f"{rank}:{2 if fault == 'straggler' else 3}"]
+            extra = [] if fault is None else [f"--{fault}", f"{rank}:{3 if fault == 'imbalance' else 2}"]
             procs = burner(load)
             t0 = time.perf_counter()
             try:

@@ -305,12 +305,12 @@ def host_timed(
     job: Job, runqueue_us: dict[int, float], *, base_us: float = 0.0, on_cpu_us: dict[int, float] | None = None
 ) -> RecordTable:
     """``job``'s table as a CPU run records it: no GPU, and each rank-step's run delay (``base_us`` + the rank's);
-    with ``on_cpu_us``, each rank-step's time on a CPU (15 ms + the rank's)."""
+    with ``on_cpu_us``, each rank-step's time on a CPU (21 ms, its compute and optimizer step, + the rank's)."""
     t = job.table()
     delay = base_us + np.array([runqueue_us.get(int(r), 0.0) for r in t.steps.rank])
     steps = replace(t.steps, gpu_util=np.full(t.n_rows, np.nan), runqueue_wait_us=np.rint(delay).astype(np.int64))
     if on_cpu_us is not None:
-        on_cpu = 15_000 + np.array([on_cpu_us.get(int(r), 0.0) for r in t.steps.rank])
+        on_cpu = 21_000 + np.array([on_cpu_us.get(int(r), 0.0) for r in t.steps.rank])
         steps = replace(steps, on_cpu_us=np.rint(on_cpu).astype(np.int64))
     return replace(t, steps=steps)
 
@@ -348,9 +348,12 @@ def test_a_rank_slow_while_on_a_slower_cpu_is_no_straggler() -> None:
         assert ("cpu_contention" in f.evidence) is bool(host)
         # Slow while off a CPU (asleep, blocked: the time on a CPU is its peers'), it is named too.
         assert only(analyze(host_timed(job, {}, **host, on_cpu_us={})).findings, "straggler").suspects[0].rank == 5
-        # Its optimizer step 1.4x as long too: its core is slower, the host's. Not named.
+        # Its optimizer step 1.4x as long too: its core is slower, the host's (0.4 x 21 ms on a CPU). Not named.
         slower_core = Job(slow={5: 1.4}, slow_optimizer={5: 1.4})
         assert analyze(host_timed(slower_core, {}, **host, on_cpu_us={5: 8_400})).findings == ()
+        # A core 1.4x slower explains 8.4 ms more on a CPU, not 16.4 ms: the rest is more work of the rank's own.
+        busier = Job(slow={5: 1.8}, slow_optimizer={5: 1.4})
+        assert only(analyze(host_timed(busier, {}, **host, on_cpu_us={5: 16_400})).findings, "straggler")
         # Without the time on a CPU to show it, the same rank is named (slow in compute and in its optimizer step).
         found = analyze(host_timed(slower_core, {}, **host, on_cpu_us={})).findings
         assert only(found, "straggler").suspects[0].rank == 5

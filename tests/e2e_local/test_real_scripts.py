@@ -118,6 +118,20 @@ def test_an_imbalance_in_a_real_script_is_named_with_the_tables_cost(tmp_path: P
     assert f["evidence"]["compute_excess_seconds_per_step"] > 0
 
 
+@pytest.mark.parametrize("job", ["nanogpt-ddp", "fsdp2"])
+def test_a_rank_slow_on_its_cpu_is_named(tmp_path: Path, job: str) -> None:
+    # Rank 1's passes take 2x as long spinning on its CPU (host work in the pass), not sleeping: its time on a CPU
+    # grows with its compute, far beyond what a slower core explains (its optimizer step, the same work as its
+    # peer's, runs at most ~20 % slower, caches cold after the spin), so the extra time is the rank's own.
+    run = run_script(tmp_path / "out", job, *RUN_LENGTH[job], "--busy", "1:2")
+    stragglers = [f for f in run.findings if f["code"] == "straggler"]
+    assert len(stragglers) == 1, [f["message"] for f in run.findings]
+    f = stragglers[0]
+    assert [s["rank"] for s in f["suspects"]] == [1], f["message"]
+    assert f["evidence"]["phase_is_compute"] == 1
+    assert _row(run, "comm.dp.sync_wait")["suspect"]["rank"] == 1
+
+
 def test_a_rank_slow_outside_its_phases_is_named_with_the_tables_cost(tmp_path: Path) -> None:
     # Rank 1 of the FSDP2 loop sleeps 20 ms a step between its forward and backward phases, in no phase: host work
     # the loop does not mark. Its peer waits for it in the backward's first gather; the finding names that time.

@@ -2,7 +2,9 @@
 
 ``--straggler RANK:FACTOR`` makes that rank's forward and backward take FACTOR x as long, as a GPU FACTOR x slower
 would: after each pass it sleeps (FACTOR - 1) x the pass's own duration (a sleep, not more CPU work, so the slow rank
-does not also slow its neighbours on shared cores). ``--imbalance RANK:FACTOR`` gives that rank FACTOR x the rows
+does not also slow its neighbours on shared cores). ``--busy RANK:FACTOR`` does the same with CPU work: after each
+pass that rank spins for (FACTOR - 1) x its duration (host work in the pass: a slow CPU-side op, a metric computed
+every step), which on shared cores also takes CPU from the ranks beside it. ``--imbalance RANK:FACTOR`` gives that rank FACTOR x the rows
 of every batch (more tokens, more real compute), the way a packed batch of long documents does. ``--pause RANK:MS``
 makes that rank sleep MS milliseconds in every step outside any phase (host work no phase covers: a log line, a
 metric, a host-device sync between the forward and the backward pass), where the script calls :meth:`Faults.pause`.
@@ -35,6 +37,7 @@ def add_fault_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--straggler", default="", help="RANK:FACTOR, that rank's passes take FACTOR x as long")
     p.add_argument("--imbalance", default="", help="RANK:FACTOR, that rank gets FACTOR x the rows of every batch")
     p.add_argument("--pause", default="", help="RANK:MS, that rank sleeps MS ms a step outside its phases")
+    p.add_argument("--busy", default="", help="RANK:FACTOR, that rank's passes take FACTOR x as long, spinning")
 
 
 class Faults:
@@ -44,6 +47,8 @@ class Faults:
         straggler = rank_factor(args.straggler, "--straggler")
         imbalance = rank_factor(args.imbalance, "--imbalance")
         self.slow = straggler[1] if straggler and straggler[0] == rank else 1.0
+        busy = rank_factor(args.busy, "--busy")
+        self.busy = busy[1] if busy and busy[0] == rank else 1.0
         self.rows = imbalance[1] if imbalance and imbalance[0] == rank else 1.0
         pause = rank_factor(args.pause, "--pause")
         self.pause_s = pause[1] / 1e3 if pause and pause[0] == rank else 0.0
@@ -59,6 +64,11 @@ class Faults:
         yield
         if self.slow > 1.0:
             time.sleep((self.slow - 1.0) * (time.perf_counter() - t0))
+        if self.busy > 1.0:
+            t1 = time.perf_counter()
+            until = t1 + (self.busy - 1.0) * (t1 - t0)
+            while time.perf_counter() < until:
+                pass
 
     def pause(self) -> None:
         """Sleep this rank's ``--pause`` (outside any phase, where the script calls it)."""

@@ -109,7 +109,7 @@ MINORITY_TIE = 0.8
 slow as the last kept, the stage splits into halves nobody can tell apart, and none is named."""
 SLOWER_CORE_OPTIMIZER = 0.10
 """On a run without a GPU, a rank whose optimizer step takes at least this much longer than its peers' (relative, in
-its median step) runs on a slower core: its extra time on a CPU is the host's (``_slower_core``)."""
+its median step) runs on a slower core: its extra time on a CPU is the host's (``_core_slowdown``)."""
 CONTENDED_MIN_SLOW_STEPS = 2
 """On a run whose timings include CPU contention, a transient straggler is slow in at least this many steps: one slow
 step on a contended host is a scheduler hiccup on a random rank (a clean DDP-tutorial run, 4 ranks on 2 cores beside
@@ -394,11 +394,13 @@ def _host_excess_us(rs: RankSteps, key: NDArray[np.int64], n_groups: int) -> NDA
     at the peers' rate: a rank 2x slower in one step beside burners, its extra run delay 30 ms of which the rate left
     6 ms as the host's, was named; held to all 30 it was not.
 
-    Where every record also has ``on_cpu_us``, plus its time on a CPU beyond its peers' where its core ran slower
-    (:func:`_slower_core`: its optimizer step, the same work as its peers', is slower in its median step): the same
-    work taking longer while running is the CPU's speed, the host's. On a CPU-contended run too: there one step's
-    optimizer step is no witness (4 ranks on 2 cores: each rank's was 10 % slower than its peers' in 6-9 of 19
-    steps). A rank slow while off a CPU (asleep, blocked, waiting for a device: the injected
+    Where every record also has ``on_cpu_us``, plus as much of its time on a CPU beyond its peers' as its core's
+    slowness explains (:func:`_core_slowdown`: its optimizer step, the same work as its peers', is slower in its
+    median step, by ``r - 1``): the same work running ``r`` x as long on a CPU is the CPU's speed, the host's, up to
+    ``(r - 1)`` x the peers' time on a CPU. On a CPU-contended run too (one step's optimizer step is no witness
+    there: 4 ranks on 2 cores, each rank's was 10 % slower than its peers' in 6-9 of 19 steps). Only that much: a rank
+    spinning on its CPU for as long again as its passes took ran its optimizer step 17-20 % slower too (its caches
+    cold after the spin), and 2-6x as long in compute. A rank slow while off a CPU (asleep, blocked, waiting for a device: the injected
     stragglers) keeps its excess, and so does a rank with more CPU work whose optimizer step keeps its peers' speed
     (an eval pass, a metric, a busy loop): on a contended run too. Taking every rank-step's time on a CPU out there
     hid a rank that spun 40 ms a step in its forward pass (4 ranks on 2 cores: +37 % compute, the table charging it
@@ -410,9 +412,10 @@ def _host_excess_us(rs: RankSteps, key: NDArray[np.int64], n_groups: int) -> NDA
     excess = np.nan_to_num(np.maximum(rq - median_of_others(key, rq, n_groups), 0.0))
     if bool((s.on_cpu_us >= 0).all()):
         on_cpu = s.on_cpu_us.astype(np.float64)
-        beyond = np.nan_to_num(np.maximum(on_cpu - median_of_others(key, on_cpu, n_groups), 0.0))
-        slower = _slower_core(rs, _optimizer_ratio(rs, key, n_groups))
-        excess += np.where(slower[rs.rank_index], beyond, 0.0)
+        peers = median_of_others(key, on_cpu, n_groups)
+        beyond = np.nan_to_num(np.maximum(on_cpu - peers, 0.0))
+        slowdown = _core_slowdown(rs, _optimizer_ratio(rs, key, n_groups))[rs.rank_index]
+        excess += np.minimum(beyond, np.nan_to_num(slowdown * peers))
     return excess
 
 
@@ -424,8 +427,10 @@ def _optimizer_ratio(rs: RankSteps, key: NDArray[np.int64], n_groups: int) -> ND
         return np.where((opt > 0) & (peers > 0), opt / peers, np.nan)
 
 
-def _slower_core(rs: RankSteps, ratio: NDArray[np.float64]) -> NDArray[np.bool_]:
-    """Per rank of a host-timed run: whether its core ran slower than its peers' (:data:`SLOWER_CORE_OPTIMIZER`).
+def _core_slowdown(rs: RankSteps, ratio: NDArray[np.float64]) -> NDArray[np.float64]:
+    """Per rank of a host-timed run: how much slower its core ran than its peers' (``r - 1``; 0 below the bar).
+
+    The bar is :data:`SLOWER_CORE_OPTIMIZER`.
 
     The witness is the optimizer step: the same work on every rank of a stage (the same parameters, or equal shards
     of them), all on a CPU, and no collective waits inside it. A rank whose optimizer step takes longer than its
@@ -433,13 +438,14 @@ def _slower_core(rs: RankSteps, ratio: NDArray[np.float64]) -> NDArray[np.bool_]
     or its cache with another guest's load, which no counter in the guest shows), and its longer compute with the
     same work is the same slowness. A clean 2-rank nanoGPT-style run on a quiet 2-core VM: rank 1 +25 % in compute
     over all 40 steps, +41 % in its optimizer step, and on a CPU 3.7 ms longer per step, as much as its extra
-    compute. A rank doing more CPU work than its peers in its compute (a metric, a log line) keeps its optimizer
-    step's speed, and its excess. Without an optimizer step in the records, no rank has the witness. ``ratio``:
+    compute (0.41 x its peer's 15.0 ms on a CPU would allow 6.2 ms). A rank doing more CPU work than its peers in its
+    compute (a metric, a log line) keeps its optimizer step's speed, or about (a spin of 20-70 ms a step left it
+    17-20 % slower), and its excess beyond that. Without an optimizer step in the records, no rank has the witness. ``ratio``:
     :func:`_optimizer_ratio`.
     """
     known = np.isfinite(ratio)
-    per_rank = grouped_median(rs.rank_index[known], ratio[known], rs.n_ranks)
-    return np.nan_to_num(per_rank, nan=0.0) >= 1.0 + SLOWER_CORE_OPTIMIZER
+    per_rank = np.nan_to_num(grouped_median(rs.rank_index[known], ratio[known], rs.n_ranks), nan=0.0)
+    return np.where(per_rank >= 1.0 + SLOWER_CORE_OPTIMIZER, per_rank - 1.0, 0.0)
 
 
 def _robust_sigma(values: NDArray[np.float64]) -> float:
@@ -596,14 +602,17 @@ def _phases_excess_us(ctx: _Context, rank_index: int, suspects: NDArray[np.intp]
     """The part of a rank's step its own phases explain.
 
     Its median excess over the rest of its stage (the peers that are not ``suspects``) in each of compute, data
-    loading, the optimizer step and its time outside them (``other``), summed where positive.
+    loading, the optimizer step and its time outside them (``other``), summed where positive. As measured: the host's
+    share (:attr:`_Context.host_excess_us`) decides whether the rank is slower than its peers, not whether its
+    phases are where it was late (a rank on a slower core that also does more work is late in its phases either way).
     """
     mine = ctx.rs.rank_index == rank_index
     more_work = ctx.work_ratio is not None and float(np.median(ctx.work_ratio[mine])) >= WORK_RATIO
     total = 0.0
     # More work to compute (or to load) is an imbalance, not the rank's own slowness.
     for phase in (OPTIMIZER, OTHER) if more_work else STRAGGLER_PHASES:
-        gap = (ctx.phase_us(phase) - _rest_reference(ctx, ctx.reference_us(phase), suspects))[mine]
+        measured = ctx.reference_us(phase)
+        gap = (measured - _rest_reference(ctx, measured, suspects))[mine]
         gap = gap[np.isfinite(gap)]
         if gap.size:
             total += max(float(np.median(gap)), 0.0)
