@@ -400,12 +400,12 @@ def _host_excess_us(rs: RankSteps, key: NDArray[np.int64], n_groups: int) -> NDA
     ``(r - 1)`` x the peers' time on a CPU. On a CPU-contended run too (one step's optimizer step is no witness
     there: 4 ranks on 2 cores, each rank's was 10 % slower than its peers' in 6-9 of 19 steps). Only that much: a rank
     spinning on its CPU for as long again as its passes took ran its optimizer step 17-20 % slower too (its caches
-    cold after the spin), and 2-6x as long in compute. A rank slow while off a CPU (asleep, blocked, waiting for a device: the injected
-    stragglers) keeps its excess, and so does a rank with more CPU work whose optimizer step keeps its peers' speed
-    (an eval pass, a metric, a busy loop): on a contended run too. Taking every rank-step's time on a CPU out there
-    hid a rank that spun 40 ms a step in its forward pass (4 ranks on 2 cores: +37 % compute, the table charging it
-    50 ms of sync wait a step, no finding). A rank with more work of the job's own (the imbalance) is compared in
-    compute and data loading by its work, not here.
+    cold after the spin), and 2-6x as long in compute. A rank slow while off a CPU (asleep, blocked, waiting for a
+    device: the injected stragglers) keeps its excess, and so does a rank with more CPU work than a slower core
+    explains (an eval pass, a metric, a busy loop): on a contended run too. Taking every rank-step's time on a CPU
+    out there hid a rank that spun 40 ms a step in its forward pass (4 ranks on 2 cores: +37 % compute, the table
+    charging it 50 ms of sync wait a step, no finding). A rank with more work of the job's own (the imbalance) is
+    compared in compute and data loading by its work, not here.
     """
     s = rs.breakdown.table.steps
     rq = s.runqueue_wait_us.astype(np.float64)
@@ -440,8 +440,8 @@ def _core_slowdown(rs: RankSteps, ratio: NDArray[np.float64]) -> NDArray[np.floa
     over all 40 steps, +41 % in its optimizer step, and on a CPU 3.7 ms longer per step, as much as its extra
     compute (0.41 x its peer's 15.0 ms on a CPU would allow 6.2 ms). A rank doing more CPU work than its peers in its
     compute (a metric, a log line) keeps its optimizer step's speed, or about (a spin of 20-70 ms a step left it
-    17-20 % slower), and its excess beyond that. Without an optimizer step in the records, no rank has the witness. ``ratio``:
-    :func:`_optimizer_ratio`.
+    17-20 % slower), and its excess beyond that. Without an optimizer step in the records, no rank has the witness.
+    ``ratio``: :func:`_optimizer_ratio`.
     """
     known = np.isfinite(ratio)
     per_rank = np.nan_to_num(grouped_median(rs.rank_index[known], ratio[known], rs.n_ranks), nan=0.0)
