@@ -4,7 +4,8 @@
 iterations), a DDP-tutorial-style ``for batch in loader`` loop over epochs (per-epoch step numbers, a checkpoint on
 rank 0 while the others wait at a barrier) and an FSDP2 loop. Each runs clean (no finding), with a straggler
 (rank 1's passes 2x as long) and with an imbalance (rank 1 gets 3x the rows): the finding names the rank and its
-cost is the cost table's own sync-wait figure. 2 ranks (see :data:`NPROC`). Beside foreign load, real CPU compute
+cost is the cost table's own sync-wait figure. Two scripts also run with rank 1 spinning on its CPU for as long again
+as its passes (``--busy``), and the FSDP2 loop with rank 1 sleeping between its phases (``--pause``). 2 ranks (see :data:`NPROC`). Beside foreign load, real CPU compute
 is measured as a rate by benchmarks/bench_real_runs.py (the demo's emulated job is tested beside a burner).
 """
 
