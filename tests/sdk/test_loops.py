@@ -441,6 +441,12 @@ def test_a_step_that_declares_no_compute_phase_computes_outside_its_phases(liste
         time.sleep(0.01)
         with tracker.phase("optimizer"):
             time.sleep(0.01)
+    for batch in tracker.data(SlowLoader(1, 0.005)):  # a forward phase between the fetch and its step declares it
+        with tracker.phase("forward"):
+            del batch
+            time.sleep(0.01)
+        with tracker.step(5):
+            time.sleep(0.02)
     tracker.close()
     recs = {r.step: r for r in _records(sock)}
     # Step 0: one compute piece, the whole step.
@@ -464,6 +470,10 @@ def test_a_step_that_declares_no_compute_phase_computes_outside_its_phases(liste
     first, *tail = _compute_us(recs[4])
     assert first == (recs[4].start_us, opt.start_us, None)
     assert all(a >= opt.end_us for a, _, _ in tail)  # the step's own end after the phase (microseconds)
+    # Step 5: the forward phase (before the step opened, after its fetch) is its only compute.
+    ((a, b, phase),) = _compute_us(recs[5])
+    assert phase == "forward"
+    assert recs[5].end_us - b >= 20 * MS
 
 
 # ---------------------------------------------------------------------------- a real gloo job

@@ -814,6 +814,8 @@ class Tracker:
             self._held_stats = None
         if self._pre_step:  # what ran since the held fetch started belongs to this step (host marks)
             st.segments.extend((kind, phase, a, b) for _, kind, phase, a, b in self._pre_step)
+            if any(kind == COMPUTE and between != "eval" for between, kind, _, _, _ in self._pre_step):
+                st.declared_compute = True
             self._pre_step = []
         if self._carried is not None:  # what a boundary fetch issued (a loader's own collectives) comes with it
             st.ops[:0], st.windows[:0], st.attention[:0] = self._carried
