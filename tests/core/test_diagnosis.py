@@ -1268,13 +1268,33 @@ def test_a_transient_straggler_finding_in_full() -> None:
     assert f.message == (
         "rank 5 on node-1 is slow in compute in 1 of its 4 steps: 32.00 ms per slow step vs 20.00 ms on the rest of "
         "its stage (+60.0 %) with the same work (4,096 tokens); rank 5 on node-1 makes its dp group dp:1 wait "
-        "3.00 ms per step (9.00 ms of GPU time over 3 waiting ranks), 12.1 % of the step, amortised"
+        "3.00 ms per step (9.00 ms of GPU time over 3 waiting ranks; all of it in step 2), 12.1 % of the step, "
+        "amortised"
     )
     assert f.evidence["cost_seconds_per_step"] == pytest.approx(0.003, rel=2e-3)
     assert f.evidence["wait_caused_seconds_per_step"] == pytest.approx(0.009, rel=2e-3)
     assert f.evidence["share_of_step"] == pytest.approx(3_000 / BASE_STEP_US, rel=2e-3)
     assert f.evidence["steps_slow"] == 1
     assert f.severity is Severity.WARNING  # 12.1 %: between 5 % and 20 %
+
+
+@pytest.mark.parametrize(
+    ("slow_in_step", "clause"),
+    [
+        ({(5, 1): 1.3, (5, 2): 1.9}, "; 75.0 % of it in step 2)"),  # 6 and 18 ms late: one step holds most of it
+        ({(5, 1): 1.6, (5, 2): 1.6}, ")"),  # twice 12 ms late: a pattern, no one step
+    ],
+    ids=["one-step", "two-equal-steps"],
+)
+def test_the_tables_suspect_says_when_one_step_holds_its_charge(slow_in_step: dict, clause: str) -> None:
+    # The dp sync-wait row's suspect is charged a mean per step; where one step holds at least a third of it and
+    # twice any other step's, the row says so (the finding quotes the same words).
+    result = analyze(Job(noise=0.0, slow_in_step=slow_in_step).table())
+    (row,) = [r for r in result.rows if r.category == "comm.dp.sync_wait"]
+    assert row.suspect is not None
+    assert row.suspect.rank == 5
+    assert row.suspect.message.endswith(clause), row.suspect.message
+    assert ("of it in step" in row.suspect.message) is (clause != ")")
 
 
 def test_a_straggler_nobody_waits_for_costs_its_excess() -> None:
