@@ -108,8 +108,9 @@ MINORITY_TIE = 0.8
 """Suspects beyond the fewer-than-half of a stage that may be named: when the first left out is at least this x as
 slow as the last kept, the stage splits into halves nobody can tell apart, and none is named."""
 SLOWER_CORE_OPTIMIZER = 0.10
-"""On a run without a GPU, a rank whose optimizer step takes at least this much longer than its peers' (relative, in
-its median step) runs on a slower core: its extra time on a CPU is the host's (``_core_slowdown``)."""
+"""On a run without a GPU, a rank whose optimizer step takes ``r`` x its peers' in its median step, ``r - 1`` at least
+this, runs on a slower core: its extra time on a CPU is the host's up to ``(r - 1)`` x its peers' time on a CPU
+(``_core_slowdown``)."""
 CONTENDED_MIN_SLOW_STEPS = 2
 """On a run whose timings include CPU contention, a transient straggler is slow in at least this many steps: one slow
 step on a contended host is a scheduler hiccup on a random rank (a clean DDP-tutorial run, 4 ranks on 2 cores beside
