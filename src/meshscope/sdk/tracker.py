@@ -106,6 +106,14 @@ BETWEEN_KIND_OF_PHASE: Final[dict[str, str]] = {
 """Phase name -> its key in a record's ``between_steps`` when the phase runs between two steps."""
 
 
+def _trains(kind: str, between: str) -> bool:
+    """Whether a phase of interval ``kind`` (``between_steps`` key ``between``) is training compute.
+
+    Such a phase declares its step's compute (``StepState.declared_compute``); ``eval`` is compute but not training.
+    """
+    return kind == COMPUTE and between != "eval"
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class TrackerCounters:
     """What the tracker had to drop, skip or survive. Cumulative since the tracker started."""
@@ -798,7 +806,7 @@ class Tracker:
         for frame in stack:  # phases opened before the step count from its start
             if frame.step is None:
                 frame.step, frame.seg_start = st, self._mark_for(frame.kind, now)
-                if frame.kind == COMPUTE and frame.between != "eval":
+                if _trains(frame.kind, frame.between):
                     st.declared_compute = True
         return st
 
@@ -814,7 +822,7 @@ class Tracker:
             self._held_stats = None
         if self._pre_step:  # what ran since the held fetch started belongs to this step (host marks)
             st.segments.extend((kind, phase, a, b) for _, kind, phase, a, b in self._pre_step)
-            if any(kind == COMPUTE and between != "eval" for between, kind, _, _, _ in self._pre_step):
+            if any(_trains(kind, between) for between, kind, _, _, _ in self._pre_step):
                 st.declared_compute = True
             self._pre_step = []
         if self._carried is not None:  # what a boundary fetch issued (a loader's own collectives) comes with it
@@ -881,7 +889,7 @@ class Tracker:
             top = self._stack[-1]
             if top.step is st:
                 st.segments.append((top.kind, top.phase, top.seg_start, self._mark_for(top.kind, now)))
-        if kind == COMPUTE and between != "eval":
+        if _trains(kind, between):
             st.declared_compute = True
         self._stack.append(_Frame(kind, phase, between, self._mark_for(kind, now), st))
 
