@@ -639,7 +639,10 @@ def _persistent(ctx: _Context, phase: str) -> list[_Slow]:
     """
     rs = ctx.rs
     values, measured = ctx.phase_us(phase), ctx.reference_us(phase)
-    peers = ctx.peer_median(measured)
+    # The others of its (step, stage) group, never a median with itself in it: in a pair that is the mean of the two,
+    # which left a rank half its excess, and the host's share of it (taken out of the rank alone) could cancel that
+    # half (a rank spinning 40 ms a step beside one peer: compute 53 ms vs 13 ms, 21 ms of it the host's, no suspect).
+    peers = median_of_others(ctx.peer_key, measured, ctx.n_peer_groups)
     excess = grouped_median(rs.rank_index, values - peers, rs.n_ranks)
     peer_rank = grouped_median(rs.rank_index, peers, rs.n_ranks)
     floor = MIN_COST_SHARE * ctx.step_us
