@@ -632,8 +632,9 @@ def _fewer_than_half(rs: RankSteps, best: dict[int, _Slow]) -> dict[int, _Slow]:
 def _persistent(ctx: _Context, phase: str) -> list[_Slow]:
     """Ranks whose ``phase`` is longer than the rest of their stage's in (nearly) every step.
 
-    Candidates are the ranks above their (step, stage) median by the cost floor; the worst half of a stage at most
-    is confirmed against the median of the others (the rest), by more than the rest's own spread between ranks
+    Candidates are the ranks above the median of the others of their (step, stage) group by the cost floor; the worst
+    half of a stage at most is confirmed against the median of the peers that are not suspects (the rest), by more
+    than the rest's own spread between ranks
     (:data:`NOISE_SIGMAS`) and step to step (:data:`JITTER_SIGMAS`), and by :data:`STRAGGLER_STEADY` of that in
     :data:`STRAGGLER_CONSISTENCY` of its steps.
     """
