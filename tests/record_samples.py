@@ -72,6 +72,7 @@ def make_record(rank: int = 0, step: int = 0, *, job: str = "demo", **overrides)
         "between_steps": BetweenSteps(checkpoint_us=1_500, eval_us=500),
         "runqueue_wait_us": 700,
         "on_cpu_us": 90_000,
+        "compute_runqueue_wait_us": 500,
     }
     fields.update(overrides)
     return StepRecord(**fields)

@@ -403,6 +403,28 @@ def test_one_slow_step_on_a_contended_host_is_not_a_transient_straggler() -> Non
     assert row.suspect.rank == 0
 
 
+def test_a_rank_busy_on_its_cpu_beside_a_peer_waiting_for_one_is_named() -> None:
+    # A real 2-rank nanoGPT-style run with rank 1 spinning on its CPU, beside a process spinning on rank 0's core
+    # (tests/data/busy_nanogpt_beside_one_spinner): rank 0's compute took 29 ms, 16 ms of it waiting for a CPU. Each
+    # rank's compute is compared less its own wait for a CPU in it (compute_runqueue_wait_us): rank 1 is named, its
+    # excess the difference of their compute less that wait. Compared with rank 0's compute as measured (the records
+    # without the field), rank 1 was slower by half its median excess in 72 % of its steps only: no finding.
+    result = _analysed_as_meshscope_run_does("busy_nanogpt_beside_one_spinner")
+    assert any(n.code == "cpu_contention" for n in result.partial_data)
+    f = only(result.findings, "straggler")
+    assert [s.rank for s in f.suspects] == [1]
+    assert f.evidence["phase_is_compute"] == 1
+    s = result.rank_steps.breakdown.table.steps
+    own = result.rank_steps.us("compute") - s.compute_runqueue_wait_us
+    mine, peer = own[s.rank == 1], own[s.rank == 0]
+    assert f.evidence["peer_median_seconds"] * 1e6 == pytest.approx(np.median(np.maximum(peer, 0)), rel=0.15)
+    assert f.evidence["excess_seconds"] * 1e6 >= 0.5 * float(np.median(mine - peer))
+    records = read_records(DATA / "busy_nanogpt_beside_one_spinner" / "records.jsonl")
+    warmup = min(r.step for r in records)
+    blind = [replace(r, compute_runqueue_wait_us=None) for r in records if r.step != warmup]
+    assert analyze(RecordTable.from_records(blind, notes=records.notes), one_clock=True).findings == ()
+
+
 def test_a_rank_on_a_slower_core_of_a_quiet_host_is_no_straggler() -> None:
     # A real clean 2-rank nanoGPT-style run on a quiet 2-vCPU VM (tests/data/clean_nanogpt_slower_core): rank 1
     # computed 25 % longer in all 40 steps with the same work, its optimizer step 41 % longer, and was on a CPU 3.7 ms

@@ -1,4 +1,4 @@
-"""Packed columns (``meshscope.columns/2``): the same table as the JSON lines they were packed from, hand-counted
+"""Packed columns (``meshscope.columns/3``): the same table as the JSON lines they were packed from, hand-counted
 sizes, a byte cap, several sources put together, and hostile bytes refused with a ParseError naming the source."""
 
 from __future__ import annotations
@@ -26,11 +26,11 @@ from meshscope.records import (
 from meshscope.records.packing import LAYOUT
 from record_samples import _outcome, _records_one_field_changed, good_json, write_lines
 
-ROW_BYTES = 236
+ROW_BYTES = 244
 """One rank-step's columns, counted by hand from the layout below: rank, step, start_us, end_us 4 x 8; coord 5 x 8;
 node, nvlink_domain, network_tier, gpu 4 x 4; gpu_util 8; tokens, sequences, longest_sequence, attention_work,
 attention_us, peak_memory_bytes 6 x 8; user_step, gap_before_us 2 x 8; between_us 5 x 8; runqueue_wait_us,
-on_cpu_us 2 x 8; source_file 4; source_line 8; n_intervals 8."""
+on_cpu_us, compute_runqueue_wait_us 3 x 8; source_file 4; source_line 8; n_intervals 8."""
 INTERVAL_BYTES = 52
 """One interval's: kind 1, start_us and end_us 2 x 8, phase, axis, op 3 x 1, group 4, seq and size_bytes 2 x 8,
 group_size 4, peer 8."""
@@ -47,7 +47,7 @@ def _objs() -> list[dict]:
 
 def test_the_layout_is_the_schema_version() -> None:
     # A change of the columns is a new schema version: change both, and the readers of the old version refuse it.
-    assert PACKED_SCHEMA == "meshscope.columns/2"
+    assert PACKED_SCHEMA == "meshscope.columns/3"
     assert [(part, name, dtype, tail) for part, name, dtype, tail in LAYOUT] == [
         ("rows", "rank", "<i8", ()),
         ("rows", "step", "<i8", ()),
@@ -70,6 +70,7 @@ def test_the_layout_is_the_schema_version() -> None:
         ("rows", "between_us", "<i8", (5,)),
         ("rows", "runqueue_wait_us", "<i8", ()),
         ("rows", "on_cpu_us", "<i8", ()),
+        ("rows", "compute_runqueue_wait_us", "<i8", ()),
         ("rows", "source_file", "<i4", ()),
         ("rows", "source_line", "<i8", ()),
         ("rows", "n_intervals", "<i8", ()),
@@ -100,29 +101,37 @@ def test_packed_lines_read_back_as_the_table_of_the_lines() -> None:
     assert table.source_files == ("node-0",)
 
 
-def test_the_version_before_reads_with_on_cpu_time_unknown() -> None:
-    # A sidecar of a pod started before the operator's upgrade packs meshscope.columns/1: the same columns without
-    # on_cpu_us. Made here from a /2 message by cutting that column out.
+@pytest.mark.parametrize(
+    ("schema", "lacks"),
+    [
+        ("meshscope.columns/1", ("on_cpu_us", "compute_runqueue_wait_us")),
+        ("meshscope.columns/2", ("compute_runqueue_wait_us",)),
+    ],
+)
+def test_the_versions_before_read_with_the_newer_columns_unknown(schema: str, lacks: tuple[str, ...]) -> None:
+    # A sidecar of a pod started before the operator's upgrade packs an older version: the same columns without the
+    # ones added since (on_cpu_us in /2, compute_runqueue_wait_us in /3). Made here from a /3 message by cutting them.
     lines = _lines(_objs())
     data = pack_lines(lines, where="a")[0]
     end = data.index(b"\n")
     header = json.loads(data[:end])
-    at, cut = end + 1, None
+    at, kept = end + 1, []
     for part, col, dtype, shape in header["columns"]:
         size = int(np.prod(shape)) * np.dtype(dtype).itemsize
-        if (part, col) == ("rows", "on_cpu_us"):
-            cut = (at, at + size)
+        if not (part == "rows" and col in lacks):
+            kept.append(data[at : at + size])
         at += size
-    assert cut is not None
-    header["schema"] = "meshscope.columns/1"
-    header["columns"] = [c for c in header["columns"] if c[:2] != ["rows", "on_cpu_us"]]
-    old = json.dumps(header).encode() + b"\n" + data[end + 1 : cut[0]] + data[cut[1] :]
+    header["schema"] = schema
+    header["columns"] = [c for c in header["columns"] if not (c[0] == "rows" and c[1] in lacks)]
+    old = json.dumps(header).encode() + b"\n" + b"".join(kept)
     table = table_from_columns([unpack_columns(old, where="a")])
-    assert (table.steps.on_cpu_us == -1).all()
-    without = [json.dumps({k: v for k, v in o.items() if k != "on_cpu_us"}).encode() + b"\n" for o in _objs()]
+    for name in lacks:
+        assert (getattr(table.steps, name) == -1).all(), name
+    without = [json.dumps({k: v for k, v in o.items() if k not in lacks}).encode() + b"\n" for o in _objs()]
     assert table.to_records() == table_from_lines(without).to_records()
-    with pytest.raises(ParseError, match=r"34 columns; meshscope\.columns/2 has 35") as info:  # not /2's layout
-        unpack_columns(_with_header(old, schema="meshscope.columns/2"), where="a")
+    n = len(header["columns"])
+    with pytest.raises(ParseError, match=rf"{n} columns; meshscope\.columns/3 has 36") as info:  # not /3's layout
+        unpack_columns(_with_header(old, schema="meshscope.columns/3"), where="a")
     assert info.value.code == ParseCode.BAD_SHAPE
 
 
@@ -233,14 +242,14 @@ def _with_column(data: bytes, name: str, change) -> bytes:
         (lambda d: d + b"\0", ParseCode.BAD_SHAPE, "1 bytes follow the last column"),
         (lambda d: d[: d.index(b"\n")], ParseCode.BAD_JSON, "no header line"),
         (lambda d: b"{" + d, ParseCode.BAD_JSON, "header is not JSON"),
-        (lambda d: _with_header(d, schema="meshscope.columns/3"), ParseCode.UNSUPPORTED_SCHEMA, "columns/3"),
+        (lambda d: _with_header(d, schema="meshscope.columns/4"), ParseCode.UNSUPPORTED_SCHEMA, "columns/4"),
         (lambda d: _with_header(d, extra=1), ParseCode.WRONG_TYPE, "header"),
         (lambda d: _with_header(d, steps=[0]), ParseCode.INCONSISTENT, "the header lists steps [0]"),
         (lambda d: _with_header(d, job=None), ParseCode.MISSING_FIELD, "without a job name"),
         (
             lambda d: _with_header(d, columns=json.loads(d[: d.index(b"\n")])["columns"][:-1]),
             ParseCode.BAD_SHAPE,
-            "34 columns; meshscope.columns/2 has 35",
+            "35 columns; meshscope.columns/3 has 36",
         ),
         (
             lambda d: _with_header(

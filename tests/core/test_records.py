@@ -97,7 +97,14 @@ def test_loop_fields_read_as_columns_with_minus_one_for_unknown(tmp_path):
     # between_steps object gives 0 for the kinds it leaves out.
     records = [
         make_record(
-            0, 0, user_step=None, gap_before_us=None, between_steps=None, runqueue_wait_us=None, on_cpu_us=None
+            0,
+            0,
+            user_step=None,
+            gap_before_us=None,
+            between_steps=None,
+            runqueue_wait_us=None,
+            on_cpu_us=None,
+            compute_runqueue_wait_us=None,
         ),
         make_record(
             0,
@@ -106,9 +113,17 @@ def test_loop_fields_read_as_columns_with_minus_one_for_unknown(tmp_path):
             gap_before_us=180_000,
             between_steps=BetweenSteps(checkpoint_us=150_000),
             runqueue_wait_us=0,
+            compute_runqueue_wait_us=0,
         ),
         make_record(
-            0, 2, user_step=None, gap_before_us=40, between_steps=BetweenSteps(), runqueue_wait_us=31_000, on_cpu_us=0
+            0,
+            2,
+            user_step=None,
+            gap_before_us=40,
+            between_steps=BetweenSteps(),
+            runqueue_wait_us=31_000,
+            on_cpu_us=0,
+            compute_runqueue_wait_us=30_999,
         ),
     ]
     path = tmp_path / "loop.jsonl"
@@ -119,6 +134,8 @@ def test_loop_fields_read_as_columns_with_minus_one_for_unknown(tmp_path):
     assert "between_steps" not in lines[0]
     assert "runqueue_wait_us" not in lines[0]
     assert "on_cpu_us" not in lines[0]
+    assert "compute_runqueue_wait_us" not in lines[0]
+    assert (lines[1]["compute_runqueue_wait_us"], lines[2]["compute_runqueue_wait_us"]) == (0, 30_999)
     assert lines[2]["on_cpu_us"] == 0
     assert lines[1]["runqueue_wait_us"] == 0
     assert lines[1]["between_steps"] == {"checkpoint": 150_000}
@@ -129,6 +146,7 @@ def test_loop_fields_read_as_columns_with_minus_one_for_unknown(tmp_path):
         assert s.gap_before_us.tolist() == [-1, 180_000, 40]
         assert s.runqueue_wait_us.tolist() == [-1, 0, 31_000]
         assert s.on_cpu_us.tolist() == [-1, 90_000, 0]
+        assert s.compute_runqueue_wait_us.tolist() == [-1, 0, 30_999]
         checkpoint = BETWEEN_KINDS.index("checkpoint")
         assert s.between_us.tolist()[0] == [-1] * len(BETWEEN_KINDS)
         assert s.between_us[1, checkpoint] == 150_000
@@ -152,6 +170,17 @@ _RANGE, _TYPE = ParseCode.VALUE_OUT_OF_RANGE, ParseCode.WRONG_TYPE
         ({"runqueue_wait_us": -3}, _RANGE, "runqueue_wait_us = -3 is below 0"),
         ({"runqueue_wait_us": "7"}, _TYPE, "runqueue_wait_us = '7' (str); expected a whole number"),
         ({"on_cpu_us": -1}, _RANGE, "on_cpu_us = -1 is below 0"),
+        ({"compute_runqueue_wait_us": -1}, _RANGE, "compute_runqueue_wait_us = -1 is below 0"),
+        (
+            {"compute_runqueue_wait_us": 701},
+            _RANGE,
+            "compute_runqueue_wait_us = 701 must come with runqueue_wait_us and be at most it (runqueue_wait_us = 700",
+        ),
+        (
+            {"runqueue_wait_us": None},
+            _RANGE,
+            "compute_runqueue_wait_us = 500 must come with runqueue_wait_us and be at most it",
+        ),
         ({"between_steps": {"checkpoint": -2}}, _RANGE, "between_steps: checkpoint = -2 is below 0"),
         ({"between_steps": [1]}, _TYPE, "between_steps = '[1]' (list); expected a JSON object"),
     ],
@@ -162,6 +191,9 @@ _RANGE, _TYPE = ParseCode.VALUE_OUT_OF_RANGE, ParseCode.WRONG_TYPE
         "runqueue-negative",
         "runqueue-str",
         "on-cpu-negative",
+        "in-compute-negative",
+        "in-compute-above-total",
+        "in-compute-without-total",
         "between-negative",
         "between-list",
     ],
@@ -239,6 +271,7 @@ def test_from_arrays_builds_the_same_table_as_from_records():
             between_us=[[0, 0, 0, 1_500, 500]] * 2,
             runqueue_wait_us=[700] * 2,
             on_cpu_us=[90_000] * 2,
+            compute_runqueue_wait_us=[500] * 2,
         ),
         intervals=IntervalColumns.build(
             row=e.row,

@@ -476,6 +476,86 @@ def test_a_step_that_declares_no_compute_phase_computes_outside_its_phases(liste
     assert recs[5].end_us - b >= 20 * MS
 
 
+class ScriptedSched:
+    """Stands in for the tracker's ``SchedStat``: run delay (ns) the test adds itself (``wait``), time on a CPU 0."""
+
+    def __init__(self) -> None:
+        self.rq_ns = 0
+
+    def wait(self, ms: int) -> None:
+        self.rq_ns += ms * MS * 1000
+
+    def read(self) -> tuple[int, int]:
+        return 0, self.rq_ns
+
+    def close(self) -> None:
+        pass
+
+
+class ScriptedLoader:
+    """Each ``next()`` waits ``ms`` for a CPU on the scripted clock."""
+
+    def __init__(self, sched: ScriptedSched, n: int, ms: int) -> None:
+        self.sched, self.n, self.ms = sched, n, ms
+
+    def __iter__(self) -> Iterator[int]:
+        for i in range(self.n):
+            self.sched.wait(self.ms)
+            yield i
+
+
+def test_the_run_delay_in_compute_is_told_from_the_rest_of_the_step(listener) -> None:
+    # Every way a loop marks (or does not mark) its compute: what the record says waited for a CPU in compute is the
+    # wait the test put inside compute, and the step's total is all of it, fetches held for the step included.
+    sock, path = listener
+    tracker = _tracker(path)
+    sched = ScriptedSched()
+    tracker._sched = sched  # type: ignore[assignment]  # noqa: SLF001 - the scheduler's clock is the test's
+    with tracker.step(0):  # phases: 3 ms in forward, 2 in backward, 1 in the optimizer, 4 in none
+        with tracker.phase("forward"):
+            sched.wait(3)
+        with tracker.phase("backward"):
+            sched.wait(2)
+        sched.wait(4)
+        with tracker.phase("optimizer"):
+            sched.wait(1)
+    with tracker.step(1):  # nothing marked but a fetch: the rest of the step is compute, 5 ms
+        sched.wait(5)
+        with tracker.phase("data"):
+            sched.wait(2)
+    with tracker.step(2):  # eval only: eval (2 ms) and the time outside it (3 ms) are compute
+        sched.wait(3)
+        with tracker.phase("eval"):
+            sched.wait(2)
+    sched.wait(7)  # between steps: no step's
+    with tracker.phase("checkpoint"):
+        sched.wait(6)
+    # A loader whose fetch waits 1 ms; the body's forward 3 ms and 2 ms outside phases. Each fetch belongs to the
+    # step that consumes its batch (the one after the fetch of the start_step loop, which the tracker moves there).
+    for batch in tracker.data(ScriptedLoader(sched, 3, 1)):
+        tracker.start_step(3 + batch)
+        with tracker.phase("forward"):
+            sched.wait(3)
+        sched.wait(2)
+    for batch in tracker.data(ScriptedLoader(sched, 2, 1)):  # the same with no phase: compute is the rest, 5 ms
+        tracker.start_step(6 + batch)
+        sched.wait(5)
+    tracker.close()
+    recs = {r.step: r for r in _records(sock)}
+    got = {n: (r.runqueue_wait_us, r.compute_runqueue_wait_us) for n, r in recs.items()}
+    assert got == {
+        0: (10 * MS, 5 * MS),
+        1: (7 * MS, 5 * MS),
+        2: (5 * MS, 5 * MS),
+        3: (6 * MS, 3 * MS),
+        4: (6 * MS, 3 * MS),
+        5: (6 * MS, 3 * MS),
+        6: (6 * MS, 5 * MS),
+        7: (6 * MS, 5 * MS),
+    }
+    assert tracker.counters().hook_errors == 0
+
+
 # ---------------------------------------------------------------------------- a real gloo job
 
 

@@ -299,10 +299,19 @@ class _Context:
     a CPU :data:`RUNQUEUE_CONTENTION_SHARE` of their steps), if any."""
     host_excess_us: NDArray[np.float64] | None = None
     """Per rank-step of a run timed on the host (no GPU) whose every record has ``runqueue_wait_us``: how much its run
-    delay exceeds the median of the others of its (step, stage) group (0 when it waited less), µs; ``None``
-    otherwise. Where its core ran slower and the records have ``on_cpu_us``, plus how much its time on a CPU exceeds
-    theirs (:func:`_host_excess_us`). Time the host took from one rank more than from its peers is the host's, not the
+    delay (outside its compute, where the records say how much fell in it) exceeds the median of the others of its
+    (step, stage) group (0 when it waited less), plus :attr:`core_excess_us`, µs; ``None`` otherwise
+    (:func:`_host_excess_us`). Time the host took from one rank more than from its peers is the host's, not the
     job's: the straggler detector takes it out of the phase it compares (:meth:`phase_us`)."""
+    core_excess_us: NDArray[np.float64] | None = None
+    """Per rank-step of such a run: how much of its time on a CPU beyond its peers' its slower core explains, µs (0
+    where its core is no slower, or the records lack ``on_cpu_us``)."""
+    compute_runqueue_us: NDArray[np.float64] | None = None
+    """Per rank-step of such a run whose every record has ``compute_runqueue_wait_us``: its run delay in its compute,
+    µs; ``None`` otherwise."""
+    own_compute_us: NDArray[np.float64] | None = None
+    """Per rank-step where :attr:`compute_runqueue_us` is known: its compute less that wait (:func:`_own_compute_us`),
+    µs; compared so for every rank alike (:meth:`reference_us`)."""
 
     def contention_clause(self) -> str:
         """What every timing finding of a contended run must say."""
@@ -334,9 +343,13 @@ class _Context:
                 work_ratio = ratio if work_ratio is None else np.maximum(work_ratio, ratio)
                 work_name = work_name or name
         contention = next((n for n in notes if n.code == CPU_CONTENTION), None) or runqueue_contention(rs)
-        excess = None
+        excess = core = in_compute = own_compute = None
         if rs.breakdown.table.host_timed_with_runqueue:
-            excess = _host_excess_us(rs, key, n_groups)
+            in_compute_col = rs.breakdown.table.steps.compute_runqueue_wait_us
+            if bool((in_compute_col >= 0).all()):
+                in_compute = in_compute_col.astype(np.float64)
+                own_compute = _own_compute_us(rs, in_compute)
+            excess, core = _host_excess_us(rs, key, n_groups, in_compute)
         return cls(
             rs=rs,
             step_us=rs.median_step_us,
@@ -349,25 +362,39 @@ class _Context:
             step_jitter_us=_robust_sigma(grouped_median(rs.step_index, own_time_us(rs), rs.n_steps)),
             contention=contention,
             host_excess_us=excess,
+            core_excess_us=core,
+            compute_runqueue_us=in_compute,
+            own_compute_us=own_compute,
         )
 
     def phase_us(self, phase: str) -> NDArray[np.float64]:
         """A phase's µs per rank-step as the straggler detector holds a rank to: less the host's excess, if known.
 
-        The excess (:attr:`host_excess_us`) is taken out of the phase whole, at most down to 0: the records do not
-        say in which phase the thread waited for a CPU (or ran slower on one), so this is the least the rank's own
-        work can have taken. Its peers are compared as measured (:meth:`reference_us`), the most theirs can have
-        taken: a rank is named only where it is slower than the peers on both bounds. Taking the excess out of the
-        peers too made a peer that waited for a core in its compute look faster in its optimizer step, and its
-        partner a straggler there.
+        Compute, where the records say how long each rank waited for a CPU in it (:attr:`compute_runqueue_us`): less
+        that wait, as its peers' (:meth:`reference_us`), and less what its slower core explains
+        (:attr:`core_excess_us`). Any other phase, and compute without that: less the host's excess
+        (:attr:`host_excess_us`) whole, at most down to 0: the records do not say in which of them the thread waited
+        for a CPU (or ran slower on one), so this is the least the rank's own work can have taken. Its peers are
+        compared as measured there, the most theirs can have taken: a rank is named only where it is slower than the
+        peers on both bounds. Taking the excess out of the peers too made a peer that waited for a core in its
+        compute look faster in its optimizer step, and its partner a straggler there.
         """
         values = self.rs.us(phase)
         if self.host_excess_us is None:
             return values
+        if phase == COMPUTE and self.own_compute_us is not None and self.core_excess_us is not None:
+            return np.maximum(self.own_compute_us - self.core_excess_us, 0.0)
         return np.maximum(values - self.host_excess_us, 0.0)
 
     def reference_us(self, phase: str) -> NDArray[np.float64]:
-        """A phase's µs per rank-step as the peers a rank is compared with took it, as measured (:meth:`phase_us`)."""
+        """A phase's µs per rank-step as the peers a rank is compared with took it (:meth:`phase_us`).
+
+        Compute less the time each waited for a CPU in it, where the records say (like for like: beside a spinning
+        process, the rank sharing its core waited 15 ms a step in a compute of 28 ms, and a rank with twice its work
+        on a CPU looked only 40 % slower, in fewer than 75 % of its steps); otherwise as measured.
+        """
+        if phase == COMPUTE and self.own_compute_us is not None:
+            return self.own_compute_us
         return self.rs.us(phase)
 
     def peer_median(self, values: NDArray[np.float64]) -> NDArray[np.float64]:
@@ -384,8 +411,14 @@ class _Context:
         return f"rank {int(self.rs.ranks[rank_index])} on {self.rs.node_name(rank_index)}"
 
 
-def _host_excess_us(rs: RankSteps, key: NDArray[np.int64], n_groups: int) -> NDArray[np.float64]:
+def _host_excess_us(
+    rs: RankSteps, key: NDArray[np.int64], n_groups: int, in_compute: NDArray[np.float64] | None
+) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
     """Per rank-step of a host-timed run: the time the host took from it beyond its (step, stage) peers', µs.
+
+    Returns the whole of it, and its slower core's part (below). ``in_compute``: the run delay in each rank-step's
+    compute, where the records say (:attr:`_Context.compute_runqueue_us`): compute is compared less it, so only the
+    run delay outside compute counts here.
 
     Its run delay beyond the median of its peers' (the others of its group: in a group of two, a median with itself
     in it would leave it half its own excess). Only a wait beyond the peers' is taken out: a rank the scheduler
@@ -410,14 +443,37 @@ def _host_excess_us(rs: RankSteps, key: NDArray[np.int64], n_groups: int) -> NDA
     """
     s = rs.breakdown.table.steps
     rq = s.runqueue_wait_us.astype(np.float64)
+    if in_compute is not None:
+        rq = np.maximum(rq - in_compute, 0.0)
     excess = np.nan_to_num(np.maximum(rq - median_of_others(key, rq, n_groups), 0.0))
+    core = np.zeros_like(excess)
     if bool((s.on_cpu_us >= 0).all()):
         on_cpu = s.on_cpu_us.astype(np.float64)
         peers = median_of_others(key, on_cpu, n_groups)
         beyond = np.nan_to_num(np.maximum(on_cpu - peers, 0.0))
         slowdown = _core_slowdown(rs, _optimizer_ratio(rs, key, n_groups))[rs.rank_index]
-        excess += np.minimum(beyond, np.nan_to_num(slowdown * peers))
-    return excess
+        core = np.minimum(beyond, np.nan_to_num(slowdown * peers))
+    return excess + core, core
+
+
+def _own_compute_us(rs: RankSteps, in_compute: NDArray[np.float64]) -> NDArray[np.float64]:
+    """Per rank-step of a host-timed run: its compute less the time it waited for a CPU in it, µs.
+
+    ``in_compute`` is the run delay the SDK read across its compute phases (``compute_runqueue_wait_us``), blocked
+    windows inside them included, which compute leaves out: the wake-up after a collective can wait for a core too,
+    and taking that out of compute would make a rank that waits in collectives on a busy core look faster than it
+    is. So it is at least its time on a CPU outside its other phases (``on_cpu_us`` less its data loading, optimizer
+    step, checkpoint and time outside phases and collectives, where it ran at most that long), a bound the
+    thread's own clock gives: on one core beside a spinning process, the wait read in compute left 10-14 ms of a
+    compute of 21-31 ms, the time on a CPU 12-15 ms, higher in a quarter of the steps. At most its compute as measured.
+    """
+    measured = rs.us(COMPUTE)
+    own = np.maximum(measured - in_compute, 0.0)
+    on_cpu = rs.breakdown.table.steps.on_cpu_us
+    if bool((on_cpu >= 0).all()):
+        elsewhere = rs.us(DATA) + rs.us(OPTIMIZER) + rs.us(CHECKPOINT) + rs.us(OTHER)
+        own = np.maximum(own, np.minimum(on_cpu.astype(np.float64) - elsewhere, measured))
+    return own
 
 
 def _optimizer_ratio(rs: RankSteps, key: NDArray[np.int64], n_groups: int) -> NDArray[np.float64]:
@@ -612,7 +668,7 @@ def _phases_excess_us(ctx: _Context, rank_index: int, suspects: NDArray[np.intp]
     total = 0.0
     # More work to compute (or to load) is an imbalance, not the rank's own slowness.
     for phase in (OPTIMIZER, OTHER) if more_work else STRAGGLER_PHASES:
-        measured = ctx.reference_us(phase)
+        measured = ctx.rs.us(phase)
         gap = (measured - _rest_reference(ctx, measured, suspects))[mine]
         gap = gap[np.isfinite(gap)]
         if gap.size:

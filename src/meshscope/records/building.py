@@ -189,6 +189,7 @@ class _Line(msgspec.Struct, gc=False):
     between_steps: BetweenFields | None = None
     runqueue_wait_us: int | None = None
     on_cpu_us: int | None = None
+    compute_runqueue_wait_us: int | None = None
 
 
 _decode_line = msgspec.json.Decoder(_Line).decode
@@ -199,6 +200,7 @@ _gpu_of, _util_of, _stats_of = attrgetter("gpu"), attrgetter("gpu_util"), attrge
 _user_step_of, _gap_of, _between_of = attrgetter("user_step"), attrgetter("gap_before_us"), attrgetter("between_steps")
 _between_kinds_of = attrgetter(*BETWEEN_KINDS)
 _runqueue_of, _on_cpu_of = attrgetter("runqueue_wait_us"), attrgetter("on_cpu_us")
+_in_compute_of = attrgetter("compute_runqueue_wait_us")
 _row_ints_of = attrgetter("rank", "step", "start_us", "end_us")
 _axes_of = attrgetter(*(a.value for a in AXES))
 _start_of, _end_of, _phase_of = attrgetter("start_us"), attrgetter("end_us"), attrgetter("phase")
@@ -513,6 +515,7 @@ class _TableBuilder:
             "between_us": _between_columns(list(map(_between_of, lines))),
             "runqueue_wait_us": _optional_ints(map(_runqueue_of, lines)),
             "on_cpu_us": _optional_ints(map(_on_cpu_of, lines)),
+            "compute_runqueue_wait_us": _optional_ints(map(_in_compute_of, lines)),
         }
         stats = list(map(_stats_of, lines))
         if None in stats:  # "stats": null

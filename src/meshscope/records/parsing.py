@@ -220,6 +220,7 @@ def _parse_record(obj: object, where: str) -> StepRecord:
     gap_before_us = _int(d, "gap_before_us", where, required=False, minimum=0)
     runqueue_wait_us = _int(d, "runqueue_wait_us", where, required=False, minimum=0)
     on_cpu_us = _int(d, "on_cpu_us", where, required=False, minimum=0)
+    compute_runqueue_wait_us = _int(d, "compute_runqueue_wait_us", where, required=False, minimum=0)
     between_obj = d.get("between_steps")
     between = None
     if between_obj is not None:
@@ -246,6 +247,7 @@ def _parse_record(obj: object, where: str) -> StepRecord:
             between_steps=between,
             runqueue_wait_us=runqueue_wait_us,
             on_cpu_us=on_cpu_us,
+            compute_runqueue_wait_us=compute_runqueue_wait_us,
         )
     except ParseError as exc:
         raise ParseError(f"{where}: {exc}", code=exc.code) from None
@@ -302,4 +304,6 @@ def record_to_json(record: StepRecord) -> dict[str, Any]:
         out["runqueue_wait_us"] = record.runqueue_wait_us
     if record.on_cpu_us is not None:
         out["on_cpu_us"] = record.on_cpu_us
+    if record.compute_runqueue_wait_us is not None:
+        out["compute_runqueue_wait_us"] = record.compute_runqueue_wait_us
     return out

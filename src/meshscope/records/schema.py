@@ -236,6 +236,18 @@ class BetweenSteps:
         return sum(getattr(self, f"{k}_us") for k in BETWEEN_KINDS)
 
 
+_NON_NEGATIVE = (
+    "step",
+    "rank",
+    "user_step",
+    "gap_before_us",
+    "runqueue_wait_us",
+    "on_cpu_us",
+    "compute_runqueue_wait_us",
+)
+"""The record's whole-number fields that are at least 0 where given."""
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class StepRecord:
     """One rank's one step (schema ``meshscope.step/1``)."""
@@ -281,6 +293,11 @@ class StepRecord:
     """Microseconds the step's training thread ran on a CPU (Linux ``schedstat`` time on a CPU); the rest of the
     step, less ``runqueue_wait_us``, it was blocked or asleep (a collective, a device, I/O); ``None`` when not
     measured."""
+    compute_runqueue_wait_us: int | None = None
+    """The part of ``runqueue_wait_us`` that fell in the step's compute (its compute phases; in a step that marked no
+    training compute phase, also its time outside phases), microseconds: with it a rank's compute less the time it
+    waited for a CPU compares like for like with its peers'. At most ``runqueue_wait_us``, and only with it; ``None``
+    when not measured."""
 
     def __post_init__(self) -> None:
         """Check the step's own numbers and that no interval lies wholly outside it.
@@ -288,7 +305,7 @@ class StepRecord:
         Raises:
             ParseError: naming the field, its value and what would fit.
         """
-        for name in ("step", "rank", "user_step", "gap_before_us", "runqueue_wait_us", "on_cpu_us"):
+        for name in _NON_NEGATIVE:
             value = getattr(self, name)
             if value is not None and value < 0:
                 raise ParseError(f"{name} = {value} is below 0", code=ParseCode.VALUE_OUT_OF_RANGE)
@@ -297,6 +314,7 @@ class StepRecord:
                 f"end_us = {self.end_us} is before start_us = {self.start_us}; a step must end at or after its start",
                 code=ParseCode.ENDS_BEFORE_START,
             )
+        self._check_run_delay()
         if self.gpu_util is not None and not 0.0 <= self.gpu_util <= 1.0:
             raise ParseError(
                 f"gpu_util = {self.gpu_util} must be a ratio in [0, 1] (DCGM percent / 100)",
@@ -314,6 +332,16 @@ class StepRecord:
                     f"[{self.start_us}, {self.end_us}]; an interval must overlap its step (wrong step or rank?)",
                     code=ParseCode.OUTSIDE_STEP,
                 )
+
+    def _check_run_delay(self) -> None:
+        """``compute_runqueue_wait_us`` is a part of ``runqueue_wait_us``: only with it, and at most it."""
+        in_compute, total = self.compute_runqueue_wait_us, self.runqueue_wait_us
+        if in_compute is not None and (total is None or in_compute > total):
+            raise ParseError(
+                f"compute_runqueue_wait_us = {in_compute} must come with runqueue_wait_us and be at most it "
+                f"(runqueue_wait_us = {total}): it is the part of the step's run delay in its compute",
+                code=ParseCode.VALUE_OUT_OF_RANGE,
+            )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

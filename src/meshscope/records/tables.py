@@ -104,6 +104,8 @@ class StepColumns:
     """Microseconds the step's training thread waited for a CPU (run delay), or -1 (not measured)."""
     on_cpu_us: NDArray[np.int64]
     """Microseconds the step's training thread ran on a CPU, or -1 (not measured)."""
+    compute_runqueue_wait_us: NDArray[np.int64]
+    """The part of ``runqueue_wait_us`` in the step's compute, microseconds, or -1 (not measured)."""
     source_file: NDArray[np.int32]
     """Index into ``RecordTable.source_files`` the row was read from, or -1 (built from arrays)."""
     source_line: NDArray[np.int64]
@@ -134,6 +136,7 @@ class StepColumns:
         between_us: ArrayLike | None = None,
         runqueue_wait_us: ArrayLike | None = None,
         on_cpu_us: ArrayLike | None = None,
+        compute_runqueue_wait_us: ArrayLike | None = None,
         source_file: ArrayLike | None = None,
         source_line: ArrayLike | None = None,
     ) -> StepColumns:
@@ -179,6 +182,7 @@ class StepColumns:
             between_us=np.ascontiguousarray(b),
             runqueue_wait_us=_column(runqueue_wait_us, n, i64, UNKNOWN, "runqueue_wait_us"),
             on_cpu_us=_column(on_cpu_us, n, i64, UNKNOWN, "on_cpu_us"),
+            compute_runqueue_wait_us=_column(compute_runqueue_wait_us, n, i64, UNKNOWN, "compute_runqueue_wait_us"),
             source_file=_column(source_file, n, i32, UNKNOWN, "source_file"),
             source_line=_column(source_line, n, i64, UNKNOWN, "source_line"),
         )
@@ -419,7 +423,19 @@ def _table_of_records(records: Iterable[StepRecord], *, notes: tuple[Note, ...])
     job: tuple[str, str] | None = None
     rows: dict[str, list[Any]] = {k: [] for k in ("rank", "step", "start_us", "end_us", "coord", "gpu", "gpu_util")}
     rows.update({k: [] for k in ("node", "nvlink_domain", "network_tier", *_ROW_FIELDS, "attention_work")})
-    rows.update({k: [] for k in ("user_step", "gap_before_us", "between_us", "runqueue_wait_us", "on_cpu_us")})
+    rows.update(
+        {
+            k: []
+            for k in (
+                "user_step",
+                "gap_before_us",
+                "between_us",
+                "runqueue_wait_us",
+                "on_cpu_us",
+                "compute_runqueue_wait_us",
+            )
+        }
+    )
     ivs: dict[str, list[Any]] = {k: [] for k in ("row", "kind", "start_us", "end_us", "phase", "axis", "op", "group")}
     ivs.update({k: [] for k in _NET_FIELDS})
     for i, rec in enumerate(records):
@@ -445,6 +461,8 @@ def _table_of_records(records: Iterable[StepRecord], *, notes: tuple[Note, ...])
         rows["gap_before_us"].append(UNKNOWN if rec.gap_before_us is None else rec.gap_before_us)
         rows["runqueue_wait_us"].append(UNKNOWN if rec.runqueue_wait_us is None else rec.runqueue_wait_us)
         rows["on_cpu_us"].append(UNKNOWN if rec.on_cpu_us is None else rec.on_cpu_us)
+        in_compute = rec.compute_runqueue_wait_us
+        rows["compute_runqueue_wait_us"].append(UNKNOWN if in_compute is None else in_compute)
         between = rec.between_steps
         rows["between_us"].append(
             _NO_BETWEEN if between is None else [getattr(between, f"{k}_us") for k in BETWEEN_KINDS]
@@ -568,6 +586,7 @@ def _row_record(table: RecordTable, i: int, intervals: list[Interval]) -> StepRe
         else BetweenSteps(**{f"{k}_us": int(s.between_us[i, j]) for j, k in enumerate(BETWEEN_KINDS)}),
         runqueue_wait_us=_opt_int(s.runqueue_wait_us[i]),
         on_cpu_us=_opt_int(s.on_cpu_us[i]),
+        compute_runqueue_wait_us=_opt_int(s.compute_runqueue_wait_us[i]),
     )
 
 
@@ -631,6 +650,7 @@ def _validate_table(t: RecordTable) -> NDArray[np.intp]:  # noqa: C901, PLR0912,
         "gap_before_us",
         "runqueue_wait_us",
         "on_cpu_us",
+        "compute_runqueue_wait_us",
         "source_file",
         "source_line",
     ):
@@ -698,6 +718,7 @@ def _validate_table(t: RecordTable) -> NDArray[np.intp]:  # noqa: C901, PLR0912,
         "gap_before_us",
         "runqueue_wait_us",
         "on_cpu_us",
+        "compute_runqueue_wait_us",
     ):
         col = getattr(s, name)
         bad = _first(col < UNKNOWN)
@@ -706,6 +727,16 @@ def _validate_table(t: RecordTable) -> NDArray[np.intp]:  # noqa: C901, PLR0912,
                 f"{t.where_row(bad)}: {name} = {int(col[bad])} is below 0 (-1 means unknown)",
                 code=ParseCode.VALUE_OUT_OF_RANGE,
             )
+    # compute_runqueue_wait_us: a part of runqueue_wait_us, only with it
+    in_compute = s.compute_runqueue_wait_us
+    bad = _first((in_compute >= 0) & ((s.runqueue_wait_us < 0) | (in_compute > s.runqueue_wait_us)))
+    if bad is not None:
+        raise ParseError(
+            f"{t.where_row(bad)}: compute_runqueue_wait_us = {int(in_compute[bad])} must come with runqueue_wait_us "
+            f"and be at most it (runqueue_wait_us = {int(s.runqueue_wait_us[bad])}; -1 means unknown): it is the "
+            "part of the step's run delay in its compute",
+            code=ParseCode.VALUE_OUT_OF_RANGE,
+        )
     # between_us: a row is all -1 (not measured) or every kind >= 0
     given = s.between_us >= 0
     below = np.any(s.between_us < UNKNOWN, axis=1)

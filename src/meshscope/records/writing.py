@@ -142,6 +142,7 @@ class _LineOut(msgspec.Struct, kw_only=True, omit_defaults=True, gc=False):
     between_steps: BetweenFields | None = None
     runqueue_wait_us: int | None = None
     on_cpu_us: int | None = None
+    compute_runqueue_wait_us: int | None = None
 
 
 def _named(codes: NDArray[Any], names: Iterable[str]) -> list[str | None]:
@@ -193,6 +194,7 @@ def _table_lines(table: RecordTable) -> Iterator[list[_LineOut]]:
             _chunk_between(s.between_us[rows]),
             _optional(s.runqueue_wait_us[rows], s.runqueue_wait_us[rows] >= 0),
             _optional(s.on_cpu_us[rows], s.on_cpu_us[rows] >= 0),
+            _optional(s.compute_runqueue_wait_us[rows], s.compute_runqueue_wait_us[rows] >= 0),
             strict=True,
         )
         yield [
@@ -216,6 +218,7 @@ def _table_lines(table: RecordTable) -> Iterator[list[_LineOut]]:
                 between_steps=between,
                 runqueue_wait_us=runqueue,
                 on_cpu_us=on_cpu,
+                compute_runqueue_wait_us=in_compute,
             )
             for (
                 step,
@@ -235,6 +238,7 @@ def _table_lines(table: RecordTable) -> Iterator[list[_LineOut]]:
                 between,
                 runqueue,
                 on_cpu,
+                in_compute,
             ) in columns
         ]
 

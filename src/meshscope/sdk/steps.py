@@ -101,6 +101,7 @@ class StepState:
     __slots__ = (
         "attention",
         "between_ns",
+        "compute_rq_ns",
         "declared_compute",
         "end_mark",
         "end_ns",
@@ -110,6 +111,7 @@ class StepState:
         "on_cpu_ns",
         "ops",
         "peak_memory_bytes",
+        "phased_rq_ns",
         "runqueue_wait_ns",
         "sched_ns",
         "segments",
@@ -160,6 +162,12 @@ class StepState:
         """Run delay between the step's start and end, ns (the record's ``runqueue_wait_us``); ``None``: unknown."""
         self.on_cpu_ns: int | None = None
         """Time on a CPU between the step's start and end, ns (the record's ``on_cpu_us``); ``None``: unknown."""
+        self.phased_rq_ns: int | None = None
+        """Run delay while one of the step's phases owned the time (its :attr:`segments`, pieces held for it before
+        it opened included), ns; ``None``: not measured (the tracker measures it on a host-timed run only: on a GPU
+        the kernels run whether or not the launching thread has a core)."""
+        self.compute_rq_ns = 0
+        """The part of :attr:`phased_rq_ns` in its compute phases, ns."""
 
 
 def between_us(between_ns: Mapping[str, int]) -> dict[str, int]:
@@ -208,6 +216,20 @@ def _computes(st: StepState) -> bool:
     if st.declared_compute is not None:
         return st.declared_compute
     return any(kind == COMPUTE for kind, _, _, _ in st.segments)
+
+
+def compute_runqueue_wait_us(st: StepState) -> int | None:
+    """The record's ``compute_runqueue_wait_us``: the part of the step's run delay in its compute, µs.
+
+    The run delay in its compute phases; in a step that declared no training compute phase (:func:`implicit_compute`),
+    plus all of it outside its phases (its compute there: blocked windows add none, the thread being asleep). At most
+    the step's own run delay; ``None`` where either is unknown.
+    """
+    total, phased = st.runqueue_wait_ns, st.phased_rq_ns
+    if total is None or phased is None:
+        return None
+    inside = st.compute_rq_ns if _computes(st) else st.compute_rq_ns + max(0, total - phased)
+    return min(max(inside, 0), total) // 1000
 
 
 def implicit_compute(
@@ -404,6 +426,8 @@ def build_record(
         record["between_steps"] = between_us(st.between_ns)
     if st.runqueue_wait_ns is not None:
         record["runqueue_wait_us"] = st.runqueue_wait_ns // 1000
+    if (in_compute := compute_runqueue_wait_us(st)) is not None:
+        record["compute_runqueue_wait_us"] = in_compute
     if st.on_cpu_ns is not None:
         record["on_cpu_us"] = st.on_cpu_ns // 1000
     return record, p.incomplete
@@ -480,6 +504,8 @@ def encode_record(st: StepState, p: StepIntervals, *, header: RecordHeader, sdk:
         loop += f',"gap_before_us":{st.gap_ns // 1000},"between_steps":{_JSON(between_us(st.between_ns))}'
     if st.runqueue_wait_ns is not None:
         loop += f',"runqueue_wait_us":{st.runqueue_wait_ns // 1000}'
+    if (in_compute := compute_runqueue_wait_us(st)) is not None:
+        loop += f',"compute_runqueue_wait_us":{in_compute}'
     if st.on_cpu_ns is not None:
         loop += f',"on_cpu_us":{st.on_cpu_ns // 1000}'
     text = (

@@ -155,16 +155,20 @@ class _Frame:
 
     In a step (``step`` set) ``seg_start`` is a mark of the piece the frame owns; between steps (``step`` is
     ``None``) it is host ``perf_counter_ns``, and the pieces are timed under ``between`` (a ``between_steps`` key).
+    ``seg_rq`` is the training thread's run delay (ns) when the piece began (:meth:`Tracker._run_delay`).
     """
 
-    __slots__ = ("between", "kind", "phase", "seg_start", "step")
+    __slots__ = ("between", "kind", "phase", "seg_rq", "seg_start", "step")
 
-    def __init__(self, kind: str, phase: str | None, between: str, seg_start: Mark, step: StepState | None) -> None:
+    def __init__(
+        self, kind: str, phase: str | None, between: str, seg_start: Mark, step: StepState | None, *, seg_rq: int
+    ) -> None:
         self.kind = kind
         self.phase = phase
         self.between = between
         self.seg_start = seg_start
         self.step = step
+        self.seg_rq = seg_rq
 
 
 class _Boundary:
@@ -176,7 +180,7 @@ class _Boundary:
     own fetch: a loop that opens a step every k batches (gradient accumulation over the loader's micro-batches).
     """
 
-    __slots__ = ("after", "attention", "ops", "sched_ns", "segments", "source", "start_ns", "windows")
+    __slots__ = ("after", "attention", "ops", "rq_ns", "sched_ns", "segments", "source", "start_ns", "windows")
 
     def __init__(self, source: object, start_ns: int, sched_ns: tuple[int, int] | None, st: StepState) -> None:
         self.source = source
@@ -190,6 +194,8 @@ class _Boundary:
             len(st.attention),
         )
         """Where the fetch's own pieces begin in the open step's lists (moved to the next step with it)."""
+        self.rq_ns = (st.phased_rq_ns, st.compute_rq_ns)
+        """The step's run delay in phases and in compute phases then (the fetch's own goes with it)."""
         self.after: tuple[int, ...] | None = None
         """The lists' lengths and the phase stack's depth when the (last) fetch ended: unchanged = nothing since."""
 
@@ -426,6 +432,8 @@ class Tracker:
         """Phases timed since the previous step ended (before any pending fetch), ns per ``between_steps`` key."""
         self._pre_step: list[tuple[str, str, str | None, int, int]] = []
         """Pieces (between key, kind, phase, start ns, end ns) since the first pending fetch: the next step's."""
+        self._pre_step_rq = [0, 0]
+        """The run delay in those pieces, and in their compute pieces, ns (:attr:`StepState.phased_rq_ns`)."""
         self._fetch_ns: int | None = None
         """Start of the first fetch held for the next step (:class:`_DataIterator`), host ns."""
         self._fetch_from: object = None
@@ -789,26 +797,33 @@ class Tracker:
         self._last_step = number
         self._capture.patch_pipelining_if_loaded()
         ops.clock.on_step_start(self._steps_finished)
-        if ops.on_device:
-            self._torch.cuda.reset_peak_memory_stats()
-        else:
-            self._rss.reset()
+        self._reset_peak_memory()
         now = _perf_ns()
         stack = self._stack
+        rq = self._run_delay() if stack else -1
         if stack and stack[-1].step is None:  # a phase open since before the step: its time until now
-            self._between_piece(stack[-1], now)
+            self._between_piece(stack[-1], now, rq)
         st = StepState(number, now if self._fetch_ns is None else self._fetch_ns, ops.device_mark(now))
         st.sched_ns = self._sched.read() if self._fetch_ns is None else self._fetch_sched_ns
+        if not ops.on_device:
+            st.phased_rq_ns = 0
         st.user_step = user_step
         st.declared_compute = False  # until a training compute phase owns time in it
         self._take_between(st, explicit=explicit)
         ops.step = st
         for frame in stack:  # phases opened before the step count from its start
             if frame.step is None:
-                frame.step, frame.seg_start = st, self._mark_for(frame.kind, now)
+                frame.step, frame.seg_start, frame.seg_rq = st, self._mark_for(frame.kind, now), rq
                 if _trains(frame.kind, frame.between):
                     st.declared_compute = True
         return st
+
+    def _reset_peak_memory(self) -> None:
+        """Start the step's peak memory: the device's allocator's, or on the host the resident set's."""
+        if self._ops.on_device:
+            self._torch.cuda.reset_peak_memory_stats()
+        else:
+            self._rss.reset()
 
     def _take_between(self, st: StepState, *, explicit: bool) -> None:
         """Give the step opening now what happened since the previous one: its gap, a held fetch and its stats."""
@@ -825,6 +840,10 @@ class Tracker:
             if any(_trains(kind, between) for between, kind, _, _, _ in self._pre_step):
                 st.declared_compute = True
             self._pre_step = []
+        if st.phased_rq_ns is not None:
+            st.phased_rq_ns += self._pre_step_rq[0]
+            st.compute_rq_ns += self._pre_step_rq[1]
+        self._pre_step_rq = [0, 0]
         if self._carried is not None:  # what a boundary fetch issued (a loader's own collectives) comes with it
             st.ops[:0], st.windows[:0], st.attention[:0] = self._carried
             self._carried = None
@@ -842,22 +861,24 @@ class Tracker:
         if self._boundary is not None:  # a fetch that turned out to be this step's: its stats too
             self._boundary = None
             self._settle_held_stats(st)
+        if st.sched_ns is not None and sched_ns is None:
+            sched_ns = self._sched.read()
+        rq = -1 if sched_ns is None or ops.on_device else sched_ns[1]
         if self._stack and self._stack[-1].step is st:  # only the innermost open phase owns the time now
             top = self._stack[-1]
             st.segments.append((top.kind, top.phase, top.seg_start, self._mark_for(top.kind, now)))
+            self._add_rq(st, top.kind, top.seg_rq, rq)
         for frame in self._stack:
             if frame.step is st:  # still open: timed between steps from now on
-                frame.step, frame.seg_start = None, now
+                frame.step, frame.seg_start, frame.seg_rq = None, now, rq
         ops.step = None
         self._prev_end_ns = now
         self._fed_by = None
         st.end_ns = now
         st.end_mark = ops.device_mark(now)
-        if st.sched_ns is not None:
-            end = self._sched.read() if sched_ns is None else sched_ns
-            if end is not None:
-                st.on_cpu_ns = max(0, end[0] - st.sched_ns[0])
-                st.runqueue_wait_ns = max(0, end[1] - st.sched_ns[1])
+        if st.sched_ns is not None and sched_ns is not None:
+            st.on_cpu_ns = max(0, sched_ns[0] - st.sched_ns[0])
+            st.runqueue_wait_ns = max(0, sched_ns[1] - st.sched_ns[1])
         st.peak_memory_bytes = self._peak_memory()
         ops.end_unwaited(st)
         self._steps_finished += 1
@@ -867,10 +888,29 @@ class Tracker:
         self._pending.append(st)
         self._flush(final=False)
 
-    def _between_piece(self, frame: _Frame, now: int) -> None:
-        """The piece ``frame`` owned between steps, from its ``seg_start`` (host ns) to ``now``."""
+    def _run_delay(self) -> int:
+        """The training thread's run delay so far, ns; -1 where not measured (on a GPU, no ``schedstat``)."""
+        if self._ops.on_device:
+            return -1
+        sched = self._sched.read()
+        return -1 if sched is None else sched[1]
+
+    @staticmethod
+    def _add_rq(st: StepState, kind: str, since: int, now: int) -> None:
+        """A piece of ``kind`` closed in ``st``: the run delay from ``since`` to ``now`` (ns, -1 unknown) was in it."""
+        if st.phased_rq_ns is not None and 0 <= since <= now:
+            st.phased_rq_ns += now - since
+            if kind == COMPUTE:
+                st.compute_rq_ns += now - since
+
+    def _between_piece(self, frame: _Frame, now: int, rq: int) -> None:
+        """The piece ``frame`` owned between steps, from its ``seg_start`` (host ns) to ``now``; run delay ``rq``."""
         if self._fetch_ns is not None:
             self._pre_step.append((frame.between, frame.kind, frame.phase, frame.seg_start, now))
+            if 0 <= frame.seg_rq <= rq:
+                self._pre_step_rq[0] += rq - frame.seg_rq
+                if frame.kind == COMPUTE:
+                    self._pre_step_rq[1] += rq - frame.seg_rq
         else:
             self._between_ns[frame.between] = self._between_ns.get(frame.between, 0) + (now - frame.seg_start)
 
@@ -878,20 +918,22 @@ class Tracker:
         if now is None:
             now = _perf_ns()
         st = self._ops.step
+        rq = self._run_delay()
         if st is None:
             if count:
                 self._outside += 1
             if self._stack and self._stack[-1].step is None:
-                self._between_piece(self._stack[-1], now)
-            self._stack.append(_Frame(kind, phase, between, now, None))
+                self._between_piece(self._stack[-1], now, rq)
+            self._stack.append(_Frame(kind, phase, between, now, None, seg_rq=rq))
             return
         if self._stack:
             top = self._stack[-1]
             if top.step is st:
                 st.segments.append((top.kind, top.phase, top.seg_start, self._mark_for(top.kind, now)))
+                self._add_rq(st, top.kind, top.seg_rq, rq)
         if _trains(kind, between):
             st.declared_compute = True
-        self._stack.append(_Frame(kind, phase, between, self._mark_for(kind, now), st))
+        self._stack.append(_Frame(kind, phase, between, self._mark_for(kind, now), st, seg_rq=rq))
 
     def _pop(self) -> None:
         if not self._stack:
@@ -899,18 +941,20 @@ class Tracker:
         now = _perf_ns()
         frame = self._stack.pop()
         st = self._ops.step
+        rq = self._run_delay()
         if frame.step is None:  # between steps
             if st is None:
-                self._between_piece(frame, now)
+                self._between_piece(frame, now, rq)
                 if self._stack and self._stack[-1].step is None:
-                    self._stack[-1].seg_start = now
+                    self._stack[-1].seg_start, self._stack[-1].seg_rq = now, rq
             return
         if st is None or frame.step is not st:
             return
         st.segments.append((frame.kind, frame.phase, frame.seg_start, self._mark_for(frame.kind, now)))
+        self._add_rq(st, frame.kind, frame.seg_rq, rq)
         if self._stack and self._stack[-1].step is st:
             top = self._stack[-1]
-            top.seg_start = self._mark_for(top.kind, now)
+            top.seg_start, top.seg_rq = self._mark_for(top.kind, now), rq
 
     # ------------------------------------------------------------------ data loaders
 
@@ -963,6 +1007,7 @@ class Tracker:
                 for between, _, _, a, b in self._pre_step:
                     self._between_ns[between] = self._between_ns.get(between, 0) + (b - a)
                 self._pre_step = []
+                self._pre_step_rq = [0, 0]
                 self._fetch_ns = self._fetch_from = None
                 self._held_stats = None
         except Exception as exc:  # noqa: BLE001
@@ -996,6 +1041,9 @@ class Tracker:
         start_ns, sched_ns = since
         self._fetch_ns, self._fetch_from, self._fetch_sched_ns = start_ns, source, sched_ns
         self._pre_step.append(("data", "data", None, start_ns, _perf_ns()))
+        rq = self._run_delay()
+        if sched_ns is not None and 0 <= sched_ns[1] <= rq:
+            self._pre_step_rq[0] += rq - sched_ns[1]
 
     def _lengths(self, st: StepState) -> tuple[int, ...]:
         return len(st.segments), len(st.ops), len(st.windows), len(st.attention), len(self._stack)
@@ -1018,6 +1066,10 @@ class Tracker:
         fetched = st.segments[b.segments :]
         self._carried = (st.ops[b.ops :], st.windows[b.windows :], st.attention[b.attention :])
         del st.segments[b.segments :], st.ops[b.ops :], st.windows[b.windows :], st.attention[b.attention :]
+        phased_then, compute_then = b.rq_ns
+        if st.phased_rq_ns is not None and phased_then is not None:  # the fetch's run delay goes with it
+            self._pre_step_rq = [st.phased_rq_ns - phased_then, st.compute_rq_ns - compute_then]
+            st.phased_rq_ns, st.compute_rq_ns = phased_then, compute_then
         self._end_step(b.start_ns, b.sched_ns)
         self._fetch_ns, self._fetch_from, self._fetch_sched_ns = b.start_ns, b.source, b.sched_ns
         self._pre_step.extend(("data", kind, phase, a, e) for kind, phase, a, e in fetched)
