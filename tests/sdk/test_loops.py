@@ -510,7 +510,7 @@ def test_the_run_delay_in_compute_is_told_from_the_rest_of_the_step(listener) ->
     sock, path = listener
     tracker = _tracker(path)
     sched = ScriptedSched()
-    tracker._sched = sched  # type: ignore[assignment]  # noqa: SLF001 - the scheduler's clock is the test's
+    tracker._sched = sched  # type: ignore[assignment]  # the scheduler's clock is the test's
     with tracker.step(0):  # phases: 3 ms in forward, 2 in backward, 1 in the optimizer, 4 in none
         with tracker.phase("forward"):
             sched.wait(3)
