@@ -488,6 +488,9 @@ class ScriptedSched:
     def read(self) -> tuple[int, int]:
         return 0, self.rq_ns
 
+    def run_delay(self) -> int:
+        return self.rq_ns
+
     def close(self) -> None:
         pass
 

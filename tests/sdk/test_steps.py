@@ -314,11 +314,12 @@ def test_time_asleep_is_neither_on_a_cpu_nor_run_delay() -> None:
 
 def test_run_delay_read_from_another_thread_is_unknown() -> None:
     delay = SchedStat()
-    assert delay.read() is not None  # opened here: this thread's
-    seen: list[int | None] = []
-    reader = threading.Thread(target=lambda: seen.append(delay.read()))
+    first = delay.read()  # opened here: this thread's
+    assert first is not None
+    seen: list[object] = []
+    reader = threading.Thread(target=lambda: seen.extend((delay.read(), delay.run_delay())))
     reader.start()
     reader.join()
-    assert seen == [None]  # never another thread's numbers
-    assert delay.read() is not None
+    assert seen == [None, -1]  # never another thread's numbers, by either read
+    assert first[1] <= delay.run_delay() <= delay.read()[1]  # type: ignore[index] # the same counter, read on
     delay.close()

@@ -572,6 +572,13 @@ class RssPeak:
         self._pid = 0
 
 
+_FORKS = [0]
+"""How many times this process's line has forked (0 in the first process): a file opened before a fork belongs to
+another process's thread. Counted at fork, so that the hot path need not ask the kernel for its pid."""
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=lambda: _FORKS.__setitem__(0, _FORKS[0] + 1))
+
+
 class SchedStat:
     """How long the calling thread has run on a CPU, and waited for one while runnable (the run delay), ns.
 
@@ -582,7 +589,8 @@ class SchedStat:
     more work than its peers. The first tells a rank that was slow while running (a slower or shared core: on a CPU
     the whole time) from one that was slow while off a CPU (blocked, asleep, or waiting for a device). The file stays
     open (about 5 µs a read instead of a path lookup under ``/proc``) and belongs to the thread that opened it: read
-    from another thread or a forked child, it answers ``None``, never another thread's numbers.
+    from another thread or a forked child, it answers ``None``, never another thread's numbers. :meth:`run_delay` is
+    the read of every phase boundary: the run delay alone, about 1.3 µs here against 2 µs for :meth:`read`.
     """
 
     def __init__(self) -> None:
@@ -595,7 +603,7 @@ class SchedStat:
         """The calling thread's time on a CPU and run delay so far, ns; ``None``: not available (other OS, thread)."""
         if not self._ok:
             return None
-        owner = (os.getpid(), threading.get_ident())
+        owner = (_FORKS[0], threading.get_ident())
         try:
             if self._owner is None or self._owner[0] != owner[0]:
                 self.close()
@@ -609,6 +617,18 @@ class SchedStat:
             self._ok = False
             self.close()
             return None
+
+    def run_delay(self) -> int:
+        """The calling thread's run delay so far, ns; -1 where :meth:`read` would answer ``None``."""
+        if self._owner != (_FORKS[0], threading.get_ident()):
+            sched = self.read()  # opens the file, or refuses another thread's
+            return -1 if sched is None else sched[1]
+        try:
+            return int(os.pread(self._fd, 128, 0).split()[1])
+        except (OSError, ValueError, IndexError):
+            self._ok = False
+            self.close()
+            return -1
 
     def close(self) -> None:
         """Close the file (a later :meth:`read` opens it again, in the thread that reads)."""

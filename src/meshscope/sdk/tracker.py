@@ -890,10 +890,7 @@ class Tracker:
 
     def _run_delay(self) -> int:
         """The training thread's run delay so far, ns; -1 where not measured (on a GPU, no ``schedstat``)."""
-        if self._ops.on_device:
-            return -1
-        sched = self._sched.read()
-        return -1 if sched is None else sched[1]
+        return -1 if self._ops.on_device else self._sched.run_delay()
 
     @staticmethod
     def _add_rq(st: StepState, kind: str, since: int, now: int) -> None:
