@@ -474,6 +474,40 @@ def test_a_persistent_straggler_is_slow_steadily_not_in_a_burst(
         assert found == (), [f.message for f in found]
 
 
+@pytest.mark.parametrize(
+    ("slow_steps", "named"),
+    [
+        # Every fifth step 3x as long (an evaluation, a log flush every N steps): four stretches, named.
+        ((0, 5, 10, 15), True),
+        # Every third step 1.6x: seven stretches, named.
+        ((1, 4, 7, 10, 13, 16, 19), True),
+        # The same four slow steps back to back: a burst on one of two ranks, the host's (one stretch).
+        ((6, 7, 8, 9), False),
+        # Two bursts: still under the three stretches a periodic cost shows.
+        ((3, 4, 5, 14, 15), False),
+    ],
+    ids=["every-fifth", "every-third", "one-burst", "two-bursts"],
+)
+def test_a_transient_straggler_in_a_pair_is_named_where_its_slow_steps_recur(
+    slow_steps: tuple[int, ...], named: bool
+) -> None:
+    # A stage of two ranks: no spread between ranks to stand out from (the spread of two values is half their gap), so
+    # a rank slow in some steps only is named where its slow steps recur between normal ones.
+    factor = 3.0 if len(slow_steps) == 4 else 1.6
+    job = Job(tp=1, dp=2, gpus_per_node=2, steps=20, slow_in_step={(0, s): factor for s in slow_steps})
+    found = findings(job)
+    if not named:
+        assert found == (), [f.message for f in found]
+        return
+    f = only(found, "straggler")
+    assert [s.rank for s in f.suspects] == [0]
+    assert f.evidence["steps_slow"] == len(slow_steps)
+    assert f"in {len(slow_steps)} of its 20 steps" in f.message
+    # Its excess is over its one peer (not over the pair's mean, which would halve it), amortised over the 20 steps.
+    compute = Job().compute_us
+    assert f.evidence["excess_seconds"] * 1e6 == pytest.approx((factor - 1) * compute * len(slow_steps) / 20, rel=0.1)
+
+
 def test_a_gpu_run_does_not_discount_the_hosts_run_delay() -> None:
     # On a GPU, phases are device times: the host thread's run delay does not lengthen them and is not taken out.
     job = Job(slow={5: 1.3})

@@ -5,8 +5,9 @@ iterations), a DDP-tutorial-style ``for batch in loader`` loop over epochs (per-
 rank 0 while the others wait at a barrier) and an FSDP2 loop. Each runs clean (no finding), with a straggler
 (rank 1's passes 2x as long) and with an imbalance (rank 1 gets 3x the rows): the finding names the rank and its
 cost is the cost table's own sync-wait figure. Two scripts also run with rank 1 spinning on its CPU for as long again
-as its passes (``--busy``), and the FSDP2 loop with rank 1 sleeping between its phases (``--pause``). 2 ranks (see :data:`NPROC`). Beside foreign load, real CPU compute
-is measured as a rate by benchmarks/bench_real_runs.py (the demo's emulated job is tested beside a burner).
+as its passes (``--busy``), and the FSDP2 loop with rank 1 sleeping between its phases (``--pause``), in every step
+or in every fifth. 2 ranks (see :data:`NPROC`). Beside foreign load, real CPU compute is measured as a rate by
+benchmarks/bench_real_runs.py (the demo's emulated job is tested beside a burner).
 """
 
 from __future__ import annotations
@@ -145,6 +146,26 @@ def test_a_rank_slow_outside_its_phases_is_named_with_the_tables_cost(tmp_path: 
     # About the 20 ms it slept (less what the host took from it: the detector's least bound), and what the table says
     # it made its peer wait.
     assert 0.01 <= f["evidence"]["excess_seconds"] <= 0.03
+    wait = _row(run, "comm.dp.sync_wait")
+    assert wait["suspect"]["rank"] == 1
+    assert f["evidence"]["cost_seconds_per_step"] == f["evidence"]["wait_per_member_seconds_per_step"]
+
+
+def test_a_rank_slow_every_few_steps_is_named_as_a_transient_straggler(tmp_path: Path) -> None:
+    # Rank 1 of the 2-rank FSDP2 loop sleeps 40 ms outside its phases in every fifth step (an evaluation, a log flush
+    # every N steps). Slow in a fifth of its steps, it is no persistent straggler; with one peer there is no spread
+    # between ranks to stand out from: named as a transient one because its slow steps recur between normal ones.
+    run = run_script(tmp_path / "out", "fsdp2", *RUN_LENGTH["fsdp2"], "--pause", "1:40", "--pause-every", "5")
+    stragglers = [f for f in run.findings if f["code"] == "straggler"]
+    assert len(stragglers) == 1, [f["message"] for f in run.findings]
+    f = stragglers[0]
+    assert [s["rank"] for s in f["suspects"]] == [1], f["message"]
+    assert f["evidence"]["phase_is_other"] == 1, f["message"]
+    steps = run.analysis["steps"]["count"]
+    assert 5 <= f["evidence"]["steps_slow"] <= steps // 5 + 1, f["message"]  # 7 or 8 of the 39 analysed steps
+    assert f"in {f['evidence']['steps_slow']} of its {steps} steps" in f["message"]
+    # About 40 ms a slow step (less what the host took from it), and the table's sync-wait figure is the cost.
+    assert 0.02 <= f["evidence"]["phase_seconds"] <= 0.06
     wait = _row(run, "comm.dp.sync_wait")
     assert wait["suspect"]["rank"] == 1
     assert f["evidence"]["cost_seconds_per_step"] == f["evidence"]["wait_per_member_seconds_per_step"]

@@ -7,7 +7,8 @@ pass that rank spins for (FACTOR - 1) x its duration (host work in the pass: a s
 every step), which on shared cores also takes CPU from the ranks beside it. ``--imbalance RANK:FACTOR`` gives that rank FACTOR x the rows
 of every batch (more tokens, more real compute), the way a packed batch of long documents does. ``--pause RANK:MS``
 makes that rank sleep MS milliseconds in every step outside any phase (host work no phase covers: a log line, a
-metric, a host-device sync between the forward and the backward pass), where the script calls :meth:`Faults.pause`.
+metric, a host-device sync between the forward and the backward pass), where the script calls :meth:`Faults.pause`;
+with ``--pause-every N``, only in every N-th step (an evaluation or a log flush every N steps: a transient straggler).
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ def add_fault_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--imbalance", default="", help="RANK:FACTOR, that rank gets FACTOR x the rows of every batch")
     p.add_argument("--pause", default="", help="RANK:MS, that rank sleeps MS ms a step outside its phases")
     p.add_argument("--busy", default="", help="RANK:FACTOR, that rank's passes take FACTOR x as long, spinning")
+    p.add_argument("--pause-every", type=int, default=1, help="N: --pause in every N-th step only (from the N-th)")
 
 
 class Faults:
@@ -52,6 +54,8 @@ class Faults:
         self.rows = imbalance[1] if imbalance and imbalance[0] == rank else 1.0
         pause = rank_factor(args.pause, "--pause")
         self.pause_s = pause[1] / 1e3 if pause and pause[0] == rank else 0.0
+        self.pause_every = max(1, args.pause_every)
+        self._pauses = 0
 
     def batch(self, rows: int) -> int:
         """This rank's rows for a batch of ``rows``."""
@@ -71,6 +75,7 @@ class Faults:
                 pass
 
     def pause(self) -> None:
-        """Sleep this rank's ``--pause`` (outside any phase, where the script calls it)."""
-        if self.pause_s > 0:
+        """Sleep this rank's ``--pause`` (outside any phase, where the script calls it once a step)."""
+        self._pauses += 1
+        if self.pause_s > 0 and self._pauses % self.pause_every == 0:
             time.sleep(self.pause_s)

@@ -118,6 +118,17 @@ two burners: rank 0 took 2x its peers' compute in one step of 11, 8 % of the ste
 TRANSIENT_MIN_SHARE = 0.03
 """A transient straggler (slow in some steps only) costs at least this share of the step, amortised: one slow step
 in fifteen from a busy host is noise, not a rank to chase."""
+PAIR_MIN_STRETCHES = 3
+"""In a stage of two ranks, a transient straggler's slow steps fall in at least this many separate stretches (runs of
+consecutive steps): with one peer there is no spread between ranks to stand out from, and a burst of consecutive slow
+steps on one of two ranks is the host's (on shared cores one rank runs 10-45 % slower for a few tenths of a second:
+tests/data/clean_nanogpt_burst), where slow steps that recur between normal ones are the rank's own periodic work
+(an evaluation, a log flush, a checkpoint every N steps)."""
+PAIR_TRANSIENT_MIN_SHARE = 0.06
+"""... and stands out from its one peer by at least this share of the step, amortised: twice a larger stage's
+:data:`TRANSIENT_MIN_SHARE`, the other rank being a yardstick of one. 36 clean 2-rank runs of the three test scripts
+(quiet, beside one spinner, beside two; 2026-12-06) came to at most 0.57 x 3 %, in four stretches (rank 0 of the
+nanoGPT-style loop, which prints a line every step)."""
 JITTER_SIGMAS = 3.0
 """... by at least this many standard errors of a median over its steps (the robust standard deviation of the
 rest's rank-steps around their median, ÷ √steps): thresholds follow the run's measured noise, not a fixed share."""
@@ -357,9 +368,7 @@ class _Context:
             n_peer_groups=n_groups,
             work_ratio=work_ratio,
             work_name=work_name,
-            # The median rank's own time (no waiting): a straggler lengthens everyone's step by their wait for it,
-            # not the median rank's own work, so its own effect never passes for the run's noise.
-            step_jitter_us=_robust_sigma(grouped_median(rs.step_index, own_time_us(rs), rs.n_steps)),
+            step_jitter_us=_step_jitter_us(rs),
             contention=contention,
             host_excess_us=excess,
             core_excess_us=core,
@@ -454,6 +463,18 @@ def _host_excess_us(
         slowdown = _core_slowdown(rs, _optimizer_ratio(rs, key, n_groups))[rs.rank_index]
         core = np.minimum(beyond, np.nan_to_num(slowdown * peers))
     return excess + core, core
+
+
+def _step_jitter_us(rs: RankSteps) -> float:
+    """The run's step-to-step jitter: the robust standard deviation over steps of the median rank's own time, µs.
+
+    Own time (no waiting): a straggler lengthens everyone's step by their wait for it, not the median rank's own
+    work, so its own effect never passes for the run's noise. In a job of two ranks the median is the mean of the two,
+    which carries a straggler's own slow steps: there, the faster rank's (a 2-rank FSDP2 loop with one rank 40 ms
+    slower every fifth step had 7 ms of "jitter" that way, against 3.5 ms on a clean run of it).
+    """
+    q = 0.0 if rs.n_ranks == 2 else 0.5
+    return _robust_sigma(grouped_quantile(rs.step_index, own_time_us(rs), rs.n_steps, q))
 
 
 def _own_compute_us(rs: RankSteps, in_compute: NDArray[np.float64]) -> NDArray[np.float64]:
@@ -629,23 +650,30 @@ def _node_findings(ctx: _Context, best: dict[int, _Slow]) -> list[Finding]:
         f = _straggler_finding(ctx, members)
         cost_us = f.cost_seconds_per_step * 1e6
         explained_us = max(members[0].excess_us, _phases_excess_us(ctx, members[0].rank_index, suspects))
-        if _resolved(ctx, cost_us, persistent=members[0].persistent) and explained_us >= STRAGGLER_EXPLAINS * cost_us:
+        if _resolved(ctx, cost_us, members[0]) and explained_us >= STRAGGLER_EXPLAINS * cost_us:
             findings.append(f)
     return findings
 
 
-def _resolved(ctx: _Context, cost_us: float, *, persistent: bool) -> bool:
+def _resolved(ctx: _Context, cost_us: float, slow: _Slow) -> bool:
     """Whether a straggler costs the job something beyond the run's step-to-step jitter (:data:`STEP_JITTER_SIGMAS`).
 
     A persistent straggler's cost is its median over every step, whose noise is the jitter ÷ √steps: it is resolved
     there too where it costs :data:`PERSISTENT_MIN_SHARE` of the step (beside a CPU burner, a rank 3.8x slower in
-    compute in 12 of 12 steps cost 27 % of a step whose own time jittered by 20 %).
+    compute in 12 of 12 steps cost 27 % of a step whose own time jittered by 20 %). A transient one's cost is
+    amortised over every step too: it is resolved there where each of its slow steps stands :data:`JITTER_SIGMAS`
+    x the jitter above its peers (a spike no step-to-step noise makes) and it costs :data:`TRANSIENT_MIN_SHARE` of
+    the step (a rank 40 ms slower every fifth step beside a spinning process, 8 ms a step amortised, 18 % of a step
+    whose own time jittered by 17 %). A spike of 1.5 sigma in a jittery run stays unnamed.
     """
     bar = STEP_JITTER_SIGMAS * ctx.step_jitter_us
     if cost_us <= 0 or cost_us >= bar:
         return cost_us > 0
-    steps = max(ctx.rs.n_steps, 1)
-    return persistent and cost_us >= max(PERSISTENT_MIN_SHARE * ctx.step_us, bar / math.sqrt(steps))
+    averaged = bar / math.sqrt(max(ctx.rs.n_steps, 1))
+    if slow.persistent:
+        return cost_us >= max(PERSISTENT_MIN_SHARE * ctx.step_us, averaged)
+    spike = slow.phase_us - slow.peer_us >= JITTER_SIGMAS * ctx.step_jitter_us
+    return spike and cost_us >= max(TRANSIENT_MIN_SHARE * ctx.step_us, averaged)
 
 
 def _own_sync_wait_us(rs: RankSteps, rank_index: int) -> float:
@@ -743,10 +771,23 @@ def _transient(ctx: _Context, phase: str, *, exclude: dict[int, _Slow]) -> dict[
     that much and by :data:`NOISE_SIGMAS` x their spread. Each rank-step is held to the same relative bar as a
     persistent straggler (:data:`CONTENDED_MIN_EXCESS` on a contended run): a rank slower in all its steps by less is
     not named through this path either. On a contended run it is slow in :data:`CONTENDED_MIN_SLOW_STEPS` steps.
+
+    In a stage of two ranks the spread between ranks is no yardstick (the robust spread of two values is half their
+    gap: 6 of them always exceed it) and a median with the rank in it halves its gap: there a rank-step's excess is
+    over its one peer, the rank stands out by :data:`PAIR_TRANSIENT_MIN_SHARE` of the step over that peer's amortised
+    excess, and its slow steps fall in :data:`PAIR_MIN_STRETCHES` separate stretches (a periodic cost, not a burst).
+    Rank 1 of a 2-rank FSDP2 loop sleeping 40 ms outside its phases every fifth step: the table charged it 10-12 ms
+    of sync wait a step, and no finding named it before.
     """
     rs = ctx.rs
     values = ctx.phase_us(phase)
-    peers = ctx.peer_median(ctx.reference_us(phase))
+    stage, sizes = _stage_sizes(rs)
+    in_pair = sizes[stage] == 2
+    measured = ctx.reference_us(phase)
+    peers = ctx.peer_median(measured)
+    if in_pair.any():
+        paired = in_pair[rs.rank_index]
+        peers = np.where(paired, median_of_others(ctx.peer_key, measured, ctx.n_peer_groups), peers)
     excess = values - peers
     relative = CONTENDED_MIN_EXCESS if ctx.contention is not None else STRAGGLER_MIN_EXCESS
     floor = np.maximum(max(MIN_COST_SHARE * ctx.step_us, NOISE_SIGMAS * _robust_sigma(excess)), relative * peers)
@@ -760,12 +801,15 @@ def _transient(ctx: _Context, phase: str, *, exclude: dict[int, _Slow]) -> dict[
         return {}
     who = rs.rank_index[rows]
     amortised = np.bincount(who, weights=excess[rows], minlength=rs.n_ranks) / rs.steps_per_rank
-    stage, _ = _stage_sizes(rs)
     typical = grouped_median(stage, amortised, int(stage.max()) + 1)[stage]
     spread = NOISE_SIGMAS * _robust_sigma(amortised)
-    stands_out = (amortised - typical >= max(TRANSIENT_MIN_SHARE * ctx.step_us, spread)) & (
-        amortised >= TRANSIENT_MIN_SHARE * ctx.step_us
-    )
+    least = TRANSIENT_MIN_SHARE * ctx.step_us
+    stands_out = (amortised - typical >= max(least, spread)) & (amortised >= least)
+    if in_pair.any():
+        # typical is the pair's mean: over its peer by a share is over the mean by half of it
+        apart = amortised - typical >= PAIR_TRANSIENT_MIN_SHARE * ctx.step_us / 2
+        stretches = _stretches(rs.step_index[rows], who, rs.n_ranks)
+        stands_out = np.where(in_pair, apart & (stretches >= PAIR_MIN_STRETCHES), stands_out)
     if ctx.contention is not None:
         stands_out &= np.bincount(who, minlength=rs.n_ranks) >= CONTENDED_MIN_SLOW_STEPS
     out = {}
@@ -781,6 +825,15 @@ def _transient(ctx: _Context, phase: str, *, exclude: dict[int, _Slow]) -> dict[
             persistent=False,
         )
     return out
+
+
+def _stretches(step_index: NDArray[np.intp], who: NDArray[np.intp], n_ranks: int) -> NDArray[np.int64]:
+    """Per rank: how many separate stretches of consecutive steps its rows (``step_index``, ``who``) fall in."""
+    order = np.lexsort((step_index, who))
+    s, w = step_index[order].astype(np.int64), who[order]
+    starts = np.ones(s.size, dtype=bool)
+    starts[1:] = (w[1:] != w[:-1]) | (s[1:] - s[:-1] > 1)
+    return np.bincount(w[starts], minlength=n_ranks).astype(np.int64)
 
 
 def _ranks_text(ranks: list[int]) -> str:
