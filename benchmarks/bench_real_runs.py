@@ -11,10 +11,11 @@ ranks, emulated accelerator). Foreign load, where asked, is one spinning process
 issue's burner) or, for a third of the clean runs, a single one (one core loaded: the ranks on it wait for a CPU
 and the others do not, which once made a clean run name a rank). Faults:
 ``--straggler RANK:2`` (that rank's passes take twice as long, sleeping), ``--busy RANK:2`` (twice as long, spinning
-on its CPU: host work, which on shared cores also slows the ranks beside it) or ``--imbalance RANK:3`` (three times
-the rows), the rank drawn from a seeded generator. A clean run is right when it has no finding; a straggler or busy
-run when exactly one straggler finding names exactly the injected rank; an imbalance run when a data-imbalance
-finding names it first and no straggler finding appears.
+on its CPU: host work, which on shared cores also slows the ranks beside it), ``--imbalance RANK:3`` (three times
+the rows) or ``--pause RANK:40 --pause-every 5`` ("periodic": 40 ms outside the phases in every fifth step, an
+evaluation or a log flush every N steps: a transient straggler), the rank drawn from a seeded generator. A clean run
+is right when it has no finding; a straggler, busy or periodic run when exactly one straggler finding names exactly
+the injected rank; an imbalance run when a data-imbalance finding names it first and no straggler finding appears.
 
     .venv/bin/python benchmarks/bench_real_runs.py                      # 24 clean + 30 fault runs, ~10 min here
     .venv/bin/python benchmarks/bench_real_runs.py --clean 4 --faults 6  # a quick look
@@ -45,7 +46,7 @@ JOBS: dict[str, list[str]] = {
 }
 """The lengths of tests/e2e_local's runs (``RUN_LENGTH``: about a second of steps, so that a burst of a few slow
 steps on a busy host is a burst); ``--short`` runs the 10-step lengths of the earlier figures."""
-FAULTS = ("straggler", "imbalance", "busy")
+FAULTS = ("straggler", "imbalance", "busy", "periodic")
 """The injected faults, in turn (each for one run of every script)."""
 SHORT = {"nanogpt-ddp": ["--iters", "10"], "ddp-tutorial": ["--samples", "768"], "fsdp2": ["--steps", "10"]}
 
@@ -89,6 +90,15 @@ def stop(procs: list[subprocess.Popen[bytes]]) -> None:
         p.kill()
     for p in procs:
         p.wait()
+
+
+def fault_arguments(fault: str | None, rank: int | None) -> list[str]:
+    """The script's arguments that inject ``fault`` on ``rank``."""
+    if fault is None:
+        return []
+    if fault == "periodic":  # 40 ms outside the phases in every fifth step: a transient straggler
+        return ["--pause", f"{rank}:40", "--pause-every", "5"]
+    return [f"--{fault}", f"{rank}:{3 if fault == 'imbalance' else 2}"]
 
 
 def verdict(analysis: dict[str, Any], fault: str | None, rank: int | None) -> tuple[bool, str, float | str | None]:
@@ -140,7 +150,7 @@ def main() -> None:
     results = []
     with tempfile.TemporaryDirectory() as tmp:
         for k, (job, load, fault, rank) in enumerate(plan):
-            extra = [] if fault is None else [f"--{fault}", f"{rank}:{3 if fault == 'imbalance' else 2}"]
+            extra = fault_arguments(fault, rank)
             procs = burner(load)
             t0 = time.perf_counter()
             try:

@@ -85,6 +85,7 @@ def main() -> None:
             tracker.data_stats(tokens=int(x.shape[0]), sequences=int(x.shape[0]))
             with tracker.phase("forward"), faults.slowed():
                 loss = loss_fn(model(x), y)
+            faults.pause()
             with tracker.phase("backward"), faults.slowed():
                 optimizer.zero_grad()
                 loss.backward()

@@ -7,7 +7,8 @@ pass that rank spins for (FACTOR - 1) x its duration (host work in the pass: a s
 every step), which on shared cores also takes CPU from the ranks beside it. ``--imbalance RANK:FACTOR`` gives that rank FACTOR x the rows
 of every batch (more tokens, more real compute), the way a packed batch of long documents does. ``--pause RANK:MS``
 makes that rank sleep MS milliseconds in every step outside any phase (host work no phase covers: a log line, a
-metric, a host-device sync between the forward and the backward pass), where the script calls :meth:`Faults.pause`;
+metric, a host-device sync between the forward and the backward pass), where the script calls :meth:`Faults.pause`
+(once a step, in all three scripts);
 with ``--pause-every N``, only in every N-th step (an evaluation or a log flush every N steps: a transient straggler).
 """
 

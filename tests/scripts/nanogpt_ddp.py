@@ -147,6 +147,7 @@ def main() -> None:
             tracker.data_stats(tokens=int(x.numel()), sequences=int(x.shape[0]))
             with tracker.phase("backward"), faults.slowed():
                 loss.backward()
+        faults.pause()
         with tracker.phase("optimizer"):
             torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
             optimizer.step()

@@ -661,10 +661,11 @@ def _resolved(ctx: _Context, cost_us: float, slow: _Slow) -> bool:
     A persistent straggler's cost is its median over every step, whose noise is the jitter ÷ √steps: it is resolved
     there too where it costs :data:`PERSISTENT_MIN_SHARE` of the step (beside a CPU burner, a rank 3.8x slower in
     compute in 12 of 12 steps cost 27 % of a step whose own time jittered by 20 %). A transient one's cost is
-    amortised over every step too: it is resolved there where each of its slow steps stands :data:`JITTER_SIGMAS`
-    x the jitter above its peers (a spike no step-to-step noise makes) and it costs :data:`TRANSIENT_MIN_SHARE` of
-    the step (a rank 40 ms slower every fifth step beside a spinning process, 8 ms a step amortised, 18 % of a step
-    whose own time jittered by 17 %). A spike of 1.5 sigma in a jittery run stays unnamed.
+    amortised over every step too: it is resolved there where it costs :data:`TRANSIENT_MIN_SHARE` of the step and
+    its slow steps together stand :data:`NOISE_SIGMAS` standard errors above its peers (``k`` steps each ``e`` over
+    them: ``e`` x √k at least 6 x the jitter): a rank 40 ms slower in every fifth step beside a spinning process
+    (8 ms a step amortised, 18 % of a step whose own time jittered by 17 %) is named; a rank 6 ms slower in 6 steps
+    of a run whose own time jitters by 3 ms (2 sigma a step, 4.9 together) is not.
     """
     bar = STEP_JITTER_SIGMAS * ctx.step_jitter_us
     if cost_us <= 0 or cost_us >= bar:
@@ -672,8 +673,8 @@ def _resolved(ctx: _Context, cost_us: float, slow: _Slow) -> bool:
     averaged = bar / math.sqrt(max(ctx.rs.n_steps, 1))
     if slow.persistent:
         return cost_us >= max(PERSISTENT_MIN_SHARE * ctx.step_us, averaged)
-    spike = slow.phase_us - slow.peer_us >= JITTER_SIGMAS * ctx.step_jitter_us
-    return spike and cost_us >= max(TRANSIENT_MIN_SHARE * ctx.step_us, averaged)
+    spikes = (slow.phase_us - slow.peer_us) * math.sqrt(slow.steps) >= NOISE_SIGMAS * ctx.step_jitter_us
+    return spikes and cost_us >= max(TRANSIENT_MIN_SHARE * ctx.step_us, averaged)
 
 
 def _own_sync_wait_us(rs: RankSteps, rank_index: int) -> float:
