@@ -55,6 +55,8 @@ from sidecar.promstack import start_prometheus
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
 
+    from numpy.typing import NDArray
+
     from meshscope_operator.settings import OperatorSettings
     from sidecar.promstack import Service
 
@@ -340,11 +342,17 @@ def _continuous_shares(lines: list[bytes]) -> dict[str, tuple[float, float, floa
     lowest and highest such mean over the steps the tier can have seen. Its rates start from each rank's first
     scrape, which falls after a number of steps that depends on when the job started against the scrapes: a rank's
     share over its steps from any step k on, the mean over ranks of the lowest and of the highest of those."""
+    return {c: (float(v[0]), float(v.min()), float(v.max())) for c, v in _suffix_shares(lines).items()}
+
+
+def _suffix_shares(lines: list[bytes]) -> dict[str, NDArray[np.float64]]:
+    """Each category beyond compute: for every k, the mean over ranks of a rank's share of its step time over its
+    steps from its k-th on (k over the steps every rank has)."""
     table = table_from_lines(lines)
     ticks = break_down(table, align_clocks=False).ticks.astype(np.float64)
     s = table.steps
     names = [f"exposed comm {c.split('.')[1]}" if c.startswith("comm.") else c for c in CATEGORIES]
-    shares: dict[str, list[tuple[float, float, float]]] = {}
+    shares: dict[str, list[NDArray[np.float64]]] = {}
     for r in np.unique(s.rank):
         rows = np.flatnonzero(s.rank == r)
         rows = rows[np.argsort(s.step[rows])]
@@ -353,13 +361,9 @@ def _continuous_shares(lines: list[bytes]) -> dict[str, tuple[float, float, floa
         for name in set(names):
             cols = [i for i, n in enumerate(names) if n == name]
             part = np.cumsum(ticks[rows][:, cols].sum(axis=1)[::-1])[::-1]
-            suffix = part / total
-            shares.setdefault(name, []).append((float(suffix[0]), float(suffix.min()), float(suffix.max())))
-    return {
-        c: (float(np.mean([v[0] for v in vs])), float(np.mean([v[1] for v in vs])), float(np.mean([v[2] for v in vs])))
-        for c, vs in shares.items()
-        if c != "compute"
-    }
+            shares.setdefault(name, []).append(part / total)
+    n = min(len(v) for vs in shares.values() for v in vs)
+    return {c: np.mean([v[:n] for v in vs], axis=0) for c, vs in shares.items() if c != "compute"}
 
 
 TOP_COST_TIE = 0.01
@@ -368,14 +372,18 @@ breakdown of the same records round and weigh ranks differently (a real gloo job
 against tp 11.18 %; under load a run named dp where the records put tp first)."""
 
 
-def _check_top_cost(top_cost: str, shares: dict[str, tuple[float, float, float]]) -> None:
+def _check_top_cost(top_cost: str, lines: list[bytes]) -> None:
     """``topCost`` ("exposed comm dp 23.3%") names a costliest category of the records, or one tied with it
-    (:data:`TOP_COST_TIE`), with a share of the step the records give it over the steps the tier can have seen
-    (:func:`_continuous_shares`: from a rank's first scrape on)."""
+    (:data:`TOP_COST_TIE`), over steps the tier can have seen (from a rank's first scrape on: the records' steps from
+    some k on, :func:`_suffix_shares`; the shares drift over a real job's steps, and a real gloo job's tier named dp
+    at 29 % where the whole run put another axis first, 23 % against 18 %), with a share the records give it over
+    such steps (:func:`_continuous_shares`)."""
     name, _, percent_text = top_cost.rpartition(" ")
-    assert name in shares, top_cost
-    whole = {c: v[0] for c, v in shares.items()}
-    assert whole[name] >= max(whole.values()) - TOP_COST_TIE, (top_cost, shares)
+    by_start = _suffix_shares(lines)
+    assert name in by_start, top_cost
+    best = np.max(np.stack(list(by_start.values())), axis=0)
+    shares = _continuous_shares(lines)
+    assert bool(np.any(by_start[name] >= best - TOP_COST_TIE)), (top_cost, shares)
     _, low, high = shares[name]
     assert 100 * (low - TOP_COST_TIE) <= float(percent_text.rstrip("%")) <= 100 * (high + TOP_COST_TIE), (
         top_cost,
@@ -687,7 +695,7 @@ def test_trainingjobs_to_cost_tables_through_kubectl(
     # the continuous tier: the step time and (before any deep analysis) the top cost, from the recording rules
     for case in (SIM, GLOO):
         status = _continuous_status(w, case)
-        _check_top_cost(status["topCost"], _continuous_shares(w.records[case.name]))
+        _check_top_cost(status["topCost"], w.records[case.name])
         assert "costTableRef" not in status
 
     # the deep tier, on demand
