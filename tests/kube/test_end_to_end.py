@@ -336,18 +336,11 @@ def _median_step_seconds(lines: list[bytes]) -> float:
     return float(np.quantile([sum(v) / len(v) for v in per_rank.values()], 0.5))
 
 
-def _continuous_shares(lines: list[bytes]) -> dict[str, tuple[float, float, float]]:
+def _suffix_shares(lines: list[bytes]) -> dict[str, list[NDArray[np.float64]]]:
     """Each category beyond compute as the continuous tier sees it (exposed comm per axis as a whole), by the core's
-    breakdown of the records: the mean over ranks of each rank's share of its step time, over all its steps, and the
-    lowest and highest such mean over the steps the tier can have seen. Its rates start from each rank's first
-    scrape, which falls after a number of steps that depends on when the job started against the scrapes: a rank's
-    share over its steps from any step k on, the mean over ranks of the lowest and of the highest of those."""
-    return {c: (float(v[0]), float(v.min()), float(v.max())) for c, v in _suffix_shares(lines).items()}
-
-
-def _suffix_shares(lines: list[bytes]) -> dict[str, NDArray[np.float64]]:
-    """Each category beyond compute: for every k, the mean over ranks of a rank's share of its step time over its
-    steps from its k-th on (k over the steps every rank has)."""
+    breakdown of the records: per rank, its share of its step time over its steps from its k-th on, for every k. The
+    tier's rates start from each rank's first scrape, which falls after a number of steps that depends on when the
+    job started against the scrapes."""
     table = table_from_lines(lines)
     ticks = break_down(table, align_clocks=False).ticks.astype(np.float64)
     s = table.steps
@@ -362,8 +355,7 @@ def _suffix_shares(lines: list[bytes]) -> dict[str, NDArray[np.float64]]:
             cols = [i for i, n in enumerate(names) if n == name]
             part = np.cumsum(ticks[rows][:, cols].sum(axis=1)[::-1])[::-1]
             shares.setdefault(name, []).append(part / total)
-    n = min(len(v) for vs in shares.values() for v in vs)
-    return {c: np.mean([v[:n] for v in vs], axis=0) for c, vs in shares.items() if c != "compute"}
+    return {c: vs for c, vs in shares.items() if c != "compute"}
 
 
 TOP_COST_TIE = 0.01
@@ -374,20 +366,23 @@ against tp 11.18 %; under load a run named dp where the records put tp first).""
 
 def _check_top_cost(top_cost: str, lines: list[bytes]) -> None:
     """``topCost`` ("exposed comm dp 23.3%") names a costliest category of the records, or one tied with it
-    (:data:`TOP_COST_TIE`), over steps the tier can have seen (from a rank's first scrape on: the records' steps from
-    some k on, :func:`_suffix_shares`; the shares drift over a real job's steps, and a real gloo job's tier named dp
-    at 29 % where the whole run put another axis first, 23 % against 18 %), with a share the records give it over
-    such steps (:func:`_continuous_shares`)."""
+    (:data:`TOP_COST_TIE`), over steps the tier can have seen (the mean over ranks of their shares from some step k
+    on, :func:`_suffix_shares`: the shares drift over a real job's steps, and a real gloo job's tier named dp at 29 %
+    where the whole run put another axis first, 23 % against 18 %), with a share between the mean over ranks of the
+    lowest and of the highest of a rank's shares from any k on."""
     name, _, percent_text = top_cost.rpartition(" ")
-    by_start = _suffix_shares(lines)
-    assert name in by_start, top_cost
+    per_rank = _suffix_shares(lines)
+    assert name in per_rank, top_cost
+    n = min(len(v) for vs in per_rank.values() for v in vs)
+    by_start = {c: np.mean([v[:n] for v in vs], axis=0) for c, vs in per_rank.items()}
+    summary = {c: (float(v[0]), float(v.min()), float(v.max())) for c, v in by_start.items()}
     best = np.max(np.stack(list(by_start.values())), axis=0)
-    shares = _continuous_shares(lines)
-    assert bool(np.any(by_start[name] >= best - TOP_COST_TIE)), (top_cost, shares)
-    _, low, high = shares[name]
+    assert bool(np.any(by_start[name] >= best - TOP_COST_TIE)), (top_cost, summary)
+    low = float(np.mean([v.min() for v in per_rank[name]]))
+    high = float(np.mean([v.max() for v in per_rank[name]]))
     assert 100 * (low - TOP_COST_TIE) <= float(percent_text.rstrip("%")) <= 100 * (high + TOP_COST_TIE), (
         top_cost,
-        shares,
+        summary,
     )
 
 

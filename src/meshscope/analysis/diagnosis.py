@@ -317,12 +317,10 @@ class _Context:
     core_excess_us: NDArray[np.float64] | None = None
     """Per rank-step of such a run: how much of its time on a CPU beyond its peers' its slower core explains, µs (0
     where its core is no slower, or the records lack ``on_cpu_us``)."""
-    compute_runqueue_us: NDArray[np.float64] | None = None
-    """Per rank-step of such a run whose every record has ``compute_runqueue_wait_us``: its run delay in its compute,
-    µs; ``None`` otherwise."""
     own_compute_us: NDArray[np.float64] | None = None
-    """Per rank-step where :attr:`compute_runqueue_us` is known: its compute less that wait (:func:`_own_compute_us`),
-    µs; compared so for every rank alike (:meth:`reference_us`)."""
+    """Per rank-step of such a run whose every record has ``compute_runqueue_wait_us`` (its run delay in its compute):
+    its compute less that wait (:func:`_own_compute_us`), µs, compared so for every rank alike (:meth:`reference_us`);
+    ``None`` otherwise."""
 
     def contention_clause(self) -> str:
         """What every timing finding of a contended run must say."""
@@ -372,14 +370,13 @@ class _Context:
             contention=contention,
             host_excess_us=excess,
             core_excess_us=core,
-            compute_runqueue_us=in_compute,
             own_compute_us=own_compute,
         )
 
     def phase_us(self, phase: str) -> NDArray[np.float64]:
         """A phase's µs per rank-step as the straggler detector holds a rank to: less the host's excess, if known.
 
-        Compute, where the records say how long each rank waited for a CPU in it (:attr:`compute_runqueue_us`): less
+        Compute, where the records say how long each rank waited for a CPU in it (:attr:`own_compute_us`): less
         that wait, as its peers' (:meth:`reference_us`), and less what its slower core explains
         (:attr:`core_excess_us`). Any other phase, and compute without that: less the host's excess
         (:attr:`host_excess_us`) whole, at most down to 0: the records do not say in which of them the thread waited
@@ -426,7 +423,7 @@ def _host_excess_us(
     """Per rank-step of a host-timed run: the time the host took from it beyond its (step, stage) peers', µs.
 
     Returns the whole of it, and its slower core's part (below). ``in_compute``: the run delay in each rank-step's
-    compute, where the records say (:attr:`_Context.compute_runqueue_us`): compute is compared less it, so only the
+    compute, where the records say (``compute_runqueue_wait_us``): compute is compared less it, so only the
     run delay outside compute counts here.
 
     Its run delay beyond the median of its peers' (the others of its group: in a group of two, a median with itself
