@@ -40,11 +40,11 @@ from timing import machine_reference
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS = ROOT / "tests" / "scripts"
 JOBS: dict[str, list[str]] = {
-    "nanogpt-ddp": ["nanogpt_ddp.py", "--iters", "40"],
-    "ddp-tutorial": ["ddp_tutorial.py", "--epochs", "2", "--samples", "1536"],
-    "fsdp2": ["fsdp2_loop.py", "--steps", "40"],
+    "nanogpt-ddp": ["nanogpt_ddp.py", "--iters", "100"],
+    "ddp-tutorial": ["ddp_tutorial.py", "--epochs", "2", "--samples", "3840"],
+    "fsdp2": ["fsdp2_loop.py", "--steps", "100"],
 }
-"""The lengths of tests/e2e_local's runs (``RUN_LENGTH``: about a second of steps, so that a burst of a few slow
+"""The lengths of tests/e2e_local's runs (``RUN_LENGTH``: 100 steps or more, about 2.5 s, so that a burst of slow
 steps on a busy host is a burst); ``--short`` runs the 10-step lengths of the earlier figures."""
 FAULTS = ("straggler", "imbalance", "busy", "periodic")
 """The injected faults, in turn (each for one run of every script)."""
