@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import time
 from collections import defaultdict
@@ -202,6 +203,48 @@ def test_ddp_bucket_reductions_are_captured_and_gradients_unchanged(fork_job) ->
     }
     # the world group of a dp=2 layout is the dp group (inferred from the layout, nothing registered)
     assert comm[0] == comm[1] == [("dp", "all_reduce", (8 * 4 + 4) * F32, "dp:0", 0)]
+
+
+def _ddp_paths_job(rank: int, world: int) -> dict[str, object]:
+    # Every road DDP's reducer averages gradients by (reducer.cpp, ``mark_variable_ready_dense``): copied into the
+    # bucket with a multiplication by 1/world (fresh gradients: the default, and after ``zero_grad()`` with
+    # ``gradient_as_bucket_view``), or divided in place where the gradient is the bucket's view already (kept between
+    # steps with ``zero_grad(set_to_none=False)``, accumulated over ``no_sync`` micro-steps).
+    tracker = sdk.tracker_from_env()
+    grads: list[str] = []
+    for as_view in (False, True):
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(16, 64), nn.GELU(), nn.Linear(64, 16))
+        ddp = DDP(model, gradient_as_bucket_view=as_view, bucket_cap_mb=0.001)  # several buckets
+        gen = torch.Generator().manual_seed(rank + 1)
+        for step, (set_to_none, micro_steps) in enumerate([(True, 1), (False, 1), (False, 3), (True, 2), (True, 1)]):
+            model.zero_grad(set_to_none=set_to_none)
+            with tracker.step(10 * int(as_view) + step):
+                for micro in range(micro_steps):
+                    sync = contextlib.nullcontext() if micro == micro_steps - 1 else ddp.no_sync()
+                    with sync:
+                        ddp(torch.randn(8, 16, generator=gen)).pow(2).mean().backward()
+            grads.append(torch.cat([p.grad.flatten() for p in model.parameters()]).numpy().tobytes().hex())
+    tracker.close()
+    return {"grads": grads, "enabled": tracker.enabled}
+
+
+@pytest.mark.slow
+def test_ddp_gradients_are_bit_for_bit_those_of_the_untracked_job(fork_job) -> None:
+    # Three ranks: 1/3 is not exact in binary, so multiplying by it and dividing by 3 differ in the last bit of about
+    # a third of the gradients (PyTorch's ``allreduce_hook`` divides everything: a tracked job would drift from the
+    # untracked one). Each step of each road is compared, bit for bit.
+    env = {"MESHSCOPE_LAYOUT": "dp=3"}
+    off = fork_job(_ddp_paths_job, 3, env={**env, "MESHSCOPE_DISABLE": "1"}, collect=False)
+    on = fork_job(_ddp_paths_job, 3, env=env)
+    assert [r["enabled"] for r in on.results] == [True] * 3
+    assert [r["enabled"] for r in off.results] == [False] * 3
+    for rank in range(3):
+        for i, (tracked, untracked) in enumerate(
+            zip(on.results[rank]["grads"], off.results[rank]["grads"], strict=True)
+        ):
+            assert tracked == untracked, f"rank {rank}, step {i}: the tracked job's gradients differ"
+    assert len({r["grads"][0] for r in on.results}) == 1  # averaged: the same on every rank
 
 
 def _steps_job(rank: int, world: int) -> dict[str, object]:

@@ -11,12 +11,13 @@ Why it exists: collectives reach the backend along four roads, and each needs it
 2. **Functional collectives** (DTensor, ``torch.distributed._functional_collectives``) call the
    ``torch.ops._c10d_functional`` operators directly; those op packets are replaced by thin wrappers on the namespace,
    and ``wait_tensor`` marks their end.
-3. **DDP**'s C++ reducer talks to the backend directly. A comm hook equal to the default (``allreduce_hook``) is
-   registered at construction -- or, for models wrapped before the tracker started, at install (found once among the
-   live objects) -- so its bucket all-reduces take road 1, starting at the bucket's issue; a user's later
-   ``register_comm_hook`` replaces the inner hook instead of failing. The last bucket queues autograd final callbacks
-   around the reducer's wait for its buckets (backward blocked on the reduction): that window is exact, and no bucket
-   ends after it. A model that got a hook of the user's before the tracker started is reported to the sink.
+3. **DDP**'s C++ reducer talks to the backend directly. A comm hook that averages exactly as the reducer does
+   without one (:func:`_ddp_average`) is registered at construction -- or, for models wrapped before the tracker
+   started, at install (found once among the live objects) -- so its bucket all-reduces take road 1, starting at
+   the bucket's issue; a user's later ``register_comm_hook`` replaces the inner hook instead of failing. The last
+   bucket queues autograd final callbacks around the reducer's wait for its buckets (backward blocked on the
+   reduction): that window is exact, and no bucket ends after it. A model that got a hook of the user's before the
+   tracker started is reported to the sink.
 4. ``torch.nn.functional.scaled_dot_product_attention`` is wrapped to time attention (forward by the call, backward
    between gradient hooks on its output and on its first input).
 
@@ -382,6 +383,69 @@ class _HookHolder:
         self.hook = hook
 
 
+class _Average:
+    """State of :func:`_ddp_average`: the group, and where each gradient was before backward accumulated into it."""
+
+    __slots__ = ("group", "kept", "scale", "size")
+
+    def __init__(self, ddp: Any) -> None:
+        self.group = ddp.process_group
+        self.size = self.group.size()
+        self.scale = 1.0 / self.size
+        self.kept: dict[Any, int] | None = None
+        """``id(param)`` -> the address of its gradient before accumulation (0: none); only where it decides."""
+        if getattr(ddp, "gradient_as_bucket_view", False) and self.size & (self.size - 1):
+            self.kept = {}
+            for param in ddp.module.parameters():
+                if param.requires_grad:
+                    self._watch(param)
+
+    def _watch(self, param: Any) -> None:
+        kept = self.kept
+        assert kept is not None
+        key = id(param)
+
+        def before_accumulation(_grad_outputs: Any) -> None:
+            grad = param.grad
+            kept[key] = 0 if grad is None else grad.data_ptr()
+
+        # The parameter's AccumulateGrad node, the one DDP's reducer holds: its pre-hook runs before the gradient is
+        # accumulated, i.e. before the reducer sees it.
+        with torch.enable_grad():
+            node = param.view_as(param).grad_fn.next_functions[0][0]
+        node.register_prehook(before_accumulation)
+
+
+def _reduced(fut: Future[Any]) -> Any:
+    return fut.value()[0]
+
+
+def _ddp_average(state: _Average, bucket: Any) -> Future[Any]:
+    """Average a bucket's gradients over the group exactly as DDP does without a comm hook.
+
+    DDP's reducer without a hook (``Reducer::mark_variable_ready_dense``, torch/csrc/distributed/c10d/reducer.cpp)
+    multiplies each gradient by ``1 / world`` while it copies it into the bucket, and divides it by ``world`` where the
+    gradient already is the bucket's view (``gradient_as_bucket_view=True`` with gradients kept between steps); then
+    it sums. With a hook the reducer only copies. PyTorch's ``allreduce_hook`` divides every bucket, which differs from
+    the multiplication in the last bit wherever ``world`` is not a power of two: a tracked job would not compute what
+    the untracked one does. So: multiply, and divide the gradients that were the bucket's views already (known from a
+    pre-hook on their accumulation, only kept where the two differ). Under ``Join`` with
+    ``divide_by_initial_world_size=False`` the reducer divides by the ranks still joined; this divides by the group.
+    """
+    tensor = bucket.buffer()
+    kept = state.kept
+    if kept is None:
+        tensor.mul_(state.scale)
+    else:
+        for param, grad in zip(bucket.parameters(), bucket.gradients(), strict=True):
+            if kept.get(id(param)) == grad.data_ptr():
+                grad.div_(state.size)
+            else:
+                grad.mul_(state.scale)
+    work: Any = dist.all_reduce(tensor, group=state.group, async_op=True)
+    return work.get_future().then(_reduced)  # type: ignore[no-any-return]
+
+
 def _queue_final_callback(callback: Callable[[], None]) -> None:
     """Run ``callback`` when the current backward pass has finished its graph, after callbacks queued before it."""
     torch.autograd.Variable._execution_engine.queue_callback(callback)  # noqa: SLF001
@@ -420,8 +484,6 @@ def _hook_ddp(ddp: Any, register: Callable[..., Any]) -> str | None:
     Python hook's collectives still reach the patched ``ProcessGroup`` methods, but its buckets' issue and the
     reducer's wait are not seen; a builtin hook's all-reduces leave from C++ and are not seen at all.
     """
-    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks  # noqa: PLC0415
-
     if getattr(ddp, "_meshscope_hook_holder", None) is not None:
         return None
     if getattr(ddp, "_comm_hooks", None):
@@ -439,7 +501,7 @@ def _hook_ddp(ddp: Any, register: Callable[..., Any]) -> str | None:
             f"it got a builtin comm hook ({builtin}) before the tracker started: its gradient all-reduces leave "
             "from C++ and are not captured"
         )
-    holder = _HookHolder(ddp.process_group, default_hooks.allreduce_hook)
+    holder = _HookHolder(_Average(ddp), _ddp_average)
     try:
         register(ddp, holder, _ddp_hook)
     except Exception as exc:  # noqa: BLE001 - the reducer refuses (e.g. a hook registered through C++)
