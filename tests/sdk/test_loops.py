@@ -219,6 +219,37 @@ def test_loader_errors_reach_the_loop_and_the_tracker_stays_usable(listener) -> 
     assert tracker.counters().hook_errors == 0
 
 
+def test_the_wrapped_loader_answers_for_the_loader(listener) -> None:
+    # PyTorch's DDP tutorial keeps the loader it iterates and calls ``train_data.sampler.set_epoch(epoch)`` on it:
+    # with the tracker off ``data()`` is the loader itself, so with it on the wrapper must answer the same.
+    torch = pytest.importorskip("torch")
+    from torch.utils.data import DataLoader, DistributedSampler, TensorDataset  # noqa: PLC0415
+
+    sock, path = listener
+    tracker = _tracker(path)
+    dataset = TensorDataset(torch.arange(8))
+    loader = DataLoader(dataset, batch_size=2, sampler=DistributedSampler(dataset, num_replicas=1, rank=0, seed=3))
+    data = tracker.data(loader)
+    assert data.sampler is loader.sampler
+    assert data.dataset is dataset
+    assert data.batch_size == 2
+    seen, expected = [], []
+    for epoch in range(2):
+        data.sampler.set_epoch(epoch)
+        for (batch,) in data:
+            tracker.start_step()
+            seen.extend(int(x) for x in batch)
+        reference = DistributedSampler(dataset, num_replicas=1, rank=0, seed=3)
+        reference.set_epoch(epoch)
+        expected.extend(reference)
+    assert seen == expected  # each epoch shuffled anew, in the sampler's order for that epoch
+    assert seen[:8] != seen[8:]
+    with pytest.raises(AttributeError, match="no_such_thing"):
+        _ = data.no_such_thing
+    tracker.close()
+    assert len(_records(sock)) == 8
+
+
 def test_null_tracker_hands_the_loader_back_and_ignores_step_calls() -> None:
     null = sdk.NullTracker()
     loader = [1, 2, 3]

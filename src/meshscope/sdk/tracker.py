@@ -305,6 +305,13 @@ class _Data(Generic[_T]):
     def __len__(self) -> int:
         return len(self._loader)  # type: ignore[arg-type]  # TypeError, as len() of the loader itself
 
+    def __getattr__(self, name: str) -> Any:  # noqa: ANN401 - whatever the loader holds
+        # The rest is the loader's, as with the tracker off (``data()`` returns the loader itself): scripts keep the
+        # wrapper and call ``loader.sampler.set_epoch(epoch)``, read ``loader.dataset`` or ``loader.batch_size``.
+        if name in _Data.__slots__:  # not set yet (copy, pickle): never look for it in a loader that is not there
+            raise AttributeError(name)
+        return getattr(self._loader, name)
+
 
 class _NullContext:
     __slots__ = ()
