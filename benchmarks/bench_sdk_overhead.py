@@ -54,7 +54,7 @@ import statistics
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -369,6 +369,9 @@ class JobSummary:
     job: JobSpec
     rounds: list[tuple[RunResult, RunResult]]
     """(off, on) per round."""
+    solo_step_s: float | None = None
+    """With ``--concurrent``: the median step time of SDK-off runs alone, the step the CPU-implied ratio divides by
+    (a pair's own step times are those of two jobs sharing the cores)."""
 
     def ratios(self, attr: str) -> list[float]:
         return [getattr(on, attr) / getattr(off, attr) for off, on in self.rounds]
@@ -377,25 +380,73 @@ class JobSummary:
         return statistics.median(getattr(pair[1 if on else 0], attr) for pair in self.rounds)
 
 
-def bench_job(job: JobSpec, steps: int, tmp: Path, *, pin: bool = False) -> JobSummary:
-    """Alternate SDK-off and SDK-on runs of ``job``, ``job.rounds`` rounds, the first arm swapped every round."""
+def run_pair_at_once(job: JobSpec, *, steps: int, out: Path, pin: bool) -> tuple[RunResult, RunResult]:
+    """Run ``job`` with the SDK off and on at the same time (two forked children of this process); (off, on)."""
+    pids: dict[bool, int] = {}
+    for enabled in (False, True):
+        pid = os.fork()
+        if pid == 0:  # the child runs one arm and leaves without running the parent's exit handlers
+            code = 1
+            try:
+                result = run_once(job, enabled=enabled, steps=steps, out=out / f"arm-{enabled}", pin=pin)
+                (out / f"arm-{enabled}.json").write_text(json.dumps(asdict(result)))
+                code = 0
+            finally:
+                os._exit(code)
+        pids[enabled] = pid
+    for enabled, pid in pids.items():
+        _, status = os.waitpid(pid, 0)
+        if status != 0:
+            raise SystemExit(f"the {job.name} job with the SDK {'on' if enabled else 'off'} failed (output above)")
+    off, on = (RunResult(**json.loads((out / f"arm-{e}.json").read_text())) for e in (False, True))
+    return off, on
+
+
+def bench_job(job: JobSpec, steps: int, tmp: Path, *, pin: bool = False, concurrent: bool = False) -> JobSummary:
+    """Alternate SDK-off and SDK-on runs of ``job``, ``job.rounds`` rounds, the first arm swapped every round.
+
+    ``concurrent``: each round runs both arms at the same time instead, so that both see the same machine: on a
+    virtual machine the CPU seconds the same work takes drift by tens of per cent from one half-minute to the next
+    (another guest on the host), which paired runs one after the other cannot cancel and paired runs side by side
+    do. Two SDK-off runs alone give the step time the CPU-implied ratio divides by.
+    """
     what = f"{job.script.name} {' '.join(job.args)}".rstrip()
     print(f"\n{job.name}: {what} on {job.nproc} ranks ({job.layout}), {steps} measured steps")
-    print(f"  (+{WARMUP_STEPS} warm-up) per run, {job.rounds} rounds of (off, on) runs alternating which goes first")
+    if concurrent:
+        solo = [run_once(job, enabled=False, steps=steps, out=tmp / f"{job.name}-solo-{i}", pin=pin) for i in (0, 1)]
+        solo_step_s = statistics.median(r.step_s for r in solo)
+        print(f"  (+{WARMUP_STEPS} warm-up) per run, {job.rounds} rounds of (off, on) runs side by side, at once;")
+        print(f"  alone with the SDK off: {solo_step_s * 1e3:.1f} ms per step (the CPU-implied ratio's step)")
+        print("  (a round's step times are those of two jobs sharing the cores: compare CPU, not step times)")
+    else:
+        solo_step_s = None
+        print(
+            f"  (+{WARMUP_STEPS} warm-up) per run, {job.rounds} rounds of (off, on) runs alternating which goes first"
+        )
     print(f"  {'round':>5s} {'off ms/step':>12s} {'on ms/step':>11s} {'ratio':>6s}   {'off CPU ms':>10s} "
           f"{'on CPU ms':>10s} {'ratio':>6s}   {'step end µs':>11s}")  # fmt: skip
     rounds = []
     for i in range(job.rounds):
-        pair: dict[bool, RunResult] = {}
-        for enabled in (i % 2 == 1, i % 2 == 0):
-            pair[enabled] = run_once(job, enabled=enabled, steps=steps, out=tmp / f"{job.name}-{i}-{enabled}", pin=pin)
-        off, on = pair[False], pair[True]
+        if concurrent:
+            off, on = run_pair_at_once(job, steps=steps, out=_fresh(tmp / f"{job.name}-{i}"), pin=pin)
+        else:
+            pair: dict[bool, RunResult] = {}
+            for enabled in (i % 2 == 1, i % 2 == 0):
+                out = tmp / f"{job.name}-{i}-{enabled}"
+                pair[enabled] = run_once(job, enabled=enabled, steps=steps, out=out, pin=pin)
+            off, on = pair[False], pair[True]
         rounds.append((off, on))
         print(
             f"  {i:5d} {off.step_s * 1e3:12.1f} {on.step_s * 1e3:11.1f} {on.step_s / off.step_s:6.3f}   "
             f"{off.cpu_s * 1e3:10.1f} {on.cpu_s * 1e3:10.1f} {on.cpu_s / off.cpu_s:6.3f}   {on.end_s * 1e6:11.0f}"
         )
-    return JobSummary(job=job, rounds=rounds)
+    return JobSummary(job=job, rounds=rounds, solo_step_s=solo_step_s)
+
+
+def _fresh(path: Path) -> Path:
+    shutil.rmtree(path, ignore_errors=True)
+    path.mkdir(parents=True)
+    return path
 
 
 def print_job_summary(s: JobSummary) -> None:
@@ -423,7 +474,7 @@ def print_job_summary(s: JobSummary) -> None:
         f"{step * 1e3:.0f} ms step; ending a step costs the training thread {end_on:.0f} µs (SDK off: {end_off:.0f} µs)"
     )
     cores = min(s.job.nproc, os.cpu_count() or 1)
-    implied = [1 + (on.cpu_s - off.cpu_s) / cores / off.step_s for off, on in s.rounds]
+    implied = [1 + (on.cpu_s - off.cpu_s) / cores / (s.solo_step_s or off.step_s) for off, on in s.rounds]
     i_lo, i_hi = _bootstrap_median(implied)
     print(
         f"    CPU-implied step time ratio {statistics.median(implied):.4f} (95 % interval {i_lo:.4f}-{i_hi:.4f}): "
@@ -674,6 +725,12 @@ def main() -> None:
         default=True,
         help="pin rank r to core r mod cores (default; steadier rounds: no migrations mid-step)",
     )
+    p.add_argument(
+        "--concurrent",
+        action="store_true",
+        help="run each round's SDK-off and SDK-on jobs side by side, at once (both see the same machine: on a VM whose "
+        "CPU speed drifts between runs)",
+    )
     p.add_argument("--skip-job", action="store_true", help="only the hot-path measurement")
     p.add_argument("--script", type=Path, default=TRAIN_TINY, help="the training script (train_tiny's flags)")
     args = p.parse_args()
@@ -722,7 +779,8 @@ def main() -> None:
             for job in jobs:
                 if job.rounds > 0:
                     census = run_once(job, enabled=True, steps=1, out=tmp / "census", census=True)
-                    done.append((bench_job(job, args.steps, tmp, pin=args.pin), census))
+                    summary = bench_job(job, args.steps, tmp, pin=args.pin, concurrent=args.concurrent)
+                    done.append((summary, census))
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
     hot = bench_hot_path(args.blocks)
