@@ -35,6 +35,8 @@ under 5 µs per captured collective):
     .venv/bin/python benchmarks/bench_sdk_overhead.py                 # defaults: ~5 min on this 2-core machine
     .venv/bin/python benchmarks/bench_sdk_overhead.py --rounds 3 --real-rounds 3 --steps 6   # quicker, noisier
     .venv/bin/python benchmarks/bench_sdk_overhead.py --skip-job      # the per-operation part only (~15 s)
+    .venv/bin/python benchmarks/bench_sdk_overhead.py --concurrent --rounds 6 --real-rounds 0 --ddp-rounds 10
+        # each round's two arms side by side, at once: both see the same machine (docs/sdk.md §8.6)
 
 Every rank pins itself to one core (rank r on core r mod cores, ``--no-pin`` to let the scheduler place them): with
 the scheduler free to move ranks mid-step, one round's CPU seconds differed from the next's by up to 6 % on the DDP
