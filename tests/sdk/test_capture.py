@@ -210,11 +210,12 @@ def _ddp_paths_job(rank: int, world: int) -> dict[str, object]:
     # bucket with a multiplication by 1/world (fresh gradients: the default, and after ``zero_grad()`` with
     # ``gradient_as_bucket_view``), or divided in place where the gradient is the bucket's view already (kept between
     # steps with ``zero_grad(set_to_none=False)``, accumulated over ``no_sync`` micro-steps).
+    # A sparse embedding's gradient is a bucket of its own, divided (``mark_variable_ready_sparse``).
     tracker = sdk.tracker_from_env()
     grads: list[str] = []
     for as_view in (False, True):
         torch.manual_seed(0)
-        model = nn.Sequential(nn.Linear(16, 64), nn.GELU(), nn.Linear(64, 16))
+        model = nn.Sequential(nn.Embedding(32, 16, sparse=True), nn.Linear(16, 64), nn.GELU(), nn.Linear(64, 16))
         ddp = DDP(model, gradient_as_bucket_view=as_view, bucket_cap_mb=0.001)  # several buckets
         gen = torch.Generator().manual_seed(rank + 1)
         for step, (set_to_none, micro_steps) in enumerate([(True, 1), (False, 1), (False, 3), (True, 2), (True, 1)]):
@@ -223,8 +224,9 @@ def _ddp_paths_job(rank: int, world: int) -> dict[str, object]:
                 for micro in range(micro_steps):
                     sync = contextlib.nullcontext() if micro == micro_steps - 1 else ddp.no_sync()
                     with sync:
-                        ddp(torch.randn(8, 16, generator=gen)).pow(2).mean().backward()
-            grads.append(torch.cat([p.grad.flatten() for p in model.parameters()]).numpy().tobytes().hex())
+                        ddp(torch.randint(0, 32, (8,), generator=gen)).pow(2).mean().backward()
+            dense = [p.grad.to_dense() if p.grad.is_sparse else p.grad for p in model.parameters()]
+            grads.append(torch.cat([g.flatten() for g in dense]).numpy().tobytes().hex())
     tracker.close()
     return {"grads": grads, "enabled": tracker.enabled}
 

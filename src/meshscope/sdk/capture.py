@@ -406,8 +406,11 @@ class _Average:
         key = id(param)
 
         def before_accumulation(_grad_outputs: Any) -> None:
-            grad = param.grad
-            kept[key] = 0 if grad is None else grad.data_ptr()
+            kept[key] = 0
+            with contextlib.suppress(Exception):  # a hook must never raise into backward
+                grad = param.grad
+                if grad is not None and grad.layout is torch.strided:  # a sparse gradient has no address
+                    kept[key] = grad.data_ptr()
 
         # The parameter's AccumulateGrad node, the one DDP's reducer holds: its pre-hook runs before the gradient is
         # accumulated, i.e. before the reducer sees it.
@@ -425,16 +428,19 @@ def _ddp_average(state: _Average, bucket: Any) -> Future[Any]:
 
     DDP's reducer without a hook (``Reducer::mark_variable_ready_dense``, torch/csrc/distributed/c10d/reducer.cpp)
     multiplies each gradient by ``1 / world`` while it copies it into the bucket, and divides it by ``world`` where the
-    gradient already is the bucket's view (``gradient_as_bucket_view=True`` with gradients kept between steps); then
-    it sums. With a hook the reducer only copies. PyTorch's ``allreduce_hook`` divides every bucket, which differs from
-    the multiplication in the last bit wherever ``world`` is not a power of two: a tracked job would not compute what
-    the untracked one does. So: multiply, and divide the gradients that were the bucket's views already (known from a
-    pre-hook on their accumulation, only kept where the two differ). Under ``Join`` with
-    ``divide_by_initial_world_size=False`` the reducer divides by the ranks still joined; this divides by the group.
+    gradient already is the bucket's view (``gradient_as_bucket_view=True`` with gradients kept between steps) and
+    where it is sparse (``mark_variable_ready_sparse``); then it sums. With a hook the reducer only copies. PyTorch's
+    ``allreduce_hook`` divides every bucket, which differs from the multiplication in the last bit wherever ``world``
+    is not a power of two: a tracked job would not compute what the untracked one does. So: multiply, and divide the
+    gradients that were the bucket's views already (known from a pre-hook on their accumulation, only kept where the
+    two differ) and sparse ones. Under ``Join`` with ``divide_by_initial_world_size=False`` the reducer divides by the
+    ranks still joined; this divides by the group.
     """
     tensor = bucket.buffer()
     kept = state.kept
-    if kept is None:
+    if tensor.is_sparse:  # a sparse gradient is a bucket of its own, which the reducer divides
+        tensor.div_(state.size)
+    elif kept is None:
         tensor.mul_(state.scale)
     else:
         for param, grad in zip(bucket.parameters(), bucket.gradients(), strict=True):
