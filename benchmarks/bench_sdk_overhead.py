@@ -384,6 +384,7 @@ class JobSummary:
 
 def run_pair_at_once(job: JobSpec, *, steps: int, out: Path, pin: bool) -> tuple[RunResult, RunResult]:
     """Run ``job`` with the SDK off and on at the same time (two forked children of this process); (off, on)."""
+    out.mkdir(parents=True, exist_ok=True)
     pids: dict[bool, int] = {}
     for enabled in (False, True):
         pid = os.fork()
@@ -430,7 +431,7 @@ def bench_job(job: JobSpec, steps: int, tmp: Path, *, pin: bool = False, concurr
     rounds = []
     for i in range(job.rounds):
         if concurrent:
-            off, on = run_pair_at_once(job, steps=steps, out=_fresh(tmp / f"{job.name}-{i}"), pin=pin)
+            off, on = run_pair_at_once(job, steps=steps, out=tmp / f"{job.name}-{i}", pin=pin)
         else:
             pair: dict[bool, RunResult] = {}
             for enabled in (i % 2 == 1, i % 2 == 0):
@@ -443,12 +444,6 @@ def bench_job(job: JobSpec, steps: int, tmp: Path, *, pin: bool = False, concurr
             f"{off.cpu_s * 1e3:10.1f} {on.cpu_s * 1e3:10.1f} {on.cpu_s / off.cpu_s:6.3f}   {on.end_s * 1e6:11.0f}"
         )
     return JobSummary(job=job, rounds=rounds, solo_step_s=solo_step_s)
-
-
-def _fresh(path: Path) -> Path:
-    shutil.rmtree(path, ignore_errors=True)
-    path.mkdir(parents=True)
-    return path
 
 
 def print_job_summary(s: JobSummary) -> None:
