@@ -89,6 +89,8 @@ class Service:
     process: subprocess.Popen[bytes]
     url: str
     log: Path
+    flush_path: str | None = None
+    """An endpoint that makes what the store ingested searchable now (VictoriaMetrics' ``/internal/force_flush``)."""
 
     def __enter__(self) -> Self:
         return self
@@ -133,13 +135,22 @@ class Service:
         return result
 
     def wait_for(self, what: str, check: Callable[[], bool], *, timeout_s: float = 30.0) -> None:
-        """Poll ``check`` every 0.25 s until it holds; fail with ``what`` and the log when it does not in time."""
+        """Poll ``check`` every 0.25 s until it holds; fail with ``what`` and the log when it does not in time.
+
+        A store with a :attr:`flush_path` is flushed before each check: VictoriaMetrics otherwise makes a new series
+        searchable only ~10 s after it arrived, and a rule read by a rule (scrape -> per-rank level -> aggregate)
+        waits for that once per level (measured: 30 s to the aggregates without the flush, 6 s with it). What the
+        store computes is unchanged; only when it shows it.
+        """
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
                 pytest.fail(
                     f"{self.name} exited ({self.process.returncode}) while waiting for {what}:\n{self.log_tail()}"
                 )
+            if self.flush_path is not None:
+                with contextlib.suppress(OSError):
+                    http_get(self.url + self.flush_path)
             if check():
                 return
             time.sleep(0.25)
@@ -156,7 +167,9 @@ def _with_parent(argv: list[str]) -> list[str]:
     return [setpriv, "--pdeathsig", "TERM", "--", *argv] if setpriv else argv
 
 
-def _start(name: str, argv: Callable[[int], list[str]], workdir: Path, ready_path: str) -> Service:
+def _start(
+    name: str, argv: Callable[[int], list[str]], workdir: Path, ready_path: str, *, flush_path: str | None = None
+) -> Service:
     """Start a binary on a free port (retrying when another process takes the port first) and wait until ready.
 
     The caller owns the returned service: enter it (``with``) or stop it; on failure here it is already stopped.
@@ -166,7 +179,7 @@ def _start(name: str, argv: Callable[[int], list[str]], workdir: Path, ready_pat
         log = workdir / f"{name}.{attempt}.log"
         with log.open("wb") as out:
             process = subprocess.Popen(_with_parent(argv(port)), stdout=out, stderr=subprocess.STDOUT, cwd=workdir)
-        service = Service(name=name, process=process, url=f"http://127.0.0.1:{port}", log=log)
+        service = Service(name=name, process=process, url=f"http://127.0.0.1:{port}", log=log, flush_path=flush_path)
         deadline = time.monotonic() + READY_TIMEOUT_S
         while time.monotonic() < deadline and process.poll() is None:
             with contextlib.suppress(OSError):
@@ -245,6 +258,7 @@ def start_victoria_metrics(workdir: Path, *, targets: Sequence[str], interval_s:
         ],
         workdir,
         "/health",
+        flush_path="/internal/force_flush",
     )
 
 

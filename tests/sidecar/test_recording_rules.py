@@ -528,9 +528,11 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
         def all_recorded(store: Service) -> bool:
             return all(len(store.query(name)) == len(series) for name, series in EXPECTED.items())
 
-        # Prometheus' discovery hands it the targets after ~5 s; two scrapes later every rule has a value
-        prom.wait_for("series for every rule", lambda: all_recorded(prom), timeout_s=30)
+        # Prometheus' discovery hands it the targets after ~5 s; two scrapes later every rule has a value. The
+        # VictoriaMetrics chain (scrape, vmalert's per-rank level, its aggregates) is flushed while waited for:
+        # waited for first, it runs while Prometheus' discovery does.
         vm.wait_for("series from vmalert for every rule", lambda: all_recorded(vm), timeout_s=30)
+        prom.wait_for("series for every rule", lambda: all_recorded(prom), timeout_s=30)
         yield Live(prometheus=prom, victoria=vm)
 
 
