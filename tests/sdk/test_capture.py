@@ -249,6 +249,46 @@ def test_ddp_gradients_are_bit_for_bit_those_of_the_untracked_job(fork_job) -> N
     assert len({r["grads"][0] for r in on.results}) == 1  # averaged: the same on every rank
 
 
+def _ddp_join_job(rank: int, world: int) -> dict[str, object]:
+    # Uneven inputs under ``Join``: rank r has 2 + r batches. With ``divide_by_initial_world_size=False`` the reducer
+    # divides by the ranks not yet joined (4, then 3, 2), counted by an all-reduce in each forward
+    # (``Reducer::set_divide_factor``); 3 is not a power of two, so dividing by 4 (or multiplying by 1/3 where the
+    # reducer divides a bucket's view) would change the last bits, or every gradient.
+    from torch.distributed.algorithms.join import Join  # noqa: PLC0415
+
+    tracker = sdk.tracker_from_env()
+    grads: list[str] = []
+    step = 0
+    for as_view, by_initial in ((False, False), (True, False), (False, True)):
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(16, 64), nn.GELU(), nn.Linear(64, 16))
+        ddp = DDP(model, gradient_as_bucket_view=as_view, bucket_cap_mb=0.001)
+        gen = torch.Generator().manual_seed(rank + 1)
+        with Join([ddp], divide_by_initial_world_size=by_initial):
+            for _ in range(2 + rank):
+                model.zero_grad(set_to_none=False)  # kept: with as_view, the gradients are the buckets' views
+                with tracker.step(step):
+                    ddp(torch.randn(8, 16, generator=gen)).pow(2).mean().backward()
+                step += 1
+                grads.append(torch.cat([p.grad.flatten() for p in model.parameters()]).numpy().tobytes().hex())
+    tracker.close()
+    return {"grads": grads, "enabled": tracker.enabled}
+
+
+@pytest.mark.slow
+def test_ddp_under_join_divides_by_the_ranks_not_yet_joined_like_the_untracked_job(fork_job) -> None:
+    env = {"MESHSCOPE_LAYOUT": "dp=4"}
+    off = fork_job(_ddp_join_job, 4, env={**env, "MESHSCOPE_DISABLE": "1"}, collect=False)
+    on = fork_job(_ddp_join_job, 4, env=env)
+    assert [r["enabled"] for r in on.results] == [True] * 4
+    for rank in range(4):
+        assert len(on.results[rank]["grads"]) == 3 * (2 + rank)
+        for i, (tracked, untracked) in enumerate(
+            zip(on.results[rank]["grads"], off.results[rank]["grads"], strict=True)
+        ):
+            assert tracked == untracked, f"rank {rank}, step {i}: the tracked job's gradients differ"
+
+
 def _steps_job(rank: int, world: int) -> dict[str, object]:
     tracker = sdk.tracker_from_env()
     sums = []

@@ -386,15 +386,23 @@ class _HookHolder:
 class _Average:
     """State of :func:`_ddp_average`: the group, and where each gradient was before backward accumulated into it."""
 
-    __slots__ = ("group", "kept", "scale", "size")
+    __slots__ = ("group", "join_work", "kept", "scale", "size")
 
     def __init__(self, ddp: Any) -> None:
         self.group = ddp.process_group
         self.size = self.group.size()
         self.scale = 1.0 / self.size
+        self.join_work: Any = None
+        """Under ``Join`` with ``divide_by_initial_world_size=False``: the forward's all-reduce of ones that counts
+        the ranks not yet joined (``Join.notify_join_context``), which the reducer divides by; else ``None``."""
         self.kept: dict[Any, int] | None = None
         """``id(param)`` -> the address of its gradient before accumulation (0: none); only where it decides."""
-        if getattr(ddp, "gradient_as_bucket_view", False) and self.size & (self.size - 1):
+        if self.size & (self.size - 1):
+            self.watch(ddp)
+
+    def watch(self, ddp: Any) -> None:
+        """Tell the gradients that were a bucket's views before backward from those copied in (only there)."""
+        if self.kept is None and getattr(ddp, "gradient_as_bucket_view", False):
             self.kept = {}
             for param in ddp.module.parameters():
                 if param.requires_grad:
@@ -434,22 +442,64 @@ def _ddp_average(state: _Average, bucket: Any) -> Future[Any]:
     is not a power of two: a tracked job would not compute what the untracked one does. So: multiply, and divide the
     gradients that were the bucket's views already (known from a pre-hook on their accumulation, only kept where the
     two differ) and sparse ones. Under ``Join`` with ``divide_by_initial_world_size=False`` the reducer divides by the
-    ranks still joined; this divides by the group.
+    ranks not yet joined, which the forward's all-reduce counted (``Reducer::set_divide_factor`` waits for it): so
+    does this.
     """
     tensor = bucket.buffer()
+    size, scale = state.size, state.scale
+    if state.join_work is not None:
+        size = _ranks_not_joined(state.join_work)
+        scale = 1.0 / size
     kept = state.kept
     if tensor.is_sparse:  # a sparse gradient is a bucket of its own, which the reducer divides
-        tensor.div_(state.size)
+        tensor.div_(size)
     elif kept is None:
-        tensor.mul_(state.scale)
+        tensor.mul_(scale)
     else:
         for param, grad in zip(bucket.parameters(), bucket.gradients(), strict=True):
             if kept.get(id(param)) == grad.data_ptr():
-                grad.div_(state.size)
+                grad.div_(size)
             else:
-                grad.mul_(state.scale)
+                grad.mul_(scale)
     work: Any = dist.all_reduce(tensor, group=state.group, async_op=True)
     return work.get_future().then(_reduced)  # type: ignore[no-any-return]
+
+
+def _ranks_not_joined(work: Any) -> int:
+    """The count a ``Join`` forward's all-reduce of ones returned (waited for, as the reducer does)."""
+    work.wait()
+    value = work.get_future().value()
+    return int((value[0] if isinstance(value, list) else value).item())
+
+
+def _notify_join_wrapper(orig: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    def notify_join_context(joinable: Any) -> Any:
+        work = orig(joinable)
+        with contextlib.suppress(Exception):  # a DDP forward must not fail because of meshscope
+            holder = joinable.__dict__.get("_meshscope_hook_holder")
+            state = getattr(holder, "state", None)
+            if type(state) is _Average:
+                counted = work is not None and not getattr(joinable, "_divide_by_initial_world_size", True)
+                if counted:
+                    state.watch(joinable)
+                state.join_work = work if counted else None
+        return work
+
+    notify_join_context.__wrapped__ = orig  # type: ignore[attr-defined]
+    return notify_join_context
+
+
+def _follow_join() -> None:
+    """Let every hooked DDP see the count of ranks not yet joined that its forward asks ``Join`` for.
+
+    Put in place once, for good: meshscope's comm hook stays on a model after its tracker closed, and so must what
+    it divides by. The wrapper only passes the work handle on.
+    """
+    from torch.distributed.algorithms.join import Join  # noqa: PLC0415
+
+    orig = Join.__dict__["notify_join_context"].__func__
+    if not hasattr(orig, "__wrapped__"):
+        Join.notify_join_context = staticmethod(_notify_join_wrapper(orig))  # type: ignore[assignment,method-assign]
 
 
 def _queue_final_callback(callback: Callable[[], None]) -> None:
@@ -513,6 +563,7 @@ def _hook_ddp(ddp: Any, register: Callable[..., Any]) -> str | None:
     except Exception as exc:  # noqa: BLE001 - the reducer refuses (e.g. a hook registered through C++)
         return f"its reducer refused meshscope's comm hook ({exc})"
     ddp._meshscope_hook_holder = holder  # noqa: SLF001
+    _follow_join()
     return None
 
 
