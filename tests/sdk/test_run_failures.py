@@ -369,6 +369,14 @@ def test_the_interpreter_and_the_fix_named_for_a_tail() -> None:
     assert "os._exit(0) after its cleanup" in str(fix_for(aborted, python=None))
     assert fix_for(aborted.replace("terminate called", "exit called"), python=None) is None
     assert shown_tail("\n".join(str(i) for i in range(100)), lines=3) == "97\n98\n99"
+    # DTensor's sharding errors end in one line of every operand's spec (~10 kB): the line that says what failed stays
+    dtensor = (
+        "RuntimeError: All operands in aten.stack.default must have the same mesh\n\nSharding failed " + "x" * 9000
+    )
+    shown = shown_tail(dtensor)
+    assert shown.splitlines()[0] == "RuntimeError: All operands in aten.stack.default must have the same mesh"
+    assert shown.splitlines()[-1].endswith(f"... ({len(dtensor.splitlines()[-1]) - 300} more characters)")
+    assert len(shown) < 500
 
 
 def test_a_ranks_stderr_goes_through_unchanged_and_only_its_tail_is_kept(tmp_path: Path) -> None:

@@ -22,6 +22,9 @@ SHOWN_LINES = 20
 """Lines of a failing rank's tail printed at the end of a run."""
 SHOWN_BYTES = 4096
 """At most this many bytes of them."""
+SHOWN_LINE_CHARS = 300
+"""A longer line is cut to its first this many characters (DTensor's sharding errors print every operand's spec on
+one line of ~10 kB, which would otherwise push the line that says what failed out of the shown tail)."""
 DRAIN_S = 1.0
 """After the ranks exit, how long to wait for the end of their pipes (a daemon grandchild may hold one open)."""
 
@@ -100,9 +103,17 @@ class StderrTails:
         return bytes(self._tails[rank]).decode(errors="replace")
 
 
-def shown_tail(text: str, *, lines: int = SHOWN_LINES, max_bytes: int = SHOWN_BYTES) -> str:
-    """The last ``lines`` lines of ``text``, at most ``max_bytes`` of them (cut at a line start)."""
-    kept = text.rstrip("\n").splitlines()[-lines:]
+def shown_tail(
+    text: str, *, lines: int = SHOWN_LINES, max_bytes: int = SHOWN_BYTES, line_chars: int = SHOWN_LINE_CHARS
+) -> str:
+    """The last ``lines`` lines of ``text``, at most ``max_bytes`` of them (cut at a line start).
+
+    Each line is cut to its first ``line_chars`` characters, with how many more it had.
+    """
+    kept = [
+        line if len(line) <= line_chars else f"{line[:line_chars]} ... ({len(line) - line_chars} more characters)"
+        for line in text.rstrip("\n").splitlines()[-lines:]
+    ]
     shown = "\n".join(kept)
     if len(shown.encode()) > max_bytes:
         shown = shown.encode()[-max_bytes:].decode(errors="replace")
