@@ -593,6 +593,128 @@ def test_the_run_delay_in_compute_is_told_from_the_rest_of_the_step(listener) ->
 # ---------------------------------------------------------------------------- a real gloo job
 
 
+# ---------------------------------------------------------------------------- optimizer.step() without a phase
+
+
+def _slow_sgd(step_s: float, *, fail_at: int | None = None):
+    import torch  # noqa: PLC0415
+
+    class SlowSGD(torch.optim.SGD):
+        """SGD whose ``step()`` also sleeps ``step_s`` (a deterministic optimizer time), and raises on call ``fail_at``."""
+
+        calls = 0
+
+        def step(self, closure=None):  # type: ignore[no-untyped-def]
+            SlowSGD.calls += 1
+            time.sleep(step_s)
+            if SlowSGD.calls - 1 == fail_at:
+                raise RuntimeError("found inf in the gradients")
+            return super().step(closure)
+
+    return SlowSGD
+
+
+def _optimizer_spans(rec: StepRecord) -> list[int]:
+    return [iv.end_us - iv.start_us for iv in rec.intervals if iv.kind is IntervalKind.OPTIMIZER]
+
+
+@pytest.mark.parametrize("style", ["no phases", "forward and backward only", "optimizer phase"])
+def test_optimizer_step_is_the_optimizer_phase_unless_the_script_says_otherwise(listener, style: str) -> None:
+    # Every torch.optim optimizer's step() is timed as the optimizer phase where no phase is open: a loop with no
+    # phases, or with forward and backward only (its optimizer was "other" there), gets its optimizer interval; one
+    # that opens the optimizer phase itself gets one interval, not two.
+    import torch  # noqa: PLC0415
+
+    sock, path = listener
+    tracker = _tracker(path)
+    param = torch.nn.Parameter(torch.ones(4))
+    opt = _slow_sgd(0.03)([param], lr=0.1)
+    for i in range(3):
+        with tracker.step(i):
+            phase = tracker.phase("forward") if style != "no phases" else contextlib.nullcontext()
+            with phase:
+                loss = (param * 2).sum()
+                time.sleep(0.01)
+            with tracker.phase("backward") if style != "no phases" else contextlib.nullcontext():
+                loss.backward()
+            with tracker.phase("optimizer") if style == "optimizer phase" else contextlib.nullcontext():
+                opt.step()
+            opt.zero_grad()
+    tracker.close()
+    records = _records(sock)
+    assert len(records) == 3
+    for rec in records:
+        spans = _optimizer_spans(rec)
+        assert len(spans) == 1, (style, _kinds(rec))
+        assert 30 * MS <= spans[0] < 30 * MS + SLACK_US
+        assert _span_us(rec, IntervalKind.COMPUTE) >= 10 * MS
+        assert _span_us(rec, IntervalKind.COMPUTE) + spans[0] <= rec.end_us - rec.start_us
+    assert tracker.counters().hook_errors == 0
+
+
+def test_an_optimizer_step_that_raises_ends_its_phase_and_the_loop_goes_on(listener) -> None:
+    # A loop that skips a step whose optimizer raised (an inf check of its own): PyTorch runs no post-hook then, so
+    # that step's optimizer phase ends with the step (its last 40 ms with it); the next steps' optimizer phases are
+    # their own optimizer's time only, nothing stays open.
+    import torch  # noqa: PLC0415
+
+    sock, path = listener
+    tracker = _tracker(path)
+    param = torch.nn.Parameter(torch.ones(4))
+    opt = _slow_sgd(0.02, fail_at=1)([param], lr=0.1)
+    for i in range(4):
+        with tracker.step(i):
+            (param * 2).sum().backward()
+            with contextlib.suppress(RuntimeError):
+                opt.step()
+            time.sleep(0.04)  # after the optimizer: compute, in every step, the failed one's included
+            opt.zero_grad()
+    with tracker.step(4):
+        time.sleep(0.01)  # no optimizer here: no optimizer phase, nothing left open from before
+    tracker.close()
+    records = _records(sock)
+    assert [len(_optimizer_spans(r)) for r in records] == [1, 1, 1, 1, 0]
+    for rec in (records[0], records[2], records[3]):
+        assert 20 * MS <= _optimizer_spans(rec)[0] < 20 * MS + SLACK_US, rec.step
+        assert _span_us(rec, IntervalKind.COMPUTE) >= 40 * MS, rec.step
+    failed = records[1]
+    assert _optimizer_spans(failed)[0] >= 60 * MS
+    assert _optimizer_spans(failed)[0] + _span_us(failed, IntervalKind.COMPUTE) <= failed.end_us - failed.start_us
+    assert tracker.counters().hook_errors == 0
+
+
+def test_an_optimizer_step_between_steps_is_timed_into_the_next_record(listener) -> None:
+    import torch  # noqa: PLC0415
+
+    sock, path = listener
+    tracker = _tracker(path)
+    param = torch.nn.Parameter(torch.ones(4))
+    opt = _slow_sgd(0.03)([param], lr=0.1)
+    with tracker.step(0):
+        (param * 2).sum().backward()
+    opt.step()  # outside the step the user marked
+    with tracker.step(1):
+        time.sleep(0.001)
+    tracker.close()
+    one = _records(sock)[1]
+    assert one.between_steps is not None
+    assert 30 * MS <= one.between_steps.optimizer_us < 30 * MS + SLACK_US
+    assert not _optimizer_spans(one)
+
+
+def test_a_closed_tracker_leaves_optimizers_alone(listener) -> None:
+    import torch  # noqa: PLC0415
+    from torch.optim.optimizer import _global_optimizer_post_hooks, _global_optimizer_pre_hooks  # noqa: PLC0415
+
+    _sock, path = listener
+    before = (len(_global_optimizer_pre_hooks), len(_global_optimizer_post_hooks))
+    tracker = _tracker(path)
+    assert (len(_global_optimizer_pre_hooks), len(_global_optimizer_post_hooks)) == (before[0] + 1, before[1] + 1)
+    tracker.close()
+    assert (len(_global_optimizer_pre_hooks), len(_global_optimizer_post_hooks)) == before
+    torch.optim.SGD([torch.nn.Parameter(torch.ones(1))], lr=0.1).step()
+
+
 def _plain_ddp_loop(rank: int, world: int) -> dict[str, object]:
     """The "five minutes" script: DDP with no registration, tracker.data, start_step, eval on rank 0 between steps."""
     import torch  # noqa: PLC0415 - the forked rank's torch, pre-imported by conftest

@@ -51,6 +51,7 @@ from meshscope.sdk.steps import (
     COMPUTE,
     DEVICE_KINDS,
     END,
+    OPTIMIZER,
     RecordHeader,
     RssPeak,
     SchedStat,
@@ -465,7 +466,12 @@ class Tracker:
         self._measurements = Measurements()
         for problem in settings.problems:
             log.warning("meshscope: %s", problem)
+        self._optimizer_frames: list[tuple[int, _Frame | None]] = []
+        """``optimizer.step()`` calls running now, outermost first: ``(id(optimizer), the optimizer phase opened for
+        it)``, ``None`` where a phase was open already (the script's, or an outer optimizer's)."""
+        self._optimizer_hooks: list[Any] = []
         capture.install(self._ops)
+        self._hook_optimizers()
         self._send_control("hello")
 
     # ------------------------------------------------------------------ public API
@@ -716,6 +722,9 @@ class Tracker:
             self._send_control("close", process_group_size=self._ops.group_size)
         with contextlib.suppress(Exception):
             self._capture.uninstall()
+        for handle in self._optimizer_hooks:
+            with contextlib.suppress(Exception):
+                handle.remove()
         self._sender.close()
         self._rss.close()
         self._sched.close()
@@ -871,6 +880,7 @@ class Tracker:
         if st.sched_ns is not None and sched_ns is None:
             sched_ns = self._sched.read()
         rq = -1 if sched_ns is None or ops.on_device else sched_ns[1]
+        self._close_optimizer_frames(None, now)  # an optimizer step() that raised: its phase ends with the step
         if self._stack and self._stack[-1].step is st:  # only the innermost open phase owns the time now
             top = self._stack[-1]
             st.segments.append((top.kind, top.phase, top.seg_start, self._mark_for(top.kind, now)))
@@ -894,6 +904,67 @@ class Tracker:
         st.finished_at = self._steps_finished
         self._pending.append(st)
         self._flush(final=False)
+
+    # ------------------------------------------------------------------ optimizers
+
+    def _hook_optimizers(self) -> None:
+        """Time every ``torch.optim`` optimizer's ``step()`` as an ``optimizer`` phase, phases declared or not.
+
+        PyTorch's global optimizer step hooks (``register_optimizer_step_pre_hook`` / ``_post_hook``) run around the
+        ``step()`` of every optimizer built on ``torch.optim.Optimizer``. Only where no phase is open: inside one
+        (``tracker.phase("optimizer")``, the Trainer callbacks' phases, which Lightning's ``step(closure)`` runs
+        forward and backward in, an optimizer stepping an inner one such as ``ZeroRedundancyOptimizer``) the phases
+        the script opened decide, and a phase opened here could be closed by the script's next exit.
+        """
+        try:
+            from torch.optim.optimizer import (  # noqa: PLC0415
+                register_optimizer_step_post_hook,
+                register_optimizer_step_pre_hook,
+            )
+
+            self._optimizer_hooks = [
+                register_optimizer_step_pre_hook(self._optimizer_begins),
+                register_optimizer_step_post_hook(self._optimizer_ends),
+            ]
+        except Exception as exc:  # noqa: BLE001
+            self.fault("optimizer hooks", exc)
+
+    def _optimizer_begins(self, optimizer: object, _args: object, _kwargs: object) -> None:
+        try:
+            if self._closed or self._capture.compiling():
+                return
+            key = id(optimizer)
+            frames = self._optimizer_frames
+            if any(k == key for k, _ in frames):  # its previous step() raised: what was opened for it is over
+                self._close_optimizer_frames(key)
+            stack = self._stack
+            if stack:
+                frames.append((key, None))
+                return
+            self._push(OPTIMIZER, None, BETWEEN_KIND_OF_PHASE["optimizer"], count=False)
+            frames.append((key, stack[-1]))
+        except Exception as exc:  # noqa: BLE001 - never into the training loop
+            self.fault("optimizer phase", exc)
+
+    def _optimizer_ends(self, optimizer: object, _args: object, _kwargs: object) -> None:
+        try:
+            if self._optimizer_frames and self._optimizer_frames[-1][0] == id(optimizer):
+                self._close_optimizer_frames(id(optimizer))
+        except Exception as exc:  # noqa: BLE001
+            self.fault("optimizer phase", exc)
+
+    def _close_optimizer_frames(self, key: int | None, now: int | None = None) -> None:
+        """Close the optimizer phases opened for ``key`` and every one opened after it (``None``: all of them).
+
+        At host ``now`` (default: now).
+        """
+        frames = self._optimizer_frames
+        while frames:
+            k, frame = frames.pop()
+            if frame is not None and self._stack and self._stack[-1] is frame:
+                self._pop(now)
+            if k == key:
+                return
 
     def _run_delay(self) -> int:
         """The training thread's run delay so far, ns; -1 where not measured (on a GPU, no ``schedstat``)."""
@@ -939,10 +1010,11 @@ class Tracker:
             st.declared_compute = True
         self._stack.append(_Frame(kind, phase, between, self._mark_for(kind, now), st, seg_rq=rq))
 
-    def _pop(self) -> None:
+    def _pop(self, now: int | None = None) -> None:
         if not self._stack:
             return
-        now = _perf_ns()
+        if now is None:
+            now = _perf_ns()
         frame = self._stack.pop()
         st = self._ops.step
         rq = self._run_delay()
