@@ -34,6 +34,7 @@ import math
 import re
 import shutil
 import subprocess
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -528,11 +529,30 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
         def all_recorded(store: Service) -> bool:
             return all(len(store.query(name)) == len(series) for name, series in EXPECTED.items())
 
-        # Prometheus' discovery hands it the targets after ~5 s; two scrapes later every rule has a value. The
-        # VictoriaMetrics chain (scrape, vmalert's per-rank level, its aggregates) is flushed while waited for:
-        # waited for first, it runs while Prometheus' discovery does.
-        vm.wait_for("series from vmalert for every rule", lambda: all_recorded(vm), timeout_s=30)
-        prom.wait_for("series for every rule", lambda: all_recorded(prom), timeout_s=30)
+        def scraped_thrice(store: Service) -> bool:
+            rows = store.query("count_over_time(up[5m])")
+            return len(rows) == len(targets) and min(float(r["value"][1]) for r in rows) >= 3
+
+        def evaluated_after(store: Service, t: float) -> bool:
+            for name, series in EXPECTED.items():
+                rows = store.query(f"timestamp({name})")
+                if len(rows) != len(series) or min(float(r["value"][1]) for r in rows) <= t:
+                    return False
+            return True
+
+        # Prometheus' discovery hands it the targets after ~5 s; the VictoriaMetrics chain (scrape, vmalert's
+        # per-rank level, its aggregates) is flushed while waited for, so waited for first it runs meanwhile. A
+        # rule evaluated while one target had a single sample in its window sums the other target's rate alone
+        # (a node's rate is absent, not 0): the values are read from evaluations after every target was scraped
+        # three times (vmalert's aggregates read the per-rank level through remote write: a few seconds later).
+        for store in (vm, prom):
+            store.wait_for("series for every rule", lambda s=store: all_recorded(s), timeout_s=30)
+            store.wait_for("three scrapes of every target", lambda s=store: scraped_thrice(s))
+        ready_at = time.time()
+        for store, lag_s in ((vm, 4.0), (prom, 1.0)):
+            store.wait_for(
+                "every rule evaluated over three scrapes", lambda s=store, t=ready_at + lag_s: evaluated_after(s, t)
+            )
         yield Live(prometheus=prom, victoria=vm)
 
 
