@@ -33,8 +33,27 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--with-e2e", action="store_true", default=False, help="run tests that need a cluster")
 
 
+RANKS_LANE = "ranks"
+"""The xdist group of every test that runs training ranks as processes (``make test`` runs ``-n 2 --dist
+loadgroup``): one worker runs them one after another, while every other file runs, whole, on whichever worker is
+free (its module fixtures start once). These tests are
+built to pass beside a CPU burner on every core; two of them at once would put 8 ranks on 2 cores."""
+RANKS_PATHS = ("e2e_local/", "sdk/", "cli/test_progress_cli.py", "sidecar/test_end_to_end.py")
+"""Under ``tests/``: what starts ranks (the real-job tests, the SDK's forked gloo jobs, ``meshscope run``'s progress
+on a real job, the sidecar fed by real ranks)."""
+
+
+def _lane(item: pytest.Item) -> str:
+    path = item.path.as_posix()
+    under = path.split("/tests/", 1)[-1]
+    return RANKS_LANE if under.startswith(RANKS_PATHS) else under
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    grouped = config.pluginmanager.hasplugin("xdist")
     for item in items:
+        if grouped:
+            item.add_marker(pytest.mark.xdist_group(_lane(item)))
         if item.get_closest_marker("gpu") is not None and not config.getoption("--with-gpu"):
             item.add_marker(pytest.mark.skip(reason="needs a CUDA device; run with --with-gpu"))
         if item.get_closest_marker("e2e") is not None and not config.getoption("--with-e2e"):
