@@ -2,8 +2,8 @@
 
 Each run of ``tests/data/published_runs/runs.yaml`` is planned exactly as it was configured (the manifest beside it);
 TFLOP/s per GPU are in the source's own FLOPs convention (Korthikanti et al. 2022: App. A model FLOPs, full ``s^2``
-attention; Llama 3: the causal convention). Prints the table of docs/planner.md ("Checks against published runs").
-Run: ``.venv/bin/python benchmarks/bench_published_runs.py``.
+attention; Llama 3: the paper's own count, 6·N·D). Prints the table of docs/planner.md ("Checks against published
+runs"). Run: ``.venv/bin/python benchmarks/bench_published_runs.py``.
 """
 
 from __future__ import annotations
@@ -22,8 +22,13 @@ FLAT = PlanAssumptions(compute_efficiency=0.5, nccl_latency=False)
 def tflops(run: dict, assumptions: PlanAssumptions | None) -> tuple[float, float]:
     """``(ours, published)`` TFLOP/s per GPU of ``run``, with the run's own ``assumptions`` (the software it ran)."""
     assumptions = assumptions_from_mapping(run.get("assumptions", {}), base=assumptions, origin=run["name"])
-    plan = plan_job(spec_from_manifest(run["manifest"]), assumptions=assumptions)
-    flops = plan.flops.model_flops_noncausal if run["flops_convention"] == "korthikanti" else plan.flops.model_flops
+    spec = spec_from_manifest(run["manifest"])
+    plan = plan_job(spec, assumptions=assumptions)
+    flops = {
+        "korthikanti": plan.flops.model_flops_noncausal,
+        "6nd": 6.0 * plan.total_params * spec.training.global_batch_size * spec.model.seq_length,
+        "causal": plan.flops.model_flops,
+    }[run["flops_convention"]]
     ours = flops / (plan.expected_step_time.total_seconds * plan.world_size) / 1e12
     if "published_iteration_seconds" in run:
         return ours, flops / (run["published_iteration_seconds"] * plan.world_size) / 1e12
