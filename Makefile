@@ -66,7 +66,7 @@ contracts: $(STAMP)
 # Two workers (tests/conftest.py): the tests that run training ranks one after another on one of them, every other
 # file, whole, on whichever is free.
 unit: $(STAMP) system-deps
-	MESHSCOPE_REQUIRE_TORCH=1 $(BIN)/pytest -q -n 2 --dist loadgroup
+	MESHSCOPE_REQUIRE_TORCH=1 $(BIN)/pytest -q -n 2 --dist loadscope
 
 ## make mutate: mutation testing of the core's critical modules, a group at a time within a budget (docs/testing.md);
 ## `make mutate MUTATE_ARGS="diagnosis --budget-seconds 1800 --survivors"`. Not part of `make test`.

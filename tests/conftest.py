@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import Any
 
 import pytest
 
@@ -34,26 +35,38 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 RANKS_LANE = "ranks"
-"""The xdist group of every test that runs training ranks as processes (``make test`` runs ``-n 2 --dist
-loadgroup``): one worker runs them one after another, while every other file runs, whole, on whichever worker is
-free (its module fixtures start once). These tests are
-built to pass beside a CPU burner on every core; two of them at once would put 8 ranks on 2 cores."""
+"""Under ``make test`` (``-n 2 --dist loadscope``, pytest-xdist) the scope of every test that runs training ranks as
+processes: one worker runs them one after another, as on a machine of their own beside some foreign load (they are
+built to pass beside a CPU burner on every core; two of them at once would put 8 ranks on 2 cores), while every
+other file runs, whole, on whichever worker is free (its module fixtures start once)."""
 RANKS_PATHS = ("e2e_local/", "sdk/", "cli/test_progress_cli.py", "sidecar/test_end_to_end.py")
 """Under ``tests/``: what starts ranks (the real-job tests, the SDK's forked gloo jobs, ``meshscope run``'s progress
 on a real job, the sidecar fed by real ranks)."""
 
 
-def _lane(item: pytest.Item) -> str:
-    path = item.path.as_posix()
-    under = path.split("/tests/", 1)[-1]
-    return RANKS_LANE if under.startswith(RANKS_PATHS) else under
+def lane(nodeid: str) -> str:
+    """The xdist scope of the test ``nodeid``: :data:`RANKS_LANE`, or its file."""
+    path = nodeid.split("::", 1)[0]
+    under = path.split("tests/", 1)[-1]
+    return RANKS_LANE if under.startswith(RANKS_PATHS) else path
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """``--dist loadscope`` with :func:`lane` as the scope (xdist's ``loadgroup`` marks are lost on pytest 9's node
+    ids: ``item.nodeid`` no longer shows the ``@group`` xdist appends to ``item._nodeid``)."""
+    if config.getvalue("dist") != "loadscope":
+        return None
+    from xdist.scheduler import LoadScopeScheduling  # noqa: PLC0415 - only under xdist
+
+    class Lanes(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return lane(nodeid)
+
+    return Lanes(config, log)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    grouped = config.pluginmanager.hasplugin("xdist")
     for item in items:
-        if grouped:
-            item.add_marker(pytest.mark.xdist_group(_lane(item)))
         if item.get_closest_marker("gpu") is not None and not config.getoption("--with-gpu"):
             item.add_marker(pytest.mark.skip(reason="needs a CUDA device; run with --with-gpu"))
         if item.get_closest_marker("e2e") is not None and not config.getoption("--with-e2e"):
