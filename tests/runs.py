@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import socket
-    from pathlib import Path
 
     from meshscope.records import RecordTable, StepRecord
 
@@ -39,6 +40,12 @@ def records_by_rank(table: RecordTable) -> dict[int, list[StepRecord]]:
     for rec in table.to_records():
         by_rank.setdefault(rec.rank, []).append(rec)
     return {rank: sorted(records, key=lambda r: r.step) for rank, records in sorted(by_rank.items())}
+
+
+def socket_path(kind: str, tmp_path: Path) -> Path:
+    """A unix socket path for a test: short (at most 107 bytes, which ``tmp_path`` may exceed) and unique across
+    processes (the test's pid: two xdist workers name their temporary directories alike)."""
+    return Path(f"/tmp/ms-{kind}-{os.getpid()}-{tmp_path.name[-20:]}.sock")
 
 
 def listener_messages(sock: socket.socket) -> list[dict[str, Any]]:

@@ -25,6 +25,7 @@ import pytest
 
 from invariants import check_records_file
 from meshscope.sdk.transport import RecordCollector
+from runs import socket_path
 from torch_gate import files_without_torch
 
 try:
@@ -187,7 +188,7 @@ def fork_job(tmp_path: Path) -> Callable[..., Job]:
 @pytest.fixture
 def listener(tmp_path: Path) -> Iterator[tuple[socket.socket, Path]]:
     """A bound datagram socket nobody reads until the test does (its queue fills up)."""
-    path = Path(f"/tmp/ms-l-{tmp_path.name[-20:]}.sock")
+    path = socket_path("l", tmp_path)
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     path.unlink(missing_ok=True)
     sock.bind(str(path))

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import socket
-from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 import torch
@@ -12,6 +12,10 @@ from torch import nn
 from meshscope import sdk
 from meshscope.sdk.measuring import ActivationScope, count_model_state
 from meshscope.sdk.transport import decode
+from runs import socket_path
+
+if TYPE_CHECKING:
+    from pathlib import Path
 
 
 def _mlp() -> nn.Module:
@@ -53,7 +57,7 @@ def test_saved_activations_count_each_storage_once_and_leave_parameters_out() ->
 
 
 def test_scopes_count_in_the_first_steps_only_and_never_outside_a_step(tmp_path: Path) -> None:
-    path = Path(f"/tmp/ms-m-{tmp_path.name[-20:]}.sock")
+    path = socket_path("m", tmp_path)
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     path.unlink(missing_ok=True)
     sock.bind(str(path))

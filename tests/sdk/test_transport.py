@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import zlib
-from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
@@ -19,6 +19,10 @@ from meshscope.sdk.transport import (
     open_sender,
     parse_address,
 )
+from runs import socket_path
+
+if TYPE_CHECKING:
+    from pathlib import Path
 
 
 def test_small_messages_are_plain_json_and_large_ones_compressed() -> None:
@@ -57,7 +61,7 @@ def test_sender_without_listener_counts_drops(tmp_path: Path) -> None:
 
 
 def test_collector_writes_records_without_sdk_counters_and_skips_garbage(tmp_path: Path) -> None:
-    sock = Path(f"/tmp/ms-c-{tmp_path.name[-20:]}.sock")
+    sock = socket_path("c", tmp_path)
     out = tmp_path / "records.jsonl"
     collector = RecordCollector([sock], out)
     try:
@@ -82,7 +86,7 @@ def test_collector_writes_records_without_sdk_counters_and_skips_garbage(tmp_pat
 
 
 def test_records_as_the_sdk_writes_them_take_the_fast_path_to_the_same_line(tmp_path: Path) -> None:
-    sock = Path(f"/tmp/ms-f-{tmp_path.name[-20:]}.sock")
+    sock = socket_path("f", tmp_path)
     out = tmp_path / "records.jsonl"
     collector = RecordCollector([sock], out)
     record = {
@@ -158,7 +162,7 @@ def test_an_address_that_is_not_a_file_destination_is_a_socket() -> None:
 
 
 def test_a_close_message_tells_the_size_of_the_process_group_the_rank_joined(tmp_path: Path) -> None:
-    sock = Path(f"/tmp/ms-g-{tmp_path.name[-20:]}.sock")
+    sock = socket_path("g", tmp_path)
     collector = RecordCollector([sock], tmp_path / "records.jsonl")
     close = {"schema": "meshscope.sdk/1", "event": "close", "counters": {}}
     try:
@@ -174,7 +178,7 @@ def test_a_close_message_tells_the_size_of_the_process_group_the_rank_joined(tmp
 def test_the_rank_each_process_claims_is_its_latest_hello_and_the_memory_of_them_is_bounded(tmp_path: Path) -> None:
     from meshscope.sdk import transport  # noqa: PLC0415
 
-    sock = Path(f"/tmp/ms-p-{tmp_path.name[-20:]}.sock")
+    sock = socket_path("p", tmp_path)
     collector = RecordCollector([sock], tmp_path / "records.jsonl")
     hello = {"schema": "meshscope.sdk/1", "event": "hello", "counters": {}}
     try:
