@@ -13,7 +13,7 @@ from pathlib import Path
 import yaml
 
 from meshscope.jobs import spec_from_manifest
-from meshscope.plan import PlanAssumptions, assumptions_from_mapping, plan_job
+from meshscope.plan import PlanAssumptions, assumptions_from_mapping, flops_in_convention, plan_job
 
 RUNS = Path(__file__).resolve().parents[1] / "tests" / "data" / "published_runs" / "runs.yaml"
 FLAT = PlanAssumptions(compute_efficiency=0.5, nccl_latency=False)
@@ -24,11 +24,8 @@ def tflops(run: dict, assumptions: PlanAssumptions | None) -> tuple[float, float
     assumptions = assumptions_from_mapping(run.get("assumptions", {}), base=assumptions, origin=run["name"])
     spec = spec_from_manifest(run["manifest"])
     plan = plan_job(spec, assumptions=assumptions)
-    flops = {
-        "korthikanti": plan.flops.model_flops_noncausal,
-        "6nd": 6.0 * plan.total_params * spec.training.global_batch_size * spec.model.seq_length,
-        "causal": plan.flops.model_flops,
-    }[run["flops_convention"]]
+    tokens = spec.training.global_batch_size * spec.model.seq_length
+    flops = flops_in_convention(plan.flops, run["flops_convention"], params=plan.total_params, tokens=tokens)
     ours = flops / (plan.expected_step_time.total_seconds * plan.world_size) / 1e12
     if "published_iteration_seconds" in run:
         return ours, flops / (run["published_iteration_seconds"] * plan.world_size) / 1e12

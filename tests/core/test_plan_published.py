@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from meshscope.jobs.loading import spec_from_manifest
-from meshscope.plan import PlanAssumptions, assumptions_from_mapping, plan_job
+from meshscope.plan import PlanAssumptions, assumptions_from_mapping, flops_in_convention, plan_job
 
 RUNS = yaml.safe_load(
     (Path(__file__).resolve().parents[1] / "data" / "published_runs" / "runs.yaml").read_text(encoding="utf-8")
@@ -31,11 +31,8 @@ def _error(run: dict, assumptions: PlanAssumptions | None = None) -> float:
     assumptions = assumptions_from_mapping(run.get("assumptions", {}), base=assumptions, origin=run["name"])
     spec = spec_from_manifest(run["manifest"])
     plan = plan_job(spec, assumptions=assumptions)
-    flops = {
-        "korthikanti": plan.flops.model_flops_noncausal,
-        "6nd": 6.0 * plan.total_params * spec.training.global_batch_size * spec.model.seq_length,
-        "causal": plan.flops.model_flops,
-    }[run["flops_convention"]]
+    tokens = spec.training.global_batch_size * spec.model.seq_length
+    flops = flops_in_convention(plan.flops, run["flops_convention"], params=plan.total_params, tokens=tokens)
     ours = flops / (plan.expected_step_time.total_seconds * plan.world_size)
     if "published_iteration_seconds" in run:
         published = flops / (run["published_iteration_seconds"] * plan.world_size)
@@ -55,3 +52,17 @@ def test_the_new_model_beats_the_flat_one_on_average():
     assert flat == pytest.approx(FLAT_MEASURED_MEAN, abs=0.005)
     assert new <= 0.071 + MARGIN
     assert new < flat
+
+
+def test_flops_conventions_count_as_their_sources_do():
+    # Llama 3's own count: 6 FLOPs per parameter and token (3.8e25 for 405B parameters on 15.6T tokens, §1); a step
+    # of Table 4 is 2,048 sequences of 8,192 tokens. The planned model has the paper's 405B parameters within 0.5 %.
+    llama = next(r for r in RUNS if r["flops_convention"] == "6nd")
+    plan = plan_job(spec_from_manifest(llama["manifest"]))
+    tokens = 2048 * 8192
+    six_nd = flops_in_convention(plan.flops, "6nd", params=plan.total_params, tokens=tokens)
+    assert six_nd == pytest.approx(6 * 405e9 * tokens, rel=0.005)
+    assert flops_in_convention(plan.flops, "causal", params=0, tokens=0) == plan.flops.model_flops
+    assert flops_in_convention(plan.flops, "korthikanti", params=0, tokens=0) == plan.flops.model_flops_noncausal
+    with pytest.raises(ValueError, match=r"flops convention 'mfu': use one of causal, korthikanti, 6nd"):
+        flops_in_convention(plan.flops, "mfu", params=0, tokens=0)

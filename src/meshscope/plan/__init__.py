@@ -35,7 +35,15 @@ from meshscope.plan.assumptions import (
 )
 from meshscope.plan.comms import CollectiveOp, CollectivePlan
 from meshscope.plan.findings import Finding, Severity
-from meshscope.plan.flops import ForwardFlops, StepFlops, layer_forward_flops, logits_forward_flops, step_flops
+from meshscope.plan.flops import (
+    FLOPS_CONVENTIONS,
+    ForwardFlops,
+    StepFlops,
+    flops_in_convention,
+    layer_forward_flops,
+    logits_forward_flops,
+    step_flops,
+)
 from meshscope.plan.memory import ActivationBreakdown, MemoryBreakdown, StageParams
 from meshscope.plan.planning import Plan, StagePlan, plan_job
 from meshscope.plan.rendering import render_plan, render_plan_report
@@ -54,6 +62,7 @@ from meshscope.plan.timing import (
 )
 
 __all__ = [
+    "FLOPS_CONVENTIONS",
     "SYNC_WAIT_AXIS_FIELDS",
     "ActivationBreakdown",
     "Candidate",
@@ -78,6 +87,7 @@ __all__ = [
     "contended",
     "cpu_contention",
     "cpu_stage_contention",
+    "flops_in_convention",
     "host_tokens_scale",
     "host_tp_scale",
     "layer_forward_flops",

@@ -162,6 +162,30 @@ class StepFlops:
         }
 
 
+FLOPS_CONVENTIONS = ("causal", "korthikanti", "6nd")
+"""How published runs count a step's FLOPs (:func:`flops_in_convention`)."""
+
+
+def flops_in_convention(flops: StepFlops, convention: str, *, params: float, tokens: float) -> float:
+    """A step's model FLOPs as a published source counts them.
+
+    ``causal``: :attr:`StepFlops.model_flops` (with causal attention); ``korthikanti``: the full ``s^2`` attention of
+    Korthikanti et al. 2022 App. A (:attr:`StepFlops.model_flops_noncausal`); ``6nd``: six FLOPs per parameter and
+    token, no attention term (``params`` x ``tokens``; the count the Llama 3 paper gives: 3.8e25 FLOPs for 405B
+    parameters on 15.6T tokens, §1).
+
+    Raises:
+        ValueError: an unknown convention (the message lists :data:`FLOPS_CONVENTIONS`).
+    """
+    if convention == "causal":
+        return flops.model_flops
+    if convention == "korthikanti":
+        return flops.model_flops_noncausal
+    if convention == "6nd":
+        return 6.0 * params * tokens
+    raise ValueError(f"flops convention {convention!r}: use one of {', '.join(FLOPS_CONVENTIONS)}")
+
+
 def step_flops(model: ModelConfig, training: TrainingConfig, *, causal: bool = True) -> StepFlops:
     """FLOPs of one optimizer step: ``global_batch_size·seq_length`` tokens, forward and backward.
 
