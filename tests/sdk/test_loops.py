@@ -683,6 +683,31 @@ def test_an_optimizer_step_that_raises_ends_its_phase_and_the_loop_goes_on(liste
     assert tracker.counters().hook_errors == 0
 
 
+def test_an_optimizer_step_given_a_closure_is_not_the_optimizer_phase(listener) -> None:
+    # step(closure) runs forward and backward inside the optimizer (LBFGS): that time is the model's compute
+    import torch  # noqa: PLC0415
+
+    sock, path = listener
+    tracker = _tracker(path)
+    param = torch.nn.Parameter(torch.ones(4))
+    opt = _slow_sgd(0.0)([param], lr=0.1)
+
+    def closure() -> torch.Tensor:
+        opt.zero_grad()
+        loss = (param * 2).sum()
+        time.sleep(0.03)
+        loss.backward()
+        return loss
+
+    for i in range(2):
+        with tracker.step(i):
+            opt.step(closure) if i == 0 else opt.step(closure=closure)
+    tracker.close()
+    for rec in _records(sock):
+        assert not _optimizer_spans(rec), _kinds(rec)
+        assert _span_us(rec, IntervalKind.COMPUTE) >= 30 * MS
+
+
 def test_an_optimizer_step_between_steps_is_timed_into_the_next_record(listener) -> None:
     import torch  # noqa: PLC0415
 

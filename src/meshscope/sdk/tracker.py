@@ -911,7 +911,8 @@ class Tracker:
         """Time every ``torch.optim`` optimizer's ``step()`` as an ``optimizer`` phase, phases declared or not.
 
         PyTorch's global optimizer step hooks (``register_optimizer_step_pre_hook`` / ``_post_hook``) run around the
-        ``step()`` of every optimizer built on ``torch.optim.Optimizer``. Only where no phase is open: inside one
+        ``step()`` of every optimizer built on ``torch.optim.Optimizer``, unless given a closure (which runs forward
+        and backward inside the step). Only where no phase is open: inside one
         (``tracker.phase("optimizer")``, the Trainer callbacks' phases, which Lightning's ``step(closure)`` runs
         forward and backward in, an optimizer stepping an inner one such as ``ZeroRedundancyOptimizer``) the phases
         the script opened decide, and a phase opened here could be closed by the script's next exit.
@@ -929,7 +930,7 @@ class Tracker:
         except Exception as exc:  # noqa: BLE001
             self.fault("optimizer hooks", exc)
 
-    def _optimizer_begins(self, optimizer: object, _args: object, _kwargs: object) -> None:
+    def _optimizer_begins(self, optimizer: object, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         try:
             if self._closed or self._capture.compiling():
                 return
@@ -938,7 +939,11 @@ class Tracker:
             if any(k == key for k, _ in frames):  # its previous step() raised: what was opened for it is over
                 self._close_optimizer_frames(key)
             stack = self._stack
-            if stack:
+            # step(closure) runs the model's forward and backward inside (LBFGS, SAM-style optimizers): not the
+            # optimizer's own time, which cannot be told apart from it here
+            # (the hooks get step()'s own arguments, the optimizer first)
+            closure = kwargs.get("closure") if kwargs else (args[1] if len(args) > 1 else None)
+            if stack or closure is not None:
                 frames.append((key, None))
                 return
             self._push(OPTIMIZER, None, BETWEEN_KIND_OF_PHASE["optimizer"], count=False)
