@@ -165,7 +165,9 @@ def test_p2p_transfer_is_bytes_over_bandwidth_and_the_rest_is_bubble():
     # Without a bandwidth the whole wait is bubble, and a note says why.
     b = break_down(table)
     assert b.to_rows()[0][BUBBLE] == 20 * MS
-    assert any(n.code == "p2p_without_bandwidth" and n.count == 1 for n in b.notes)
+    (note,) = [n for n in b.notes if n.code == "p2p_without_bandwidth"]
+    assert note.count == 1
+    assert "--spec FILE" in note.message  # what a user of meshscope run or analyze can do about it
 
 
 def test_p2p_bandwidth_by_link_and_per_interval_array():

@@ -568,7 +568,8 @@ def _p2p_transfer_us(
                 count=int(idx.size),
                 message=(
                     f"{idx.size} pipeline p2p intervals and no p2p bandwidth given: their exposed time is all "
-                    f"counted as bubble (pass p2p_bandwidth_bytes_per_s to split off the transfer)"
+                    "counted as bubble (a spec gives the link rate that splits off the transfer: --spec FILE, or a "
+                    "script that describes its job; in the API, p2p_bandwidth_bytes_per_s)"
                 ),
             )
         )
