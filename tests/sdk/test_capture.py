@@ -236,17 +236,24 @@ def test_ddp_gradients_are_bit_for_bit_those_of_the_untracked_job(fork_job) -> N
     # Three ranks: 1/3 is not exact in binary, so multiplying by it and dividing by 3 differ in the last bit of about
     # a third of the gradients (PyTorch's ``allreduce_hook`` divides everything: a tracked job would drift from the
     # untracked one). Each step of each road is compared, bit for bit.
-    env = {"MESHSCOPE_LAYOUT": "dp=3"}
-    off = fork_job(_ddp_paths_job, 3, env={**env, "MESHSCOPE_DISABLE": "1"}, collect=False)
-    on = fork_job(_ddp_paths_job, 3, env=env)
-    assert [r["enabled"] for r in on.results] == [True] * 3
-    assert [r["enabled"] for r in off.results] == [False] * 3
-    for rank in range(3):
+    on = _same_gradients_tracked_or_not(fork_job, _ddp_paths_job, 3)
+    assert len({r["grads"][0] for r in on}) == 1  # averaged: the same on every rank
+
+
+def _same_gradients_tracked_or_not(fork_job, job, world: int) -> list[dict[str, object]]:
+    """Run ``job`` on ``world`` dp ranks untracked and tracked; each rank's gradients after every step must be equal,
+    bit for bit. The tracked job's results."""
+    env = {"MESHSCOPE_LAYOUT": f"dp={world}"}
+    off = fork_job(job, world, env={**env, "MESHSCOPE_DISABLE": "1"}, collect=False)
+    on = fork_job(job, world, env=env)
+    assert [r["enabled"] for r in on.results] == [True] * world
+    assert [r["enabled"] for r in off.results] == [False] * world
+    for rank in range(world):
         for i, (tracked, untracked) in enumerate(
             zip(on.results[rank]["grads"], off.results[rank]["grads"], strict=True)
         ):
             assert tracked == untracked, f"rank {rank}, step {i}: the tracked job's gradients differ"
-    assert len({r["grads"][0] for r in on.results}) == 1  # averaged: the same on every rank
+    return on.results
 
 
 def _ddp_join_job(rank: int, world: int) -> dict[str, object]:
@@ -277,16 +284,8 @@ def _ddp_join_job(rank: int, world: int) -> dict[str, object]:
 
 @pytest.mark.slow
 def test_ddp_under_join_divides_by_the_ranks_not_yet_joined_like_the_untracked_job(fork_job) -> None:
-    env = {"MESHSCOPE_LAYOUT": "dp=4"}
-    off = fork_job(_ddp_join_job, 4, env={**env, "MESHSCOPE_DISABLE": "1"}, collect=False)
-    on = fork_job(_ddp_join_job, 4, env=env)
-    assert [r["enabled"] for r in on.results] == [True] * 4
-    for rank in range(4):
-        assert len(on.results[rank]["grads"]) == 3 * (2 + rank)
-        for i, (tracked, untracked) in enumerate(
-            zip(on.results[rank]["grads"], off.results[rank]["grads"], strict=True)
-        ):
-            assert tracked == untracked, f"rank {rank}, step {i}: the tracked job's gradients differ"
+    on = _same_gradients_tracked_or_not(fork_job, _ddp_join_job, 4)
+    assert [len(r["grads"]) for r in on] == [3 * (2 + rank) for rank in range(4)]
 
 
 def _steps_job(rank: int, world: int) -> dict[str, object]:
