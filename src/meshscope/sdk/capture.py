@@ -106,6 +106,9 @@ class CaptureSink(Protocol):
     def uncaptured(self, what: str, why: str) -> None:
         """Something whose communication cannot be captured: ``what`` (e.g. ``ddp``) and why, for people."""
 
+    def on_compiled_collective(self, op: str) -> None:
+        """``torch.compile`` traced a functional collective ``op`` into a graph (called with its fake tensors)."""
+
     def on_attention_forward(self, m0: Mark) -> None:
         """An attention call that started at ``m0`` returned now."""
 
@@ -138,6 +141,38 @@ Dynamo folds it into the graph instead of breaking the graph at our clock reads 
 model: it would run slower because meshscope is there). What runs inside a compiled graph is not timed."""
 compiling = _tracing
 """The same, for the hooks of the Trainer callbacks (a model's forward pre-hook runs inside a compiled model)."""
+
+_TRACED_TYPES: dict[type, bool] = {}
+"""Tensor subclass -> whether ``torch.compile`` traces with its instances (decided once per type)."""
+
+
+def _traced_type(kind: type) -> bool:
+    from torch._subclasses.fake_tensor import FakeTensor  # noqa: PLC0415
+    from torch._subclasses.functional_tensor import FunctionalTensor  # noqa: PLC0415
+
+    return issubclass(kind, (FakeTensor, FunctionalTensor))
+
+
+def _traced(x: object) -> bool:
+    """Whether ``x`` (a tensor or a list of them) is what ``torch.compile`` traces with, not data.
+
+    Dynamo folds a wrapper into its graph (:data:`_tracing`), but AOTAutograd then traces that graph again, outside
+    Dynamo, with fake and functional tensors: a functional collective in a compiled model (DTensor's tensor
+    parallelism) reaches its wrapper once per compile that way, with no data behind it (``data_ptr()`` raises).
+    """
+    kind = type(x)
+    if kind is _Tensor:
+        return False
+    if kind is list or kind is tuple:
+        return bool(x) and _traced(x[0])  # type: ignore[index]
+    traced = _TRACED_TYPES.get(kind)
+    if traced is None:
+        try:
+            traced = _traced_type(kind)
+        except Exception:  # noqa: BLE001 - a torch without these classes traces with neither
+            traced = False
+        _TRACED_TYPES[kind] = traced
+    return traced
 
 
 def _nbytes(x: Any) -> int:
@@ -336,6 +371,9 @@ class _FunctionalOp:
         m0 = t.device_mark(t0) if t.on_device else t0
         out = self._call(*args, **kwargs)
         try:
+            if type(out) is not _Tensor and _traced(out):  # AOTAutograd compiling it: not a call of the job's
+                t.on_compiled_collective(self._op)
+                return out
             if kwargs:  # (input(s), ..., group_name): the group name is the last positional or a keyword
                 name = kwargs.get("group_name", args[-1] if args else None)
                 first = args[0] if args else kwargs.get("input")
@@ -359,13 +397,16 @@ class _WaitTensor(_FunctionalOp):
             return self._call(*args, **kwargs)
         if _tracing():
             return self._packet(*args, **kwargs)
+        tensor = args[0] if args else kwargs.get("tensor")
+        if type(tensor) is not _Tensor and _traced(tensor):  # AOTAutograd compiling it: no wait of the job's
+            return self._call(*args, **kwargs)
         t0 = _perf_ns()
         m0 = t.device_mark(t0) if t.on_device else t0
         try:
             return self._call(*args, **kwargs)
         finally:
             try:
-                t.on_tensor_wait(args[0] if args else kwargs.get("tensor"), t0, m0)
+                t.on_tensor_wait(tensor, t0, m0)
             except Exception as exc:  # noqa: BLE001
                 t.fault("functional wait capture", exc)
 

@@ -122,6 +122,8 @@ class Operations:
         """Operations on groups that map to no axis (or receives from any source): counted, not recorded."""
         self.uncaptured_ddp = 0
         """DDP models that kept a comm hook of the user's (each logged): their buckets are not fully captured."""
+        self.compiled_collectives = 0
+        """Functional collectives ``torch.compile`` traced into a graph (once per compile, not per run of it)."""
         self._groups: dict[int, _Group] = {}
         """By ``id()`` of the ProcessGroup object (checked against :attr:`_Group.pg`)."""
         self._by_name: dict[str, _Group] = {}
@@ -475,6 +477,20 @@ class Operations:
         st = self.step
         if st is not None and start is not None:
             st.attention.append((start, self.device_mark(_perf_ns())))
+
+    def on_compiled_collective(self, op: str) -> None:
+        """``torch.compile`` traced a functional collective ``op`` into a graph; counted, and logged once.
+
+        Where that graph runs compiled by AOTAutograd (inductor, ``aot_eager``), it calls the op's overloads, which
+        are not patched: those runs are not captured.
+        """
+        if not self.compiled_collectives:
+            log.warning(
+                "meshscope: torch.compile compiled a functional collective (%s) into a graph: its runs inside the "
+                "compiled code are not captured (their time counts as compute)",
+                op,
+            )
+        self.compiled_collectives += 1
 
     def uncaptured(self, what: str, why: str) -> None:
         """Count (and log) something whose communication the patches cannot see: ``what`` = ``ddp``."""

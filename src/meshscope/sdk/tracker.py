@@ -40,6 +40,7 @@ import contextlib
 import logging
 import operator
 import os
+import sys
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final, Generic, TypeVar
@@ -136,6 +137,12 @@ class TrackerCounters:
     reducer's wait for their buckets is not timed, and a builtin hook's all-reduces are not captured at all."""
     unmatched_end_steps: int = 0
     """:meth:`Tracker.end_step` calls while no step was open (ignored)."""
+    compiled_graphs: int = 0
+    """Graphs ``torch.compile`` built in this process (Dynamo's own count): inside compiled code attention is not
+    timed, and its time counts as compute."""
+    compiled_collectives: int = 0
+    """Functional collectives ``torch.compile`` traced into graphs (once per compile): run by AOTAutograd's compiled
+    code (inductor, ``aot_eager``), they are not captured."""
 
     def as_dict(self) -> dict[str, int]:
         """The counters as a plain mapping (the ``sdk`` object of a record)."""
@@ -148,7 +155,20 @@ class TrackerCounters:
             "phases_outside_step": self.phases_outside_step,
             "uncaptured_ddp": self.uncaptured_ddp,
             "unmatched_end_steps": self.unmatched_end_steps,
+            "compiled_graphs": self.compiled_graphs,
+            "compiled_collectives": self.compiled_collectives,
         }
+
+
+def _compiled_graphs() -> int:
+    """Graphs ``torch.compile`` built in this process so far (Dynamo's ``unique_graphs``; 0 where it never ran)."""
+    utils = sys.modules.get("torch._dynamo.utils")
+    if utils is None:
+        return 0
+    try:
+        return int(utils.counters["stats"]["unique_graphs"])
+    except Exception:  # noqa: BLE001 - a torch that counts otherwise: not known, not fatal
+        return 0
 
 
 class _Frame:
@@ -688,6 +708,8 @@ class Tracker:
             "phases_outside_step": self._outside,
             "uncaptured_ddp": self._ops.uncaptured_ddp,
             "unmatched_end_steps": self._unmatched_ends,
+            "compiled_graphs": _compiled_graphs(),
+            "compiled_collectives": self._ops.compiled_collectives,
         }
 
     def counters(self) -> TrackerCounters:
@@ -701,6 +723,8 @@ class Tracker:
             phases_outside_step=self._outside,
             uncaptured_ddp=self._ops.uncaptured_ddp,
             unmatched_end_steps=self._unmatched_ends,
+            compiled_graphs=_compiled_graphs(),
+            compiled_collectives=self._ops.compiled_collectives,
         )
 
     def close(self) -> None:
@@ -1203,11 +1227,18 @@ class Tracker:
                 self.fault("record", exc)
                 continue
             finally:
-                self._ops.release(st)
+                self._release(st)
             if self._sender.send_record(data):
                 self._sent += 1
             else:
                 self._dropped += 1
+
+    def _release(self, st: StepState) -> None:
+        """Forget a flushed step's operations; a failure there costs no record (this one's or a later step's)."""
+        try:
+            self._ops.release(st)
+        except Exception as exc:  # noqa: BLE001
+            self.fault("record", exc)
 
     def _ready(self, st: StepState) -> bool:
         if any(rec[END] is None for rec in st.ops) or any(w[1] is None for w in st.windows):
