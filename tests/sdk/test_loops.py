@@ -740,6 +740,143 @@ def test_a_closed_tracker_leaves_optimizers_alone(listener) -> None:
     torch.optim.SGD([torch.nn.Parameter(torch.ones(1))], lr=0.1).step()
 
 
+# ---------------------------------------------------------------------------- checkpoints without a phase
+
+
+class _SlowToSave:
+    """An object whose pickling sleeps ``seconds`` (a deterministic save time); it saves as the integer 0."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+
+    def __reduce__(self) -> tuple[type, tuple[int]]:
+        time.sleep(self.seconds)
+        return (int, (0,))
+
+
+def _checkpoint_spans(rec: StepRecord) -> list[int]:
+    return [iv.end_us - iv.start_us for iv in rec.intervals if iv.kind is IntervalKind.CHECKPOINT]
+
+
+@pytest.mark.parametrize("style", ["no phases", "checkpoint phase", "inside forward"])
+def test_torch_save_is_the_checkpoint_phase_unless_the_script_says_otherwise(listener, tmp_path, style: str) -> None:
+    # torch.save in a step is timed as the checkpoint phase where no phase is open (a loop that marks only its
+    # steps had its checkpoints in compute); the script's own checkpoint phase gets one interval, not two; inside
+    # another phase (a save in the forward pass, say) the innermost phase the script opened wins.
+    import torch  # noqa: PLC0415
+
+    sock, path = listener
+    tracker = _tracker(path)
+    for i in range(2):
+        with tracker.step(i):
+            time.sleep(0.01)
+            if style == "checkpoint phase":
+                ctx: contextlib.AbstractContextManager[None] = tracker.phase("checkpoint")
+            elif style == "inside forward":
+                ctx = tracker.phase("forward")
+            else:
+                ctx = contextlib.nullcontext()
+            with ctx:
+                torch.save({"state": _SlowToSave(0.03)}, tmp_path / f"ckpt{i}.pt")
+    tracker.close()
+    records = _records(sock)
+    assert len(records) == 2
+    for rec in records:
+        spans = _checkpoint_spans(rec)
+        if style == "inside forward":
+            assert spans == [], _kinds(rec)
+            assert _span_us(rec, IntervalKind.COMPUTE) >= 30 * MS  # the forward phase's (the sleep before: other)
+            continue
+        assert len(spans) == 1, (style, _kinds(rec))
+        assert 30 * MS <= spans[0] < 30 * MS + SLACK_US
+        assert _span_us(rec, IntervalKind.COMPUTE) >= 10 * MS
+        assert _span_us(rec, IntervalKind.COMPUTE) + spans[0] <= rec.end_us - rec.start_us
+    assert torch.load(tmp_path / "ckpt1.pt", weights_only=False) == {"state": 0}  # the save itself is untouched
+    assert tracker.counters().hook_errors == 0
+
+
+def test_a_save_between_steps_or_on_another_thread(listener, tmp_path) -> None:
+    # Between steps: the next record's between_steps. On another thread (an asynchronous checkpoint's writer): no
+    # phase, the step's own thread is not blocked by it (its time is the step's, as whatever the loop does).
+    import threading  # noqa: PLC0415
+
+    import torch  # noqa: PLC0415
+
+    sock, path = listener
+    tracker = _tracker(path)
+    with tracker.step(0):
+        time.sleep(0.001)
+    torch.save(_SlowToSave(0.03), tmp_path / "between.pt")
+    with tracker.step(1):
+        writer = threading.Thread(target=torch.save, args=(_SlowToSave(0.03), tmp_path / "thread.pt"))
+        writer.start()
+        writer.join()
+    tracker.close()
+    zero, one = _records(sock)
+    assert one.between_steps is not None
+    assert 30 * MS <= one.between_steps.checkpoint_us < 30 * MS + SLACK_US
+    assert not _checkpoint_spans(zero)
+    assert not _checkpoint_spans(one), _kinds(one)
+    assert _span_us(one, IntervalKind.COMPUTE) >= 30 * MS
+    assert tracker.counters().hook_errors == 0
+
+
+def test_a_closed_tracker_leaves_the_checkpoint_functions_alone(listener) -> None:
+    import torch  # noqa: PLC0415
+    import torch.distributed.checkpoint as dcp  # noqa: PLC0415
+
+    _sock, path = listener
+    before = (torch.save, dcp.save, dcp.async_save, dcp.load)
+    tracker = _tracker(path)
+    with tracker.step(0):  # a step start patches DCP where it was loaded after the tracker started
+        pass
+    assert torch.save is not before[0]
+    assert dcp.save is not before[1]
+    tracker.close()
+    assert (torch.save, dcp.save, dcp.async_save, dcp.load) == before
+
+
+def _dcp_loop(rank: int, world: int) -> dict[str, object]:
+    """DDP and torch.distributed.checkpoint.save every third step, the steps marked and nothing else (no phases)."""
+    import os  # noqa: PLC0415
+
+    import torch  # noqa: PLC0415
+    import torch.distributed.checkpoint as dcp  # noqa: PLC0415
+    from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: N817, PLC0415
+
+    tracker = sdk.tracker_from_env()
+    torch.manual_seed(0)
+    model = DDP(torch.nn.Linear(64, 64))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    where = os.environ["CKPT_DIR"]
+    for i in range(6):
+        with tracker.step(i):
+            model(torch.randn(8, 64)).sum().backward()
+            opt.step()
+            opt.zero_grad()
+            if i % 3 == 2:
+                dcp.save({"model": model.state_dict()}, checkpoint_id=f"{where}/step{i}")
+    counters = tracker.counters().as_dict()
+    tracker.close()
+    return {"counters": counters}
+
+
+@pytest.mark.slow
+def test_a_distributed_checkpoint_is_the_checkpoint_phase_of_its_step(fork_job, tmp_path) -> None:
+    job = fork_job(_dcp_loop, 2, env={"CKPT_DIR": str(tmp_path / "ckpt")})
+    assert all(r["counters"]["hook_errors"] == 0 for r in job.results)
+    records = read_table(job.records_path).to_records()
+    assert sorted((r.rank, r.step) for r in records) == [(rank, i) for rank in (0, 1) for i in range(6)]
+    for rec in records:
+        spans = _checkpoint_spans(rec)
+        if rec.step % 3 == 2:  # one interval: DCP's own torch.save calls inside it open nothing
+            assert len(spans) == 1, _kinds(rec)
+            assert spans[0] > 0
+        else:
+            assert spans == [], _kinds(rec)
+    assert (tmp_path / "ckpt" / "step5" / ".metadata").exists()
+
+
 def _plain_ddp_loop(rank: int, world: int) -> dict[str, object]:
     """The "five minutes" script: DDP with no registration, tracker.data, start_step, eval on rank 0 between steps."""
     import torch  # noqa: PLC0415 - the forked rank's torch, pre-imported by conftest

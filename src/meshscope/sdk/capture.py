@@ -36,9 +36,10 @@ installed only when a real tracker starts (``MESHSCOPE_DISABLE=1`` installs noth
 from __future__ import annotations
 
 import contextlib
+import functools
 import sys
 import time
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Final, Protocol
 
 import torch
 import torch.distributed as dist
@@ -108,6 +109,12 @@ class CaptureSink(Protocol):
 
     def on_compiled_collective(self, op: str) -> None:
         """``torch.compile`` traced a functional collective ``op`` into a graph (called with its fake tensors)."""
+
+    def checkpointing(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """Run ``fn(*args, **kwargs)``, a checkpoint function (``torch.save``, DCP's), as a checkpoint phase.
+
+        Opened only where no phase is open; returns what ``fn`` returns and raises what it raises.
+        """
 
     def on_attention_forward(self, m0: Mark) -> None:
         """An attention call that started at ``m0`` returned now."""
@@ -790,6 +797,40 @@ def patch_pipelining_if_loaded() -> None:
             _set(base, name, _phase_wrapper(getattr(base, name), phase))
 
 
+# ====================================================================== checkpoints
+
+CHECKPOINT_FUNCTIONS: Final = ("save", "async_save", "load", "save_state_dict", "load_state_dict")
+"""``torch.distributed.checkpoint``'s saving and loading functions (``async_save``: its blocking part, the staging
+and planning it does before it returns its future)."""
+_checkpoint_patched = False
+
+
+def _checkpoint_wrapper(orig: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(orig)  # the signature and docs stay the original's
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        t = ACTIVE
+        if t is None or _tracing():
+            return orig(*args, **kwargs)
+        return t.checkpointing(orig, args, kwargs)
+
+    return wrapper
+
+
+def patch_checkpoints_if_loaded() -> None:
+    """Time ``torch.distributed.checkpoint``'s saves and loads as checkpoints, once that package is loaded."""
+    global _checkpoint_patched  # noqa: PLW0603 - one process-wide patch state
+    if _checkpoint_patched:
+        return
+    module = sys.modules.get("torch.distributed.checkpoint")
+    if module is None:
+        return
+    _checkpoint_patched = True
+    for name in CHECKPOINT_FUNCTIONS:
+        fn = module.__dict__.get(name)
+        if callable(fn):
+            _set(module, name, _checkpoint_wrapper(fn))
+
+
 # ====================================================================== install / uninstall
 
 
@@ -832,19 +873,21 @@ def install(tracker: CaptureSink) -> None:
         "scaled_dot_product_attention",
         _sdpa_wrapper(torch.nn.functional.scaled_dot_product_attention),
     )
+    _set(torch, "save", _checkpoint_wrapper(torch.save))
     patch_pipelining_if_loaded()
+    patch_checkpoints_if_loaded()
     ACTIVE = tracker
 
 
 def uninstall() -> None:
     """Restore every original, in reverse order, and detach the tracker."""
-    global ACTIVE, _pipelining_patched  # noqa: PLW0603
+    global ACTIVE, _pipelining_patched, _checkpoint_patched  # noqa: PLW0603
     ACTIVE = None
     while _saved:
         owner, name, original = _saved.pop()
         with contextlib.suppress(AttributeError, TypeError):
             setattr(owner, name, original)
-    _pipelining_patched = False
+    _pipelining_patched = _checkpoint_patched = False
 
 
 def installed() -> bool:

@@ -98,6 +98,7 @@ class Operations:
         *,
         phase: Callable[[str], AbstractContextManager[None]],
         fault: Callable[[str, BaseException], None],
+        checkpointing: Callable[[Callable[..., Any], tuple[Any, ...], dict[str, Any]], Any] | None = None,
     ) -> None:
         """An empty log on the host clock; the tracker sets :attr:`step` and may switch to a device clock.
 
@@ -106,8 +107,10 @@ class Operations:
             dist: ``torch.distributed``.
             phase: the tracker's :meth:`~meshscope.sdk.Tracker.phase` (the pipelining patches open phases).
             fault: counts a failure inside meshscope (the tracker's :meth:`~meshscope.sdk.Tracker.fault`).
+            checkpointing: runs a checkpoint function as the tracker's checkpoint phase (default: just runs it).
         """
         self.settings = settings
+        self.checkpointing = checkpointing or _just_run
         self._dist = dist
         self.phase = phase
         self.fault = fault
@@ -562,6 +565,10 @@ class _DdpWait:
     def completed(self, _future: Future[object]) -> None:
         """The last bucket's completion, as the backend reports it (where no final callback could be queued)."""
         self.window[1] = self.sink.mark_end()
+
+
+def _just_run(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:  # noqa: ANN401
+    return fn(*args, **kwargs)
 
 
 def _storage_key(tensor: Tensor) -> int:

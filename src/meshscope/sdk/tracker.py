@@ -41,6 +41,7 @@ import logging
 import operator
 import os
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final, Generic, TypeVar
@@ -64,7 +65,7 @@ from meshscope.sdk.transport import CONTROL_SCHEMA, RECORD_SCHEMA, open_sender
 from meshscope.topology import AXES, MeshAxis
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable, Iterator, Mapping
+    from collections.abc import Callable, Iterable, Iterator, Mapping
     from types import TracebackType
 
     from meshscope.sdk.clocks import Mark
@@ -437,7 +438,7 @@ class Tracker:
         self._capture = capture
         self.settings = settings
         self._faults: dict[str, int] = {}
-        self._ops = Operations(settings, dist, phase=self.phase, fault=self.fault)
+        self._ops = Operations(settings, dist, phase=self.phase, fault=self.fault, checkpointing=self._checkpointing)
         """What the capture patches report to; holds the open step and the clock."""
         self._clock_chosen = False
         self._sender = open_sender(settings.collector, lambda: self.settings.rank)
@@ -468,6 +469,8 @@ class Tracker:
         self._fed_by: object = None
         """The data iterator whose held fetch the open step took, when :meth:`start_step` opened it."""
         self._unmatched_ends = 0
+        self._step_thread = threading.get_ident()
+        """The thread that runs the steps (where the tracker started, then the one that opened the last step)."""
         self._boundary: _Boundary | None = None
         """A fetch of the iterator that fed the open step, not yet known to be the next step's or this one's."""
         self._carried: tuple[list[Any], list[Any], list[Any]] | None = None
@@ -836,6 +839,8 @@ class Tracker:
         number, user_step = self._number(step)
         self._last_step = number
         self._capture.patch_pipelining_if_loaded()
+        self._capture.patch_checkpoints_if_loaded()
+        self._step_thread = threading.get_ident()
         ops.clock.on_step_start(self._steps_finished)
         self._reset_peak_memory()
         now = _perf_ns()
@@ -974,6 +979,31 @@ class Tracker:
             frames.append((key, stack[-1]))
         except Exception as exc:  # noqa: BLE001 - never into the training loop
             self.fault("optimizer phase", exc)
+
+    def _checkpointing(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:  # noqa: ANN401
+        """Run a checkpoint function (``torch.save``, ``torch.distributed.checkpoint``'s) as the checkpoint phase.
+
+        Only where no phase is open and on the thread that runs the steps, as the optimizer's phase: inside a phase
+        (the script's own ``checkpoint`` phase, DCP's writers calling ``torch.save``) the open phases decide, and a
+        save on another thread (an asynchronous checkpoint's writer) blocks no step. Between steps its time goes to
+        the next record's ``between_steps["checkpoint"]``.
+        """
+        frame = None
+        try:
+            if not self._closed and not self._stack and threading.get_ident() == self._step_thread:
+                self._push("checkpoint", None, BETWEEN_KIND_OF_PHASE["checkpoint"], count=False)
+                frame = self._stack[-1]
+        except Exception as exc:  # noqa: BLE001 - never into the training loop
+            self.fault("checkpoint phase", exc)
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            if frame is not None:
+                try:
+                    if self._stack and self._stack[-1] is frame:
+                        self._pop()
+                except Exception as exc:  # noqa: BLE001
+                    self.fault("checkpoint phase", exc)
 
     def _optimizer_ends(self, optimizer: object, _args: object, _kwargs: object) -> None:
         try:
