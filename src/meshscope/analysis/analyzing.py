@@ -374,7 +374,8 @@ def render_analysis_dict(data: Mapping[str, Any]) -> str:
     partial = [n for n in data["partial_data"] if n["code"] != CPU_CONTENTION]
     out.extend(f"CPU CONTENTION: {n['message']}" for n in contention)
     if partial:
-        out.append(f"PARTIAL DATA ({len(partial)} notes, listed at the end): rows marked '(partial data)'")
+        n = len(partial)
+        out.append(f"PARTIAL DATA ({n} note{'' if n == 1 else 's'}, listed at the end): rows marked '(partial data)'")
     findings = data["findings"]
     if findings:
         lines = [f"\nFindings ({len(findings)}, most costly first)"]

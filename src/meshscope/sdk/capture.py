@@ -21,7 +21,8 @@ Why it exists: collectives reach the backend along four roads, and each needs it
 4. ``torch.nn.functional.scaled_dot_product_attention`` is wrapped to time attention (forward by the call, backward
    between gradient hooks on its output and on its first input).
 
-Pipelining stages also get their forward and backward chunks labelled as phases.
+Pipelining stages also get their forward and backward chunks labelled as phases, and ``torch.save`` and
+``torch.distributed.checkpoint``'s saves and loads run as the checkpoint phase where the script opened none.
 
 The patches report to a :class:`CaptureSink` (the tracker's :class:`~meshscope.sdk.operations.Operations`), never to
 the tracker itself: this module knows only the callbacks below. Every wrapper calls the original unconditionally and
