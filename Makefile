@@ -21,9 +21,11 @@ venv: $(STAMP)
 # and the dashboard's queries; VictoriaMetrics (`victoria-metrics`, `vmalert`, both in Debian's victoria-metrics
 # package) evaluates the same rules on a store that scales out (tests/sidecar/promstack.py starts them on loopback).
 # --no-install-recommends keeps prometheus-node-exporter out; where systemd runs, the packages' own services start
-# on their default ports (9090, 8428), which the tests never use.
+# on their default ports (9090, 8428), which the tests never use. g++: torch.compile's inductor backend compiles C++
+# on CPU (tests/sdk/test_capture.py compiles a block with it).
 have = $(shell command -v $(1) 2>/dev/null)
 SYSTEM_PKGS := $(strip \
+  $(if $(call have,g++),,g++) \
   $(if $(call have,chromium),,chromium fonts-liberation) \
   $(if $(and $(call have,prometheus),$(call have,promtool)),,prometheus) \
   $(if $(and $(call have,victoria-metrics),$(call have,vmalert)),,victoria-metrics))

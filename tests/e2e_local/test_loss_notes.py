@@ -49,24 +49,6 @@ def test_a_failed_rank_and_lost_goodbyes() -> None:
     assert stalled["lost_goodbyes"].count == 1
 
 
-def test_compiled_code_is_one_note_that_says_what_went_unseen() -> None:
-    def ranks(graphs: int, collectives: int) -> dict[int, RankReceipt]:
-        counters = {"compiled_graphs": graphs, "compiled_collectives": collectives}
-        return {
-            r: RankReceipt(records=5, hello=True, closed=True, counters=counters if r < 2 else {}, measurements={})
-            for r in range(4)
-        }
-
-    assert loss_notes(_outcome(ranks(0, 0))) == []  # counters of a tracker that saw no compile
-    (note,) = loss_notes(_outcome(ranks(3, 0)))
-    assert (note.code, note.count) == ("compiled_code", 2)
-    assert note.message.startswith("ranks 0, 1 ran code compiled by torch.compile (up to 3 graphs a rank)")
-    assert "attention calls are not timed" in note.message
-    assert "collective" not in note.message
-    (note,) = loss_notes(_outcome(ranks(1, 2)))
-    assert "2 functional collectives (as DTensor's tensor parallelism issues) were compiled into it" in note.message
-
-
 def test_a_run_without_records_says_so(capsys) -> None:
     assert report_run(_outcome({r: _receipt(0) for r in range(4)})) == EXIT_NO_ANALYSIS
     assert "no step records to analyse" in capsys.readouterr().out

@@ -115,7 +115,9 @@ def test_a_compiled_model_with_attention_is_traced_whole_and_computes_the_same(l
     tracker.close()
     assert torch.equal(out, attend(x))
     (raw,) = _records(_drain(sock))
-    assert _parse_record(raw, "datagram").stats.attention_us is None  # inside a compiled graph: not timed
+    # Dynamo's eager backend calls the attention builtin itself: not timed (AOTAutograd's backends and inductor call
+    # the fused kernel by overload, which is: tests/sdk/test_capture.py)
+    assert _parse_record(raw, "datagram").stats.attention_us is None
 
 
 def test_stats_attention_and_phases_land_in_the_record(listener) -> None:
@@ -196,5 +198,30 @@ def test_attention_backward_is_bracketed_once_per_call(dropout: float) -> None:
         assert len(spans) == 6  # backward: one more per call, each after its forward
         assert all(a <= b for a, b in spans)
         assert min(a for a, _ in spans[3:]) >= max(b for _, b in spans[:3])
+    assert tracker.counters().hook_errors == 0
+    tracker.close()
+
+
+def test_attention_under_a_dispatch_mode_is_bracketed_once_per_call() -> None:
+    # A Python dispatch mode (a FLOP counter, DTensor's dispatch, a debug mode) calls the fused kernel again by its
+    # overload, which meshscope times for compiled code: inside an eager call or backward span it adds no span.
+    from torch.utils._python_dispatch import TorchDispatchMode  # noqa: PLC0415
+
+    class Passthrough(TorchDispatchMode):
+        kernels = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+            if "scaled_dot_product" in str(func):
+                Passthrough.kernels += 1
+            return func(*args, **(kwargs or {}))
+
+    tracker = sdk.Tracker(sdk.TrackerSettings(collector=None))
+    q, k, v = (torch.randn(1, 2, 6, 8, requires_grad=True) for _ in range(3))
+    with tracker.step(0), Passthrough():
+        outs = [F.scaled_dot_product_attention(q * 1.0, k, v) for _ in range(3)]
+        sum(o.sum() for o in outs).backward()
+        spans = len(tracker._step.attention)
+    assert Passthrough.kernels >= 6  # the mode saw every fused forward and backward kernel
+    assert spans == 6
     assert tracker.counters().hook_errors == 0
     tracker.close()

@@ -297,15 +297,11 @@ _MISSING_CAUSES = {
         "the script never wrapped the model for data parallelism (Accelerate and the Hugging Face Trainer go "
         "distributed on a machine without GPUs only with Accelerator(cpu=True) or TrainingArguments(use_cpu=True)), "
         "the model was wrapped in DDP with a builtin comm hook before the tracker started (the ranks' uncaptured_ddp "
-        "counter says so), the dp collectives ran inside code compiled by torch.compile (the ranks' "
-        "compiled_collectives counter says so), or the dp groups were neither registered nor inferable from the layout"
+        "counter says so), or the dp groups were neither registered nor inferable from the layout"
     ),
     "pp": "the stages' sends and receives ran on groups the SDK could not attribute to pp",
 }
-_DEFAULT_CAUSE = (
-    "its process groups were neither registered (tracker.register_groups) nor inferable from the layout, or its "
-    "collectives ran inside code compiled by torch.compile (the ranks' compiled_collectives counter says so)"
-)
+_DEFAULT_CAUSE = "its process groups were neither registered (tracker.register_groups) nor inferable from the layout"
 
 
 def missing_traffic_notes(rs: RankSteps, plan: Plan | None) -> tuple[Note, ...]:

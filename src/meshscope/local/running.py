@@ -57,7 +57,7 @@ from meshscope.topology import DEFAULT_ORDER, ParallelLayout, Placement, parse_l
 
 if TYPE_CHECKING:
     import argparse
-    from collections.abc import Callable, Mapping, Sequence
+    from collections.abc import Callable, Sequence
 
     from meshscope.jobs import JobSpec
 
@@ -762,9 +762,6 @@ def _say_end(  # noqa: PLR0917 - private, one caller
     if use.foreign_load and not use.oversubscribed:
         _say("foreign CPU load on these cores: timings include CPU contention, and the findings say so")
     _say_uncaptured(collector)
-    compiled = compiled_code_text({r: t.counters for r, t in collector.ranks.items()})
-    if compiled is not None:
-        _say(compiled)
     alone = ranks_alone(collector, settings.nproc)
     if alone:
         _say(alone)
@@ -997,36 +994,6 @@ def _say_uncaptured(collector: RecordCollector) -> None:
         f"{models} DDP models on ranks {shown} got a comm hook before the tracker started: their gradient "
         "reductions are captured only in part (start the tracker before registering the hook; see the ranks' logs)"
     )
-
-
-def compiled_code_text(counters: Mapping[int, Mapping[str, int]]) -> str | None:
-    """What the ranks' SDK could not see inside code compiled by ``torch.compile``, in one sentence; ``None``: none ran.
-
-    From each rank's SDK ``counters`` (``compiled_graphs``, ``compiled_collectives``). Time inside compiled code
-    counts as compute (the phases around it still apply); attention calls inside it are not timed; functional
-    collectives compiled into it (DTensor's tensor parallelism) run as compiled ops, unseen.
-    """
-    compiled = sorted(r for r, c in counters.items() if c.get("compiled_graphs", 0))
-    if not compiled:
-        return None
-    graphs = max(counters[r]["compiled_graphs"] for r in compiled)
-    collectives = max(counters[r].get("compiled_collectives", 0) for r in compiled)
-    text = (
-        f"{_ranks_text(compiled)} ran code compiled by torch.compile (up to {graphs} graph{'' if graphs == 1 else 's'} "
-        "a rank): inside it attention calls are not timed (no attention time in the records) and its time counts as "
-        "compute"
-    )
-    if collectives == 1:
-        text += (
-            "; a functional collective (as DTensor's tensor parallelism issues) was compiled into it: its runs there "
-            "are not captured, and its axis reads less communication than it had"
-        )
-    elif collectives:
-        text += (
-            f"; {collectives} functional collectives (as DTensor's tensor parallelism issues) were compiled into it: "
-            "their runs there are not captured, and their axes read less communication than they had"
-        )
-    return text + " (docs/sdk.md §4.6)"
 
 
 def _write_collector_report(

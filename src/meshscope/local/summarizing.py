@@ -25,7 +25,7 @@ from meshscope.analysis import analyze, render_analysis
 from meshscope.errors import MeshscopeError
 from meshscope.local.comparisons import compare_run
 from meshscope.local.emulation import TinyJob, emulated_assumptions, tiny_job_spec
-from meshscope.local.running import EXIT_NO_ANALYSIS, compiled_code_text
+from meshscope.local.running import EXIT_NO_ANALYSIS
 from meshscope.plan import plan_job
 from meshscope.progress import command_progress
 from meshscope.records import Note, RecordTable, read_records
@@ -113,10 +113,6 @@ def loss_notes(outcome: RunOutcome) -> list[Note]:
                 message=f"{incomplete} operations had not completed 4 steps after their step and were left out",
             )
         )
-    compiled = compiled_code_text({r: t.counters for r, t in outcome.ranks.items()})
-    if compiled is not None:
-        ranks = sum(1 for t in outcome.ranks.values() if t.counters.get("compiled_graphs", 0))
-        notes.append(Note(code="compiled_code", count=ranks, message=compiled))
     errors = sum(t.counters.get("hook_errors", 0) for t in outcome.ranks.values())
     if errors:
         notes.append(

@@ -20,6 +20,9 @@ Why it exists: collectives reach the backend along four roads, and each needs it
    tracker started is reported to the sink.
 4. ``torch.nn.functional.scaled_dot_product_attention`` is wrapped to time attention (forward by the call, backward
    between gradient hooks on its output and on its first input).
+5. **Compiled code** (inductor's wrapper, AOTAutograd's graphs) calls the functional collectives, their waits and the
+   fused attention kernels by overload (``....all_reduce_.default(...)``): the builtin behind those overloads is
+   replaced (:class:`_CompiledCall`), so what a compiled block runs is captured as roads 2 and 4 capture it eagerly.
 
 Pipelining stages also get their forward and backward chunks labelled as phases, and ``torch.save`` and
 ``torch.distributed.checkpoint``'s saves and loads run as the checkpoint phase where the script opened none.
@@ -108,9 +111,6 @@ class CaptureSink(Protocol):
     def uncaptured(self, what: str, why: str) -> None:
         """Something whose communication cannot be captured: ``what`` (e.g. ``ddp``) and why, for people."""
 
-    def on_compiled_collective(self, op: str) -> None:
-        """``torch.compile`` traced a functional collective ``op`` into a graph (called with its fake tensors)."""
-
     def checkpointing(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """Run ``fn(*args, **kwargs)``, a checkpoint function (``torch.save``, DCP's), as a checkpoint phase.
 
@@ -135,6 +135,12 @@ callback at once (every other asynchronous operation gets one only if it is stil
 _ddp_issue: list[Any] = [None]
 """The mark at which DDP issued the bucket whose hook runs now, taken before the inner hook's own Python: the first
 collective the hook issues starts there."""
+_compiled_depth = 0
+"""Collectives and waits of compiled code being timed now: a dispatch mode that calls the op again inside (AOTAutograd's
+alias check on a compiled graph's first run, a FLOP counter) reaches the same overload, which is not timed twice."""
+_attention_depth = 0
+"""Eager attention calls and fused backward spans open now: a fused kernel they reach through Python (DTensor's
+dispatch, a dispatch mode) is timed by them, not again by :class:`_CompiledAttention`."""
 _saved: list[tuple[Any, str, Any]] = []
 """(owner, attribute, original) of every patch in place, for :func:`uninstall`."""
 _pipelining_patched = False
@@ -181,6 +187,23 @@ def _traced(x: object) -> bool:
             traced = False
         _TRACED_TYPES[kind] = traced
     return traced
+
+
+def _no_data(x: object) -> bool:
+    """Whether ``x`` (a tensor or a list of them) is what tracing computes with: fake, functional or meta tensors.
+
+    Compiled code calls ops by their overloads (:class:`_CompiledCall`), and so does tracing: a fake tensor's
+    dispatch runs the op on meta tensors, AOTAutograd's graphs on functional ones. Neither is a call of the job's.
+    """
+    kind = type(x)
+    if kind is list or kind is tuple:
+        if not x:
+            return False
+        x = x[0]  # type: ignore[index]
+        kind = type(x)
+    if kind is _Tensor:
+        return x.is_meta  # type: ignore[attr-defined,no-any-return]
+    return kind is not None and _traced(x)
 
 
 def _nbytes(x: Any) -> int:
@@ -360,6 +383,43 @@ def _direct_call(packet: Any) -> Any:
     return op
 
 
+def _issue(t: CaptureSink, call: Callable[..., Any], op: str, gather: bool, args: Any, kwargs: Any) -> Any:  # noqa: FBT001, PLR0917 - the hot path
+    """Run a functional collective ``call(*args, **kwargs)`` (``op``; ``gather``: sized by its output) and report it."""
+    t0 = _perf_ns()
+    m0 = t.device_mark(t0) if t.on_device else t0
+    out = call(*args, **kwargs)
+    try:
+        if type(out) is not _Tensor and _traced(out):  # AOTAutograd compiling it: not a call of the job's
+            return out
+        if kwargs:  # (input(s), ..., group_name): the group name is the last positional or a keyword
+            name = kwargs.get("group_name", args[-1] if args else None)
+            first = args[0] if args else kwargs.get("input")
+        else:
+            name = args[-1]
+            first = args[0]
+        sized = out if gather else first
+        t.on_functional(op, name, sized.nbytes if type(sized) is _Tensor else _nbytes(sized), out, m0)
+    except Exception as exc:  # noqa: BLE001
+        t.fault("functional collective capture", exc)
+    return out
+
+
+def _await(t: CaptureSink, call: Callable[..., Any], args: Any, kwargs: Any) -> Any:
+    """Run a ``wait_tensor`` ``call(*args, **kwargs)`` and report its wait."""
+    tensor = args[0] if args else kwargs.get("tensor")
+    if type(tensor) is not _Tensor and _traced(tensor):  # AOTAutograd compiling it: no wait of the job's
+        return call(*args, **kwargs)
+    t0 = _perf_ns()
+    m0 = t.device_mark(t0) if t.on_device else t0
+    try:
+        return call(*args, **kwargs)
+    finally:
+        try:
+            t.on_tensor_wait(tensor, t0, m0)
+        except Exception as exc:  # noqa: BLE001
+            t.fault("functional wait capture", exc)
+
+
 class _FunctionalOp:
     """Stands in for an ``OpOverloadPacket`` on ``torch.ops._c10d_functional``; everything else is forwarded."""
 
@@ -375,24 +435,7 @@ class _FunctionalOp:
             return self._call(*args, **kwargs)
         if _tracing():  # inside torch.compile: the packet itself, which Dynamo puts in the graph
             return self._packet(*args, **kwargs)
-        t0 = _perf_ns()
-        m0 = t.device_mark(t0) if t.on_device else t0
-        out = self._call(*args, **kwargs)
-        try:
-            if type(out) is not _Tensor and _traced(out):  # AOTAutograd compiling it: not a call of the job's
-                t.on_compiled_collective(self._op)
-                return out
-            if kwargs:  # (input(s), ..., group_name): the group name is the last positional or a keyword
-                name = kwargs.get("group_name", args[-1] if args else None)
-                first = args[0] if args else kwargs.get("input")
-            else:
-                name = args[-1]
-                first = args[0]
-            sized = out if self._gather else first
-            t.on_functional(self._op, name, sized.nbytes if type(sized) is _Tensor else _nbytes(sized), out, m0)
-        except Exception as exc:  # noqa: BLE001
-            t.fault("functional collective capture", exc)
-        return out
+        return _issue(t, self._call, self._op, self._gather, args, kwargs)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._packet, name)
@@ -405,18 +448,129 @@ class _WaitTensor(_FunctionalOp):
             return self._call(*args, **kwargs)
         if _tracing():
             return self._packet(*args, **kwargs)
-        tensor = args[0] if args else kwargs.get("tensor")
-        if type(tensor) is not _Tensor and _traced(tensor):  # AOTAutograd compiling it: no wait of the job's
-            return self._call(*args, **kwargs)
+        return _await(t, self._call, args, kwargs)
+
+
+# ====================================================================== compiled code
+
+
+class _CompiledCall:
+    """Stands in for the builtin behind an ``OpOverload`` (its ``_op``), which compiled code calls.
+
+    Inductor's wrapper code and AOTAutograd's graphs call ops by their overloads
+    (``torch.ops._c10d_functional.all_reduce_.default(...)``), whose ``__call__`` is ``self._op(...)``: replacing
+    that attribute on the few overloads meshscope times reaches compiled code without touching the overload object,
+    whose identity and type inductor checks (``type(op) is OpOverload``). An overload hashes by its ``_op``: this
+    one hashes as the builtin, so every table keyed by the overload still finds it. Eager calls never come here: the
+    packets and ``F.scaled_dot_product_attention`` dispatch in C++.
+    """
+
+    __slots__ = ("_builtin",)
+
+    def __init__(self, builtin: Callable[..., Any]) -> None:
+        self._builtin = builtin
+
+    def __hash__(self) -> int:
+        return hash(self._builtin)
+
+    def __eq__(self, other: object) -> bool:
+        return other is self or other == self._builtin
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._builtin, name)
+
+
+class _CompiledCollective(_CompiledCall):
+    __slots__ = ("_gather", "_name")
+
+    def __init__(self, builtin: Callable[..., Any], op: str, gather: bool) -> None:  # noqa: FBT001
+        super().__init__(builtin)
+        self._name = op
+        self._gather = gather
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        global _compiled_depth  # noqa: PLW0603
+        t = ACTIVE
+        if t is None or _compiled_depth or _tracing() or _no_data(args[0] if args else kwargs.get("input")):
+            return self._builtin(*args, **kwargs)
+        _compiled_depth += 1
+        try:
+            return _issue(t, self._builtin, self._name, self._gather, args, kwargs)
+        finally:
+            _compiled_depth -= 1
+
+
+class _CompiledWait(_CompiledCall):
+    __slots__ = ()
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        global _compiled_depth  # noqa: PLW0603
+        t = ACTIVE
+        if t is None or _compiled_depth or _tracing() or _no_data(args[0] if args else kwargs.get("tensor")):
+            return self._builtin(*args, **kwargs)
+        _compiled_depth += 1
+        try:
+            return _await(t, self._builtin, args, kwargs)
+        finally:
+            _compiled_depth -= 1
+
+
+class _CompiledAttention(_CompiledCall):
+    """A fused attention kernel called by compiled code: its forward or its backward, timed alike."""
+
+    __slots__ = ()
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        global _attention_depth  # noqa: PLW0603
+        t = ACTIVE
+        if t is None or _attention_depth or _tracing() or not t.in_step or (args and _no_data(args[0])):
+            return self._builtin(*args, **kwargs)  # inside an eager attention call or span: timed there
         t0 = _perf_ns()
         m0 = t.device_mark(t0) if t.on_device else t0
+        _attention_depth += 1
         try:
-            return self._call(*args, **kwargs)
+            out = self._builtin(*args, **kwargs)
         finally:
-            try:
-                t.on_tensor_wait(tensor, t0, m0)
-            except Exception as exc:  # noqa: BLE001
-                t.fault("functional wait capture", exc)
+            _attention_depth -= 1
+        try:
+            t.on_attention_forward(m0)
+        except Exception as exc:  # noqa: BLE001
+            t.fault("attention capture", exc)
+        return out
+
+
+ATTENTION_KERNELS: Final = (
+    "_scaled_dot_product_flash_attention_for_cpu",
+    "_scaled_dot_product_flash_attention",
+    "_scaled_dot_product_efficient_attention",
+    "_scaled_dot_product_cudnn_attention",
+    "_scaled_dot_product_fused_attention_overrideable",
+)
+"""``torch.ops.aten`` fused attention kernels (each with its ``_backward``) that compiled code calls by overload."""
+
+
+def _patch_overloads(packet: Any, make: Callable[[Callable[..., Any]], _CompiledCall]) -> None:
+    for name in packet.overloads():
+        overload = getattr(packet, name)
+        builtin = overload.__dict__.get("_op")
+        if builtin is not None and not isinstance(builtin, _CompiledCall):
+            _set(overload, "_op", make(builtin))
+
+
+def _patch_compiled_calls() -> None:
+    """Time what compiled code calls by overload: functional collectives, their waits, fused attention kernels."""
+    functional = torch.ops._c10d_functional  # noqa: SLF001
+    for name, op in FUNCTIONAL_OPS.items():
+        with contextlib.suppress(AttributeError, RuntimeError):
+            _patch_overloads(
+                getattr(functional, name), functools.partial(_CompiledCollective, op=op, gather=name in _GATHERS)
+            )
+    with contextlib.suppress(AttributeError, RuntimeError):
+        _patch_overloads(functional.wait_tensor, _CompiledWait)
+    for name in ATTENTION_KERNELS:
+        for kernel in (name, f"{name}_backward"):
+            with contextlib.suppress(AttributeError, RuntimeError):
+                _patch_overloads(getattr(torch.ops.aten, kernel), _CompiledAttention)
 
 
 # ====================================================================== DDP
@@ -708,11 +862,16 @@ class _AttentionSpan:
         self.handles: list[Any] = []
 
     def opened(self, *_grads: Any) -> None:
+        global _attention_depth  # noqa: PLW0603 - autograd runs one node at a time per device thread
         with contextlib.suppress(Exception):  # a hook must never raise into backward; the span is then left out
             self.start_mark = self.tracker.device_mark(_perf_ns())
+            _attention_depth += 1
 
     def closed(self, *_grads: Any) -> None:
+        global _attention_depth  # noqa: PLW0603
         with contextlib.suppress(Exception):
+            if self.start_mark is not None and _attention_depth > 0:
+                _attention_depth -= 1
             self.tracker.on_attention_backward(self.start_mark)
             for handle in self.handles:
                 handle.remove()
@@ -747,9 +906,14 @@ def _sdpa_wrapper(orig: Any) -> Any:
         t = ACTIVE
         if t is None or _tracing() or not t.in_step:
             return orig(*args, **kwargs)
+        global _attention_depth  # noqa: PLW0603
         t0 = _perf_ns()
         m0 = t.device_mark(t0) if t.on_device else t0
-        out = orig(*args, **kwargs)
+        _attention_depth += 1
+        try:
+            out = orig(*args, **kwargs)
+        finally:
+            _attention_depth -= 1
         try:
             t.on_attention_forward(m0)
             if type(out) is _Tensor and out.requires_grad:
@@ -840,12 +1004,19 @@ def _set(owner: Any, name: str, value: Any) -> None:
     setattr(owner, name, value)
 
 
+def reset_attention_depth() -> None:
+    """Forget attention spans left open (a backward that raised): called as a step starts."""
+    global _attention_depth  # noqa: PLW0603
+    _attention_depth = 0
+
+
 def install(tracker: CaptureSink) -> None:
     """Put every patch in place and route them to ``tracker`` (its sink). Idempotent for the same sink."""
     global ACTIVE  # noqa: PLW0603 - the wrappers read one process-wide pointer
     if _saved:
         ACTIVE = tracker
         return
+    _patch_compiled_calls()
     pg = dist.ProcessGroup
     for name, (op, size_of) in COLLECTIVE_METHODS.items():
         if hasattr(pg, name):

@@ -125,8 +125,6 @@ class Operations:
         """Operations on groups that map to no axis (or receives from any source): counted, not recorded."""
         self.uncaptured_ddp = 0
         """DDP models that kept a comm hook of the user's (each logged): their buckets are not fully captured."""
-        self.compiled_collectives = 0
-        """Functional collectives ``torch.compile`` traced into a graph (once per compile, not per run of it)."""
         self._groups: dict[int, _Group] = {}
         """By ``id()`` of the ProcessGroup object (checked against :attr:`_Group.pg`)."""
         self._by_name: dict[str, _Group] = {}
@@ -418,7 +416,12 @@ class Operations:
         rec[HANDLE] = None
         by_storage = self._by_storage
         for out in outs if isinstance(outs, _SEQUENCES) else (outs,):
-            key = _storage_key(out)
+            try:
+                key = _storage_key(out)
+            except RuntimeError:  # no data behind it any more (a tensor tracing made): found by the record instead
+                for key in [k for k, r in by_storage.items() if r is rec]:
+                    del by_storage[key]
+                continue
             if by_storage.get(key) is rec:
                 del by_storage[key]
 
@@ -480,20 +483,6 @@ class Operations:
         st = self.step
         if st is not None and start is not None:
             st.attention.append((start, self.device_mark(_perf_ns())))
-
-    def on_compiled_collective(self, op: str) -> None:
-        """``torch.compile`` traced a functional collective ``op`` into a graph; counted, and logged once.
-
-        Where that graph runs compiled by AOTAutograd (inductor, ``aot_eager``), it calls the op's overloads, which
-        are not patched: those runs are not captured.
-        """
-        if not self.compiled_collectives:
-            log.warning(
-                "meshscope: torch.compile compiled a functional collective (%s) into a graph: its runs inside the "
-                "compiled code are not captured (their time counts as compute)",
-                op,
-            )
-        self.compiled_collectives += 1
 
     def uncaptured(self, what: str, why: str) -> None:
         """Count (and log) something whose communication the patches cannot see: ``what`` = ``ddp``."""

@@ -139,11 +139,8 @@ class TrackerCounters:
     unmatched_end_steps: int = 0
     """:meth:`Tracker.end_step` calls while no step was open (ignored)."""
     compiled_graphs: int = 0
-    """Graphs ``torch.compile`` built in this process (Dynamo's own count): inside compiled code attention is not
-    timed, and its time counts as compute."""
-    compiled_collectives: int = 0
-    """Functional collectives ``torch.compile`` traced into graphs (once per compile): run by AOTAutograd's compiled
-    code (inductor, ``aot_eager``), they are not captured."""
+    """Graphs ``torch.compile`` built in this process (Dynamo's own count): what compiled code runs is captured where
+    it calls its collectives and attention kernels from Python (docs/sdk.md §4.6)."""
 
     def as_dict(self) -> dict[str, int]:
         """The counters as a plain mapping (the ``sdk`` object of a record)."""
@@ -157,7 +154,6 @@ class TrackerCounters:
             "uncaptured_ddp": self.uncaptured_ddp,
             "unmatched_end_steps": self.unmatched_end_steps,
             "compiled_graphs": self.compiled_graphs,
-            "compiled_collectives": self.compiled_collectives,
         }
 
 
@@ -712,7 +708,6 @@ class Tracker:
             "uncaptured_ddp": self._ops.uncaptured_ddp,
             "unmatched_end_steps": self._unmatched_ends,
             "compiled_graphs": _compiled_graphs(),
-            "compiled_collectives": self._ops.compiled_collectives,
         }
 
     def counters(self) -> TrackerCounters:
@@ -727,7 +722,6 @@ class Tracker:
             uncaptured_ddp=self._ops.uncaptured_ddp,
             unmatched_end_steps=self._unmatched_ends,
             compiled_graphs=_compiled_graphs(),
-            compiled_collectives=self._ops.compiled_collectives,
         )
 
     def close(self) -> None:
@@ -840,6 +834,7 @@ class Tracker:
         self._last_step = number
         self._capture.patch_pipelining_if_loaded()
         self._capture.patch_checkpoints_if_loaded()
+        self._capture.reset_attention_depth()
         self._step_thread = threading.get_ident()
         ops.clock.on_step_start(self._steps_finished)
         self._reset_peak_memory()
