@@ -821,6 +821,29 @@ def test_a_save_between_steps_or_on_another_thread(listener, tmp_path) -> None:
     assert tracker.counters().hook_errors == 0
 
 
+def test_a_stretch_named_when_it_ends_counts_a_save_inside_it_once(listener, tmp_path) -> None:
+    # The Hugging Face Trainer with save_strategy="best" learns only at on_save that the time since its evaluation
+    # was a save; the save's torch.save calls were timed as the checkpoint phase meanwhile: not twice.
+    import torch  # noqa: PLC0415
+
+    sock, path = listener
+    tracker = _tracker(path)
+    with tracker.step(0):
+        time.sleep(0.001)
+    since = tracker._mark_now()
+    torch.save(_SlowToSave(0.03), tmp_path / "best.pt")
+    time.sleep(0.02)  # the rest of the save: writing its other files
+    tracker._claim_between("checkpoint", since)
+    with tracker.step(1):
+        time.sleep(0.001)
+    tracker.close()
+    one = _records(sock)[1]
+    assert one.between_steps is not None
+    assert 50 * MS <= one.between_steps.checkpoint_us < 50 * MS + SLACK_US
+    assert one.gap_before_us is not None
+    assert one.between_steps.total_us() <= one.gap_before_us
+
+
 def test_a_closed_tracker_leaves_the_checkpoint_functions_alone(listener) -> None:
     import torch  # noqa: PLC0415
     import torch.distributed.checkpoint as dcp  # noqa: PLC0415

@@ -61,7 +61,7 @@ class MeshscopeCallback(TrainerCallback, HookPhases):
         HookPhases.__init__(self, tracker)
         self._stages: list[str] = []
         """What is left to happen before the next step, the first of them happening now."""
-        self._since: tuple[int, tuple[int, int] | None] | None = None
+        self._since: tuple[int, tuple[int, int] | None, int] | None = None
         """Where the ``checkpoint?`` stage began (a real tracker only): a save, or the fetch, named when it ends."""
         self._tokens_hook: Any = None
         """The handle of the model's forward pre-hook that counts each micro-batch's tokens."""

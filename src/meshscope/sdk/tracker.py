@@ -44,7 +44,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Final, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Final, Generic, TypeAlias, TypeVar
 
 from meshscope.sdk.groups import axis_of_name
 from meshscope.sdk.measurements import Measurements
@@ -74,6 +74,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("meshscope.sdk")
 _perf_ns = time.perf_counter_ns
 _T = TypeVar("_T")
+
+Mark3: TypeAlias = "tuple[int, tuple[int, int] | None, int]"
+""":meth:`Tracker._mark_now`: host ns, the :class:`SchedStat` reading, the ns timed between steps so far."""
 
 _IN_STEP, _HELD, _BOUNDARY = 0, 1, 2
 """What a fetch of :meth:`Tracker.data` is when it begins: the open step's ``data`` phase, held for the step opened
@@ -1143,24 +1146,26 @@ class Tracker:
         except Exception as exc:  # noqa: BLE001
             self.fault("data", exc)
 
-    def _mark_now(self) -> tuple[int, tuple[int, int] | None]:
-        """Host ns, and the training thread's time on a CPU and run delay now.
+    def _mark_now(self) -> Mark3:
+        """Host ns, the training thread's time on a CPU and run delay, and the ns timed between steps so far, now.
 
         Where a stretch between steps begins that a caller names once it has ended (:meth:`_claim_between`,
         :meth:`_claim_fetch`).
         """
-        return _perf_ns(), self._sched.read()
+        return _perf_ns(), self._sched.read(), sum(self._between_ns.values())
 
-    def _claim_between(self, kind: str, since: tuple[int, tuple[int, int] | None]) -> None:
+    def _claim_between(self, kind: str, since: Mark3) -> None:
         """The time from ``since`` (:meth:`_mark_now`) to now was ``kind`` (a ``between_steps`` key) between steps.
 
-        For a caller that learns what a stretch was only when it ends (a Trainer's save after an evaluation).
-        Nothing happens when a step is open or a fetch is held: the time is theirs.
+        For a caller that learns what a stretch was only when it ends (a Trainer's save after an evaluation). Less
+        what phases timed between steps in that stretch (a ``torch.save`` inside it, the checkpoint phase by
+        itself): counted once. Nothing happens when a step is open or a fetch is held: the time is theirs.
         """
         if self._ops.step is None and self._fetch_ns is None:
-            self._between_ns[kind] = self._between_ns.get(kind, 0) + max(0, _perf_ns() - since[0])
+            timed = sum(self._between_ns.values()) - since[2]
+            self._between_ns[kind] = self._between_ns.get(kind, 0) + max(0, _perf_ns() - since[0] - timed)
 
-    def _claim_fetch(self, since: tuple[int, tuple[int, int] | None], source: object) -> None:
+    def _claim_fetch(self, since: Mark3, source: object) -> None:
         """The time from ``since`` (:meth:`_mark_now`) to now fetched the next step's batches.
 
         Held for that step, as a :meth:`data` fetch that began then. Nothing happens when a step is open or a fetch
@@ -1168,7 +1173,7 @@ class Tracker:
         """
         if self._closed or self._ops.step is not None or self._fetch_ns is not None:
             return
-        start_ns, sched_ns = since
+        start_ns, sched_ns, _ = since
         self._fetch_ns, self._fetch_from, self._fetch_sched_ns = start_ns, source, sched_ns
         self._pre_step.append(("data", "data", None, start_ns, _perf_ns()))
         rq = self._run_delay()
