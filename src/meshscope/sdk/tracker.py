@@ -75,7 +75,7 @@ log = logging.getLogger("meshscope.sdk")
 _perf_ns = time.perf_counter_ns
 _T = TypeVar("_T")
 
-Mark3: TypeAlias = "tuple[int, tuple[int, int] | None, int]"
+StretchMark: TypeAlias = "tuple[int, tuple[int, int] | None, int]"
 """:meth:`Tracker._mark_now`: host ns, the :class:`SchedStat` reading, the ns timed between steps so far."""
 
 _IN_STEP, _HELD, _BOUNDARY = 0, 1, 2
@@ -1146,7 +1146,7 @@ class Tracker:
         except Exception as exc:  # noqa: BLE001
             self.fault("data", exc)
 
-    def _mark_now(self) -> Mark3:
+    def _mark_now(self) -> StretchMark:
         """Host ns, the training thread's time on a CPU and run delay, and the ns timed between steps so far, now.
 
         Where a stretch between steps begins that a caller names once it has ended (:meth:`_claim_between`,
@@ -1154,7 +1154,7 @@ class Tracker:
         """
         return _perf_ns(), self._sched.read(), sum(self._between_ns.values())
 
-    def _claim_between(self, kind: str, since: Mark3) -> None:
+    def _claim_between(self, kind: str, since: StretchMark) -> None:
         """The time from ``since`` (:meth:`_mark_now`) to now was ``kind`` (a ``between_steps`` key) between steps.
 
         For a caller that learns what a stretch was only when it ends (a Trainer's save after an evaluation). Less
@@ -1165,7 +1165,7 @@ class Tracker:
             timed = sum(self._between_ns.values()) - since[2]
             self._between_ns[kind] = self._between_ns.get(kind, 0) + max(0, _perf_ns() - since[0] - timed)
 
-    def _claim_fetch(self, since: Mark3, source: object) -> None:
+    def _claim_fetch(self, since: StretchMark, source: object) -> None:
         """The time from ``since`` (:meth:`_mark_now`) to now fetched the next step's batches.
 
         Held for that step, as a :meth:`data` fetch that began then. Nothing happens when a step is open or a fetch
