@@ -552,6 +552,32 @@ def test_a_functional_collective_inside_compiled_code_is_traced_whole(fork_job) 
         assert [(str(iv.axis), str(iv.op)) for iv in record.intervals if iv.axis] == [("dp", "all_reduce")] * 2
 
 
+def _chained_functional_job(rank: int, world: int) -> dict[str, object]:
+    tracker = sdk.tracker_from_env()
+    outs = []
+    for step in range(2):
+        with tracker.step(step):
+            first = funcol.all_reduce(torch.ones(4), "sum", dist.group.WORLD)  # an AsyncCollectiveTensor, unwaited
+            second = funcol.all_reduce(first, "sum", dist.group.WORLD)  # its dispatch waits, then calls the op again
+            outs.append((second * 1).tolist())
+    counters = tracker.counters().as_dict()
+    tracker.close()
+    return {"outs": outs, "counters": counters}
+
+
+@pytest.mark.slow
+def test_a_collective_on_an_unwaited_result_is_recorded_once(fork_job) -> None:
+    # AsyncCollectiveTensor's dispatch waits for its input, then calls the op again by its overload, which the SDK
+    # times for compiled code: one all-reduce was recorded twice (three a step instead of two).
+    job = fork_job(_chained_functional_job, 2, env={"MESHSCOPE_LAYOUT": "dp=2"})
+    for result in job.results:
+        assert result["outs"] == [[4.0] * 4] * 2
+        assert result["counters"]["hook_errors"] == result["counters"]["incomplete_ops"] == 0
+    for record in read_records(job.records_path):
+        ops = [(str(iv.op), iv.seq) for iv in record.intervals if iv.axis]
+        assert ops == [("all_reduce", 2 * record.step), ("all_reduce", 2 * record.step + 1)], ops
+
+
 def _compiled_block_job(rank: int, world: int) -> dict[str, object]:
     import os  # noqa: PLC0415
 

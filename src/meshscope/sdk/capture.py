@@ -135,9 +135,11 @@ callback at once (every other asynchronous operation gets one only if it is stil
 _ddp_issue: list[Any] = [None]
 """The mark at which DDP issued the bucket whose hook runs now, taken before the inner hook's own Python: the first
 collective the hook issues starts there."""
-_compiled_depth = 0
-"""Collectives and waits of compiled code being timed now: a dispatch mode that calls the op again inside (AOTAutograd's
-alias check on a compiled graph's first run, a FLOP counter) reaches the same overload, which is not timed twice."""
+_collective_depth = 0
+"""Functional collectives being issued now: a dispatch that calls the op again inside by its overload (an
+``AsyncCollectiveTensor`` input, which waits for it, then calls the op again; AOTAutograd's alias check on a compiled
+graph's first run; a FLOP counter) is not recorded twice. Waits inside (that input's) are recorded: they end other
+operations."""
 _attention_depth = 0
 """Eager attention calls and fused backward spans open now: a fused kernel they reach through Python (DTensor's
 dispatch, a dispatch mode) is timed by them, not again by :class:`_CompiledAttention`."""
@@ -430,12 +432,17 @@ class _FunctionalOp:
         self._gather = gather
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        global _collective_depth  # noqa: PLW0603
         t = ACTIVE
-        if t is None:
+        if t is None or _collective_depth:
             return self._call(*args, **kwargs)
         if _tracing():  # inside torch.compile: the packet itself, which Dynamo puts in the graph
             return self._packet(*args, **kwargs)
-        return _issue(t, self._call, self._op, self._gather, args, kwargs)
+        _collective_depth += 1
+        try:
+            return _issue(t, self._call, self._op, self._gather, args, kwargs)
+        finally:
+            _collective_depth -= 1
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._packet, name)
@@ -489,30 +496,26 @@ class _CompiledCollective(_CompiledCall):
         self._gather = gather
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        global _compiled_depth  # noqa: PLW0603
+        global _collective_depth  # noqa: PLW0603
         t = ACTIVE
-        if t is None or _compiled_depth or _tracing() or _no_data(args[0] if args else kwargs.get("input")):
+        if t is None or _collective_depth or _tracing() or _no_data(args[0] if args else kwargs.get("input")):
             return self._builtin(*args, **kwargs)
-        _compiled_depth += 1
+        _collective_depth += 1
         try:
             return _issue(t, self._builtin, self._name, self._gather, args, kwargs)
         finally:
-            _compiled_depth -= 1
+            _collective_depth -= 1
 
 
 class _CompiledWait(_CompiledCall):
     __slots__ = ()
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        global _compiled_depth  # noqa: PLW0603
+        # a wait reached again inside a timed one adds a window the step's windows merge with it: no guard needed
         t = ACTIVE
-        if t is None or _compiled_depth or _tracing() or _no_data(args[0] if args else kwargs.get("tensor")):
+        if t is None or _tracing() or _no_data(args[0] if args else kwargs.get("tensor")):
             return self._builtin(*args, **kwargs)
-        _compiled_depth += 1
-        try:
-            return _await(t, self._builtin, args, kwargs)
-        finally:
-            _compiled_depth -= 1
+        return _await(t, self._builtin, args, kwargs)
 
 
 class _CompiledAttention(_CompiledCall):
