@@ -795,9 +795,11 @@ def test_torch_save_is_the_checkpoint_phase_unless_the_script_says_otherwise(lis
     assert tracker.counters().hook_errors == 0
 
 
-def test_a_save_between_steps_or_on_another_thread(listener, tmp_path) -> None:
+def test_a_save_between_steps_on_another_thread_or_in_a_stretch_named_late(listener, tmp_path) -> None:
     # Between steps: the next record's between_steps. On another thread (an asynchronous checkpoint's writer): no
-    # phase, the step's own thread is not blocked by it (its time is the step's, as whatever the loop does).
+    # phase, the step's own thread is not blocked by it (its time is the step's, as whatever the loop does). In a
+    # stretch named when it ends (the Hugging Face Trainer with save_strategy="best" learns at on_save that the time
+    # since its evaluation was a save), the save's torch.save inside it counts once, not twice.
     import threading  # noqa: PLC0415
 
     import torch  # noqa: PLC0415
@@ -811,37 +813,24 @@ def test_a_save_between_steps_or_on_another_thread(listener, tmp_path) -> None:
         writer = threading.Thread(target=torch.save, args=(_SlowToSave(0.03), tmp_path / "thread.pt"))
         writer.start()
         writer.join()
+    since = tracker._mark_now()
+    torch.save(_SlowToSave(0.03), tmp_path / "best.pt")
+    time.sleep(0.02)  # the rest of the save: writing its other files
+    tracker._claim_between("checkpoint", since)
+    with tracker.step(2):
+        time.sleep(0.001)
     tracker.close()
-    zero, one = _records(sock)
+    zero, one, two = _records(sock)
     assert one.between_steps is not None
     assert 30 * MS <= one.between_steps.checkpoint_us < 30 * MS + SLACK_US
     assert not _checkpoint_spans(zero)
     assert not _checkpoint_spans(one), _kinds(one)
     assert _span_us(one, IntervalKind.COMPUTE) >= 30 * MS
+    assert two.between_steps is not None
+    assert 50 * MS <= two.between_steps.checkpoint_us < 50 * MS + SLACK_US
+    assert two.gap_before_us is not None
+    assert two.between_steps.total_us() <= two.gap_before_us
     assert tracker.counters().hook_errors == 0
-
-
-def test_a_stretch_named_when_it_ends_counts_a_save_inside_it_once(listener, tmp_path) -> None:
-    # The Hugging Face Trainer with save_strategy="best" learns only at on_save that the time since its evaluation
-    # was a save; the save's torch.save calls were timed as the checkpoint phase meanwhile: not twice.
-    import torch  # noqa: PLC0415
-
-    sock, path = listener
-    tracker = _tracker(path)
-    with tracker.step(0):
-        time.sleep(0.001)
-    since = tracker._mark_now()
-    torch.save(_SlowToSave(0.03), tmp_path / "best.pt")
-    time.sleep(0.02)  # the rest of the save: writing its other files
-    tracker._claim_between("checkpoint", since)
-    with tracker.step(1):
-        time.sleep(0.001)
-    tracker.close()
-    one = _records(sock)[1]
-    assert one.between_steps is not None
-    assert 50 * MS <= one.between_steps.checkpoint_us < 50 * MS + SLACK_US
-    assert one.gap_before_us is not None
-    assert one.between_steps.total_us() <= one.gap_before_us
 
 
 def test_a_closed_tracker_leaves_the_checkpoint_functions_alone(listener) -> None:

@@ -145,7 +145,6 @@ _attention_depth = 0
 dispatch, a dispatch mode) is timed by them, not again by :class:`_CompiledAttention`."""
 _saved: list[tuple[Any, str, Any]] = []
 """(owner, attribute, original) of every patch in place, for :func:`uninstall`."""
-_pipelining_patched = False
 
 
 _Tensor = torch.Tensor
@@ -944,24 +943,15 @@ def _phase_wrapper(orig: Any, phase: str) -> Any:
     return wrapper
 
 
-def patch_pipelining_if_loaded() -> None:
-    """Label pipeline stages' forward and backward chunks as phases, once ``torch.distributed.pipelining`` is loaded."""
-    global _pipelining_patched  # noqa: PLW0603 - one process-wide patch state
-    if _pipelining_patched:
-        return
-    module = sys.modules.get("torch.distributed.pipelining.stage")
-    if module is None:
-        return
+def _patch_pipelining(module: Any) -> None:
+    """Label pipeline stages' forward and backward chunks as phases (``torch.distributed.pipelining.stage``)."""
     base = getattr(module, "_PipelineStageBase", None)
-    if base is None:
-        return
-    _pipelining_patched = True
     for name, phase in (
         ("forward_maybe_with_nosync", "forward"),
         ("backward_maybe_with_nosync", "backward"),
         ("backward_weight_one_chunk", "backward"),
     ):
-        if hasattr(base, name):
+        if base is not None and hasattr(base, name):
             _set(base, name, _phase_wrapper(getattr(base, name), phase))
 
 
@@ -970,7 +960,6 @@ def patch_pipelining_if_loaded() -> None:
 CHECKPOINT_FUNCTIONS: Final = ("save", "async_save", "load", "save_state_dict", "load_state_dict")
 """``torch.distributed.checkpoint``'s saving and loading functions (``async_save``: its blocking part, the staging
 and planning it does before it returns its future)."""
-_checkpoint_patched = False
 
 
 def _checkpoint_wrapper(orig: Callable[..., Any]) -> Callable[..., Any]:
@@ -984,19 +973,31 @@ def _checkpoint_wrapper(orig: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
-def patch_checkpoints_if_loaded() -> None:
-    """Time ``torch.distributed.checkpoint``'s saves and loads as checkpoints, once that package is loaded."""
-    global _checkpoint_patched  # noqa: PLW0603 - one process-wide patch state
-    if _checkpoint_patched:
-        return
-    module = sys.modules.get("torch.distributed.checkpoint")
-    if module is None:
-        return
-    _checkpoint_patched = True
+def _patch_checkpoints(module: Any) -> None:
+    """Time ``torch.distributed.checkpoint``'s saves and loads as checkpoints."""
     for name in CHECKPOINT_FUNCTIONS:
         fn = module.__dict__.get(name)
         if callable(fn):
             _set(module, name, _checkpoint_wrapper(fn))
+
+
+_WHEN_LOADED: Final = {
+    "torch.distributed.pipelining.stage": _patch_pipelining,
+    "torch.distributed.checkpoint": _patch_checkpoints,
+}
+"""Patches of modules a script may import after the tracker started: put in place once each is loaded."""
+_patched_modules: set[str] = set()
+
+
+def patch_loaded_modules() -> None:
+    """Put the patches of :data:`_WHEN_LOADED` in place for the modules loaded by now (each once)."""
+    if len(_patched_modules) == len(_WHEN_LOADED):
+        return
+    for name, patch in _WHEN_LOADED.items():
+        module = sys.modules.get(name)
+        if module is not None and name not in _patched_modules:
+            _patched_modules.add(name)
+            patch(module)
 
 
 # ====================================================================== install / uninstall
@@ -1049,20 +1050,19 @@ def install(tracker: CaptureSink) -> None:
         _sdpa_wrapper(torch.nn.functional.scaled_dot_product_attention),
     )
     _set(torch, "save", _checkpoint_wrapper(torch.save))
-    patch_pipelining_if_loaded()
-    patch_checkpoints_if_loaded()
+    patch_loaded_modules()
     ACTIVE = tracker
 
 
 def uninstall() -> None:
     """Restore every original, in reverse order, and detach the tracker."""
-    global ACTIVE, _pipelining_patched, _checkpoint_patched  # noqa: PLW0603
+    global ACTIVE  # noqa: PLW0603
     ACTIVE = None
     while _saved:
         owner, name, original = _saved.pop()
         with contextlib.suppress(AttributeError, TypeError):
             setattr(owner, name, original)
-    _pipelining_patched = _checkpoint_patched = False
+    _patched_modules.clear()
 
 
 def installed() -> bool:

@@ -835,8 +835,7 @@ class Tracker:
             ops.take_identity()
         number, user_step = self._number(step)
         self._last_step = number
-        self._capture.patch_pipelining_if_loaded()
-        self._capture.patch_checkpoints_if_loaded()
+        self._capture.patch_loaded_modules()
         self._capture.reset_attention_depth()
         self._step_thread = threading.get_ident()
         ops.clock.on_step_start(self._steps_finished)
