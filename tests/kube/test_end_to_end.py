@@ -631,8 +631,8 @@ def _settled_top_cost(w: World, case: JobCase) -> dict[str, Any]:
     """The continuous tier's status once its ``topCost`` holds against the records (:func:`_check_top_cost`).
 
     Prometheus extrapolates each counter's ``rate()`` beyond its first sample by half a scrape interval, or only back
-    to where the counter would have been zero when that lies within 1.1 intervals (``extrapolatedRate``), at
-    ``sampled interval x first value / increase``: while a short job's series span one or two intervals, a share's
+    to where the counter would have been zero when that is nearer (``extrapolatedRate``: ``sampled interval x first
+    value / increase`` before the first sample): while a short job's series span one or two intervals, a share's
     numerator and denominator stretch differently (a 6-step gloo job read "exposed comm tp 32.6%" where the records'
     shares from any step on reached 27.7 %). After the job ended the counters stay flat and the sampled interval
     grows with every scrape, so both zero points fall out of reach and both stretch alike: the share settles on the
