@@ -386,9 +386,14 @@ def _direct_call(packet: Any) -> Any:
 
 def _issue(t: CaptureSink, call: Callable[..., Any], op: str, gather: bool, args: Any, kwargs: Any) -> Any:  # noqa: FBT001, PLR0917 - the hot path
     """Run a functional collective ``call(*args, **kwargs)`` (``op``; ``gather``: sized by its output) and report it."""
+    global _collective_depth  # noqa: PLW0603
     t0 = _perf_ns()
     m0 = t.device_mark(t0) if t.on_device else t0
-    out = call(*args, **kwargs)
+    _collective_depth += 1  # a dispatch that calls the op again inside is not recorded again
+    try:
+        out = call(*args, **kwargs)
+    finally:
+        _collective_depth -= 1
     try:
         if type(out) is not _Tensor and _traced(out):  # AOTAutograd compiling it: not a call of the job's
             return out
@@ -431,17 +436,12 @@ class _FunctionalOp:
         self._gather = gather
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        global _collective_depth  # noqa: PLW0603
         t = ACTIVE
         if t is None or _collective_depth:
             return self._call(*args, **kwargs)
         if _tracing():  # inside torch.compile: the packet itself, which Dynamo puts in the graph
             return self._packet(*args, **kwargs)
-        _collective_depth += 1
-        try:
-            return _issue(t, self._call, self._op, self._gather, args, kwargs)
-        finally:
-            _collective_depth -= 1
+        return _issue(t, self._call, self._op, self._gather, args, kwargs)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._packet, name)
@@ -495,15 +495,10 @@ class _CompiledCollective(_CompiledCall):
         self._gather = gather
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        global _collective_depth  # noqa: PLW0603
         t = ACTIVE
         if t is None or _collective_depth or _tracing() or _no_data(args[0] if args else kwargs.get("input")):
             return self._builtin(*args, **kwargs)
-        _collective_depth += 1
-        try:
-            return _issue(t, self._builtin, self._name, self._gather, args, kwargs)
-        finally:
-            _collective_depth -= 1
+        return _issue(t, self._builtin, self._name, self._gather, args, kwargs)
 
 
 class _CompiledWait(_CompiledCall):
