@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 STEPS, ACCUM, EVAL_STEPS, SAVE_STEPS = 6, 2, 2, 3
 
 
-def _trainer_job(rank: int, world: int, out: str, save_strategy: str) -> dict[str, object]:
+def _trainer_job(rank: int, world: int, out: str, save_strategy: str, *, compiled: bool) -> dict[str, object]:
     import torch  # noqa: PLC0415 - the forked rank's torch
     from torch.utils.data import Dataset  # noqa: PLC0415
     from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments  # noqa: PLC0415
@@ -63,6 +63,9 @@ def _trainer_job(rank: int, world: int, out: str, save_strategy: str) -> dict[st
         report_to=[],
         disable_tqdm=True,
         dataloader_num_workers=0,
+        # accelerate compiles the DDP-wrapped model (AOTAutograd without inductor: no C++ compiler needed)
+        torch_compile=compiled,
+        torch_compile_backend="aot_eager" if compiled else None,
     )
     trainer = Trainer(model=model, args=args, train_dataset=Tokens(64), eval_dataset=Tokens(8), callbacks=[callback])
     trainer.train()
@@ -72,12 +75,12 @@ def _trainer_job(rank: int, world: int, out: str, save_strategy: str) -> dict[st
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("save_strategy", ["steps", "best"])
+@pytest.mark.parametrize(("save_strategy", "compiled"), [("steps", False), ("best", False), ("steps", True)])
 def test_a_trainer_gives_one_record_per_optimizer_step_with_its_data_eval_and_checkpoints(
-    fork_job, tmp_path: Path, save_strategy: str
+    fork_job, tmp_path: Path, save_strategy: str, compiled: bool
 ) -> None:
     job = fork_job(
-        lambda rank, world: _trainer_job(rank, world, str(tmp_path / "trainer"), save_strategy),
+        lambda rank, world: _trainer_job(rank, world, str(tmp_path / "trainer"), save_strategy, compiled=compiled),
         2,
         init=False,  # the Trainer (accelerate) joins the process group itself
         timeout_s=180.0,
@@ -86,6 +89,7 @@ def test_a_trainer_gives_one_record_per_optimizer_step_with_its_data_eval_and_ch
     for result in job.results:
         assert result["counters"]["hook_errors"] == 0
         assert result["counters"]["uncaptured_ddp"] == 0
+        assert (result["counters"]["compiled_graphs"] > 0) == compiled
     table = read_table(job.records_path)
     by_rank = records_by_rank(table)
     assert sorted(by_rank) == [0, 1]
@@ -98,7 +102,8 @@ def test_a_trainer_gives_one_record_per_optimizer_step_with_its_data_eval_and_ch
             # one sync per optimizer step: the k-th micro-batch's all-reduce, on the world (dp) group
             reduces = {(str(iv.axis), str(iv.op), iv.group) for iv in rec.intervals if iv.axis}
             assert reduces == {("dp", "all_reduce", "dp:0")}, (rank, rec.step)
-            # the step's micro-batches' tokens, from each forward's input_ids (evaluation's forwards are not counted)
+            # the step's micro-batches' tokens, from each forward's input_ids (evaluation's forwards are not counted),
+            # also where the model's forward is compiled
             assert (rec.stats.tokens, rec.stats.sequences, rec.stats.longest_sequence) == (
                 ACCUM * 2 * 16,
                 ACCUM * 2,
@@ -128,6 +133,46 @@ def test_a_trainer_gives_one_record_per_optimizer_step_with_its_data_eval_and_ch
 
 
 # ---------------------------------------------------------------------------- the events, one rank, no Trainer
+
+
+@pytest.mark.parametrize("wrap", ["none", "torch.compile", "module.compile"])
+def test_tokens_are_counted_once_per_forward_however_the_model_is_compiled(listener, wrap: str) -> None:
+    """The Trainer calls ``torch.compile(model)`` (accelerate), or a model compiled in place: the model's own
+    forward pre-hook then runs inside the compiled call, traced once; the tokens are counted in front of it."""
+    import torch  # noqa: PLC0415
+
+    sock, path = listener
+    tracker = sdk.Tracker(sdk.TrackerSettings(collector=f"unix:{path}", job="hf", rank=0, world_size=1))
+    cb = MeshscopeCallback(tracker)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Embedding(64, 8), torch.nn.Linear(8, 64))
+    called = model
+    if wrap == "torch.compile":
+        called = torch.compile(model, backend="eager")
+    elif wrap == "module.compile":
+        model.compile(backend="eager")
+    args = SimpleNamespace(save_strategy="steps")
+    control = SimpleNamespace(should_log=False, should_evaluate=False, should_save=False)
+    state = SimpleNamespace(global_step=0)
+    cb.on_train_begin(args, state, control, model=model)
+    shapes = [[(2, 16), (2, 16)], [(3, 8), (2, 16)]]  # two micro-batches a step; the first step compiles
+    for step in shapes:
+        cb.on_step_begin(args, state, control)
+        for sequences, length in step:
+            called(torch.randint(0, 64, (sequences, length))).sum().backward()
+        state.global_step += 1
+        cb.on_step_end(args, state, control)
+    cb.on_train_end(args, state, control)
+    tracker.close()
+    assert tracker.counters().hook_errors == 0
+    assert (tracker.counters().compiled_graphs > 0) == (wrap != "none")
+    if wrap == "module.compile":  # the compiled call is the model's own again
+        assert getattr(model._compiled_call_impl, "__name__", "") != "counted"
+    records = listener_records(sock)
+    assert [(r.stats.tokens, r.stats.sequences, r.stats.longest_sequence) for r in records] == [
+        (sum(s * n for s, n in step), sum(s for s, _ in step), max(n for _, n in step)) for step in shapes
+    ]
+
 
 MS = 1000  # µs
 

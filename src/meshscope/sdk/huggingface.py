@@ -24,7 +24,8 @@ What each event becomes (``docs/sdk.md`` §1.6):
   as a ``tracker.data`` fetch is: that step starts where the fetch began and carries it as its ``data`` interval.
 - Every forward of the model inside a step (each micro-batch's): its ``input_ids`` shape is the step's data
   statistics (tokens, sequences, the longest sequence, padding included: a forward pre-hook registered at
-  ``on_train_begin``, removed at ``on_train_end``); evaluation's forwards are between steps and not counted.
+  ``on_train_begin``, removed at ``on_train_end``, on the model and on the wrapper the Trainer calls, which runs
+  outside ``torch.compile``'s graph); evaluation's forwards are between steps and not counted.
 
 It must never raise into the Trainer. It imports transformers (so :mod:`meshscope.sdk` itself never does).
 """
@@ -32,10 +33,12 @@ It must never raise into the Trainer. It imports transformers (so :mod:`meshscop
 from __future__ import annotations
 
 import logging
+import sys
 from typing import Any
 
 from transformers import TrainerCallback
 
+from meshscope.sdk.capture import compiling, live_instances
 from meshscope.sdk.tracker import NullTracker, Tracker
 from meshscope.sdk.trainers import HookPhases
 
@@ -63,8 +66,10 @@ class MeshscopeCallback(TrainerCallback, HookPhases):
         """What is left to happen before the next step, the first of them happening now."""
         self._since: tuple[int, tuple[int, int] | None, int] | None = None
         """Where the ``checkpoint?`` stage began (a real tracker only): a save, or the fetch, named when it ends."""
-        self._tokens_hook: Any = None
-        """The handle of the model's forward pre-hook that counts each micro-batch's tokens."""
+        self._tokens_hooks: list[Any] = []
+        """The handles of what counts each micro-batch's tokens: the model's forward pre-hook, and its caller's."""
+        self._counted: Any = None
+        """The token ids the model's caller counted last, until the model's own hook sees them (then not again)."""
 
     # ------------------------------------------------------------------ phases and stages
 
@@ -106,18 +111,49 @@ class MeshscopeCallback(TrainerCallback, HookPhases):
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:  # noqa: ANN401, ARG002
         """The first step's micro-batches are fetched next; each one's forward counts its tokens from now on."""
         model = kwargs.get("model")
-        if self.tracker.enabled and self._tokens_hook is None and model is not None:
+        if self.tracker.enabled and not self._tokens_hooks and model is not None:
             try:
-                self._tokens_hook = model.register_forward_pre_hook(self._before_forward, with_kwargs=True)
+                self._watch_tokens(model)
             except Exception as exc:  # noqa: BLE001 - never into the Trainer
                 log.warning("meshscope: tokens not counted: %r", exc)
         self._stages = [FETCH]
         self._start_stage()
 
+    def _watch_tokens(self, model: Any) -> None:  # noqa: ANN401 - the Trainer's model
+        """Count each forward's tokens: at the model, and where the Trainer's call enters compiled code.
+
+        A forward pre-hook runs inside whatever compiles the module's call: with ``torch_compile=True`` (or
+        accelerate's dynamo backend) the Trainer calls ``torch.compile``'s wrapper around the DDP-wrapped model, and
+        the model's hook is traced once into the graph (where it counts nothing) and never runs again. So the
+        outermost caller of the model (:func:`caller_of`) counts too, before its compiled code, and the model's own
+        hook skips what the caller counted; a caller compiled in place (``module.compile()``) counts in front of its
+        compiled call.
+        """
+        hooks = [model.register_forward_pre_hook(self._before_forward, with_kwargs=True)]
+        caller = caller_of(model)
+        if getattr(caller, "_compiled_call_impl", None) is not None:
+            hooks.append(_CountedCall(caller, self._before_call))
+        elif caller is not model:
+            hooks.append(caller.register_forward_pre_hook(self._before_call, with_kwargs=True))
+        self._tokens_hooks = hooks
+
+    def _before_call(self, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:  # noqa: ANN401, ARG002
+        """The Trainer calls the model through a wrapper: count this micro-batch here."""
+        if compiling():
+            return
+        ids = _token_ids(args, kwargs)
+        self._counted = ids
+        self._count_tokens(ids)
+
     def _before_forward(self, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:  # noqa: ANN401, ARG002
         """A forward of the model: a micro-batch's ``input_ids`` (a keyword, as the Trainer passes them, or first)."""
-        ids = kwargs.get("input_ids")
-        self._count_tokens(ids if ids is not None or not args else args[0])
+        if compiling():
+            return
+        ids = _token_ids(args, kwargs)
+        if ids is not None and ids is self._counted:  # its caller's hook counted it
+            self._counted = None
+            return
+        self._count_tokens(ids)
 
     def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:  # noqa: ANN401, ARG002
         """An optimizer step's first micro-batch: its step opens, numbered as the Trainer's ``global_step``."""
@@ -178,11 +214,77 @@ class MeshscopeCallback(TrainerCallback, HookPhases):
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:  # noqa: ANN401, ARG002
         """Training ended: no phase stays open, the last fetch is no step's, a step still open ends."""
-        hook, self._tokens_hook = self._tokens_hook, None
-        if hook is not None:
+        hooks, self._tokens_hooks, self._counted = self._tokens_hooks, [], None
+        for hook in hooks:
             hook.remove()
         self._leave()
         self._stages = []
         self._end_fetch(taken=False)
         if self.tracker.in_step:
             self.tracker.end_step()
+
+
+def _token_ids(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:  # noqa: ANN401 - whatever the Trainer passed
+    """A forward's token ids: its ``input_ids`` keyword (as the Trainer passes them), or its first argument."""
+    ids = kwargs.get("input_ids")
+    return ids if ids is not None or not args else args[0]
+
+
+def caller_of(model: Any) -> Any:  # noqa: ANN401 - a torch module
+    """The outermost live module whose call reaches ``model``, or ``model`` itself.
+
+    The wrappers followed: ``torch.compile(module)``'s ``OptimizedModule`` (its ``_orig_mod``), DDP and FSDP (their
+    ``module``), nested in any order (accelerate compiles the DDP-wrapped model). Found among live objects once, at
+    the start of training, after the Trainer prepared the model.
+    """
+    types: list[type] = []
+    if "torch._dynamo" in sys.modules:  # nothing was compiled before it was imported
+        from torch._dynamo.eval_frame import OptimizedModule  # noqa: PLC0415
+
+        types.append(OptimizedModule)
+    if "torch.nn.parallel" in sys.modules:
+        from torch.nn.parallel import DistributedDataParallel  # noqa: PLC0415
+
+        types.append(DistributedDataParallel)
+    if "torch.distributed.fsdp" in sys.modules:
+        from torch.distributed.fsdp import FullyShardedDataParallel  # noqa: PLC0415
+
+        types.append(FullyShardedDataParallel)
+    wrapper_of: dict[int, Any] = {}
+    for wrapper in live_instances(*types) if types else []:
+        inner = getattr(wrapper, "_orig_mod", None)
+        if inner is None:
+            inner = getattr(wrapper, "module", None)
+        if inner is not None:
+            wrapper_of[id(inner)] = wrapper
+    caller, seen = model, {id(model)}
+    while id(caller) in wrapper_of:
+        caller = wrapper_of[id(caller)]
+        if id(caller) in seen:
+            break
+        seen.add(id(caller))
+    return caller
+
+
+class _CountedCall:
+    """``before(module, args, kwargs)`` in front of a module's call compiled in place (``module.compile()``).
+
+    Exists because such a module's forward pre-hooks run inside its compiled call; its ``_compiled_call_impl`` (what
+    ``nn.Module.__call__`` calls instead of ``_call_impl``) is replaced on the instance until :meth:`remove`.
+    """
+
+    def __init__(self, module: Any, before: Any) -> None:  # noqa: ANN401
+        self.module = module
+        self.compiled = module._compiled_call_impl  # noqa: SLF001 - nn.Module.compile's own attribute
+
+        def counted(*args: Any, **kwargs: Any) -> Any:  # noqa: ANN401
+            before(module, args, kwargs)
+            return self.compiled(*args, **kwargs)
+
+        self.counted = counted
+        module._compiled_call_impl = counted  # noqa: SLF001
+
+    def remove(self) -> None:
+        """Put the compiled call back (unless something replaced it since)."""
+        if self.module._compiled_call_impl is self.counted:  # noqa: SLF001
+            self.module._compiled_call_impl = self.compiled  # noqa: SLF001
