@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
+import sys
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
@@ -33,6 +35,30 @@ def test_a_straggler_is_named_with_its_rank_and_cause(tiny_run: Callable[..., Ru
     assert top["suspects"][0]["rank"] == 5
     assert top["evidence"]["phase_is_compute"] == 1
     assert "rank 5 on node-1 is slow in compute" in run.out
+
+
+@pytest.mark.parametrize("slow", [0, 1])
+def test_a_slow_pipeline_stage_is_the_bubbles_suspect(tmp_path: Path, slow: int) -> None:
+    """Pipeline parallelism alone (pp=2 on 2 ranks): a stage has no peers to be a straggler against, and the other
+    stage's bubble is where its slowness shows. The bubble row names the slow stage's rank, whichever stage it is,
+    not the rank that waits the most (before: the waiting stage's rank, "spends ... in pipeline bubble")."""
+    from meshscope.local.bundled import data_root  # noqa: PLC0415
+
+    out = tmp_path / "out"
+    command = [
+        sys.executable, "-m", "meshscope", "run", "--nproc", "2", "--layout", "pp=2", "--out", str(out), "-q", "--",
+        sys.executable, str(data_root("examples") / "train_tiny.py"), "--steps", "5", "--emulate", "10",
+        "--straggler", f"{slow}:3",
+    ]  # fmt: skip
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    check_records_file(out / "records.jsonl", every_step=("optimizer",))
+    analysis = json.loads((out / "analysis.json").read_text(encoding="utf-8"))
+    (bubble,) = (r for r in analysis["rows"] if r["category"] == "bubble")
+    assert bubble["measured_median_seconds"] > 0
+    assert bubble["worst_rank"] == 1 - slow  # the rank that waits the most is the other one
+    assert bubble["suspect"]["rank"] == slow, bubble["suspect"]
+    assert f"wait for pipeline stage {slow}" in bubble["suspect"]["message"]
 
 
 def test_a_data_imbalance_is_named_with_a_rank_of_the_heavy_replica(tiny_run: Callable[..., Run]) -> None:

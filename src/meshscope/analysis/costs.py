@@ -655,6 +655,10 @@ def _suspect(rs: RankSteps, k: int, worst_index: int, worst_us: float) -> Suspec
         caused = _wait_suspect(rs, AXES.index(axis))
         if caused is not None:
             return caused
+    if category == BUBBLE:
+        slow_stage = _bubble_suspect(rs)
+        if slow_stage is not None:
+            return slow_stage
     median_us = float(np.median(rs.rank_mean_us[:, k]))
     axis_code = AXES.index(category.split(".")[1]) if category.startswith("comm.") else -1
     rank = int(rs.ranks[worst_index])
@@ -675,6 +679,43 @@ def _suspect(rs: RankSteps, k: int, worst_index: int, worst_us: float) -> Suspec
         node=node,
         group=rs.group_name(worst_index, axis_code) if axis_code >= 0 else None,
         message=message,
+    )
+
+
+def _bubble_suspect(rs: RankSteps) -> Suspect | None:
+    """The rank the other pipeline stages wait for, where one stage's own time stands out; else ``None``.
+
+    A stage idles in the bubble while its neighbours work: with even stages that is the schedule's fill and drain,
+    and the rank with the most bubble (the generic suspect) is only the one that waits the most. Where one stage takes
+    longer per step in its own time (:func:`own_time_us`: not waiting for others) than every other stage's slowest
+    rank by more than :data:`EVEN_SPREAD`, the others wait for it: its slowest rank is the suspect (a pipeline stage
+    has no peers to be a straggler against, so this is where a slow stage is named). A stage's time is its slowest
+    rank's: a stage waits for the last of its tensor-parallel ranks.
+    """
+    stage_of_rank = rs.coord_of_rank[:, AXES.index("pp")]
+    stages = np.unique(stage_of_rank)
+    if stages.size < 2:
+        return None
+    own = grouped_median(rs.rank_index, own_time_us(rs), rs.n_ranks)
+    slowest = np.array([own[stage_of_rank == s].max() for s in stages])
+    order = np.argsort(slowest)
+    top, runner_up = float(slowest[order[-1]]), float(slowest[order[-2]])
+    if top <= EVEN_SPREAD * runner_up:
+        return None
+    stage = int(stages[order[-1]])
+    members = np.flatnonzero(stage_of_rank == stage)
+    index = int(members[np.argmax(own[members])])
+    rest = float(np.median(np.delete(slowest, order[-1])))
+    rank, node = int(rs.ranks[index]), rs.node_name(index)
+    return Suspect(
+        rank=rank,
+        node=node,
+        group=rs.group_name(index, AXES.index("pp")),
+        message=(
+            f"the other stages wait for pipeline stage {stage}: rank {rank} on {node} takes "
+            f"{human_seconds(top / 1e6)} per step of its own time (not waiting for others), the other stages' "
+            f"slowest ranks {human_seconds(rest / 1e6)}"
+        ),
     )
 
 
