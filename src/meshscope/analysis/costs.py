@@ -777,7 +777,8 @@ class WaitCaused:
             once = f"; {'all' if share >= ALL_OF_IT else percent(share)} of it in step {step}"
         return (
             f"rank {self.rank} on {self.node} makes {whom} wait {human_seconds(self.per_member_seconds)} per step "
-            f"({human_seconds(self.total_seconds)} of {self.device} time over {self.waiting_ranks} waiting ranks"
+            f"({human_seconds(self.total_seconds)} of {self.device} time over {self.waiting_ranks} waiting "
+            f"rank{'' if self.waiting_ranks == 1 else 's'}"
             f"{through}{once})"
         )
 
