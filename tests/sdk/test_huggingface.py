@@ -132,6 +132,44 @@ def test_a_trainer_gives_one_record_per_optimizer_step_with_its_data_eval_and_ch
     assert sum(row.measured_p95_seconds for row in dp) > 0
 
 
+def _copying_ddp_job(rank: int, world: int) -> dict[str, object]:
+    """The callback's events around a DDP subclass that hands the model a copy of each batch (as a wrapper that
+    moves inputs to another device does); two micro-batches a step."""
+    import torch  # noqa: PLC0415
+    from torch.nn.parallel import DistributedDataParallel  # noqa: PLC0415
+
+    class CopyingDDP(DistributedDataParallel):
+        def forward(self, ids: torch.Tensor) -> torch.Tensor:
+            return super().forward(ids.clone())
+
+    cb = MeshscopeCallback()
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Embedding(64, 8), torch.nn.Linear(8, 64))
+    called = CopyingDDP(model)
+    args = SimpleNamespace(save_strategy="steps")
+    control = SimpleNamespace(should_log=False, should_evaluate=False, should_save=False)
+    state = SimpleNamespace(global_step=0)
+    cb.on_train_begin(args, state, control, model=model)
+    for _ in range(3):
+        cb.on_step_begin(args, state, control)
+        for _ in range(2):
+            called(torch.randint(0, 64, (2, 16))).sum().backward()
+        state.global_step += 1
+        cb.on_step_end(args, state, control)
+    cb.on_train_end(args, state, control)
+    counters = cb.tracker.counters().as_dict()
+    cb.tracker.close()
+    return {"counters": counters}
+
+
+@pytest.mark.slow
+def test_a_wrapper_that_copies_the_batch_still_counts_each_micro_batch_once(fork_job) -> None:
+    job = fork_job(_copying_ddp_job, 1)
+    assert job.results[0]["counters"]["hook_errors"] == 0
+    records = records_by_rank(read_table(job.records_path))[0]
+    assert [(r.stats.tokens, r.stats.sequences) for r in records] == [(64, 4)] * 3
+
+
 # ---------------------------------------------------------------------------- the events, one rank, no Trainer
 
 

@@ -68,8 +68,8 @@ class MeshscopeCallback(TrainerCallback, HookPhases):
         """Where the ``checkpoint?`` stage began (a real tracker only): a save, or the fetch, named when it ends."""
         self._tokens_hooks: list[Any] = []
         """The handles of what counts each micro-batch's tokens: the model's forward pre-hook, and its caller's."""
-        self._counted: Any = None
-        """The token ids the model's caller counted last, until the model's own hook sees them (then not again)."""
+        self._in_call = False
+        """Whether the model's caller is running a forward it counted (the model's own hook then counts nothing)."""
 
     # ------------------------------------------------------------------ phases and stages
 
@@ -126,34 +126,34 @@ class MeshscopeCallback(TrainerCallback, HookPhases):
         accelerate's dynamo backend) the Trainer calls ``torch.compile``'s wrapper around the DDP-wrapped model, and
         the model's hook is traced once into the graph (where it counts nothing) and never runs again. So the
         outermost caller of the model (:func:`caller_of`) counts too, before its compiled code, and the model's own
-        hook skips what the caller counted; a caller compiled in place (``module.compile()``) counts in front of its
-        compiled call.
+        hook counts nothing inside the caller's call (a wrapper may hand it a copy of the batch: one micro-batch
+        either way); a caller compiled in place (``module.compile()``) counts in front of its compiled call.
         """
         hooks = [model.register_forward_pre_hook(self._before_forward, with_kwargs=True)]
         caller = caller_of(model)
         if getattr(caller, "_compiled_call_impl", None) is not None:
-            hooks.append(_CountedCall(caller, self._before_call))
+            hooks.append(_CountedCall(caller, self._before_call, self._after_call))
         elif caller is not model:
             hooks.append(caller.register_forward_pre_hook(self._before_call, with_kwargs=True))
+            hooks.append(caller.register_forward_hook(self._after_call, always_call=True))
         self._tokens_hooks = hooks
 
     def _before_call(self, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:  # noqa: ANN401, ARG002
         """The Trainer calls the model through a wrapper: count this micro-batch here."""
         if compiling():
             return
-        ids = _token_ids(args, kwargs)
-        self._counted = ids
-        self._count_tokens(ids)
+        self._in_call = True
+        self._count_tokens(_token_ids(args, kwargs))
+
+    def _after_call(self, *_args: Any) -> None:  # noqa: ANN401 - a forward hook's (module, args, output)
+        """The wrapper's forward returned (or raised)."""
+        self._in_call = False
 
     def _before_forward(self, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:  # noqa: ANN401, ARG002
         """A forward of the model: a micro-batch's ``input_ids`` (a keyword, as the Trainer passes them, or first)."""
-        if compiling():
+        if compiling() or self._in_call:  # inside its caller's call: counted there
             return
-        ids = _token_ids(args, kwargs)
-        if ids is not None and ids is self._counted:  # its caller's hook counted it
-            self._counted = None
-            return
-        self._count_tokens(ids)
+        self._count_tokens(_token_ids(args, kwargs))
 
     def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:  # noqa: ANN401, ARG002
         """An optimizer step's first micro-batch: its step opens, numbered as the Trainer's ``global_step``."""
@@ -214,7 +214,7 @@ class MeshscopeCallback(TrainerCallback, HookPhases):
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:  # noqa: ANN401, ARG002
         """Training ended: no phase stays open, the last fetch is no step's, a step still open ends."""
-        hooks, self._tokens_hooks, self._counted = self._tokens_hooks, [], None
+        hooks, self._tokens_hooks, self._in_call = self._tokens_hooks, [], False
         for hook in hooks:
             hook.remove()
         self._leave()
@@ -267,19 +267,22 @@ def caller_of(model: Any) -> Any:  # noqa: ANN401 - a torch module
 
 
 class _CountedCall:
-    """``before(module, args, kwargs)`` in front of a module's call compiled in place (``module.compile()``).
+    """``before(module, args, kwargs)`` and ``after()`` around a module's call compiled in place (``module.compile()``).
 
     Exists because such a module's forward pre-hooks run inside its compiled call; its ``_compiled_call_impl`` (what
     ``nn.Module.__call__`` calls instead of ``_call_impl``) is replaced on the instance until :meth:`remove`.
     """
 
-    def __init__(self, module: Any, before: Any) -> None:  # noqa: ANN401
+    def __init__(self, module: Any, before: Any, after: Any) -> None:  # noqa: ANN401
         self.module = module
         self.compiled = module._compiled_call_impl  # noqa: SLF001 - nn.Module.compile's own attribute
 
         def counted(*args: Any, **kwargs: Any) -> Any:  # noqa: ANN401
             before(module, args, kwargs)
-            return self.compiled(*args, **kwargs)
+            try:
+                return self.compiled(*args, **kwargs)
+            finally:
+                after()
 
         self.counted = counted
         module._compiled_call_impl = counted  # noqa: SLF001
