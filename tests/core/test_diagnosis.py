@@ -948,6 +948,26 @@ def test_a_clean_pipeline_computing_off_plan_expects_its_own_bubble(efficiency: 
         assert bubble.measured_median_seconds >= 1.5 * as_planned
 
 
+def test_a_pipelines_expected_bubble_follows_the_waits_inside_its_passes() -> None:
+    # Tensor-parallel ranks of a stage that compute with noise (shared cores: no straggler) wait for each other inside
+    # every pass; the neighbour stages wait for the stage's last rank, so the bubble grows with those waits. Expected
+    # from compute and transfers alone, the simulated bubble ran 1.10-1.16x the expectation at this noise, and more
+    # with more of it (1.0-1.04x at sigma 0.1): on the real demo beside two spinners that reached 1.51x, a false
+    # bubble-above-plan. With the waits in the passes it stays at the closed form's reach.
+    spec = load_spec_text(PIPELINE_SPEC.replace("{pp: 4, dp: 2}", "{pp: 4, tp: 2}").replace("16}", "8}"))
+    plan = plan_job(spec)
+    ratios = []
+    for seed in range(6):
+        analysis = analyze(simulate(spec, steps=8, seed=seed, faults=[Noise(sigma=0.4)]).table, spec=spec, plan=plan)
+        assert all(f.code != "bubble-above-plan" for f in analysis.findings)
+        bubble = next(r for r in analysis.rows if r.category == "bubble")
+        tp_wait = next(r for r in analysis.rows if r.category == "comm.tp.sync_wait")
+        assert tp_wait.share_of_step >= 0.05  # the case is exercised: the ranks of a stage wait for each other
+        assert bubble.expected_seconds is not None
+        ratios.append(bubble.measured_median_seconds / bubble.expected_seconds)
+    assert float(np.median(ratios)) <= 1.03, ratios
+
+
 def test_a_bubble_beyond_the_schedule_is_found_at_any_compute_speed() -> None:
     # The job ran 4 micro-batches per step where its spec says 16: its bubble is (pp - 1)/4 of its compute, four
     # times what the spec's schedule allows on that same compute, however fast the job computes.

@@ -526,7 +526,7 @@ class PipelineExpectation:
         return (
             f"the plan's bubble fraction {plan.bubble_fraction:.3g} ÷ (pp - 1) x the measured passes of the stages "
             f"the slowest waits on (compute {self.compute_scale:.2f}x the plan's, plus their exposed tp/cp/ep "
-            f"transfers), plus each stage's measured wait for the slowest stage; the "
+            f"transfers and waits), plus each stage's measured wait for the slowest stage; the "
             f"plan alone expects {human_seconds(self.planned_bubble_seconds)}"
         )
 
@@ -539,10 +539,14 @@ def expected_pipeline(rs: RankSteps, plan: Plan | None) -> PipelineExpectation |
     stage = np.clip(rs.breakdown.table.steps.coord[:, AXES.index("pp")], 0, n_stages - 1).astype(np.int64)
     key = rs.step_index.astype(np.int64) * n_stages + stage
     n_groups = rs.n_steps * n_stages
-    # A micro-batch's pass is its compute plus the exposed transfers inside it (tensor, context and expert parallel:
-    # on the pipeline's critical path); the bubble scales with the pass, not with compute alone. Their sync wait is
-    # left out: a straggler or an imbalance causes it, and those are found as themselves.
-    in_pass = sum(rs.us(comm_category(a, TRANSFER)) for a in ("tp", "cp", "ep"))
+    # A micro-batch's pass is its compute plus the exposed communication inside it (tensor, context and expert
+    # parallel: on the pipeline's critical path), transfer and sync wait: the bubble scales with the pass as the
+    # neighbour stages see it, not with compute alone. The sync wait counts too: a stage's pass ends when the last of
+    # its ranks is done, and on shared cores the ranks of a stage wait for each other with no straggler (the demo
+    # beside two spinning processes: 73 ms of tp sync wait a rank-step, and pipeline waiting 1.51x what the passes
+    # without it implied, a false finding in 1 of 6 runs). A straggler or an imbalance that causes such waits is
+    # found as itself, and its delay explains the bubble it adds (diagnosis._bubble).
+    in_pass = sum(rs.us(comm_category(a, kind)) for a in ("tp", "cp", "ep") for kind in (TRANSFER, SYNC_WAIT))
     compute = rs.us(COMPUTE)
     busy = compute + in_pass + rs.us(OPTIMIZER)
     passes = grouped_median(key, compute + in_pass, n_groups).reshape(rs.n_steps, n_stages)

@@ -1349,8 +1349,8 @@ def _bubble(ctx: _Context, *, plan: Plan | None, explained_seconds: float) -> li
     Pipeline waiting is the bubble plus the exposed pp transfer: where the planner's overlap model and the
     breakdown's bytes/bandwidth split draw the line between them differently, their sum still compares. The
     expectation is like for like (:func:`~meshscope.analysis.costs.expected_pipeline`): the plan's bubble fraction
-    ÷ (pp - 1) times the measured passes (compute and in-pass tp/cp/ep transfers) of the stages the slowest one
-    waits on, plus each stage's measured wait for the slowest stage, plus the plan's exposed pp transfer; a job
+    ÷ (pp - 1) times the measured passes (compute and in-pass tp/cp/ep transfers and waits) of the stages the slowest
+    one waits on, plus each stage's measured wait for the slowest stage, plus the plan's exposed pp transfer; a job
     computing 1.4x slower than planned expects a 1.4x longer bubble, not a finding. A bubble that root causes found
     here (stragglers, imbalance, slow links, a starved loader, checkpoint stalls) can explain — at most twice the
     delay they cause (:func:`_delay_seconds`) — is their symptom and not reported again.
