@@ -129,14 +129,14 @@ class MeshscopeCallback(TrainerCallback, HookPhases):
         hook counts nothing inside the caller's call (a wrapper may hand it a copy of the batch: one micro-batch
         either way); a caller compiled in place (``module.compile()``) counts in front of its compiled call.
         """
-        hooks = [model.register_forward_pre_hook(self._before_forward, with_kwargs=True)]
+        hooks = self._tokens_hooks  # each kept as soon as it is in place: removed at the end even if a later one fails
+        hooks.append(model.register_forward_pre_hook(self._before_forward, with_kwargs=True))
         caller = caller_of(model)
         if getattr(caller, "_compiled_call_impl", None) is not None:
             hooks.append(_CountedCall(caller, self._before_call, self._after_call))
         elif caller is not model:
             hooks.append(caller.register_forward_pre_hook(self._before_call, with_kwargs=True))
             hooks.append(caller.register_forward_hook(self._after_call, always_call=True))
-        self._tokens_hooks = hooks
 
     def _before_call(self, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:  # noqa: ANN401, ARG002
         """The Trainer calls the model through a wrapper: count this micro-batch here."""
