@@ -398,6 +398,54 @@ def _ddp_windows_job(rank: int, world: int) -> dict[str, object]:
     return {"entered": entered, "marks": marks, "counters": counters}
 
 
+def _zero_job(rank: int, world: int) -> dict[str, object]:
+    from torch.distributed.optim import ZeroRedundancyOptimizer  # noqa: PLC0415
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 96), nn.GELU(), nn.Linear(96, 32))
+    ddp = DDP(model)
+    tracker = sdk.tracker_from_env()  # after the wrap, as PyTorch's ZeRO recipe builds its model first
+    optimizer = ZeroRedundancyOptimizer(ddp.parameters(), optimizer_class=torch.optim.AdamW, lr=1e-3)
+    x = torch.full((4, 64), float(rank + 1))
+    for step in range(3):
+        with tracker.step(step):
+            with tracker.phase("forward"):
+                loss = ddp(x).square().mean()
+            with tracker.phase("backward"):
+                loss.backward()
+            with tracker.phase("optimizer"):
+                optimizer.step()  # each rank steps its shard, then broadcasts it to the others
+                optimizer.zero_grad()
+    counters = tracker.counters().as_dict()
+    tracker.close()
+    return {"counters": counters, "param_bytes": [p.nbytes for p in model.parameters()]}
+
+
+@pytest.mark.slow
+def test_zero_redundancy_optimizers_parameter_broadcasts_are_dp_traffic_inside_its_step(fork_job) -> None:
+    # DDP with torch.distributed.optim.ZeroRedundancyOptimizer (ZeRO-1): gradients all-reduced in backward, then in
+    # optimizer.step() each parameter broadcast from the rank that owns its optimizer state. Those broadcasts are the
+    # dp group's traffic, with each parameter's bytes, inside the optimizer phase: not optimizer compute.
+    job = fork_job(_zero_job, 2, env={"MESHSCOPE_LAYOUT": "dp=2"}, every_step=("optimizer", "comm"))
+    param_bytes = sorted(job.results[0]["param_bytes"])
+    for result in job.results:
+        assert result["counters"]["hook_errors"] == 0
+        assert result["counters"]["unattributed_ops"] == 0
+    records = read_lines(job.records_path)
+    assert len(records) == 6
+    for rec in records:
+        comm = [iv for iv in rec["intervals"] if iv["kind"] == "comm"]
+        assert {(iv["axis"], iv["group"]) for iv in comm} == {("dp", "dp:0")}
+        broadcasts = [iv for iv in comm if iv["op"] == "broadcast"]
+        assert sorted(iv["bytes"] for iv in broadcasts) == param_bytes, rec["rank"]
+        assert sum(iv["bytes"] for iv in comm if iv["op"] == "all_reduce") == sum(param_bytes)
+        optimizer = [iv for iv in rec["intervals"] if iv["kind"] == "optimizer"]
+        backward_end = max(iv["end_us"] for iv in comm if iv["op"] == "all_reduce")
+        for iv in broadcasts:  # issued by the optimizer step, after the gradients were reduced
+            assert min(o["start_us"] for o in optimizer) <= iv["start_us"]
+            assert iv["start_us"] >= backward_end
+
+
 @pytest.mark.slow
 def test_ddp_windows_start_at_the_bucket_issue_and_end_before_backward_returns(fork_job) -> None:
     job = fork_job(_ddp_windows_job, 2, env={"MESHSCOPE_LAYOUT": "dp=2"}, every_step=("optimizer",))
