@@ -40,7 +40,7 @@ from meshscope.records import (
     StepRecord,
     read_records,
 )
-from meshscope.simulation import Noise, simulate
+from meshscope.simulation import Noise, Straggler, simulate
 from meshscope.topology.layout import AXES, ParallelLayout, RankCoord
 
 DATA = Path(__file__).resolve().parent.parent / "data"
@@ -985,6 +985,58 @@ def test_a_pipelines_expected_bubble_follows_the_waits_inside_its_passes() -> No
         assert bubble.expected_seconds is not None
         ratios.append(bubble.measured_median_seconds / bubble.expected_seconds)
     assert float(np.median(ratios)) <= 1.03, ratios
+
+
+def _stage_ranks(spec_text: str, stage: int) -> list[int]:
+    spec = load_spec_text(spec_text)
+    return [r for r in range(spec.world_size) if spec.layout.coord(r).pp == stage]
+
+
+@pytest.mark.parametrize("stage", [0, 2, 3])
+def test_a_whole_pipeline_stage_computing_slower_is_named_with_what_the_others_wait(stage: int) -> None:
+    # Both data-parallel ranks of one stage compute 2x as long (a stage on slower GPUs, or given too many layers):
+    # half of their stage, so no straggler; the other stages wait for it in their bubble. The plan's stages differ
+    # (the first holds the embedding, the last the output layer and the loss): paced against what the plan expects
+    # of each, whichever stage it is.
+    spec = load_spec_text(PIPELINE_SPEC)
+    slow = _stage_ranks(PIPELINE_SPEC, stage)
+    result = simulate(spec, steps=8, seed=2, faults=[Noise(sigma=0.03), *(Straggler(rank=r, factor=2.0) for r in slow)])
+    analysis = analyze(result.table, spec=spec)
+    assert [f.code for f in analysis.findings] == ["slow-pipeline-stage"], [f.message for f in analysis.findings]
+    f = analysis.findings[0]
+    assert f.evidence["stage"] == stage
+    assert f.suspects[0].rank in slow
+    assert f.evidence["planned"] == 1
+    assert 1.7 <= f.evidence["pace_ratio"] <= 2.2  # its compute 2x, its exposed communication and optimizer as before
+    # what it costs: its own time beyond what it would take at the next stage's pace, or beyond the slowest other
+    # stage's (the pipeline would then wait for that one)
+    plan = plan_job(spec)
+    planned = [stage_expected(plan, s)["compute"] + stage_expected(plan, s)["optimizer"] for s in range(4)]
+    at_their_pace = f.evidence["next_stage_own_seconds"] * planned[stage] / planned[f.evidence["next_stage"]]
+    slowest_other = max(f.evidence["next_stage_own_seconds"], at_their_pace)
+    assert f.cost_seconds_per_step <= f.evidence["own_seconds"] - slowest_other + 1e-9
+    assert f.cost_seconds_per_step >= 0.3 * f.evidence["own_seconds"]  # about half of a stage computing 2x as long
+    bubble = next(r for r in analysis.rows if r.category == "bubble")
+    assert bubble.suspect is not None
+    assert bubble.suspect.rank in slow  # the table agrees on whom the others wait for
+
+
+def test_a_straggler_in_a_pipeline_stage_is_named_as_itself_not_as_its_stage() -> None:
+    # One rank of a stage computing 2x as long makes its stage's pass late as well: the straggler finding names it,
+    # and the stage is not named again for the same delay.
+    spec = load_spec_text(PIPELINE_SPEC.replace("{pp: 4, dp: 2}", "{pp: 2, dp: 4}"))
+    rank = _stage_ranks(PIPELINE_SPEC.replace("{pp: 4, dp: 2}", "{pp: 2, dp: 4}"), 1)[0]
+    result = simulate(spec, steps=8, seed=2, faults=[Noise(sigma=0.03), Straggler(rank=rank, factor=2.0)])
+    codes = [f.code for f in analyze(result.table, spec=spec).findings]
+    assert "straggler" in codes
+    assert "slow-pipeline-stage" not in codes
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_clean_pipeline_with_noise_names_no_stage(seed: int) -> None:
+    spec = load_spec_text(PIPELINE_SPEC)
+    result = simulate(spec, steps=8, seed=seed, faults=[Noise(sigma=0.4)])
+    assert [f.message for f in analyze(result.table, spec=spec).findings] == []
 
 
 def test_a_bubble_beyond_the_schedule_is_found_at_any_compute_speed() -> None:

@@ -41,7 +41,8 @@ def test_a_straggler_is_named_with_its_rank_and_cause(tiny_run: Callable[..., Ru
 def test_a_slow_pipeline_stage_is_the_bubbles_suspect(tmp_path: Path, slow: int) -> None:
     """Pipeline parallelism alone (pp=2 on 2 ranks): a stage has no peers to be a straggler against, and the other
     stage's bubble is where its slowness shows. The bubble row names the slow stage's rank, whichever stage it is,
-    not the rank that waits the most (before: the waiting stage's rank, "spends ... in pipeline bubble")."""
+    not the rank that waits the most (before: the waiting stage's rank, "spends ... in pipeline bubble"), and the
+    slow-pipeline-stage finding names the stage."""
     from meshscope.local.bundled import data_root  # noqa: PLC0415
 
     out = tmp_path / "out"
@@ -59,6 +60,16 @@ def test_a_slow_pipeline_stage_is_the_bubbles_suspect(tmp_path: Path, slow: int)
     assert bubble["worst_rank"] == 1 - slow  # the rank that waits the most is the other one
     assert bubble["suspect"]["rank"] == slow, bubble["suspect"]
     assert f"wait for pipeline stage {slow}" in bubble["suspect"]["message"]
+    # and a finding says so: the stage, its rank, and what the other stage waits (before: no finding at all)
+    assert [f["code"] for f in analysis["findings"]] == ["slow-pipeline-stage"], analysis["findings"]
+    (f,) = analysis["findings"]
+    assert f["evidence"]["stage"] == slow
+    assert [s["rank"] for s in f["suspects"]] == [slow]
+    assert f["evidence"]["planned"] == 1  # paced against the plan of the script's own description
+    assert f["evidence"]["pace_ratio"] >= 1.5
+    assert (
+        0 < f["evidence"]["cost_seconds_per_step"] <= bubble["worst_seconds"]
+    )  # the waiting stage's bubble carries it
 
 
 def test_a_data_imbalance_is_named_with_a_rank_of_the_heavy_replica(tiny_run: Callable[..., Run]) -> None:

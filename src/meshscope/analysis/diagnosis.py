@@ -52,6 +52,7 @@ from meshscope.analysis.costs import (
     measure_transfers,
     own_time_us,
     place_of_rows,
+    stage_expected,
     wait_caused,
 )
 from meshscope.analysis.grouping import distinct, median_of_others
@@ -150,6 +151,13 @@ IMBALANCE_MIN_EXCESS = 0.05
 """A rank-step of an imbalance computes at least this much longer than its stage peers in that step."""
 PLACEMENT_MIN_SHARE = 0.03
 """Exposed transfer of an axis whose groups cross NVLink domains, as a share of the step."""
+SLOW_STAGE_RATIO = 1.5
+"""A pipeline stage is slow when its work per step (:data:`STAGE_WORK` of its slowest rank: a stage's pass ends with
+its last rank) is at least this x the next slowest stage's, each over what the plan expects of it (with no plan,
+over each other): clean runs of the demo's pipeline came to at most 1.10 x (1.37 x raw: its last stage computes the
+output layer and the loss), where one stage computing 3x as long came to 2.7 x."""
+SLOW_STAGE_MIN_SHARE = 0.05
+"""... and the other stages' wait for it costs at least this share of the step."""
 BUBBLE_MIN_RATIO = 1.5
 """Measured bubble at least this x the plan's ..."""
 BUBBLE_MIN_SHARE = 0.03
@@ -255,6 +263,7 @@ def diagnose(
     findings += _placement(ctx, plan=plan, spec=spec, transfers=transfers)
     findings += _data_starved(ctx)
     findings += _checkpoint(ctx)
+    findings += _slow_stage(ctx, plan=plan, stragglers=findings)
     # last: a pipeline waits for every root cause above (a checkpoint on one stage holds up the others' receives)
     findings += _bubble(ctx, plan=plan, explained_seconds=sum(_delay_seconds(f) for f in findings))
     clause = ctx.contention_clause()
@@ -1357,6 +1366,89 @@ def _delay_seconds(finding: Finding) -> float:
     """
     excess = finding.evidence.get("excess_seconds") or finding.evidence.get("compute_excess_seconds_per_step") or 0.0
     return max(finding.cost_seconds_per_step, float(excess))
+
+
+STAGE_WORK = (COMPUTE, OPTIMIZER, OTHER)
+"""What a pipeline stage's ranks do themselves, compared between stages (:func:`_slow_stage`): their transfers, data
+loading and checkpoints have findings of their own (a slow link, a network crossing only one stage's groups, a
+loader that only the first stage waits for, a checkpoint only some ranks write)."""
+
+
+def _slow_stage(ctx: _Context, *, plan: Plan | None, stragglers: Sequence[Finding]) -> list[Finding]:
+    """A pipeline stage slower than the others as a whole, which they wait for in their bubble.
+
+    A stage's time is its slowest rank's :data:`STAGE_WORK` per step (median over steps): a stage's pass ends with
+    its last rank. Its pace is that over what the plan expects of the stage's work (the stages' layers, embedding and
+    output differ), or, without a plan, the time itself. The slowest stage by pace is named where it is
+    :data:`SLOW_STAGE_RATIO` x the next, and what it costs, its time beyond what it would take at the next stage's
+    pace or beyond the slowest other stage's time (the pipeline would then wait for that one), is
+    :data:`SLOW_STAGE_MIN_SHARE` of the step and the run's jitter. With pipeline parallelism alone a stage has no
+    peers to be a straggler against: before, a rank computing 3x as long on a pp=2 run was named by no finding.
+    Where a straggler finding already names one of the stage's ranks, the stage is slow through that rank.
+    """
+    rs = ctx.rs
+    stage_of_rank = rs.coord_of_rank[:, AXES.index("pp")]
+    stages = np.unique(stage_of_rank[stage_of_rank >= 0])
+    if stages.size < 2:
+        return []
+    work = rs.us(COMPUTE) + rs.us(OPTIMIZER) + rs.us(OTHER)  # STAGE_WORK
+    own = grouped_median(rs.rank_index, work, rs.n_ranks)
+    members = [np.flatnonzero(stage_of_rank == s) for s in stages.tolist()]
+    measured = np.array([own[m].max() for m in members])
+    expected, planned = np.ones(stages.size), False
+    if plan is not None and len(plan.stages) == int(stages.max()) + 1:
+        per_stage = np.array([sum(stage_expected(plan, s).get(c) or 0.0 for c in STAGE_WORK) for s in stages.tolist()])
+        if bool((per_stage > 0).all()):
+            expected, planned = per_stage * 1e6, True
+    pace = measured / expected
+    order = np.argsort(pace)
+    top, runner = int(order[-1]), int(order[-2])
+    if not pace[runner] > 0 or pace[top] < SLOW_STAGE_RATIO * pace[runner]:
+        return []
+    named = {s.rank for f in stragglers if f.code == "straggler" for s in f.suspects}
+    if any(int(rs.ranks[i]) in named for i in members[top].tolist()):
+        return []
+    # What the step would lose with the stage at the next one's pace: the pipeline then waits for whichever stage is
+    # slowest of the rest, or for this one at that pace.
+    others = np.delete(measured, top)
+    cost_us = float(measured[top] - max(pace[runner] * expected[top], float(others.max())))
+    share = ctx.share(cost_us / 1e6)
+    if share < SLOW_STAGE_MIN_SHARE or cost_us < STEP_JITTER_SIGMAS * ctx.step_jitter_us:
+        return []
+    stage, other = int(stages[top]), int(stages[runner])
+    worst = int(members[top][np.argmax(own[members[top]])])
+    ratio = float(pace[top] / pace[runner])
+    basis = (
+        "what the plan expects of each" if planned else "each other (no plan to say how uneven the stages should be)"
+    )
+    message = (
+        f"pipeline stage {stage} is slower than the other stages, which wait for it: {ctx.where(worst)} takes "
+        f"{human_seconds(float(measured[top]) / 1e6)} per step in compute, optimizer and host work against "
+        f"{human_seconds(float(measured[runner]) / 1e6)} on stage {other}'s slowest rank, {ratio:.2f}x over {basis}; "
+        f"the other stages wait about {human_seconds(cost_us / 1e6)} per step for it ({percent(share)} of the step): "
+        f"look at stage {stage}'s ranks, or move layers off it (Megatron-LM: --decoder-first-pipeline-num-layers / "
+        "--decoder-last-pipeline-num-layers; torch.distributed.pipelining: the split points)"
+    )
+    return [
+        Finding(
+            code="slow-pipeline-stage",
+            severity=severity_for(share),
+            message=message,
+            evidence={
+                "stage": stage,
+                "rank": int(rs.ranks[worst]),
+                "own_seconds": float(measured[top]) / 1e6,
+                "next_stage": other,
+                "next_stage_own_seconds": float(measured[runner]) / 1e6,
+                "pace_ratio": ratio,
+                "planned": int(planned),
+                "cost_seconds_per_step": cost_us / 1e6,
+                "share_of_step": share,
+            },
+            suspects=(ctx.suspect(worst, group=rs.group_name(worst, AXES.index("pp"))),),
+            cost_seconds_per_step=cost_us / 1e6,
+        )
+    ]
 
 
 def _bubble(ctx: _Context, *, plan: Plan | None, explained_seconds: float) -> list[Finding]:
