@@ -154,8 +154,9 @@ PLACEMENT_MIN_SHARE = 0.03
 SLOW_STAGE_RATIO = 1.5
 """A pipeline stage is slow when its work per step (:data:`STAGE_WORK` of its slowest rank: a stage's pass ends with
 its last rank) is at least this x the next slowest stage's, each over what the plan expects of it (with no plan,
-over each other): clean runs of the demo's pipeline came to at most 1.10 x (1.37 x raw: its last stage computes the
-output layer and the loss), where one stage computing 3x as long came to 2.7 x."""
+over each other). The demo's pipeline in 25 runs of ``tests/e2e_local`` with no slow stage, beside two spinning
+processes came to 1.00-1.15 x (1.17-1.39 x raw: its last stage computes the output layer and the loss); one rank of a
+pp=2 run computing 3x as long to 2.7 x."""
 SLOW_STAGE_MIN_SHARE = 0.05
 """... and the other stages' wait for it costs at least this share of the step."""
 BUBBLE_MIN_RATIO = 1.5
