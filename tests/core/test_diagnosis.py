@@ -426,42 +426,37 @@ def test_a_rank_busy_on_its_cpu_beside_a_peer_waiting_for_one_is_named() -> None
     assert analyze(RecordTable.from_records(blind, notes=records.notes), one_clock=True).findings == ()
 
 
-def test_a_rank_slow_every_fifth_step_is_named_beside_the_charge_noise_gives_every_rank() -> None:
-    # A real 4-rank FSDP2 run beside two burners (tests/data/periodic_fsdp2_burner): rank 3 sleeps 40 ms outside its
-    # phases every fifth step, 8 ms a step amortised. The table charges it 15.7 ms a step per waiting rank, about a
-    # third of which every rank of the stage is charged when noise makes it last; its phases need explain only the
-    # rest. Taken whole, the charge was more than twice what its slow steps explain: no finding.
-    result = _analysed_as_meshscope_run_does("periodic_fsdp2_burner")
+@pytest.mark.parametrize(
+    ("name", "rank", "slow_steps", "phase_seconds"),
+    [
+        # A real 4-rank FSDP2 run beside two burners: rank 3 sleeps 40 ms outside its phases every fifth step, 8 ms a
+        # step amortised. The table charges it 15.7 ms a step per waiting rank, about a third of which every rank of
+        # the stage is charged when noise makes it last; its phases need explain only the rest. 12 of the 59
+        # analysed steps are paused.
+        ("periodic_fsdp2_burner", 3, (9, 14), 0.040),
+        # A real 2-rank FSDP2 run beside two spinning processes: rank 1 sleeps 40 ms every fifth step (6.8 ms a step
+        # amortised) and runs ~30 % slower on its CPU than rank 0 in every step (its core's share of the spinners:
+        # the host's). The table charges it 16.2 ms a step, about 6 ms of it what the host took; its pauses need
+        # explain only the rest. 20 of the 99 analysed steps are paused; 40 ms less what the host took of them.
+        ("periodic_fsdp2_slower_core", 1, (18, 22), 0.034),
+    ],
+)
+def test_a_rank_slow_every_fifth_step_is_named_for_its_own_share_of_the_charge(
+    name: str, rank: int, slow_steps: tuple[int, int], phase_seconds: float
+) -> None:
+    # Taken whole, the charge was more than twice what its slow steps explain: no finding (tests/data/NAME/README.md).
+    result = _analysed_as_meshscope_run_does(name)
     f = only(result.findings, "straggler")
-    assert [s.rank for s in f.suspects] == [3]
+    assert [s.rank for s in f.suspects] == [rank]
     assert f.evidence["phase_is_other"] == 1
-    assert 9 <= f.evidence["steps_slow"] <= 14  # 12 of the 59 analysed steps are paused
-    assert f.evidence["phase_seconds"] == pytest.approx(0.040, rel=0.1)
+    assert slow_steps[0] <= f.evidence["steps_slow"] <= slow_steps[1]
+    assert f.evidence["phase_seconds"] == pytest.approx(phase_seconds, rel=0.15)
     row = next(r for r in result.rows if r.category == "comm.dp.sync_wait")
     assert row.suspect is not None
-    assert row.suspect.rank == 3
+    assert row.suspect.rank == rank
     assert f.evidence["cost_seconds_per_step"] == f.evidence["wait_per_member_seconds_per_step"]
     explained = f.evidence["excess_seconds"]
     assert explained < STRAGGLER_EXPLAINS * f.evidence["cost_seconds_per_step"]  # the old rule's refusal
-
-
-def test_a_rank_slow_every_fifth_step_on_a_slower_core_is_named_for_its_own_share_of_the_charge() -> None:
-    # A real 2-rank FSDP2 run beside two spinning processes (tests/data/periodic_fsdp2_slower_core): rank 1 sleeps
-    # 40 ms outside its phases every fifth step (6.8 ms a step amortised) and runs ~30 % slower on its CPU than rank 0
-    # in every step (its core's share of the spinners: the host's). The table charges it 16.2 ms a step, about 6 ms of
-    # it what the host took; its pauses need explain only the rest. Taken whole, the charge was more than twice what
-    # its slow steps explain: no finding.
-    result = _analysed_as_meshscope_run_does("periodic_fsdp2_slower_core")
-    f = only(result.findings, "straggler")
-    assert [s.rank for s in f.suspects] == [1]
-    assert f.evidence["phase_is_other"] == 1
-    assert 18 <= f.evidence["steps_slow"] <= 22  # 20 of the 99 analysed steps are paused
-    assert f.evidence["phase_seconds"] == pytest.approx(0.034, rel=0.15)  # 40 ms less what the host took of it
-    row = next(r for r in result.rows if r.category == "comm.dp.sync_wait")
-    assert row.suspect is not None
-    assert row.suspect.rank == 1
-    assert f.evidence["cost_seconds_per_step"] == f.evidence["wait_per_member_seconds_per_step"]
-    assert f.evidence["excess_seconds"] < STRAGGLER_EXPLAINS * f.evidence["cost_seconds_per_step"]  # the old refusal
 
 
 def test_a_rank_on_a_slower_core_of_a_quiet_host_is_no_straggler() -> None:
