@@ -1007,10 +1007,10 @@ def test_a_whole_pipeline_stage_computing_slower_is_named_with_what_the_others_w
     # stage's (the pipeline would then wait for that one)
     plan = plan_job(spec)
     planned = [stage_expected(plan, s)["compute"] + stage_expected(plan, s)["optimizer"] for s in range(4)]
-    at_their_pace = f.evidence["next_stage_own_seconds"] * planned[stage] / planned[f.evidence["next_stage"]]
-    slowest_other = max(f.evidence["next_stage_own_seconds"], at_their_pace)
-    assert f.cost_seconds_per_step <= f.evidence["own_seconds"] - slowest_other + 1e-9
-    assert f.cost_seconds_per_step >= 0.3 * f.evidence["own_seconds"]  # about half of a stage computing 2x as long
+    at_their_pace = f.evidence["next_stage_work_seconds"] * planned[stage] / planned[f.evidence["next_stage"]]
+    slowest_other = max(f.evidence["next_stage_work_seconds"], at_their_pace)
+    assert f.cost_seconds_per_step <= f.evidence["work_seconds"] - slowest_other + 1e-9
+    assert f.cost_seconds_per_step >= 0.3 * f.evidence["work_seconds"]  # about half of a stage computing 2x as long
     bubble = next(r for r in analysis.rows if r.category == "bubble")
     assert bubble.suspect is not None
     assert bubble.suspect.rank in slow  # the table agrees on whom the others wait for

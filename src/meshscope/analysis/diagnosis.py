@@ -1438,9 +1438,9 @@ def _slow_stage(ctx: _Context, *, plan: Plan | None, stragglers: Sequence[Findin
             evidence={
                 "stage": stage,
                 "rank": int(rs.ranks[worst]),
-                "own_seconds": float(measured[top]) / 1e6,
+                "work_seconds": float(measured[top]) / 1e6,
                 "next_stage": other,
-                "next_stage_own_seconds": float(measured[runner]) / 1e6,
+                "next_stage_work_seconds": float(measured[runner]) / 1e6,
                 "pace_ratio": ratio,
                 "planned": int(planned),
                 "cost_seconds_per_step": cost_us / 1e6,
