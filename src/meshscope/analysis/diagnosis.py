@@ -1392,7 +1392,7 @@ def _slow_stage(ctx: _Context, *, plan: Plan | None, stragglers: Sequence[Findin
     stages = np.unique(stage_of_rank[stage_of_rank >= 0])
     if stages.size < 2:
         return []
-    work = rs.us(COMPUTE) + rs.us(OPTIMIZER) + rs.us(OTHER)  # STAGE_WORK
+    work = np.add.reduce([rs.us(c) for c in STAGE_WORK])
     own = grouped_median(rs.rank_index, work, rs.n_ranks)
     members = [np.flatnonzero(stage_of_rank == s) for s in stages.tolist()]
     measured = np.array([own[m].max() for m in members])
