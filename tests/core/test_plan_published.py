@@ -20,8 +20,8 @@ RUNS = yaml.safe_load(
 )["runs"]
 MARGIN = 0.02
 # |ours / published - 1| measured with the roofline + NCCL model, in the order of runs.yaml.
-MEASURED = [0.039, 0.072, 0.046, 0.075, 0.054, 0.089, 0.032, 0.041, 0.163, 0.105]
-FLAT_MEASURED_MEAN = 0.172
+MEASURED = [0.039, 0.072, 0.046, 0.075, 0.054, 0.089, 0.032, 0.041, 0.256, 0.240]
+FLAT_MEASURED_MEAN = 0.156
 """Mean |error| of the flat model (compute_efficiency 0.5, bandwidth-only collectives) on the same runs, each with its
 own software assumptions (runs.yaml)."""
 
@@ -50,7 +50,7 @@ def test_the_new_model_beats_the_flat_one_on_average():
     new = sum(abs(_error(r)) for r in RUNS) / len(RUNS)
     flat = sum(abs(_error(r, PlanAssumptions(compute_efficiency=0.5, nccl_latency=False))) for r in RUNS) / len(RUNS)
     assert flat == pytest.approx(FLAT_MEASURED_MEAN, abs=0.005)
-    assert new <= 0.071 + MARGIN
+    assert new <= 0.094 + MARGIN
     assert new < flat
 
 
@@ -66,3 +66,14 @@ def test_flops_conventions_count_as_their_sources_do():
     assert flops_in_convention(plan.flops, "korthikanti", params=0, tokens=0) == plan.flops.model_flops_noncausal
     with pytest.raises(ValueError, match=r"flops convention 'mfu': use one of causal, korthikanti, 6nd"):
         flops_in_convention(plan.flops, "mfu", params=0, tokens=0)
+
+
+def test_the_two_llama3_rows_miss_by_the_same_factor():
+    # Planned as §3.3.2 configures them (one layer per model chunk: vpp 8; asynchronous pipeline transfers), the two
+    # rows differ in micro-batches per step (32 and 16) and share the bubble, so a model whose pipeline and dp terms
+    # are right misses both by one factor on the per-micro-batch work. Planned with vpp 4 they missed by +16.3 % and
+    # +10.5 %: a bubble twice the paper's; this fails if the rows drift apart again.
+    llama = [r for r in RUNS if r["flops_convention"] == "6nd"]
+    assert len(llama) == 2
+    a, b = (_error(r) for r in llama)
+    assert abs(a - b) <= 0.03
