@@ -719,3 +719,66 @@ def test_fsdp2_and_dtensor_set_up_before_the_tracker_are_captured(fork_job) -> N
         assert ops[0] == ("dp", "all_gather")  # the DTensor's redistribution (functional road)
         assert ops.count(("dp", "all_gather")) >= 2  # ... and FSDP2's parameter gathers
         assert ("dp", "reduce_scatter") in ops  # FSDP2's gradient reduction
+
+
+def _hybrid_shard_job(rank: int, world: int) -> dict[str, object]:
+    # HSDP as PyTorch's FSDP2 writes it: fully_shard over a 2-D mesh, parameters sharded over "shard" (2 ranks) and
+    # replicated over "replicate" (2 ranks). Neither dim names an axis and neither group is the layout's dp group
+    # (4 ranks): both are parts of it.
+    from torch.distributed.device_mesh import init_device_mesh  # noqa: PLC0415
+    from torch.distributed.fsdp import fully_shard  # noqa: PLC0415
+
+    torch.manual_seed(0)
+    tracker = sdk.tracker_from_env()
+    mesh = init_device_mesh("cpu", (2, world // 2), mesh_dim_names=("replicate", "shard"))
+    model = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 8))
+    for layer in (model[0], model[2]):
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    x = torch.full((4, 16), float(rank + 1))
+    for step in range(3):
+        with tracker.step(step):
+            with tracker.phase("forward"):
+                loss = model(x).square().mean()
+            with tracker.phase("backward"):
+                loss.backward()
+            with tracker.phase("optimizer"):
+                optimizer.step()
+                optimizer.zero_grad()
+    counters = tracker.counters().as_dict()
+    tracker.close()
+    return {"counters": counters}
+
+
+@pytest.mark.slow
+def test_hybrid_sharding_groups_are_parts_of_the_dp_group(fork_job) -> None:
+    job = fork_job(_hybrid_shard_job, 4, env={"MESHSCOPE_LAYOUT": "dp=4"}, every_step=("comm",))
+    for result in job.results:
+        assert result["counters"]["hook_errors"] == 0
+        assert result["counters"]["unattributed_ops"] == 0  # before: every collective, and dp read zero
+    records = read_lines(job.records_path)
+    assert len(records) == 12
+    shard_of = {0: "shard:0", 1: "shard:0", 2: "shard:2", 3: "shard:2"}  # mesh rows: ranks {0, 1} and {2, 3}
+    replicate_of = {0: "replicate:0", 2: "replicate:0", 1: "replicate:1", 3: "replicate:1"}
+    by_group: dict[tuple[str, int], list[tuple[int, str, int]]] = defaultdict(list)
+    for rec in records:
+        comm = [iv for iv in rec["intervals"] if iv["kind"] == "comm"]
+        rank = rec["rank"]
+        assert {iv["axis"] for iv in comm} == {"dp"}
+        assert {iv["group_size"] for iv in comm} == {2}
+        ops = {(iv["group"], iv["op"]) for iv in comm}
+        # parameters gathered and gradients reduce-scattered in the shard group, then all-reduced across replicas
+        assert ops == {
+            (shard_of[rank], "all_gather"),
+            (shard_of[rank], "reduce_scatter"),
+            (replicate_of[rank], "all_reduce"),
+        }, rank
+        for iv in comm:
+            by_group[(iv["group"], rec["step"])].append((rank, iv["op"], iv["seq"]))
+    # both members of each group record the same operations with the same sequence numbers: the join holds
+    for (group, _step), entries in by_group.items():
+        members = {rank for rank, _, _ in entries}
+        assert len(members) == 2, group
+        per_rank = [sorted((seq, op) for r, op, seq in entries if r == m) for m in sorted(members)]
+        assert per_rank[0] == per_rank[1], group

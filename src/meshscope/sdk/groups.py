@@ -6,8 +6,11 @@ collective on the other members. This module owns both decisions:
 * **axis**: from an explicit registration (``tracker.register_groups({"tp": g})``), from a DeviceMesh group's
   description (``mesh_tp``, ``mesh_dp_cp``), from a Megatron-core group name (``tensor_model_parallel``), or, for
   groups nobody named, by comparing the group's ranks with the groups of the job's :class:`ParallelLayout`.
-  Combined gradient-reduction groups (``dp_cp``, ``edp``) are attributed to ``dp``; groups no rule explains (the world
-  group of a multi-axis job) are *unattributed*: their collectives are counted, not recorded.
+  Combined gradient-reduction groups (``dp_cp``, ``edp``) are attributed to ``dp``. A group inside one layout group,
+  its members differing along a single axis (dp and cp count as one, like ``dp_cp``), is a *sub-group* of that axis:
+  hybrid sharding's shard and replicate groups (FSDP's ``HYBRID_SHARD``, HSDP over a 2-D mesh whose dims are named
+  ``replicate`` and ``shard``), Megatron's embedding group across the first and last stage (pp). Groups no rule
+  explains (the world group of a multi-axis job) are *unattributed*: their collectives are counted, not recorded.
 * **id**: ``"<name>:<first member rank>"`` (e.g. ``tp:4``, ``dp_cp:0``), computed by every member from the same
   member list without talking. Groups of one name partition the ranks, so the first member is unique within a name.
   Point-to-point messages get a per-direction id ``"<axis>:<src>-<dst>"``.
@@ -18,6 +21,7 @@ Pure: no torch here (the tracker passes member ranks and descriptions in), and n
 from __future__ import annotations
 
 import re
+import zlib
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -136,6 +140,53 @@ def infer_from_layout(layout: ParallelLayout, ranks: Sequence[int]) -> tuple[str
         if len(group) == len(members) and sorted(group) == members:
             return name, axis
     return None
+
+
+_SUB_AXES = (MeshAxis.PP, MeshAxis.DP, MeshAxis.TP, MeshAxis.CP)
+
+
+def infer_sub_axis(layout: ParallelLayout, ranks: Sequence[int]) -> MeshAxis | None:
+    """The axis of a group that lies inside one layout group, or ``None``.
+
+    Its members differ along one axis only (dp and cp together count as dp, like the ``dp_cp`` group): it is a part
+    of that axis's group, and its traffic that axis's. ``None`` for one member, members outside the world, or members
+    that differ along several axes (tp and dp: no axis pays for it alone).
+    """
+    members = sorted({int(r) for r in ranks})
+    if len(members) < 2 or members[0] < 0 or members[-1] >= layout.world_size:
+        return None
+    try:
+        coords = [layout.coord(r) for r in members]
+    except LayoutError:
+        return None
+    first = coords[0]
+    varying = {a for a in _SUB_AXES if any(c[a] != first[a] for c in coords[1:])}
+    if len(varying) == 1:
+        return varying.pop()
+    if varying == {MeshAxis.DP, MeshAxis.CP}:
+        return MeshAxis.DP
+    return None
+
+
+def sub_group_name(axis: MeshAxis, ranks: Sequence[int], desc: str = "") -> str:
+    """The name of a sub-group of ``axis``: its own description, else one shared by every group of its shape.
+
+    A description is kept (``shard`` for a mesh dim ``mesh_shard``). Without one (none, or torch's ``undefined``):
+    members ``first, first + s, ...`` (``n`` of them) give ``<axis>_sub<n>s<s>`` (``dp_sub2s1``); any other shape a
+    short digest of the members' offsets from the first (``dp_sub3x5f2a1c``). Groups of one shape partition their
+    ranks like the layout's own groups, so ``"<name>:<first member>"`` stays unique, and every member computes it from
+    the same list.
+    """
+    key = desc.strip().removeprefix("mesh_")
+    if key and key.lower() not in _EXACT:
+        return key
+    members = sorted({int(r) for r in ranks})
+    offsets = [r - members[0] for r in members]
+    stride = offsets[1] if len(offsets) > 1 else 0
+    if all(o == i * stride for i, o in enumerate(offsets)):
+        return f"{axis.value}_sub{len(members)}s{stride}"
+    digest = zlib.crc32(",".join(map(str, offsets)).encode()) & 0xFFFFFF
+    return f"{axis.value}_sub{len(members)}x{digest:06x}"
 
 
 def implied_layout(world_size: int) -> ParallelLayout | None:

@@ -30,9 +30,11 @@ from meshscope.sdk.groups import (
     axis_of_name,
     implied_layout,
     infer_from_layout,
+    infer_sub_axis,
     make_group,
     p2p_axis,
     p2p_group_id,
+    sub_group_name,
 )
 from meshscope.sdk.steps import END, HANDLE, ISSUED, START, WAIT, OpMeta
 
@@ -265,6 +267,9 @@ class Operations:
                 inferred = infer_from_layout(layout, ranks)
                 if inferred is not None:
                     name, axis = inferred
+                elif (sub := infer_sub_axis(layout, ranks)) is not None:  # a part of one axis's group
+                    axis = sub
+                    name = sub_group_name(sub, ranks, desc)
             if len(ranks) < 2:
                 axis = None
         info = make_group(name, axis, ranks)
