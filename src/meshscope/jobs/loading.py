@@ -96,7 +96,7 @@ SECTION_KEYS: Final[Mapping[str, tuple[str, ...]]] = {
         "accountForLossInPipelineSplit"
     ),
     "spec.training": _keys(
-        "microBatchSize globalBatchSize precision recompute attention distributedOptimizer zeroStage "
+        "microBatchSize globalBatchSize precision recompute attention distributedOptimizer zeroStage dpShard "
         "pipelineSchedule gradReduceDtype overlapGradReduce overlapParamGather tpCommOverlap"
     ),
     "spec.hardware": _keys(
@@ -140,6 +140,7 @@ BOUNDS: Final[Mapping[str, tuple[int, int]]] = {
     "spec.training.microBatchSize": (1, 2**16),
     "spec.training.globalBatchSize": (1, 2**24),
     "spec.training.zeroStage": (0, 3),
+    "spec.training.dpShard": _DEGREE,
     "spec.hardware.bf16Tflops": (1, 10**6),
     "spec.hardware.fp8Tflops": (1, 10**6),
     "spec.hardware.hbmGiB": (1, 2**16),
@@ -907,8 +908,9 @@ def _training(sec: _Section, parallelism: ParallelismConfig) -> TrainingConfig:
     ):
         if (flag := sec.boolean(key)) is not None:
             changes[attr] = flag
-    if (zero := sec.integer("zeroStage")) is not None:
-        changes["zero_stage"] = zero
+    for key, attr in (("zeroStage", "zero_stage"), ("dpShard", "dp_shard")):
+        if (number := sec.integer(key)) is not None:
+            changes[attr] = number
     grad_dtype = sec.choice("gradReduceDtype", tuple(GRAD_REDUCE_BYTES)) or "fp32"
     training: TrainingConfig = replace(
         TrainingConfig(micro_batch_size=micro_batch, global_batch_size=global_batch, pipeline_schedule=schedule),
@@ -921,6 +923,7 @@ def _training(sec: _Section, parallelism: ParallelismConfig) -> TrainingConfig:
             f"distributedOptimizer and zeroStage ({training.zero_stage}) both shard training state over dp; use "
             f"one of them (Megatron's distributed optimizer is ZeRO stage 1)",
         )
+    _check_dp_shard(training, layout.dp)
     if training.tp_comm_overlap and not parallelism.sequence_parallel:
         raise SpecError(
             "spec.training.tpCommOverlap",
@@ -928,6 +931,27 @@ def _training(sec: _Section, parallelism: ParallelismConfig) -> TrainingConfig:
             "parallelism.sequenceParallel (Megatron-core requires it); set sequenceParallel or drop tpCommOverlap",
         )
     return training
+
+
+def _check_dp_shard(training: TrainingConfig, dp: int) -> None:
+    """Hybrid sharding splits the sharded state over a part of dp: a divisor of dp, and something must be sharded."""
+    shard = training.dp_shard
+    if shard is None or shard == dp:
+        return
+    field = "spec.training.dpShard"
+    if shard > dp or dp % shard:
+        fits = ", ".join(str(d) for d in range(1, dp + 1) if dp % d == 0) if dp <= 4096 else "a divisor of dp"
+        raise SpecError(
+            field,
+            f"dpShard ({shard}) is the number of data-parallel ranks the sharded state is split over and must "
+            f"divide dp ({dp}); use one of {fits}",
+        )
+    if not training.zero_stage and not training.distributed_optimizer:
+        raise SpecError(
+            field,
+            f"dpShard ({shard}) splits sharded training state over part of dp ({dp}), but nothing is sharded; set "
+            f"zeroStage (1-3) or distributedOptimizer, or drop dpShard",
+        )
 
 
 def _schedule(sec: _Section, layout: ParallelLayout) -> PipelineSchedule:

@@ -109,6 +109,12 @@ class TrainingConfig:
     """Megatron's distributed optimizer: main params and Adam state sharded over dp (6 + 12/dp bytes/param)."""
     zero_stage: int = 0
     """ZeRO stage 0-3 (DeepSpeed / FSDP terms): 1 shards optimizer state, 2 also gradients, 3 also parameters."""
+    dp_shard: int | None = None
+    """Hybrid sharding (HSDP): the data-parallel ranks the sharded state is split over, ``dp`` by default. With
+    ``dp_shard < dp`` each run of ``dp_shard`` consecutive data-parallel ranks (times cp) holds one copy of the
+    sharded state, replicated over the ``dp / dp_shard`` such groups: FSDP's ``HYBRID_SHARD``, torchtitan's
+    ``data_parallel_shard_degree``, FSDP2 over a 2-D (replicate, shard) mesh. Routed experts stay sharded over
+    their expert-data-parallel group."""
     pipeline_schedule: PipelineSchedule = PipelineSchedule.ONE_F_ONE_B
     """Pipeline schedule; ``interleaved`` needs ``vpp > 1``."""
     grad_reduce_bytes: int = 4
@@ -123,6 +129,10 @@ class TrainingConfig:
     def micro_batches(self, dp: int) -> int:
         """Micro-batches per pipeline per step: ``m = B / (b * dp)``."""
         return self.global_batch_size // (self.micro_batch_size * dp)
+
+    def hybrid_shard(self, dp: int) -> int | None:
+        """The shard degree where sharding is hybrid (``1 <= dp_shard < dp``), else ``None``."""
+        return self.dp_shard if self.dp_shard is not None and self.dp_shard < dp else None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

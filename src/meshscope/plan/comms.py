@@ -31,6 +31,9 @@ from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import TYPE_CHECKING
 
+import numpy as np
+
+from meshscope.errors import LayoutError
 from meshscope.jobs import CpCommType, PositionEmbedding, layer_params, output_params
 from meshscope.plan.memory import (
     activation_element_bytes,
@@ -42,6 +45,8 @@ from meshscope.plan.nccl import collective_time
 from meshscope.topology import Link, MeshAxis, axis_spans, span_of_groups
 
 if TYPE_CHECKING:
+    from numpy.typing import NDArray
+
     from meshscope.jobs import ModelConfig, ParallelismConfig, TrainingConfig
     from meshscope.plan.assumptions import PlanAssumptions
     from meshscope.plan.memory import StageParams
@@ -167,13 +172,16 @@ class CollectivePlan:
         }
 
 
-def collective_spans(layout: ParallelLayout, placement: Placement, model: ModelConfig) -> dict[str, GroupSpan]:
+def collective_spans(
+    layout: ParallelLayout, placement: Placement, model: ModelConfig, *, dp_shard: int | None = None
+) -> dict[str, GroupSpan]:
     """Spans of every process group a collective of ``model`` on ``layout`` runs on.
 
     Keys: the enabled axes from :func:`~meshscope.topology.placement.axis_spans`; ``dp-cp`` always names the dense
     gradient group (``dp``, ``cp`` or both); ``etp``, ``edp`` and ``tp-ep`` (expert tensor x expert parallel, where
     the token dispatcher exchanges its counts) for MoE models when those groups have more than one rank;
-    ``pp-embedding`` for tied embeddings with pp > 1. All vectorised over groups.
+    ``pp-embedding`` for tied embeddings with pp > 1; ``dp-shard`` and ``dp-replicate`` with hybrid sharding
+    (``dp_shard``: :func:`hybrid_groups`). All vectorised over groups.
     """
     spans = axis_spans(layout, placement)
     if "dp-cp" not in spans:
@@ -191,7 +199,36 @@ def collective_spans(layout: ParallelLayout, placement: Placement, model: ModelC
     if model.tied_embeddings and layout.pp > 1:
         ends = layout.groups(MeshAxis.PP)[:, [0, layout.pp - 1]]
         spans["pp-embedding"] = span_of_groups("pp-embedding", ends, placement)
+    if dp_shard is not None:
+        spans.update(hybrid_spans(layout, placement, dp_shard))
     return spans
+
+
+def hybrid_groups(layout: ParallelLayout, dp_shard: int) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
+    """Hybrid sharding's groups: ``(shard, replicate)``, each of shape ``(number of groups, group size)``.
+
+    A shard group is ``dp_shard`` consecutive data-parallel ranks times every cp rank (the part of the dense gradient
+    group ``dp-cp`` that holds one copy of the sharded state); a replicate group joins the ranks at the same place of
+    every shard group (``dp / dp_shard`` of them): torchtitan's ``(dp_replicate, dp_shard_cp)`` mesh, FSDP's
+    ``HYBRID_SHARD`` with a shard group per node.
+    """
+    if dp_shard < 1 or layout.dp % dp_shard:
+        raise LayoutError(f"dp_shard ({dp_shard}) must divide dp ({layout.dp})")
+    c = layout.coords_array()
+    ranks = np.arange(layout.world_size, dtype=np.int64)
+    block, within = c[MeshAxis.DP] // dp_shard, c[MeshAxis.DP] % dp_shard
+    shard = ranks[np.lexsort((ranks, block, c[MeshAxis.TP], c[MeshAxis.PP]))]
+    replicate = ranks[np.lexsort((ranks, within, c[MeshAxis.CP], c[MeshAxis.TP], c[MeshAxis.PP]))]
+    return shard.reshape(-1, dp_shard * layout.cp), replicate.reshape(-1, layout.dp // dp_shard)
+
+
+def hybrid_spans(layout: ParallelLayout, placement: Placement, dp_shard: int) -> dict[str, GroupSpan]:
+    """Spans of :func:`hybrid_groups`: ``dp-shard`` and ``dp-replicate``."""
+    shard, replicate = hybrid_groups(layout, dp_shard)
+    return {
+        "dp-shard": span_of_groups("dp-shard", shard, placement),
+        "dp-replicate": span_of_groups("dp-replicate", replicate, placement),
+    }
 
 
 # Overlap windows: collectives that share a window share its compute seconds.
@@ -860,7 +897,7 @@ def _dp_drafts(
             (CollectiveOp.ALL_GATHER, "weights", per.weights, 1, gather, _FIRST_FORWARD),
         ],
     }
-    return [
+    drafts = [
         _Draft(
             axis=MeshAxis.DP,
             group=group,
@@ -874,6 +911,37 @@ def _dp_drafts(
         for group, kind, n_params in (("dp-cp", "dense", params.dense), ("edp", "routed-expert", params.experts))
         for op, what, bytes_per_param, count, overlap, window in plans[stage]
     ]
+    return _hybrid(drafts, layout, training)
+
+
+def _hybrid(drafts: list[_Draft], layout: ParallelLayout, training: TrainingConfig) -> list[_Draft]:
+    """Dense dp drafts under hybrid sharding: sharded collectives over the shard group, plus replication.
+
+    Every reduce-scatter of dense gradients then runs over ``dp-shard`` and is followed by an all-reduce of the shard
+    it leaves (``1/(dp_shard·cp)`` of its bytes) over ``dp-replicate``, in the same window (FSDP's ``HYBRID_SHARD``
+    and FSDP2's HSDP: reduce-scatter, then all-reduce across replicas); all-gathers of weights stay within the shard
+    group. Without hybrid sharding, or in a job that shards nothing, the drafts as they are.
+    """
+    shard = training.hybrid_shard(layout.dp)
+    if shard is None or sharding_stage(training) == 0:
+        return drafts
+    out = []
+    for d in drafts:
+        if d.group != "dp-cp":
+            out.append(d)
+            continue
+        out.append(replace(d, group="dp-shard"))
+        if d.op is CollectiveOp.REDUCE_SCATTER:
+            out.append(
+                replace(
+                    d,
+                    group="dp-replicate",
+                    op=CollectiveOp.ALL_REDUCE,
+                    purpose=f"{d.purpose}: the shard across replicas",
+                    message_bytes=math.ceil(d.message_bytes / (shard * layout.cp)),
+                )
+            )
+    return out
 
 
 def _zero3_drafts(
@@ -962,4 +1030,4 @@ def _zero3_drafts(
         add("dp-cp", gather_op, f"dense weights {what}", size=size, count=count, window=_FIRST_FORWARD)
         window = _LAST_BACKWARD if pipelined else _BACKWARD
         add("dp-cp", reduce_op, f"dense gradients {what}", size=root * per.gradients, count=count, window=window)
-    return drafts
+    return _hybrid(drafts, layout, training)

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from meshscope.errors import PlanError
 from meshscope.jobs import CpCommType, active_params, total_params
 from meshscope.plan.assumptions import PlanAssumptions
-from meshscope.plan.comms import CollectivePlan, collective_spans, stage_collectives
+from meshscope.plan.comms import CollectivePlan, collective_spans, hybrid_spans, stage_collectives
 from meshscope.plan.findings import Finding, StageSummary, collect_findings
 from meshscope.plan.flops import StepFlops, step_flops
 from meshscope.plan.kernels import compute_classes
@@ -235,6 +235,12 @@ def _check_batch(training: TrainingConfig, layout: ParallelLayout) -> int:
             f"global_batch_size {gbs} is not a multiple of micro_batch_size·dp = {b}·{dp} = {b * dp}; "
             f"micro-batches per step would be {gbs / (b * dp):g}"
         )
+    shard = training.dp_shard
+    if shard is not None and (shard < 1 or (shard < dp and dp % shard)):
+        raise PlanError(
+            f"dp_shard {shard} does not divide dp {dp}: hybrid sharding splits the sharded state over dp_shard "
+            f"consecutive data-parallel ranks; use a divisor of {dp}, or leave dp_shard out (all of dp)"
+        )
     return training.micro_batches(dp)
 
 
@@ -315,7 +321,10 @@ def plan_job(
         embedding_counts_as_layer=parallelism.account_for_embedding_in_pipeline_split,
         loss_counts_as_layer=parallelism.account_for_loss_in_pipeline_split,
     )
-    spans = dict(spans) if spans is not None else collective_spans(layout, placement, model)
+    dp_shard = training.hybrid_shard(layout.dp)
+    spans = dict(spans) if spans is not None else collective_spans(layout, placement, model, dp_shard=dp_shard)
+    if dp_shard is not None and "dp-shard" not in spans:
+        spans.update(hybrid_spans(layout, placement, dp_shard))
     per_param = state_bytes_per_param(training)
     usable = hardware.usable_hbm_bytes
 
@@ -323,7 +332,7 @@ def plan_job(
     for r in range(layout.pp):
         indices = [i for start, stop in ranges[r] for i in range(start, stop)]
         params = stage_params(model, layout, r, indices)
-        shards = {"dense_shards": layout.dp * layout.cp, "expert_shards": layout.expert_dp}
+        shards = {"dense_shards": (dp_shard or layout.dp) * layout.cp, "expert_shards": layout.expert_dp}
         state = model_state_bytes(params, training, pipelined=layout.pp > 1, **shards)
         resting = resting_state_bytes(params, training, **shards)
         activations = stage_activations(
