@@ -18,8 +18,8 @@ Every axis goes through PyTorch's own APIs where they work on gloo (reference: c
   row-parallel one; the embedding all-reduces then splits the sequence; norm and router gradients are all-reduced
   over tp once per step (``finalize_model_grads``);
 * pp: ``torch.distributed.pipelining`` (``PipelineStage`` + ``Schedule1F1B``, or ``ScheduleGPipe``);
-* dp: FSDP2 ``fully_shard`` per block and on the stage over the flattened dp x cp mesh (ZeRO stage 3), or DDP with
-  ``--dp ddp`` when tp = 1;
+* dp: FSDP2 ``fully_shard`` per block and on the stage over the flattened dp x cp mesh (ZeRO stage 3), or over a
+  2-D (replicate, shard) mesh with ``--dp-shard N`` (hybrid sharding, HSDP), or DDP with ``--dp ddp`` when tp = 1;
 * cp: the sequence is sharded over cp; keys and values are all-gathered before attention and again in backward, their
   gradients reduce-scattered (Transformer Engine's ``cp_comm_type="all_gather"``, keeping only the local K and V);
 * ep: top-1 mixture of experts in every layer (``--moe``, on with ep > 1) as Megatron-core's alltoall token
@@ -88,6 +88,14 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--moe", action="store_true", help="make every layer's MLP a mixture of experts (on with ep>1)")
     p.add_argument("--experts", type=int, default=4)
     p.add_argument("--dp", choices=["fsdp", "ddp"], default="fsdp", help="data-parallel implementation")
+    p.add_argument(
+        "--dp-shard",
+        type=int,
+        default=0,
+        metavar="N",
+        help="hybrid sharding (HSDP): FSDP2 over a (replicate, shard) mesh, the state sharded over N consecutive "
+        "dp ranks (times cp) and replicated over dp/N such groups; N must divide dp (default: all of dp)",
+    )
     p.add_argument(
         "--sequence-parallel",
         action="store_true",
@@ -675,6 +683,9 @@ def main() -> None:  # noqa: C901, PLR0912, PLR0915 - a training script reads to
         raise SystemExit(f"--micro-batches {args.micro_batches} must be >= pp={pp}")
     if args.dp == "ddp" and tp > 1:
         raise SystemExit("--dp ddp cannot wrap DTensor tensor-parallel parameters (cpu-testbed.md §4); use fsdp")
+    hybrid = 0 < args.dp_shard < dp
+    if args.dp_shard and (dp % args.dp_shard or args.dp != "fsdp" or moe_on):
+        raise SystemExit(f"--dp-shard {args.dp_shard} needs --dp fsdp, a dense model and a divisor of dp={dp}")
     if moe_on and layout.expert_tp != 1:
         raise SystemExit(
             f"train_tiny runs experts without tensor parallelism; etp={layout.expert_tp} (it follows tp unless given): "
@@ -686,8 +697,16 @@ def main() -> None:  # noqa: C901, PLR0912, PLR0915 - a training script reads to
         raise SystemExit("--sequence-parallel shards activations over tensor-parallel ranks and needs tp > 1")
 
     tracker = sdk.tracker_from_env()
-    mesh = init_device_mesh("cpu", (pp, dp, cp, tp), mesh_dim_names=("pp", "dp", "cp", "tp"))
-    dp_cp_mesh = mesh["dp", "cp"]._flatten("dp_cp")  # noqa: SLF001 - the documented way to flatten on 2.13
+    if hybrid:  # HSDP: dp split into (replicate, shard); consecutive dp ranks share a shard group
+        dims = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
+        mesh = init_device_mesh("cpu", (pp, dp // args.dp_shard, args.dp_shard, cp, tp), mesh_dim_names=dims)
+        dp_cp_mesh = mesh["dp_replicate", "dp_shard", "cp"]._flatten("dp_cp")  # noqa: SLF001
+        mesh["dp_shard", "cp"]._flatten("dp_shard_cp")  # noqa: SLF001
+        fsdp_mesh = mesh["dp_replicate", "dp_shard_cp"]  # 2-D: fully_shard replicates over dim 0, shards over dim 1
+    else:
+        mesh = init_device_mesh("cpu", (pp, dp, cp, tp), mesh_dim_names=("pp", "dp", "cp", "tp"))
+        dp_cp_mesh = mesh["dp", "cp"]._flatten("dp_cp")  # noqa: SLF001 - the documented way to flatten on 2.13
+        fsdp_mesh = dp_cp_mesh
     coord = layout.coord(rank)
     cp_group, tp_group = mesh.get_group("cp"), mesh.get_group("tp")
     tracker.register_mesh(mesh)
@@ -744,6 +763,7 @@ def main() -> None:  # noqa: C901, PLR0912, PLR0915 - a training script reads to
             schedule=args.schedule,
             cp_comm_type="all_gather",
             sequence_parallel=sp,
+            dp_shard=args.dp_shard if hybrid else None,
         ).to_dict()
     )
 
@@ -792,8 +812,8 @@ def main() -> None:  # noqa: C901, PLR0912, PLR0915 - a training script reads to
             elif expert_params:
                 ignored = set(expert_params)
             for block in stage.layers:
-                fully_shard(block, mesh=dp_cp_mesh, ignored_params=ignored)
-            fully_shard(stage, mesh=dp_cp_mesh, ignored_params=ignored)
+                fully_shard(block, mesh=fsdp_mesh, ignored_params=ignored)
+            fully_shard(stage, mesh=fsdp_mesh, ignored_params=ignored)
         else:
             names = [n for n, _ in stage.named_parameters() if ".experts." in n]
             DDP._set_params_and_buffers_to_ignore_for_model(stage, names)  # noqa: SLF001

@@ -43,12 +43,13 @@ def run_demo_job(
     cp: bool = False,
     ep: bool = False,
     block_ms: float | None = None,
+    layout: str | None = None,
     extra: tuple[str, ...] = (),
 ) -> Run:
     """``meshscope run`` of the demo job (``--report`` keeps the loss rank's losses) in a subprocess; ``cp`` and
     ``ep`` select the demo's context- and expert-parallel variants, ``block_ms`` the emulated accelerator's speed
-    (forward ms of one block; the demo's default when ``None``). Every record it collected is checked against
-    the invariants of real jobs (``tests/invariants.py``)."""
+    (forward ms of one block; the demo's default when ``None``), ``layout`` another layout of the 8 ranks. Every
+    record it collected is checked against the invariants of real jobs (``tests/invariants.py``)."""
     from meshscope.local.running import demo_settings, layout_text  # noqa: PLC0415
 
     settings = demo_settings(
@@ -56,7 +57,7 @@ def run_demo_job(
     )
     command = [
         sys.executable, "-m", "meshscope", "run", "--nproc", str(settings.nproc), "--layout",
-        layout_text(settings.layout), "--gpus-per-node", "4", "--job", "demo", "--out", str(out_dir), "--",
+        layout or layout_text(settings.layout), "--gpus-per-node", "4", "--job", "demo", "--out", str(out_dir), "--",
         *settings.command, "--report", str(out_dir / "losses.json"), *extra,
     ]  # fmt: skip
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -94,6 +95,12 @@ def cp_run(tmp_path_factory: pytest.TempPathFactory) -> Run:
 def ep_run(tmp_path_factory: pytest.TempPathFactory) -> Run:
     """The demo's expert-parallel variant (pp=2, dp=2, tp=2, ep=2 with etp=1, MoE), run once per session."""
     return run_demo_job(tmp_path_factory.mktemp("ep") / "out", ep=True)
+
+
+@pytest.fixture(scope="session")
+def hsdp_run(tmp_path_factory: pytest.TempPathFactory) -> Run:
+    """The demo job with hybrid sharding: pp=2, dp=4, FSDP2 over a (replicate 2, shard 2) mesh, run once per session."""
+    return run_demo_job(tmp_path_factory.mktemp("hsdp") / "out", layout="pp=2,dp=4", extra=("--dp-shard", "2"))
 
 
 SPIN = "import os\nparent = os.getppid()\nwhile os.getppid() == parent:\n    for _ in range(1_000_000): pass"

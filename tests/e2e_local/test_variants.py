@@ -8,6 +8,8 @@ not read from meshscope. Per GPU, micro-batches of 2 x 64 tokens, 4 per step, 2 
 * ``--ep``: pp=2, dp=2, tp=2, ep=2 with etp=1, top-1 mixture of 4 experts of FFN 128 in every layer; sequence
   parallelism (Megatron-core requires it for MoE with tp > 1); dense parts sharded by FSDP2 over dp, each layer's
   experts over the expert-data-parallel group.
+* ``--dp-shard 2``: pp=2, dp=4, hybrid sharding (HSDP): FSDP2 over a (replicate 2, shard 2) mesh, the plan told so by
+  the script (``spec.training.dpShard``).
 """
 
 from __future__ import annotations
@@ -227,3 +229,29 @@ def test_ep_activations_follow_the_routed_tokens(ep_run: Run) -> None:
         for step in ranks[0]:
             mean = sum(r[step] for r in ranks) / len(ranks)
             assert mean == pytest.approx(LAYERS * layer + extra, abs=1e-6), (stage, step)
+
+
+# ---------------------------------------------------------------------------------------------------- --dp-shard
+
+
+def test_hybrid_sharding_runs_the_plans_collectives_and_holds_its_shard(hsdp_run: Run) -> None:
+    # tp=1: a layer unit is the whole layer; FSDP2's HSDP gathers it and reduce-scatters its gradients within the shard
+    # group (2 ranks), then all-reduces the gradient shard it keeps across the 2 replicas, once per unit and step
+    assert hsdp_run.code == 0, hsdp_run.out[-3000:]
+    layer = H * (A + 2 * G) * HD + A * HD * H + 3 * H * FF + 2 * H  # fused QKV, output, SwiGLU MLP, two norms
+    roots = {0: V * H + S * H, 1: V * H + H}  # embedding and learned positions; output layer and final norm
+    expected: dict[tuple[int, str, str, float], int] = {}
+    for stage, root in roots.items():
+        expected[(stage, "dp", "all_gather", layer * FP32)] = (M + 1) * LAYERS
+        expected[(stage, "dp", "reduce_scatter", layer * FP32)] = LAYERS
+        expected[(stage, "dp", "all_reduce", layer * FP32 / 2)] = LAYERS  # the shard, across replicas
+        expected[(stage, "dp", "all_gather", root * FP32)] = 1
+        expected[(stage, "dp", "reduce_scatter", root * FP32)] = 1
+        expected[(stage, "dp", "all_reduce", root * FP32 / 2)] = 1
+        expected[(stage, "pp", "send", B * S * H * FP32)] = M  # activations forward, gradients back
+    _assert_collectives(hsdp_run, expected)
+    _assert_state(hsdp_run, {stage: (LAYERS * layer + root) // 2 for stage, root in roots.items()})  # / dp_shard
+    plan = json.loads((hsdp_run.out_dir / "plan.json").read_text())
+    groups = {(c["group"], c["op"], c["link"]) for c in plan["collectives"] if c["axis"] == "dp"}
+    assert {g for g, _, _ in groups} == {"dp-shard", "dp-replicate"}
+    assert {op for g, op, _ in groups if g == "dp-replicate"} == {"all-reduce"}

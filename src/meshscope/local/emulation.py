@@ -200,6 +200,9 @@ class TinyJob:
     ``train_tiny`` runs ``all_gather``)."""
     sequence_parallel: bool = False
     """Megatron sequence parallelism (``train_tiny`` turns it on for MoE with tp > 1, as Megatron-core requires)."""
+    dp_shard: int | None = None
+    """Hybrid sharding (``train_tiny --dp-shard``): FSDP2 over a (replicate, shard) mesh, the state sharded over
+    ``dp_shard`` consecutive data-parallel ranks (times cp); ``None``: over all of dp."""
 
     def to_dict(self) -> dict[str, Any]:
         """JSON form (what the SDK sends)."""
@@ -214,6 +217,7 @@ class TinyJob:
             "schedule": self.schedule,
             "cp_comm_type": self.cp_comm_type,
             "sequence_parallel": self.sequence_parallel,
+            "dp_shard": self.dp_shard,
         }
 
     @classmethod
@@ -235,6 +239,7 @@ class TinyJob:
                 schedule=str(data.get("schedule", "1f1b")),
                 cp_comm_type=str(data.get("cp_comm_type", CpCommType.P2P.value)),
                 sequence_parallel=bool(data.get("sequence_parallel", False)),
+                dp_shard=None if data.get("dp_shard") is None else int(data["dp_shard"]),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise SpecError(
@@ -244,6 +249,8 @@ class TinyJob:
             raise SpecError("job description", f"only train_tiny's 'tiny' model can be planned here, got {job.model!r}")
         if job.micro_batch_size < 1 or job.micro_batches < 1:
             raise SpecError("job description", f"micro-batch size and count must be >= 1 in {data!r}")
+        if job.dp_shard is not None and (job.dp_shard < 1 or job.data_parallel != "fsdp"):
+            raise SpecError("job description", f"dp_shard must be >= 1 and needs fsdp data parallelism in {data!r}")
         if job.data_parallel not in {"fsdp", "ddp"} or job.schedule not in {"1f1b", "gpipe"}:
             raise SpecError("job description", f"unknown data parallelism or schedule in {data!r}")
         kinds = [c.value for c in CpCommType]
@@ -282,6 +289,7 @@ def tiny_job_spec(
         precision=Precision.FP32,
         recompute=Recompute.NONE,
         zero_stage=3 if job.data_parallel == "fsdp" and layout.dp * layout.cp > 1 else 0,
+        dp_shard=job.dp_shard if job.data_parallel == "fsdp" and layout.dp * layout.cp > 1 else None,
         pipeline_schedule=PipelineSchedule.GPIPE if job.schedule == "gpipe" else PipelineSchedule.ONE_F_ONE_B,
         overlap_grad_reduce=job.data_parallel == "fsdp",
         overlap_param_gather=job.data_parallel == "fsdp",
