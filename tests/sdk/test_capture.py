@@ -782,3 +782,62 @@ def test_hybrid_sharding_groups_are_parts_of_the_dp_group(fork_job) -> None:
         assert len(members) == 2, group
         per_rank = [sorted((seq, op) for r, op, seq in entries if r == m) for m in sorted(members)]
         assert per_rank[0] == per_rank[1], group
+
+
+def _background_job(rank: int, world: int) -> dict[str, object]:
+    # A logging thread all-reduces on a group of its own while the step thread computes (sleeps 60 ms in forward),
+    # and DCP's asynchronous save writes and coordinates on its own thread: neither blocks the step.
+    import tempfile  # noqa: PLC0415
+    import threading  # noqa: PLC0415
+
+    import torch.distributed.checkpoint as dcp  # noqa: PLC0415
+
+    torch.manual_seed(0)
+    tracker = sdk.tracker_from_env()
+    side = dist.new_group(backend="gloo")  # the world's ranks: in a dp=2 job, a dp group by its members
+    model = DDP(nn.Linear(16, 8))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    x = torch.full((4, 16), float(rank + 1))
+    root = tempfile.mkdtemp(prefix="ms-dcp-") if rank == 0 else ""
+    holder = [root]
+    dist.broadcast_object_list(holder, src=0)
+    future = None
+    for step in range(3):
+        with tracker.step(step):
+            logger = threading.Thread(target=lambda: dist.all_reduce(torch.ones(1024), group=side))
+            with tracker.phase("forward"):
+                logger.start()
+                time.sleep(0.06)  # the step thread computes while the other thread's all-reduce runs
+                loss = model(x).square().mean()
+            logger.join()
+            with tracker.phase("backward"):
+                loss.backward()
+            with tracker.phase("optimizer"):
+                optimizer.step()
+                optimizer.zero_grad()
+            if future is not None:
+                future.result()
+            future = dcp.async_save(
+                {"model": model.state_dict()}, checkpoint_id=f"{holder[0]}/s{step}", process_group=side
+            )
+    future.result()
+    counters = tracker.counters().as_dict()
+    tracker.close()
+    return {"counters": counters}
+
+
+@pytest.mark.slow
+def test_collectives_of_background_threads_are_counted_not_recorded(fork_job) -> None:
+    job = fork_job(_background_job, 2, env={"MESHSCOPE_LAYOUT": "dp=2"}, every_step=("comm", "optimizer"))
+    records = read_lines(job.records_path)
+    assert len(records) == 6
+    for rec in records:
+        comm = [iv for iv in rec["intervals"] if iv["kind"] == "comm"]
+        assert {(iv["group"], iv["op"]) for iv in comm} == {("dp:0", "all_reduce")}  # DDP's bucket only
+        forward = sum(iv["end_us"] - iv["start_us"] for iv in rec["intervals"] if iv.get("phase") == "forward")
+        assert forward >= 55_000, rec  # not cut by the other thread's wait
+    seqs = {r["rank"]: sorted((r["step"], iv["seq"]) for iv in r["intervals"] if iv["kind"] == "comm") for r in records}
+    assert seqs[0] == seqs[1]  # the step thread's reductions still join across ranks
+    for result in job.results:
+        assert result["counters"]["hook_errors"] == 0
+        assert result["counters"]["background_ops"] >= 3  # the logging thread's three, and the saves' own

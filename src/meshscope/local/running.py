@@ -762,6 +762,7 @@ def _say_end(  # noqa: PLR0917 - private, one caller
     if use.foreign_load and not use.oversubscribed:
         _say("foreign CPU load on these cores: timings include CPU contention, and the findings say so")
     _say_uncaptured(collector)
+    _say_background(collector)
     alone = ranks_alone(collector, settings.nproc)
     if alone:
         _say(alone)
@@ -993,6 +994,18 @@ def _say_uncaptured(collector: RecordCollector) -> None:
     _say(
         f"{models} DDP models on ranks {shown} got a comm hook before the tracker started: their gradient "
         "reductions are captured only in part (start the tracker before registering the hook; see the ranks' logs)"
+    )
+
+
+def _say_background(collector: RecordCollector) -> None:
+    """One line on collectives the ranks ran on background threads (their ``background_ops`` counters), if any."""
+    counts = {r: t.counters.get("background_ops", 0) for r, t in collector.ranks.items()}
+    total = sum(counts.values())
+    if not total:
+        return
+    _say(
+        f"{total} collectives on {sum(1 for n in counts.values() if n)} ranks ran on threads other than the training "
+        "loop's (an asynchronous checkpoint's writer, a logging thread): counted, not recorded, as they block no step"
     )
 
 

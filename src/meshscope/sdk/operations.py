@@ -20,8 +20,11 @@ import contextlib
 import itertools
 import logging
 import re
+import sys
+import threading
 import time
 from dataclasses import replace
+from threading import get_ident
 from typing import TYPE_CHECKING, Any, Final
 
 from meshscope.sdk.clocks import HostClock
@@ -125,6 +128,13 @@ class Operations:
         """How a completion callback marks an operation's end (the CUDA clock's event recorder on GPU)."""
         self.unattributed = 0
         """Operations on groups that map to no axis (or receives from any source): counted, not recorded."""
+        self.step_thread = threading.get_ident()
+        """The thread that runs the steps (the tracker sets it when a step opens)."""
+        self.background = 0
+        """Operations issued, or waited on, by a thread that neither runs the steps nor executes a backward pass (an
+        asynchronous checkpoint's writer, a logging thread): counted, not recorded (:meth:`elsewhere`)."""
+        torch_c = getattr(sys.modules.get("torch"), "_C", None)
+        self._graph_task: Callable[[], int] = getattr(torch_c, "_current_graph_task_id", None) or _no_graph_task
         self.uncaptured_ddp = 0
         """DDP models that kept a comm hook of the user's (each logged): their buckets are not fully captured."""
         self._groups: dict[int, _Group] = {}
@@ -284,6 +294,18 @@ class Operations:
             counter = self._seq.setdefault(group_id, itertools.count())
         return next(counter)
 
+    def elsewhere(self) -> bool:
+        """Whether the calling thread is a background thread: not the steps' and not executing a backward pass.
+
+        Autograd runs a GPU's backward, and DDP's and FSDP's hooks with it, on a thread of its own: that is the
+        step's work. A background thread's collectives do not block a step, which goes on computing while they run:
+        an asynchronous checkpoint (``torch.distributed.checkpoint.async_save``) writes and coordinates on a thread of
+        its own. Recorded, they would cut the training thread's compute with another thread's waits and land in
+        whichever step was open on each rank. They are counted (:attr:`background`), not recorded, and take no
+        sequence number: every rank skips the same ones, so the step thread's operations keep joining across ranks.
+        """
+        return get_ident() != self.step_thread and self._graph_task() < 0
+
     # ------------------------------------------------------------------ the patches' callbacks (hot path)
     #
     # Per captured operation: one dict lookup for the group (cached per ProcessGroup object or group name), one
@@ -314,6 +336,9 @@ class Operations:
                 (DDP's buckets). Otherwise the end is the return of its wait (or a completion callback attached when
                 its step ends unwaited).
         """
+        if get_ident() != self.step_thread and self.elsewhere():
+            self.background += 1
+            return
         group = self._groups.get(id(pg))
         if group is None or group.pg is not pg:
             group = self._group_of_pg(pg)
@@ -343,6 +368,9 @@ class Operations:
 
         ``peer_in_group`` is the other side's rank in ``pg`` (``None`` for a receive from any source: unattributed).
         """
+        if get_ident() != self.step_thread and self.elsewhere():
+            self.background += 1
+            return
         group = self._groups.get(id(pg))
         if group is None or group.pg is not pg:
             group = self._group_of_pg(pg)
@@ -375,6 +403,8 @@ class Operations:
 
     def on_wait(self, work: Work, t0: int, m0: Mark) -> None:
         """A ``Work.wait`` that started at ``t0`` (host ns) / ``m0`` (mark) returned now."""
+        if get_ident() != self.step_thread and self.elsewhere():  # the step thread was not blocked
+            return
         t1 = _perf_ns()
         m1 = self.device_mark(t1) if self.on_device else t1
         rec = self._by_work.pop(id(work), None) if self._by_work else None
@@ -391,6 +421,8 @@ class Operations:
 
     def on_tensor_wait(self, tensor: Tensor | None, t0: int, m0: Mark) -> None:
         """A functional ``wait_tensor`` that started at ``t0`` / ``m0`` returned now."""
+        if get_ident() != self.step_thread and self.elsewhere():
+            return
         t1 = _perf_ns()
         m1 = self.device_mark(t1) if self.on_device else t1
         by_storage = self._by_storage
@@ -437,6 +469,9 @@ class Operations:
 
         ``out`` is its output; the first ``wait_tensor`` on it ends the operation.
         """
+        if get_ident() != self.step_thread and self.elsewhere():
+            self.background += 1
+            return
         group = self._by_name.get(group_name)  # type: ignore[call-overload]
         if group is None:
             group = self._group_of_name(group_name)
@@ -559,6 +594,11 @@ class _DdpWait:
     def completed(self, _future: Future[object]) -> None:
         """The last bucket's completion, as the backend reports it (where no final callback could be queued)."""
         self.window[1] = self.sink.mark_end()
+
+
+def _no_graph_task() -> int:
+    """``torch._C._current_graph_task_id`` where torch has none: never inside a backward pass."""
+    return -1
 
 
 def _just_run(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:  # noqa: ANN401

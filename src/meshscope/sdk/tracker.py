@@ -144,6 +144,9 @@ class TrackerCounters:
     compiled_graphs: int = 0
     """Graphs ``torch.compile`` built in this process (Dynamo's own count): what compiled code runs is captured where
     it calls its collectives and attention kernels from Python (docs/sdk.md §4.6)."""
+    background_ops: int = 0
+    """Collectives issued by a thread that neither runs the steps nor executes a backward pass (an asynchronous
+    checkpoint's writer, a logging thread): they block no step, so they are counted, not recorded."""
 
     def as_dict(self) -> dict[str, int]:
         """The counters as a plain mapping (the ``sdk`` object of a record)."""
@@ -157,6 +160,7 @@ class TrackerCounters:
             "uncaptured_ddp": self.uncaptured_ddp,
             "unmatched_end_steps": self.unmatched_end_steps,
             "compiled_graphs": self.compiled_graphs,
+            "background_ops": self.background_ops,
         }
 
 
@@ -711,6 +715,7 @@ class Tracker:
             "uncaptured_ddp": self._ops.uncaptured_ddp,
             "unmatched_end_steps": self._unmatched_ends,
             "compiled_graphs": _compiled_graphs(),
+            "background_ops": self._ops.background,
         }
 
     def counters(self) -> TrackerCounters:
@@ -725,6 +730,7 @@ class Tracker:
             uncaptured_ddp=self._ops.uncaptured_ddp,
             unmatched_end_steps=self._unmatched_ends,
             compiled_graphs=_compiled_graphs(),
+            background_ops=self._ops.background,
         )
 
     def close(self) -> None:
@@ -837,7 +843,7 @@ class Tracker:
         self._last_step = number
         self._capture.patch_loaded_modules()
         self._capture.reset_attention_depth()
-        self._step_thread = threading.get_ident()
+        self._step_thread = ops.step_thread = threading.get_ident()
         ops.clock.on_step_start(self._steps_finished)
         self._reset_peak_memory()
         now = _perf_ns()
