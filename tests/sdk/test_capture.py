@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import os
 import time
 from collections import defaultdict
 
@@ -730,7 +731,8 @@ def _hybrid_shard_job(rank: int, world: int) -> dict[str, object]:
 
     torch.manual_seed(0)
     tracker = sdk.tracker_from_env()
-    mesh = init_device_mesh("cpu", (2, world // 2), mesh_dim_names=("replicate", "shard"))
+    names = tuple(os.environ["HSDP_DIMS"].split(","))
+    mesh = init_device_mesh("cpu", (2, world // 2), mesh_dim_names=names)
     model = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 8))
     for layer in (model[0], model[2]):
         fully_shard(layer, mesh=mesh)
@@ -752,15 +754,19 @@ def _hybrid_shard_job(rank: int, world: int) -> dict[str, object]:
 
 
 @pytest.mark.slow
-def test_hybrid_sharding_groups_are_parts_of_the_dp_group(fork_job) -> None:
-    job = fork_job(_hybrid_shard_job, 4, env={"MESHSCOPE_LAYOUT": "dp=4"}, every_step=("comm",))
+@pytest.mark.parametrize("dims", ["replicate,shard", "rows,cols"], ids=["fsdp2-names", "any-names"])
+def test_hybrid_sharding_groups_are_parts_of_the_dp_group(fork_job, dims: str) -> None:
+    # FSDP2's own names say dp; any other names leave it to the layout: both groups lie inside its dp group
+    env = {"MESHSCOPE_LAYOUT": "dp=4", "HSDP_DIMS": dims}
+    job = fork_job(_hybrid_shard_job, 4, env=env, every_step=("comm",))
+    outer, inner = dims.split(",")
     for result in job.results:
         assert result["counters"]["hook_errors"] == 0
         assert result["counters"]["unattributed_ops"] == 0  # before: every collective, and dp read zero
     records = read_lines(job.records_path)
     assert len(records) == 12
-    shard_of = {0: "shard:0", 1: "shard:0", 2: "shard:2", 3: "shard:2"}  # mesh rows: ranks {0, 1} and {2, 3}
-    replicate_of = {0: "replicate:0", 2: "replicate:0", 1: "replicate:1", 3: "replicate:1"}
+    shard_of = {r: f"{inner}:{r - r % 2}" for r in range(4)}  # mesh rows: ranks {0, 1} and {2, 3}
+    replicate_of = {r: f"{outer}:{r % 2}" for r in range(4)}  # columns: {0, 2} and {1, 3}
     by_group: dict[tuple[str, int], list[tuple[int, str, int]]] = defaultdict(list)
     for rec in records:
         comm = [iv for iv in rec["intervals"] if iv["kind"] == "comm"]
@@ -841,3 +847,31 @@ def test_collectives_of_background_threads_are_counted_not_recorded(fork_job) ->
     for result in job.results:
         assert result["counters"]["hook_errors"] == 0
         assert result["counters"]["background_ops"] >= 3  # the logging thread's three, and the saves' own
+
+
+def _subgroup_job(rank: int, world: int) -> dict[str, object]:
+    tracker = sdk.tracker_from_env()
+    pairs = [dist.new_group([0, 1]), dist.new_group([2, 3])]  # unnamed: "undefined" in torch's words
+    mine = pairs[rank // 2]
+    for step in range(2):
+        with tracker.step(step), tracker.phase("forward"):
+            dist.all_reduce(torch.ones(8), group=mine)
+            dist.all_reduce(torch.ones(8))  # the world: dp, as the job implies
+    counters = tracker.counters().as_dict()
+    tracker.close()
+    return {"counters": counters}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("layout", ["", "dp=4"], ids=["implied", "given"])
+def test_an_unnamed_part_of_dp_is_dp_only_under_a_layout_that_was_given(fork_job, layout: str) -> None:
+    # Without a layout, dp over the world is an assumption (the job might be tp x dp): a pair of ranks may be a tp
+    # group, so it stays unattributed. Given dp=4, a pair can only be a part of the dp group.
+    job = fork_job(_subgroup_job, 4, env={"MESHSCOPE_LAYOUT": layout} if layout else {})
+    groups = {iv["group"] for rec in read_lines(job.records_path) for iv in rec["intervals"] if iv["kind"] == "comm"}
+    if layout:
+        assert groups == {"dp:0", "dp_sub2s1:0", "dp_sub2s1:2"}
+        assert all(r["counters"]["unattributed_ops"] == 0 for r in job.results)
+    else:
+        assert groups == {"dp:0"}
+        assert all(r["counters"]["unattributed_ops"] == 2 for r in job.results)

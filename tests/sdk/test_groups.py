@@ -25,6 +25,8 @@ from meshscope.topology.layout import MeshAxis, ParallelLayout
         ("dp_cp", MeshAxis.DP),
         ("mesh_dp_shard_cp", MeshAxis.DP),
         ("dp_replicate", MeshAxis.DP),
+        ("mesh_shard", MeshAxis.DP),  # HSDP's (replicate, shard) mesh
+        ("replicate", MeshAxis.DP),
         ("edp", MeshAxis.DP),
         ("expert_data_parallel", MeshAxis.DP),
         ("tensor_model_parallel", MeshAxis.TP),
@@ -80,7 +82,8 @@ def test_group_ids_come_from_the_first_member_and_p2p_ids_from_the_direction() -
 
 def test_a_job_that_says_nothing_implies_dp_over_the_world() -> None:
     # No MESHSCOPE_LAYOUT and nothing registered (a plain DDP/FSDP script): the world group is the dp group, as the
-    # coords (dp = rank) already say; a smaller group is no layout group (a part of one: infer_sub_axis), one
+    # coords (dp = rank) already say; a smaller group is no layout group (infer_sub_axis would call it a part of
+    # one, but the tracker asks only under a layout it was given: dp over the world is an assumption here), one
     # process has no groups to explain.
     layout = implied_layout(4)
     assert layout is not None

@@ -6,8 +6,9 @@ collective on the other members. This module owns both decisions:
 * **axis**: from an explicit registration (``tracker.register_groups({"tp": g})``), from a DeviceMesh group's
   description (``mesh_tp``, ``mesh_dp_cp``), from a Megatron-core group name (``tensor_model_parallel``), or, for
   groups nobody named, by comparing the group's ranks with the groups of the job's :class:`ParallelLayout`.
-  Combined gradient-reduction groups (``dp_cp``, ``edp``) are attributed to ``dp``. A group inside one layout group,
-  its members differing along a single axis (dp and cp count as one, like ``dp_cp``), is a *sub-group* of that axis:
+  Combined gradient-reduction groups (``dp_cp``, ``edp``) are attributed to ``dp``. Under a layout that was given, a
+  group inside one layout group, its members differing along a single axis (dp and cp count as one, like ``dp_cp``),
+  is a *sub-group* of that axis:
   hybrid sharding's shard and replicate groups (FSDP's ``HYBRID_SHARD``, HSDP over a 2-D mesh whose dims are named
   ``replicate`` and ``shard``), Megatron's embedding group across the first and last stage (pp). Groups no rule
   explains (the world group of a multi-axis job) are *unattributed*: their collectives are counted, not recorded.
@@ -58,6 +59,8 @@ _TOKENS: dict[str, MeshAxis] = {
     "fsdp": MeshAxis.DP,
     "ddp": MeshAxis.DP,
     "hsdp": MeshAxis.DP,
+    "shard": MeshAxis.DP,  # HSDP's (replicate, shard) mesh, as PyTorch's FSDP2 documents it
+    "replicate": MeshAxis.DP,
     "tp": MeshAxis.TP,
     "tensor": MeshAxis.TP,
     "pp": MeshAxis.PP,

@@ -271,13 +271,14 @@ class Operations:
             axis = axis_of_name(desc) if desc else None
             name = re.sub(r"^mesh_", "", desc) if axis is not None else (desc or "group")
             layout = self.settings.layout
+            given = layout is not None or bool(self._registered)  # else dp over the world is only assumed
             if layout is None and not self._registered:
                 layout = implied_layout(self.settings.world_size)
             if axis is None and layout is not None:
                 inferred = infer_from_layout(layout, ranks)
                 if inferred is not None:
                     name, axis = inferred
-                elif (sub := infer_sub_axis(layout, ranks)) is not None:  # a part of one axis's group
+                elif given and (sub := infer_sub_axis(layout, ranks)) is not None:  # a part of one axis's group
                     axis = sub
                     name = sub_group_name(sub, ranks, desc)
             if len(ranks) < 2:
