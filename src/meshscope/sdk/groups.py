@@ -8,10 +8,9 @@ collective on the other members. This module owns both decisions:
   groups nobody named, by comparing the group's ranks with the groups of the job's :class:`ParallelLayout`.
   Combined gradient-reduction groups (``dp_cp``, ``edp``) are attributed to ``dp``. Under a layout that was given, a
   group inside one layout group, its members differing along a single axis (dp and cp count as one, like ``dp_cp``),
-  is a *sub-group* of that axis:
-  hybrid sharding's shard and replicate groups (FSDP's ``HYBRID_SHARD``, HSDP over a 2-D mesh whose dims are named
-  ``replicate`` and ``shard``), Megatron's embedding group across the first and last stage (pp). Groups no rule
-  explains (the world group of a multi-axis job) are *unattributed*: their collectives are counted, not recorded.
+  is a *sub-group* of that axis: hybrid sharding's shard and replicate groups (FSDP's ``HYBRID_SHARD``, HSDP over a
+  2-D mesh), Megatron's embedding group across the first and last stage (pp). Groups no rule explains (the world
+  group of a multi-axis job) are *unattributed*: their collectives are counted, not recorded.
 * **id**: ``"<name>:<first member rank>"`` (e.g. ``tp:4``, ``dp_cp:0``), computed by every member from the same
   member list without talking. Groups of one name partition the ranks, so the first member is unique within a name.
   Point-to-point messages get a per-direction id ``"<axis>:<src>-<dst>"``.
