@@ -194,6 +194,7 @@ def test_to_dict_has_exactly_the_documented_keys() -> None:
         "slowest_rank",
         "efficiency",
         "ideal_step_seconds",
+        "ideal_step_source",
         "useful_compute_share",
         "reported_gpu_util",
     }
@@ -318,9 +319,10 @@ spec:
 """
 
 
-def spec_records() -> list[StepRecord]:
+def spec_records(*, on_gpu: bool = True) -> list[StepRecord]:
     """Ranks 0-7 of dp2 tp2 pp2 (Megatron order: tp fastest, then dp, then pp); one step, 100 ms, one tp
-    all-reduce of 32 MiB and one dp reduce-scatter of 64 MiB per rank."""
+    all-reduce of 32 MiB and one dp reduce-scatter of 64 MiB per rank; each on GPU ``rank`` (``on_gpu``), else on
+    CPU cores."""
     records = []
     for rank in range(8):
         tp, dp, pp = rank % 2, (rank // 2) % 2, rank // 4
@@ -358,6 +360,7 @@ def spec_records() -> list[StepRecord]:
                 coord=RankCoord(dp=dp, tp=tp, pp=pp, cp=0, ep=0),
                 node="node-0",
                 nvlink_domain="nvl-0",
+                gpu=rank if on_gpu else None,
                 start_us=0,
                 end_us=100 * MS,
                 intervals=tuple(ivs),
@@ -409,7 +412,23 @@ def test_expected_column_maps_the_plan() -> None:
         "comm.pp.sync_wait",
     }
     assert a.summary.ideal_step_seconds == pytest.approx(t.compute_seconds + t.optimizer_seconds)
+    assert a.summary.ideal_step_source == "plan"
     assert a.world_size == 8
+
+
+def test_a_plan_for_gpus_beside_ranks_on_cpu_cores_gives_no_ideal_step() -> None:
+    # An H100 spec beside records of CPU ranks (a script tried on a laptop with its cluster's spec): the plan's
+    # seconds are an H100's, so the ideal step (and the efficiency) come from the measured compute and optimizer:
+    # 80 ms + 5 ms of each 100 ms step, not the plan's milliseconds.
+    spec = load_spec_text(SPEC)
+    a = analyze(RecordTable.from_records(spec_records(on_gpu=False)), spec=spec)
+    assert a.summary.ideal_step_source == "measured"
+    assert a.summary.ideal_step_seconds == pytest.approx(0.085)
+    assert a.summary.efficiency == pytest.approx(0.85)
+    text = render_analysis(a)
+    assert "ideal step 85.00 ms = compute + optimizer of the median rank" in text
+    gpu = analyze(RecordTable.from_records(spec_records()), spec=spec)
+    assert "compute + optimizer as planned" in render_analysis(gpu)
 
 
 def test_expected_vs_measured_collectives_per_stage_and_memory() -> None:

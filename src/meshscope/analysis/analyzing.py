@@ -41,7 +41,7 @@ from meshscope.errors import ParseCode, ParseError
 from meshscope.formatting import human_bytes, human_seconds, percent, render_table
 from meshscope.plan import PlanAssumptions, plan_job
 from meshscope.progress import NO_PROGRESS
-from meshscope.topology import AXES, Link
+from meshscope.topology import AXES, EMULATED_GPU, Link
 
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
@@ -128,6 +128,16 @@ def p2p_bandwidth(spec: JobSpec | None, plan: Plan | None) -> P2PBandwidth:
     }
 
 
+def plan_fits_run(rs: RankSteps, spec: JobSpec | None) -> bool:
+    """Whether the plan's seconds are those of the hardware the ranks ran on.
+
+    They are where the ranks ran on GPUs, or on this machine's CPU cores under the emulated accelerator that models
+    them; a spec for a catalogue GPU beside CPU ranks gives another machine's seconds. A plan without its spec is taken
+    to fit.
+    """
+    return spec is None or rs.on_gpu or spec.hardware.gpu.name == EMULATED_GPU
+
+
 def analyze(
     table: RecordTable,
     *,
@@ -174,7 +184,7 @@ def analyze(
         partial = (*partial_notes(rs, world_size=planned_world, extra=notes), *missing_traffic_notes(rs, plan))
         measured = None if any(n.code == CPU_CONTENTION for n in partial) else runqueue_contention(rs)
         partial = partial if measured is None else (*partial, measured)
-        summary = summarise(rs, plan=plan)
+        summary = summarise(rs, plan=plan, plan_fits_run=plan_fits_run(rs, spec))
         rows = cost_rows(rs, plan=plan, world_size=world, partial=partial_categories(rs, partial))
         collectives = compare_collectives(rs.breakdown.table, plan) if plan is not None else ()
         memory = compare_memory(rs, plan) if plan is not None else ()
@@ -365,7 +375,7 @@ def render_analysis_dict(data: Mapping[str, Any]) -> str:
     steps = data["steps"]
     memory = data["expected_vs_measured"]["memory"]
     collectives = data["expected_vs_measured"]["collectives"]
-    planned = bool(memory)  # compare_memory gives one row per pipeline stage exactly when there is a plan
+    planned = s.get("ideal_step_source", "plan" if memory else "measured") == "plan"  # older JSON: no source
     seen = f"{data['ranks_seen']} of {data['world_size']} ranks seen"
     span = f"steps {steps['first']}..{steps['last']} ({steps['count']})"
     out = [f"meshscope analyze: job {data['job']!r}: {seen}, {span}"]

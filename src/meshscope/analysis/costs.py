@@ -851,7 +851,10 @@ class Summary:
     efficiency: float
     """``ideal_step_seconds ÷ median_step_seconds``."""
     ideal_step_seconds: float
-    """Compute + optimizer: the plan's, else the median measured."""
+    """Compute + optimizer: the plan's, else the median measured (:attr:`ideal_step_source`)."""
+    ideal_step_source: str = "measured"
+    """``plan``: the plan's critical stage, planned for the hardware the ranks ran on; ``measured``: the median
+    rank-step's (no plan, or a plan for other hardware: a GPU's seconds beside ranks that ran on CPU cores)."""
     useful_compute_share: float
     """Median over rank-steps of compute ÷ step time."""
     reported_gpu_util: float | None
@@ -866,6 +869,7 @@ class Summary:
             "slowest_rank": self.slowest_rank,
             "efficiency": self.efficiency,
             "ideal_step_seconds": self.ideal_step_seconds,
+            "ideal_step_source": self.ideal_step_source,
             "useful_compute_share": self.useful_compute_share,
             "reported_gpu_util": self.reported_gpu_util,
         }
@@ -879,12 +883,16 @@ def own_time_us(rs: RankSteps) -> NDArray[np.float64]:
     return rs.step_us - waiting
 
 
-def summarise(rs: RankSteps, *, plan: Plan | None) -> Summary:
-    """The summary numbers of ``rs`` (ideal step from ``plan`` when given)."""
+def summarise(rs: RankSteps, *, plan: Plan | None, plan_fits_run: bool = True) -> Summary:
+    """The summary numbers of ``rs``.
+
+    The ideal step is the plan's where one is given and planned for the hardware the ranks ran on (``plan_fits_run``),
+    else the measured compute and optimizer of the median rank-step.
+    """
     own = grouped_median(rs.rank_index, own_time_us(rs), rs.n_ranks)
     slowest = int(np.argmax(own))
     median_step = rs.median_step_us / 1e6
-    if plan is not None:
+    if plan is not None and plan_fits_run:
         ideal = plan.expected_step_time.compute_seconds + plan.expected_step_time.optimizer_seconds
     else:
         ideal = float(np.median(rs.us(COMPUTE) + rs.us(OPTIMIZER))) / 1e6
@@ -900,6 +908,7 @@ def summarise(rs: RankSteps, *, plan: Plan | None) -> Summary:
         slowest_rank=int(rs.ranks[slowest]),
         efficiency=ideal / median_step if median_step > 0 else math.nan,
         ideal_step_seconds=ideal,
+        ideal_step_source="plan" if plan is not None and plan_fits_run else "measured",
         useful_compute_share=float(np.median(share)) if share.size else math.nan,
         reported_gpu_util=float(np.median(util)) if util.size else None,
     )

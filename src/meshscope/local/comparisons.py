@@ -389,7 +389,11 @@ def _bytes(value: float) -> str:
 
 
 def compare_run(
-    analysis: Analysis, measurements: Mapping[int, Mapping[str, Any]] | None = None, *, emulated: bool = False
+    analysis: Analysis,
+    measurements: Mapping[int, Mapping[str, Any]] | None = None,
+    *,
+    emulated: bool = False,
+    planned_gpu: str | None = None,
 ) -> RunComparison:
     """Lay the plan of ``analysis`` beside its records and the SDK's measurements, stage by stage.
 
@@ -399,6 +403,8 @@ def compare_run(
             model state and activations are left out (and said so).
         emulated: the plan is for emulated accelerators (:mod:`meshscope.local.emulation`): say how its seconds relate
             to the measured ones.
+        planned_gpu: the GPU the plan is for (the spec's hardware): where the ranks ran without GPUs and not under
+            emulation, say that its seconds are that GPU's, not this machine's.
 
     Returns:
         The comparison.
@@ -421,11 +427,18 @@ def compare_run(
             "model state and activations were not measured (the training script did not call "
             "tracker.count_model_state / tracker.saved_activations, or its measurements were lost)"
         )
+    step_time = _step_time(analysis, plan, notes, emulated=emulated)
+    if planned_gpu is not None and not emulated and not analysis.rank_steps.on_gpu and step_time:
+        notes.append(
+            f"step time: the plan is for {planned_gpu} GPUs (the spec's hardware) and these ranks ran on CPU cores: "
+            "its seconds are that hardware's, not this machine's, so only the counts, bytes and memory above "
+            "compare (the summary's ideal step is the measured compute and optimizer)"
+        )
     return RunComparison(
         collectives=collectives,
         state=state,
         activations=activations,
-        step_time=_step_time(analysis, plan, notes, emulated=emulated),
+        step_time=step_time,
         notes=tuple(notes),
     )
 

@@ -41,7 +41,7 @@ from meshscope.jobs import (
     lookup_model,
 )
 from meshscope.plan import PlanAssumptions, layer_forward_flops, logits_forward_flops
-from meshscope.topology import GpuSpec, HardwareConfig
+from meshscope.topology import EMULATED_GPU, GpuSpec, HardwareConfig
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -153,7 +153,7 @@ def emulated_hardware(peak_flops_per_s: float, *, world_size: int, gpus_per_node
         gpus_per_node: ranks per emulated node (its NVLink domain is the node).
     """
     gpu = GpuSpec(
-        name="emulated",
+        name=EMULATED_GPU,
         bf16_flops_per_s=2.0 * peak_flops_per_s,  # the fp32 peak is half the BF16 one (hardware.py convention)
         fp8_flops_per_s=None,
         hbm_bytes=EMULATED_MEMORY_BYTES,

@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import sys
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from meshscope.analysis import analyze, render_analysis
 from meshscope.errors import MeshscopeError
@@ -32,7 +32,7 @@ from meshscope.records import Note, RecordTable, read_records
 from meshscope.reports import trace_steps, write_report, write_trace
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Mapping, Sequence
 
     from meshscope.analysis import Analysis
     from meshscope.jobs import JobSpec
@@ -175,6 +175,15 @@ def _run_spec(outcome: RunOutcome) -> _Planned:
     return _Planned(spec=spec, described=True, emulated=job.block_ms is not None)
 
 
+def _compare(
+    analysis: Analysis, measurements: Mapping[int, Mapping[str, Any]], planned: _Planned, spec: JobSpec | None
+) -> RunComparison | None:
+    """The per-stage comparison of a run analysed with a plan (``spec`` is what was planned), else ``None``."""
+    if analysis.plan is None or spec is None:
+        return None
+    return compare_run(analysis, measurements, emulated=planned.emulated, planned_gpu=spec.hardware.gpu.name)
+
+
 def report_run(outcome: RunOutcome) -> int:
     """The end of a local run: the cost table, findings, expected vs measured; ``OUT/report.html`` and ``trace.json``.
 
@@ -216,7 +225,7 @@ def report_run(outcome: RunOutcome) -> int:
         _no_analysis(outcome, "cannot analyse the collected records", exc)
         return EXIT_NO_ANALYSIS
     measurements = {r: t.measurements for r, t in outcome.ranks.items() if t.measurements}
-    comparison = compare_run(analysis, measurements, emulated=planned.emulated) if plan is not None else None
+    comparison = _compare(analysis, measurements, planned, spec)
     # The per-stage comparison replaces the job-wide collective and memory tables (it is exact per stage).
     shown = analysis if comparison is None else replace(analysis, collectives=(), memory=())
     print(render_analysis(shown))  # noqa: T201

@@ -20,6 +20,7 @@ It must not know about TrainingJobs, plans, records or I/O, and imports nothing 
 
 from meshscope.topology.hardware import (
     CATALOGUE,
+    EMULATED_GPU,
     GB,
     TFLOPS,
     GiB,
@@ -44,6 +45,7 @@ __all__ = [
     "AXES",
     "CATALOGUE",
     "DEFAULT_ORDER",
+    "EMULATED_GPU",
     "GB",
     "TFLOPS",
     "GiB",

@@ -22,6 +22,9 @@ from meshscope.errors import SpecError
 GB = 10**9
 GiB = 2**30
 TFLOPS = 10**12
+EMULATED_GPU = "emulated"
+"""Name of the accelerator ``meshscope run`` emulates on CPU cores (:mod:`meshscope.local.emulation`): its seconds are
+this machine's by construction, where a catalogue GPU's are another machine's."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
