@@ -431,7 +431,13 @@ def test_unknown_kind_lists_the_kinds_that_fit(tmp_path):
 def test_duplicate_rank_step_names_both_lines(tmp_path):
     path = write_lines(tmp_path / "r.jsonl", [good_json(0), good_json(1), good_json(0)])
     _both_readers_raise(
-        path, "rank 0 step 0 appears twice", f"{path} line 1", f"{path} line 3", code=ParseCode.DUPLICATE
+        path,
+        "rank 0 step 0 appears twice",
+        f"{path} line 1",
+        f"{path} line 3",
+        "a job restarted or resumed into the same records writes steps again",  # the other cause, and its fix
+        "give each attempt its own records",
+        code=ParseCode.DUPLICATE,
     )
 
 

@@ -27,7 +27,7 @@ from meshscope.progress import BYTES, NO_PROGRESS
 from meshscope.records.building import _Described, _merge_parts, _Raw, _table_of, _TableBuilder
 from meshscope.records.decoding import _decoded
 from meshscope.records.parsing import _parse_record
-from meshscope.records.schema import Note, RecordSet, StepRecord, _job_mismatch
+from meshscope.records.schema import RESTARTED, Note, RecordSet, StepRecord, _job_mismatch
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -80,7 +80,7 @@ def read_records(paths: StrPath | Sequence[StrPath], *, allow_partial: bool = Fa
             if key in seen:
                 raise ParseError(
                     f"rank {rec.rank} step {rec.step} appears twice: {seen[key]} and {where}; each (rank, step) must "
-                    f"have exactly one record",
+                    f"have exactly one record{RESTARTED}",
                     code=ParseCode.DUPLICATE,
                 )
             seen[key] = where

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 from meshscope.errors import ParseCode, ParseError
 from meshscope.topology import AXES, MeshAxis, RankCoord
@@ -362,6 +362,14 @@ class RecordSet:
     def __len__(self) -> int:
         """Number of records."""
         return len(self.records)
+
+
+RESTARTED: Final = (
+    "; a job restarted or resumed into the same records writes steps again (and its collectives' sequence numbers "
+    "start over): give each attempt its own records (MESHSCOPE_COLLECTOR=file:DIR per attempt, or one meshscope run "
+    "--out per attempt) and analyse them apart"
+)
+"""Added to the duplicate-record errors: the other way a job writes a (rank, step) or a collective twice."""
 
 
 def _job_mismatch(job: str, where: str, first_job: str, first_where: str) -> str:

@@ -33,6 +33,7 @@ from meshscope.records.schema import (
     P2P_OPS,
     PHASE_CODE,
     PHASES,
+    RESTARTED,
     UNKNOWN,
     BetweenSteps,
     DataStats,
@@ -850,7 +851,7 @@ def _check_unique_rank_steps(t: RecordTable) -> None:
         a, b = sorted((int(order[dup]), int(order[dup + 1])))
         raise ParseError(
             f"rank {int(s.rank[a])} step {int(s.step[a])} appears twice: {t.where_row(a)} and {t.where_row(b)}; "
-            f"each (rank, step) must have exactly one record",
+            f"each (rank, step) must have exactly one record{RESTARTED}",
             code=ParseCode.DUPLICATE,
         )
 
@@ -880,7 +881,7 @@ def _check_collectives(t: RecordTable, comm: NDArray[np.intp]) -> NDArray[np.int
         raise ParseError(
             f"collective group {t.group_name(int(g[bad]))!r} seq {int(q[bad])} appears twice on rank {int(r[bad])}: "
             f"{t.where_interval(a)} and {t.where_interval(b)}; (group, seq) must name one collective instance over "
-            f"the whole job (seq counts the group's collectives, it does not restart every step)",
+            f"the whole job (seq counts the group's collectives, it does not restart every step){RESTARTED}",
             code=ParseCode.DUPLICATE,
         )
     op = iv.op[comm][order]
