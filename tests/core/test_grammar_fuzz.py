@@ -146,6 +146,8 @@ def _manifests(draw: st.DrawFn) -> dict:
         parallelism["sequenceParallel"] = True
     training: dict[str, object] = {"microBatchSize": mbs, "globalBatchSize": gbs}
     training.update(draw(st.sampled_from([{}, {"distributedOptimizer": True}, {"zeroStage": 1}, {"zeroStage": 2}])))
+    if len(training) > 2 and draw(st.booleans()):  # hybrid sharding: a divisor of dp
+        training["dpShard"] = draw(st.sampled_from([d for d in range(1, dp + 1) if dp % d == 0]))
     return {
         "apiVersion": "meshscope.io/v1alpha1",
         "kind": "TrainingJob",
@@ -169,6 +171,8 @@ _SPEC_CORRUPTIONS = st.sampled_from(
         ("training", "globalBatchSize", 3),
         ("training", "microBatchSize", 0),
         ("training", "zeroStage", 5),
+        ("training", "dpShard", 3),  # divides no power-of-two dp, or shards nothing
+        ("training", "dpShard", 0),
         ("hardware", "nodes", 0),
         ("hardware", "gpu", "Z999"),
         ("model", "preset", "llama9"),
@@ -188,6 +192,9 @@ def _check_loaded(spec) -> None:
         return
     assert len(plan.stages) == layout.pp
     assert all(stage.memory.total_bytes > 0 for stage in plan.stages)
+    groups = {c.group for c in plan.collectives if c.axis == "dp"}
+    hybrid = spec.training.hybrid_shard(layout.dp) is not None
+    assert ("dp-shard" in groups) == hybrid, (groups, spec.training)
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])

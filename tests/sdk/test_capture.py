@@ -801,6 +801,7 @@ def _background_job(rank: int, world: int) -> dict[str, object]:
     torch.manual_seed(0)
     tracker = sdk.tracker_from_env()
     side = dist.new_group(backend="gloo")  # the world's ranks: in a dp=2 job, a dp group by its members
+    writer = dist.new_group(backend="gloo")  # the checkpoint writer's own (one group, one thread at a time)
     model = DDP(nn.Linear(16, 8))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     x = torch.full((4, 16), float(rank + 1))
@@ -824,7 +825,7 @@ def _background_job(rank: int, world: int) -> dict[str, object]:
             if future is not None:
                 future.result()
             future = dcp.async_save(
-                {"model": model.state_dict()}, checkpoint_id=f"{holder[0]}/s{step}", process_group=side
+                {"model": model.state_dict()}, checkpoint_id=f"{holder[0]}/s{step}", process_group=writer
             )
     future.result()
     counters = tracker.counters().as_dict()
