@@ -354,6 +354,19 @@ def test_any_damage_is_a_parse_error_or_a_valid_table(data: st.DataObject) -> No
         assert table_from_lines(lines).to_records() == table.to_records()
 
 
+def test_a_damaged_column_name_is_shown_with_its_escapes_on_one_line() -> None:
+    # Found by the fuzz above: one byte of the header turned "longest_sequence" into "l\\ngest_sequence", which the
+    # JSON header decodes to a name with a newline in it; the error printed it raw, on two lines.
+    packed = _packed()
+    assert packed.count(b"longest_sequence") >= 1
+    damaged = packed.replace(b"longest_sequence", b"l\\ngest_sequence", 1)
+    with pytest.raises(ParseError) as info:
+        table_from_columns([unpack_columns(damaged, where="pod x")])
+    message = str(info.value)
+    assert "\n" not in message
+    assert "column rows.'l\\ngest_sequence' where rows.longest_sequence belongs" in message
+
+
 def test_pack_columns_of_lines_is_what_pack_lines_gives() -> None:
     lines = _lines(_objs())
     assert pack_columns(columns_from_lines(lines, where="a")) == pack_lines(lines, where="a")[0]

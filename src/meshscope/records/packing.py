@@ -224,7 +224,7 @@ def _arrays_of(header: _Header, data: bytes, at: int, where: str) -> dict[tuple[
     for (part, name, dtype, shape), (want_part, want_name, want_dtype, tail) in zip(
         header.columns, layout, strict=True
     ):
-        column = f"column {part}.{name}"
+        column = f"column {_printable(part)}.{_printable(name)}"
         if (part, name) != (want_part, want_name):
             raise _error(where, f"{column} where {want_part}.{want_name} belongs", ParseCode.BAD_SHAPE)
         if dtype != want_dtype:
@@ -242,6 +242,11 @@ def _arrays_of(header: _Header, data: bytes, at: int, where: str) -> dict[tuple[
     if at != len(data):
         raise _error(where, f"{len(data) - at} bytes follow the last column", ParseCode.BAD_SHAPE)
     return arrays
+
+
+def _printable(text: str) -> str:
+    """``text`` as it is, or quoted with its escapes where a damaged header put control characters in it."""
+    return text if text.isprintable() else repr(text)
 
 
 def _error(where: str, problem: str, code: ParseCode) -> ParseError:
