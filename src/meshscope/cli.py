@@ -136,6 +136,8 @@ def _cmd_search(args: argparse.Namespace) -> int:
     ]
     if missing:
         raise _UsageError(f"plan --search needs {', '.join(missing)}")
+    if args.dp_shard is not None and args.dp_shard < 1:
+        raise _UsageError(f"--dp-shard {args.dp_shard}: give the data-parallel ranks to shard over, 1 or more")
     from meshscope.jobs import Precision, Recompute, lookup_model  # noqa: PLC0415 - loaded when the command runs
     from meshscope.plan import SearchRequest, search_layouts  # noqa: PLC0415
     from meshscope.topology import default_hardware  # noqa: PLC0415
@@ -151,14 +153,19 @@ def _cmd_search(args: argparse.Namespace) -> int:
         seq_length=args.seq_length,
         precision=Precision(args.precision),
         recompute=Recompute(args.recompute),
+        zero_stage=args.zero_stage,
+        dp_shard=args.dp_shard,
     )
     result = search_layouts(request, assumptions=_assumptions(args.assumptions))
     if args.json:
         _print_json(result.to_dict(top=args.top))
         return EXIT_OK
+    sharding = f"ZeRO-{args.zero_stage}" if args.zero_stage else "distributed optimizer"
+    if args.dp_shard:
+        sharding += f" over {args.dp_shard} data-parallel ranks (hybrid sharding)"
     print(
         f"meshscope plan --search: {model.name} on {args.gpus} x {gpu.name}, global batch {args.global_batch} "
-        f"sequences; {result.evaluated:,} layouts evaluated, {len(result.candidates):,} fit in memory"
+        f"sequences, {sharding}; {result.evaluated:,} layouts evaluated, {len(result.candidates):,} fit in memory"
     )
     if result.candidates:
         print(render_search(result.candidates[: args.top]))
@@ -232,6 +239,20 @@ def _plan_arguments(plan: argparse.ArgumentParser) -> None:
         "--recompute", default="selective", choices=[r.value for r in Recompute], help="with --search (selective)"
     )
     plan.add_argument("--top", type=int, default=15, help="with --search: layouts to print (15)")
+    plan.add_argument(
+        "--zero-stage",
+        type=int,
+        default=0,
+        choices=[0, 1, 2, 3],
+        help="with --search: ZeRO stage of every layout instead of the distributed optimizer (3: FSDP; 0: not used)",
+    )
+    plan.add_argument(
+        "--dp-shard",
+        type=int,
+        metavar="N",
+        help="with --search: hybrid sharding (HSDP), the sharded state over N data-parallel ranks, replicated over "
+        "the rest; layouts whose dp is not a multiple of N are left out",
+    )
     plan.add_argument(
         "--assumptions",
         metavar="FILE",

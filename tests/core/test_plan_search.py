@@ -295,6 +295,10 @@ def planned_by_hand(
     fitting, misfits, rejected = [], [], {}
     for (dp, tp, pp, cp, ep, vpp), b, extra in brute_force(request):
         layout = ParallelLayout(dp=dp, tp=tp, pp=pp, cp=cp, ep=ep, vpp=vpp)
+        shard = request.dp_shard if request.dp_shard is not None and request.dp_shard < dp else None
+        if shard is not None and dp % shard:  # hybrid sharding needs whole shard groups
+            rejected["dp_shard"] = rejected.get("dp_shard", 0) + 1
+            continue
         spec = JobSpec(
             name="by-hand",
             model=job_model,
@@ -309,7 +313,9 @@ def planned_by_hand(
                 global_batch_size=request.global_batch_size,
                 precision=request.precision,
                 recompute=request.recompute,
-                distributed_optimizer=request.distributed_optimizer,
+                distributed_optimizer=request.distributed_optimizer and not request.zero_stage,
+                zero_stage=request.zero_stage,
+                dp_shard=shard,
                 pipeline_schedule=PipelineSchedule.INTERLEAVED if vpp > 1 else PipelineSchedule.ONE_F_ONE_B,
             ),
             hardware=request.hardware,
@@ -348,6 +354,8 @@ REQUESTS = {
         None,
     ),
     "moe-ep": (replace(tiny_request(), model=model(layers=2, experts=4), micro_batch_sizes=(1,)), None),
+    "zero3-hybrid": (tiny_request(zero_stage=3, dp_shard=2), None),  # dp 4 in shard groups of 2; dp 2, 1 whole
+    "zero1-hybrid-6-gpus": (replace(tiny_request(zero_stage=1, dp_shard=4), hardware=hardware(1, 6)), None),
 }
 
 
@@ -363,6 +371,27 @@ def test_every_candidate_is_planned_as_the_manifest_would_be(
     assert result.rejected == rejected
     assert result.closest_misfit is None
     assert {c.layout.tp > 1 for c in fitting} == {True, False}
+    if request_.dp_shard == 4:  # on 6 GPUs dp 6 holds no whole shard group of 4
+        assert rejected["dp_shard"] > 0
+
+
+def test_hybrid_sharding_in_the_search_keeps_fsdp_off_the_network() -> None:
+    # Llama 3 8B on 16 H100 nodes, ZeRO-3: sharded over all 128 GPUs, the gathers cross the network; over the 8 GPUs
+    # of a node (HSDP), they stay on NVLink and only the shards' all-reduce crosses it. Pure data parallelism wins.
+    from meshscope.jobs import lookup_model  # noqa: PLC0415
+
+    request = SearchRequest(
+        model=lookup_model("llama3-8b"), hardware=default_hardware("H100", 16), global_batch_size=512, zero_stage=3
+    )
+    full = {(c.layout, c.micro_batch_size): c for c in search_layouts(request).candidates}
+    hybrid = search_layouts(replace(request, dp_shard=8))
+    best = hybrid.candidates[0]
+    assert (best.layout.dp, best.layout.tp, best.layout.pp) == (128, 1, 1)
+    same = full[(best.layout, best.micro_batch_size)]
+    assert best.exposed_comm_seconds < same.exposed_comm_seconds / 10
+    assert best.peak_memory_bytes > same.peak_memory_bytes  # the price: a copy of the state per node
+    with pytest.raises(PlanError, match="shards nothing"):
+        search_layouts(replace(request, zero_stage=0, distributed_optimizer=False, dp_shard=8))
 
 
 def test_candidates_of_equal_step_time_rank_by_peak_memory() -> None:

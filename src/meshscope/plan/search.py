@@ -62,7 +62,13 @@ class SearchRequest:
     recompute: Recompute = Recompute.SELECTIVE
     """Activation recomputation for every candidate."""
     distributed_optimizer: bool = True
-    """Shard optimizer state over data-parallel ranks (Megatron's distributed optimizer)."""
+    """Shard optimizer state over data-parallel ranks (Megatron's distributed optimizer); off where ``zero_stage`` is
+    given."""
+    zero_stage: int = 0
+    """ZeRO stage 1-3 for every candidate instead of the distributed optimizer (3: FSDP); 0: not used."""
+    dp_shard: int | None = None
+    """Hybrid sharding (HSDP): shard over this many data-parallel ranks, replicated over the rest, in every layout whose
+    dp is a multiple of it (one with less dp shards over all of it; others are rejected, counted as ``dp_shard``)."""
     micro_batch_sizes: tuple[int, ...] = (1, 2, 4, 8)
     """Micro-batch sizes to try."""
     max_vpp: int = 8
@@ -190,8 +196,11 @@ def search_layouts(request: SearchRequest, *, assumptions: PlanAssumptions | Non
         global_batch_size=request.global_batch_size,
         precision=request.precision,
         recompute=request.recompute,
-        distributed_optimizer=request.distributed_optimizer,
+        distributed_optimizer=request.distributed_optimizer and not request.zero_stage,
+        zero_stage=request.zero_stage,
     )
+    if request.dp_shard is not None and not (request.zero_stage or request.distributed_optimizer):
+        raise PlanError(f"dp_shard {request.dp_shard} shards nothing: give a ZeRO stage or the distributed optimizer")
     placement = Placement.for_hardware(request.hardware.world_size, request.hardware)
     rejected: Counter[str] = Counter()
     candidates: list[Candidate] = []
@@ -206,18 +215,22 @@ def search_layouts(request: SearchRequest, *, assumptions: PlanAssumptions | Non
             account_for_embedding_in_pipeline_split=split_extra,
             account_for_loss_in_pipeline_split=split_extra,
         )
+        shard = request.dp_shard if request.dp_shard is not None and request.dp_shard < layout.dp else None
+        if shard is not None and layout.dp % shard:
+            rejected["dp_shard"] += 1
+            continue
         spec = JobSpec(
             name="search",
             model=model,
             parallelism=parallelism,
-            training=replace(base_training, micro_batch_size=b, pipeline_schedule=schedule),
+            training=replace(base_training, micro_batch_size=b, pipeline_schedule=schedule, dp_shard=shard),
             hardware=request.hardware,
         )
         shape = (layout.dp, layout.tp, layout.pp, layout.cp, layout.ep)
         try:
             check_job(spec)
             if shape not in spans_by_shape:
-                spans_by_shape[shape] = collective_spans(layout, placement, model)
+                spans_by_shape[shape] = collective_spans(layout, placement, model, dp_shard=shard)
             plan = plan_job(spec, placement=placement, assumptions=assumptions, spans=spans_by_shape[shape])
         except (SpecError, PlanError) as exc:
             rejected[exc.field if isinstance(exc, SpecError) else "planner"] += 1
