@@ -17,6 +17,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 
 import meshscope.records.reading as records_module
+from meshscope.analysis import analyze
 from meshscope.errors import ParseCode, ParseError
 from meshscope.records import (
     BETWEEN_KINDS,
@@ -428,17 +429,66 @@ def test_unknown_kind_lists_the_kinds_that_fit(tmp_path):
     )
 
 
-def test_duplicate_rank_step_names_both_lines(tmp_path):
-    path = write_lines(tmp_path / "r.jsonl", [good_json(0), good_json(1), good_json(0)])
-    _both_readers_raise(
-        path,
-        "rank 0 step 0 appears twice",
-        f"{path} line 1",
-        f"{path} line 3",
-        "a job restarted or resumed into the same records writes steps again",  # the other cause, and its fix
-        "give each attempt its own records",
-        code=ParseCode.DUPLICATE,
-    )
+def test_a_repeated_rank_step_is_read_as_a_restart_by_every_reader(tmp_path):
+    # Rank 0 writes step 0 twice: its step numbers went back, so a second attempt began (the readers cannot tell a
+    # repeated line from a restart, and a real job only repeats steps by restarting); its last attempt is kept.
+    path = write_lines(tmp_path / "r.jsonl", [good_json(0), good_json(1), good_json(0, start_us=5), good_json(1, 1)])
+    for reader in (read_records, read_table, _lines_in_memory):
+        got = reader(path)
+        records = got.records if hasattr(got, "records") else got.to_records()
+        assert sorted((r.rank, r.step) for r in records) == [(0, 0), (1, 0), (1, 1)], reader.__name__
+        assert next(r for r in records if r.rank == 0).start_us == 5, reader.__name__  # the later one
+        assert [(n.code, n.count) for n in got.notes] == [("earlier_attempts", 1)], reader.__name__
+
+
+def _attempt(rank: int, steps: range, *, first_seq: int, shift_us: int) -> list[dict]:
+    """Rank ``rank``'s records of ``steps`` in one attempt: its collectives numbered from ``first_seq``."""
+    out = []
+    for i, step in enumerate(steps):
+        obj = good_json(rank, step)
+        for iv in obj["intervals"]:
+            for key in ("start_us", "end_us"):
+                iv[key] += shift_us
+            if iv["kind"] == "comm":
+                iv["seq"] = first_seq + i
+        obj["start_us"] += shift_us
+        obj["end_us"] += shift_us
+        out.append(obj)
+    return out
+
+
+def test_a_restarted_jobs_records_are_read_as_its_last_attempt(tmp_path):
+    # Attempt 1 ran steps 0-5 and died; attempt 2 resumed from a checkpoint at step 3 and ran 3-8, its collectives
+    # numbered from 0 again, into the same per-rank files (MESHSCOPE_COLLECTOR=file:DIR appends). Before: "rank 0
+    # step 3 appears twice", no analysis at all.
+    later = 10_000_000
+    paths = []
+    for rank in (0, 1):
+        lines = _attempt(rank, range(6), first_seq=0, shift_us=0) + _attempt(
+            rank, range(3, 9), first_seq=0, shift_us=later
+        )
+        paths.append(write_lines(tmp_path / f"rank-{rank:05d}.jsonl", lines))
+    for table in (
+        read_table(paths),
+        table_from_lines([line for p in paths for line in p.read_bytes().splitlines()], where="x"),
+    ):
+        assert sorted(zip(table.steps.rank.tolist(), table.steps.step.tolist(), strict=True)) == [
+            (rank, step) for rank in (0, 1) for step in range(3, 9)
+        ]
+        assert (table.steps.start_us >= later).all()  # attempt 2's own records, not attempt 1's steps 3-5
+        (note,) = [n for n in table.notes if n.code == "earlier_attempts"]
+        assert note.count == 12  # steps 0-5 of both ranks
+        assert note.message.startswith("the records hold 1 restart (the step numbers of 2 ranks go back")
+    assert "earlier_attempts" in {n["code"] for n in analyze(read_table(paths)).to_dict()["partial_data"]}
+
+
+def test_a_repeated_sequence_number_without_a_restart_is_still_refused(tmp_path):
+    # Steps go up, but one collective's seq repeats: not a restart, a broken record; the error stands.
+    lines = _attempt(0, range(2), first_seq=0, shift_us=0) + _attempt(1, range(2), first_seq=0, shift_us=0)
+    lines[1]["intervals"] = [dict(iv, seq=0) if iv["kind"] == "comm" else iv for iv in lines[1]["intervals"]]
+    path = write_lines(tmp_path / "r.jsonl", lines)
+    with pytest.raises(ParseError, match="seq 0 appears twice on rank 0"):
+        read_table(path)
 
 
 @pytest.mark.parametrize(
@@ -637,10 +687,13 @@ def test_worker_errors_name_the_right_line(tmp_path, small_chunks):
     path = write_lines(tmp_path / "r.jsonl", objs)
     with pytest.raises(ParseError, match=re.escape(f"{path} line 34: intervals[2]: bytes = -5 is below 0")):
         read_table(path, workers=2)
-    objs[33] = good_json(2, 0)  # same rank and step as line 3, in another worker's byte range
+    objs[33] = good_json(1, 4)
+    objs[33]["intervals"][2]["seq"] = 0  # rank 1's tp all-reduce of step 0 (line 2), in another worker's byte range
     path = write_lines(tmp_path / "r.jsonl", objs)
-    with pytest.raises(ParseError, match=re.escape(f"appears twice: {path} line 3 and {path} line 34")):
+    with pytest.raises(ParseError, match=re.escape("seq 0 appears twice on rank 1")) as info:
         read_table(path, workers=2)
+    assert f"{path} line 2" in str(info.value)
+    assert f"{path} line 34" in str(info.value)
 
 
 def test_worker_path_keeps_the_partial_data_rules(tmp_path, small_chunks):

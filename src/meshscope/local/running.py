@@ -729,6 +729,7 @@ def _outcome(
             for rank, t in collector.ranks.items()
         },
         unreadable_datagrams=collector.garbage,
+        claimed_twice=collector.claimed_twice(),
         wall_s=wall_s,
         cpu=cpu,
     )
@@ -1076,6 +1077,8 @@ class RunOutcome:
     """Seconds from launch to the last exit."""
     cpu: CpuUse | None = None
     """The cores the ranks ran on and the CPU time they used (``None``: not measured)."""
+    claimed_twice: dict[int, list[int]] = field(default_factory=dict)
+    """Ranks that more than one process said it was, with their process ids: their records collide."""
 
 
 # ====================================================================== the command line

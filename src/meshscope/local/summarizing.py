@@ -184,6 +184,23 @@ def _compare(
     return compare_run(analysis, measurements, emulated=planned.emulated, planned_gpu=spec.hardware.gpu.name)
 
 
+def _nothing_to_analyse(outcome: RunOutcome, notes: Sequence[Note]) -> bool:
+    """Whether the run left nothing to analyse: no records, or ranks several processes wrote as at once (said why)."""
+    if not any(t.records for t in outcome.ranks.values()):
+        print("no step records to analyse (no meshscope tracker in the script, MESHSCOPE_DISABLE=1, or all lost)")  # noqa: T201
+        for n in notes:
+            print(f"  {n.code} ({n.count:,}): {n.message}")  # noqa: T201
+        return True
+    if outcome.claimed_twice:  # not a restart's attempts, which the reader would keep the last of: they collide
+        print(  # noqa: T201
+            f"meshscope run: no analysis: {len(outcome.claimed_twice)} ranks were claimed by more than one process "
+            f"at once (above), so their records collide; the records are kept in {outcome.records_path}",
+            file=sys.stderr,
+        )
+        return True
+    return False
+
+
 def report_run(outcome: RunOutcome) -> int:
     """The end of a local run: the cost table, findings, expected vs measured; ``OUT/report.html`` and ``trace.json``.
 
@@ -203,10 +220,7 @@ def report_run(outcome: RunOutcome) -> int:
     notes = loss_notes(outcome)
     if outcome.cpu is not None and (contention := outcome.cpu.note()) is not None:
         notes.append(contention)
-    if not any(t.records for t in outcome.ranks.values()):
-        print("no step records to analyse (no meshscope tracker in the script, MESHSCOPE_DISABLE=1, or all lost)")  # noqa: T201
-        for n in notes:
-            print(f"  {n.code} ({n.count:,}): {n.message}")  # noqa: T201
+    if _nothing_to_analyse(outcome, notes):
         return EXIT_NO_ANALYSIS
     progress = command_progress(quiet=outcome.settings.quiet)
     table = _read(outcome, progress)

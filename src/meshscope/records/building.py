@@ -843,7 +843,68 @@ def _empty_intervals() -> dict[str, NDArray[Any]]:
 
 
 def _table_of(raw: _Raw, *, notes: tuple[Note, ...], source_files: tuple[str, ...]) -> RecordTable:
-    """The validated table of a reader's columns."""
+    """The validated table of a reader's columns; of a restarted job's, its last attempt (:func:`_last_attempts`)."""
+    try:
+        return _validated_table(raw, notes=notes, source_files=source_files)
+    except ParseError as exc:
+        if exc.code is not ParseCode.DUPLICATE:
+            raise
+        kept, note = _last_attempts(raw)
+        if note is None:
+            raise
+    return _validated_table(kept, notes=(*notes, note), source_files=source_files)
+
+
+def _last_attempts(raw: _Raw) -> tuple[_Raw, Note | None]:
+    """Each rank's rank-steps from its last attempt on, where a rank's records go back in step number.
+
+    A job restarted (torchrun's elastic restarts) or resumed from a checkpoint into the same records writes its steps
+    again, numbered from 0 or from the checkpoint's step, and its collectives' sequence numbers start over: two
+    attempts cannot be analysed as one. A rank's records come in the order it wrote them (a file per rank, or a
+    collector's arrivals, in order per rank); where a record's step is not above the one before it of that rank, a
+    new attempt began. Only the rank-steps of each rank's last attempt are kept, and a note says how many were left
+    out. ``None`` for the note where no rank's steps go back (the duplicates are something else).
+    """
+    rank, step = raw.rows["rank"], raw.rows["step"]
+    n = rank.shape[0]
+    order = np.argsort(rank, kind="stable")  # each rank's rows, in the order it wrote them
+    r, s = rank[order], step[order]
+    same_rank = np.r_[False, r[1:] == r[:-1]]
+    back = same_rank & np.r_[False, s[1:] <= s[:-1]]  # a row that starts a later attempt of its rank
+    if not back.any():
+        return raw, None
+    attempt = np.cumsum(back | ~same_rank)  # every attempt of every rank numbered, in sorted order
+    ends = np.r_[np.flatnonzero(r[1:] != r[:-1]), n - 1]  # each rank's last row: its last attempt's number
+    last_attempt = np.repeat(attempt[ends], np.diff(np.r_[-1, ends]))
+    keep = np.zeros(n, dtype=bool)
+    keep[order] = attempt == last_attempt
+    restarted, per_rank = np.unique(r[back], return_counts=True)
+    restarts, ranks = int(per_rank.max()), int(restarted.shape[0])
+    dropped = int(n - keep.sum())
+    spans = np.repeat(keep, raw.rows["n_intervals"])
+    kept = replace(
+        raw,
+        rows={name: col[keep] for name, col in raw.rows.items()},
+        intervals={name: col[spans] for name, col in raw.intervals.items()},
+    )
+    return kept, earlier_attempts_note(restarts=restarts, ranks=ranks, dropped=dropped)
+
+
+def earlier_attempts_note(*, restarts: int, ranks: int, dropped: int) -> Note:
+    """The note of :func:`_last_attempts` (the object reader writes the same)."""
+    return Note(
+        code="earlier_attempts",
+        count=dropped,
+        message=(
+            f"the records hold {restarts} restart{'' if restarts == 1 else 's'} (the step numbers of {ranks} ranks go "
+            f"back: a job restarted or resumed into the same records); {dropped} rank-steps of earlier attempts are "
+            "left out and each rank's last attempt is analysed (to analyse an earlier one, give it its own records)"
+        ),
+    )
+
+
+def _validated_table(raw: _Raw, *, notes: tuple[Note, ...], source_files: tuple[str, ...]) -> RecordTable:
+    """The validated table of a reader's columns, as they are."""
     rows = dict(raw.rows)
     counts = rows.pop("n_intervals")
     row = np.repeat(np.arange(counts.shape[0], dtype=np.int32), counts)

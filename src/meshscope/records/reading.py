@@ -24,7 +24,14 @@ import numpy as np
 
 from meshscope.errors import ParseCode, ParseError
 from meshscope.progress import BYTES, NO_PROGRESS
-from meshscope.records.building import _Described, _merge_parts, _Raw, _table_of, _TableBuilder
+from meshscope.records.building import (
+    _Described,
+    _merge_parts,
+    _Raw,
+    _table_of,
+    _TableBuilder,
+    earlier_attempts_note,
+)
 from meshscope.records.decoding import _decoded
 from meshscope.records.parsing import _parse_record
 from meshscope.records.schema import RESTARTED, Note, RecordSet, StepRecord, _job_mismatch
@@ -68,6 +75,7 @@ def read_records(paths: StrPath | Sequence[StrPath], *, allow_partial: bool = Fa
     records: list[StepRecord] = []
     job: tuple[str, str] | None = None
     seen: dict[tuple[int, int], str] = {}
+    repeated: tuple[str, str] | None = None
     for path in _as_paths(paths):
         for lineno, obj in _decoded(path, allow_partial, notes):
             where = f"{path} line {lineno}"
@@ -78,14 +86,42 @@ def read_records(paths: StrPath | Sequence[StrPath], *, allow_partial: bool = Fa
                 raise ParseError(_job_mismatch(rec.job, where, job[0], job[1]), code=ParseCode.JOB_MISMATCH)
             key = (rec.rank, rec.step)
             if key in seen:
-                raise ParseError(
-                    f"rank {rec.rank} step {rec.step} appears twice: {seen[key]} and {where}; each (rank, step) must "
-                    f"have exactly one record{RESTARTED}",
-                    code=ParseCode.DUPLICATE,
-                )
+                repeated = repeated or (seen[key], where)
             seen[key] = where
             records.append(rec)
+    if repeated is not None:
+        records = _last_attempt_records(records, repeated, notes)
     return RecordSet(job=job[0] if job else "", records=tuple(records), notes=tuple(notes))
+
+
+def _last_attempt_records(records: list[StepRecord], repeated: tuple[str, str], notes: list[Note]) -> list[StepRecord]:
+    """Each rank's records from its last attempt on: where a rank's step goes back, a job began again.
+
+    The object reader's form of ``meshscope.records.building._last_attempts``, with the same note.
+
+    Raises:
+        ParseError: a (rank, step) repeated without a rank's steps going back (never from a real job), naming both.
+    """
+    by_rank: dict[int, list[int]] = {}
+    for i, rec in enumerate(records):
+        by_rank.setdefault(rec.rank, []).append(i)
+    keep: set[int] = set()
+    restarts = {}
+    for rank, rows in by_rank.items():
+        start, count = 0, 0
+        for j in range(1, len(rows)):
+            if records[rows[j]].step <= records[rows[j - 1]].step:
+                start, count = j, count + 1
+        keep.update(rows[start:])
+        if count:
+            restarts[rank] = count
+    if not restarts:  # pragma: no cover - a repeated (rank, step) always goes back somewhere
+        first, second = repeated
+        raise ParseError(f"a (rank, step) appears twice: {first} and {second}{RESTARTED}", code=ParseCode.DUPLICATE)
+    kept = [rec for i, rec in enumerate(records) if i in keep]
+    dropped = len(records) - len(kept)
+    notes.append(earlier_attempts_note(restarts=max(restarts.values()), ranks=len(restarts), dropped=dropped))
+    return kept
 
 
 def read_table(
