@@ -195,8 +195,8 @@ def test_demo_layouts() -> None:
 
 # The CLI surface, frozen (torchtitan's test_no_new_cli_options): a new or renamed option must change this list.
 CLI_SURFACE = {
-    "plan": ["--assumptions", "--global-batch", "--gpus", "--hardware", "--json", "--model", "--precision", "--recompute", "--search",
-             "--seq-length", "--top", "-h", "--help"],
+    "plan": ["--assumptions", "--dp-shard", "--global-batch", "--gpus", "--hardware", "--json", "--model", "--precision", "--recompute", "--search",
+             "--seq-length", "--top", "--zero-stage", "-h", "--help"],
     "demo": ["--cp", "--ep", "--imbalance", "--out", "--steps", "--straggler", "-q", "--quiet", "-h", "--help"],
     "run": ["--gpus-per-node", "--grace", "--job", "--launcher", "--layout", "--nproc", "--out", "--spec", "-q",
             "--quiet", "-h", "--help"],

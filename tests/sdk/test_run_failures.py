@@ -231,18 +231,40 @@ def test_records_that_cannot_be_analysed_exit_non_zero_with_the_fix_and_are_kept
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     lines = (DATA / "dp8_straggler" / "records.jsonl").read_text().splitlines()
-    records = tmp_path / "records.jsonl"  # step numbers that restart every epoch: a (rank, step) twice
-    records.write_text("\n".join([*lines[:16], *lines[:8]]) + "\n")
+    records = tmp_path / "records.jsonl"  # rank 3's all-reduce of step 1 says it is step 0's: seq 0 twice
+    broken = json.loads(lines[11])
+    assert (broken["rank"], broken["step"]) == (3, 1)
+    broken["intervals"] = [dict(iv, seq=0) if iv["kind"] == "comm" else iv for iv in broken["intervals"]]
+    records.write_text("\n".join([*lines[:11], json.dumps(broken), *lines[12:]]) + "\n")
     settings = RunSettings(nproc=8, command=("python", "x.py"), layout=ParallelLayout(dp=8), out_dir=tmp_path)
     receipt = RankReceipt(records=3, hello=True, closed=True, counters={}, measurements={})
     outcome = RunOutcome(settings=settings, records_path=records, failed=None, ranks=dict.fromkeys(range(8), receipt))
     assert report_run(outcome) == EXIT_NO_ANALYSIS
     err = capsys.readouterr().err
     line = next(x for x in err.splitlines() if x.startswith("meshscope run: no analysis:"))
-    assert "appears twice" in line
-    assert "fix: number steps across the whole run" in line
+    assert "seq 0 appears twice on rank 3" in line
+    assert "fix: a collective's seq counts its group's collectives over the whole run" in line
     assert line.endswith(f"the records are kept in {records}")
-    assert records.read_text().count("\n") == 24
+    assert records.read_text().count("\n") == len(lines)
+
+
+def test_step_numbers_that_start_over_are_analysed_as_the_last_attempt_and_said(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A loop that numbers its steps per epoch with an SDK that did not renumber them, or a job restarted into the
+    # same records: every rank's steps go 0, 1, then 0 again. Before: no analysis ("appears twice").
+    lines = (DATA / "dp8_straggler" / "records.jsonl").read_text().splitlines()
+    records = tmp_path / "records.jsonl"
+    assert len(lines) == 16  # steps 0 and 1 of 8 ranks
+    records.write_text("\n".join([*lines, *lines]) + "\n")
+    settings = RunSettings(nproc=8, command=("python", "x.py"), layout=ParallelLayout(dp=8), out_dir=tmp_path)
+    receipt = RankReceipt(records=5, hello=True, closed=True, counters={}, measurements={})
+    outcome = RunOutcome(settings=settings, records_path=records, failed=None, ranks=dict.fromkeys(range(8), receipt))
+    assert report_run(outcome) == 0
+    notes = {n["code"]: n for n in json.loads((tmp_path / "analysis.json").read_text())["partial_data"]}
+    assert notes["earlier_attempts"]["count"] == 16  # steps 0 and 1 of the first attempt, 8 ranks
+    assert "the records hold 1 restart (the step numbers of 8 ranks go back" in notes["earlier_attempts"]["message"]
+    assert "PARTIAL DATA" in capsys.readouterr().out
 
 
 def test_a_report_that_raises_a_meshscope_error_exits_non_zero_in_one_line(

@@ -260,10 +260,10 @@ def report_run(outcome: RunOutcome) -> int:
 def _no_analysis(outcome: RunOutcome, what: str, exc: Exception) -> None:
     """One line: what failed, the error, the fix, and where the records are."""
     text = str(exc)
-    if "appears twice" in text:
+    if "appears twice" in text:  # a repeated (rank, step) is read as a restart: this is a collective's seq
         fix = (
-            "number steps across the whole run, not within an epoch (a current SDK does: tracker.step() renumbers "
-            "repeated numbers, docs/sdk.md §1.4): each (rank, step) names one record"
+            "a collective's seq counts its group's collectives over the whole run: where two runs' records share a "
+            "file, give each its own; otherwise fix the script's tracker calls (docs/sdk.md)"
         )
     else:
         fix = "fix the script's tracker calls (docs/sdk.md)"
