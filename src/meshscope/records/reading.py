@@ -34,7 +34,7 @@ from meshscope.records.building import (
 )
 from meshscope.records.decoding import _decoded
 from meshscope.records.parsing import _parse_record
-from meshscope.records.schema import RESTARTED, Note, RecordSet, StepRecord, _job_mismatch
+from meshscope.records.schema import Note, RecordSet, StepRecord, _job_mismatch
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -65,17 +65,18 @@ def read_records(paths: StrPath | Sequence[StrPath], *, allow_partial: bool = Fa
             the returned notes, instead of raising. Corrupt lines elsewhere are always errors.
 
     Returns:
-        The records, the job name and notes on skipped lines.
+        The records, the job name and notes on skipped lines; of a restarted or resumed job (a rank's steps go
+        back), each rank's last attempt, with an ``earlier_attempts`` note.
 
     Raises:
         ParseError: naming file, line, field, value and what would fit: bad JSON, schema violations, mismatched jobs
-            (both names), duplicate (rank, step) (both lines).
+            (both names).
     """
     notes: list[Note] = []
     records: list[StepRecord] = []
     job: tuple[str, str] | None = None
-    seen: dict[tuple[int, int], str] = {}
-    repeated: tuple[str, str] | None = None
+    seen: set[tuple[int, int]] = set()
+    repeated = False
     for path in _as_paths(paths):
         for lineno, obj in _decoded(path, allow_partial, notes):
             where = f"{path} line {lineno}"
@@ -85,28 +86,25 @@ def read_records(paths: StrPath | Sequence[StrPath], *, allow_partial: bool = Fa
             elif rec.job != job[0]:
                 raise ParseError(_job_mismatch(rec.job, where, job[0], job[1]), code=ParseCode.JOB_MISMATCH)
             key = (rec.rank, rec.step)
-            if key in seen:
-                repeated = repeated or (seen[key], where)
-            seen[key] = where
+            repeated = repeated or key in seen
+            seen.add(key)
             records.append(rec)
-    if repeated is not None:
-        records = _last_attempt_records(records, repeated, notes)
+    if repeated:  # a rank's step went back somewhere: a restarted or resumed job
+        records = _last_attempt_records(records, notes)
     return RecordSet(job=job[0] if job else "", records=tuple(records), notes=tuple(notes))
 
 
-def _last_attempt_records(records: list[StepRecord], repeated: tuple[str, str], notes: list[Note]) -> list[StepRecord]:
+def _last_attempt_records(records: list[StepRecord], notes: list[Note]) -> list[StepRecord]:
     """Each rank's records from its last attempt on: where a rank's step goes back, a job began again.
 
-    The object reader's form of ``meshscope.records.building._last_attempts``, with the same note.
-
-    Raises:
-        ParseError: a (rank, step) repeated without a rank's steps going back (never from a real job), naming both.
+    The object reader's form of ``meshscope.records.building._last_attempts``, with the same note (appended to
+    ``notes``). Called where a (rank, step) repeats, which means some rank's steps go back.
     """
     by_rank: dict[int, list[int]] = {}
     for i, rec in enumerate(records):
         by_rank.setdefault(rec.rank, []).append(i)
     keep: set[int] = set()
-    restarts = {}
+    restarts: dict[int, int] = {}
     for rank, rows in by_rank.items():
         start, count = 0, 0
         for j in range(1, len(rows)):
@@ -115,9 +113,6 @@ def _last_attempt_records(records: list[StepRecord], repeated: tuple[str, str], 
         keep.update(rows[start:])
         if count:
             restarts[rank] = count
-    if not restarts:  # pragma: no cover - a repeated (rank, step) always goes back somewhere
-        first, second = repeated
-        raise ParseError(f"a (rank, step) appears twice: {first} and {second}{RESTARTED}", code=ParseCode.DUPLICATE)
     kept = [rec for i, rec in enumerate(records) if i in keep]
     dropped = len(records) - len(kept)
     notes.append(earlier_attempts_note(restarts=max(restarts.values()), ranks=len(restarts), dropped=dropped))
