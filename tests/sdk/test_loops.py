@@ -10,7 +10,7 @@ import contextlib
 import itertools
 import json
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -248,6 +248,184 @@ def test_the_wrapped_loader_answers_for_the_loader(listener) -> None:
         _ = data.no_such_thing
     tracker.close()
     assert len(_records(sock)) == 8
+
+
+# ---------------------------------------------------------------------------- a DataLoader without tracker.data
+
+
+class _SlowSamples:
+    """A map-style dataset whose every sample sleeps ``fetch_s`` (a slow disk); batches of one are one sleep each."""
+
+    def __init__(self, n: int, fetch_s: float) -> None:
+        self.n = n
+        self.fetch_s = fetch_s
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> int:
+        time.sleep(self.fetch_s)
+        return i
+
+
+def _loader(n: int, fetch_s: float) -> Any:  # a torch DataLoader (torch imported lazily)
+    torch = pytest.importorskip("torch")
+    return torch.utils.data.DataLoader(_SlowSamples(n, fetch_s), batch_size=1)
+
+
+@pytest.mark.parametrize("style", ["for-batch-with-step", "for-batch-start-step", "next-inside-the-step"])
+def test_a_dataloaders_fetches_are_timed_without_tracker_data(listener, style: str) -> None:
+    # Scripts as people write them never call tracker.data: a slow loader's time was compute (next() inside the
+    # step) or unlabelled time between steps (for batch in loader), and a rank on a slow disk read as a straggler
+    # in compute. Every DataLoader's next() is a fetch now, under the rules of tracker.data.
+    sock, path = listener
+    tracker = _tracker(path)
+    loader = _loader(4, FETCH_S)
+    if style == "next-inside-the-step":
+        it = iter(loader)
+        for i in range(4):
+            with tracker.step(i):
+                next(it)
+                _body(tracker)
+    else:
+        for _batch in loader:
+            if style == "for-batch-with-step":
+                with tracker.step():
+                    _body(tracker)
+            else:
+                tracker.start_step()
+                _body(tracker)
+        assert not tracker.in_step  # the loader's end ended the last step, as with tracker.data
+    tracker.close()
+    records = _records(sock)
+    assert [r.step for r in records] == [0, 1, 2, 3]
+    for rec in records:
+        (fetch,) = [iv for iv in rec.intervals if iv.kind is IntervalKind.DATA]
+        assert FETCH_S * 1e6 <= fetch.end_us - fetch.start_us < FETCH_S * 1e6 + SLACK_US
+        if style != "next-inside-the-step":
+            assert fetch.start_us == rec.start_us  # the step starts where its batch's fetch started
+        compute = [iv for iv in rec.intervals if iv.kind is IntervalKind.COMPUTE]
+        assert all(iv.end_us <= fetch.start_us or iv.start_us >= fetch.end_us for iv in compute)
+    for rec in records[1:]:
+        assert rec.gap_before_us is not None
+        assert rec.gap_before_us < 20 * MS  # no fetch left between two steps
+    assert tracker.counters().hook_errors == 0
+
+
+@pytest.mark.parametrize("style", ["for-batch", "next-inside-the-step"])
+def test_an_evaluation_that_stops_early_between_steps_is_not_the_next_steps_fetch(listener, style: str) -> None:
+    # An evaluation every N steps over a few batches of the validation loader, between two steps: only the training
+    # loader's fetch is the next step's (for-batch: it fetches again before the step; next-inside: the steps fetch
+    # inside themselves), and the evaluation stays time between steps.
+    sock, path = listener
+    tracker = _tracker(path)
+    train, val = _loader(3, 0.01), _loader(8, 0.01)
+    eval_s = 0.08
+
+    def evaluate() -> None:
+        for j, _ in enumerate(val):
+            time.sleep(eval_s / 2)  # the evaluation's own forward
+            if j == 1:
+                break
+
+    if style == "for-batch":
+        for i, _ in enumerate(train):
+            with tracker.step():
+                _body(tracker)
+            if i == 0:
+                evaluate()
+    else:
+        it = iter(train)
+        for i in range(3):
+            with tracker.step():
+                next(it)
+                _body(tracker)
+            if i == 0:
+                evaluate()
+    tracker.close()
+    records = _records(sock)
+    assert [r.step for r in records] == [0, 1, 2]
+    after = records[1]
+    (fetch,) = [iv for iv in after.intervals if iv.kind is IntervalKind.DATA]
+    if style == "for-batch":
+        assert fetch.start_us == after.start_us
+    assert fetch.end_us - fetch.start_us < 10 * MS + SLACK_US
+    assert after.end_us - after.start_us < eval_s * 1e6  # the evaluation is not inside the step
+    assert after.gap_before_us is not None
+    assert after.gap_before_us >= eval_s * 1e6 + 2 * 10 * MS  # it is the time between the two steps
+    assert after.between_steps.data_us >= 2 * 10 * MS  # and its fetches are labelled as data there
+
+
+def test_a_step_over_several_batches_of_one_loader_keeps_its_held_fetch(listener) -> None:
+    # Accumulation by hand: the loop's fetch opens the step, the body fetches k - 1 more from the same iterator.
+    sock, path = listener
+    tracker = _tracker(path)
+    it = iter(_loader(6, 0.01))
+    for _ in it:
+        with tracker.step():
+            next(it)
+            _body(tracker)
+    tracker.close()
+    records = _records(sock)
+    assert [r.step for r in records] == [0, 1, 2]
+    for rec in records:
+        fetches = [iv for iv in rec.intervals if iv.kind is IntervalKind.DATA]
+        assert len(fetches) == 2
+        assert fetches[0].start_us == rec.start_us  # each step starts at its first batch's fetch
+    assert all(r.gap_before_us is not None and r.gap_before_us < 20 * MS for r in records[1:])
+
+
+class _Nested:
+    """A dataset whose every sample is read through another DataLoader (a loader of shards, each its own loader)."""
+
+    def __len__(self) -> int:
+        return 3
+
+    def __getitem__(self, i: int) -> int:
+        return sum(int(b) for b in _loader(2, 0.01))
+
+
+def test_a_dataloader_under_tracker_data_or_on_another_thread_is_timed_by_its_step_thread_only(listener) -> None:
+    import threading  # noqa: PLC0415
+
+    sock, path = listener
+    tracker = _tracker(path)
+    for i, _ in enumerate(tracker.data(_loader(2, 0.01))):  # the script's own timing: each fetch once
+        with tracker.step(i):
+            _body(tracker)
+    prefetched: list[int] = []
+    background = iter(_loader(4, 0.01))
+    with tracker.step(2):
+        worker = threading.Thread(target=lambda: prefetched.extend(int(b) for b in background))
+        with tracker.phase("forward"):
+            worker.start()
+            worker.join()  # a prefetching thread's fetches while the step thread computes
+    tracker.close()
+    records = _records(sock)
+    assert prefetched == [0, 1, 2, 3]
+    assert [r.step for r in records] == [0, 1, 2]
+    for rec in records[:2]:
+        assert [k for k in _kinds(rec) if k[0] == "data"] == [("data", None)]
+    assert [k for k in _kinds(records[2]) if k[0] == "data"] == []
+    assert _span_us(records[2], IntervalKind.COMPUTE) >= 4 * 10 * MS  # the forward, not cut by the thread's fetches
+    assert tracker.counters().hook_errors == 0
+
+
+def test_a_fetch_that_reads_another_loader_is_one_fetch(listener) -> None:
+    torch = pytest.importorskip("torch")
+    sock, path = listener
+    tracker = _tracker(path)
+    for _ in torch.utils.data.DataLoader(_Nested(), batch_size=1):
+        with tracker.step():
+            _body(tracker)
+    tracker.close()
+    records = _records(sock)
+    assert [r.step for r in records] == [0, 1, 2]
+    for rec in records:
+        (fetch,) = [iv for iv in rec.intervals if iv.kind is IntervalKind.DATA]
+        assert fetch.start_us == rec.start_us
+        assert fetch.end_us - fetch.start_us >= 2 * 10 * MS  # the inner loader's two fetches, inside the outer one
+    assert tracker.counters().hook_errors == 0
 
 
 def test_null_tracker_hands_the_loader_back_and_ignores_step_calls() -> None:

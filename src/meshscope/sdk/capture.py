@@ -47,6 +47,7 @@ from typing import TYPE_CHECKING, Any, Final, Protocol
 
 import torch
 import torch.distributed as dist
+import torch.utils.data.dataloader
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -115,6 +116,12 @@ class CaptureSink(Protocol):
         """Run ``fn(*args, **kwargs)``, a checkpoint function (``torch.save``, DCP's), as a checkpoint phase.
 
         Opened only where no phase is open; returns what ``fn`` returns and raises what it raises.
+        """
+
+    def fetching(self, fetch: Callable[[Any], Any], it: Any) -> Any:
+        """Run ``fetch(it)``, a ``DataLoader`` iterator's own ``__next__``, timed as a fetch of the step's batch.
+
+        Returns what ``fetch`` returns and raises what it raises (``StopIteration`` at the loader's end).
         """
 
     def on_attention_forward(self, m0: Mark) -> None:
@@ -974,6 +981,26 @@ def _checkpoint_wrapper(orig: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
+def _loader_next_wrapper(orig: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """``_BaseDataLoaderIter.__next__``: every ``DataLoader``'s batches, in any loop, pass through the sink."""
+
+    @functools.wraps(orig)
+    def __next__(self: Any) -> Any:  # noqa: N807 - it stands in for the iterator's __next__
+        t = ACTIVE
+        if t is None:
+            return orig(self)
+        return t.fetching(orig, self)
+
+    return __next__
+
+
+def _patch_loaders() -> None:
+    """Time every ``DataLoader``'s ``next()`` (its iterators' common base, which the subclasses do not override)."""
+    loader_iter = getattr(torch.utils.data.dataloader, "_BaseDataLoaderIter", None)
+    if loader_iter is not None and "__next__" in loader_iter.__dict__:
+        _set(loader_iter, "__next__", _loader_next_wrapper(loader_iter.__next__))
+
+
 def _patch_checkpoints(module: Any) -> None:
     """Time ``torch.distributed.checkpoint``'s saves and loads as checkpoints."""
     for name in CHECKPOINT_FUNCTIONS:
@@ -1051,6 +1078,7 @@ def install(tracker: CaptureSink) -> None:
         _sdpa_wrapper(torch.nn.functional.scaled_dot_product_attention),
     )
     _set(torch, "save", _checkpoint_wrapper(torch.save))
+    _patch_loaders()
     patch_loaded_modules()
     ACTIVE = tracker
 

@@ -104,6 +104,7 @@ class Operations:
         phase: Callable[[str], AbstractContextManager[None]],
         fault: Callable[[str, BaseException], None],
         checkpointing: Callable[[Callable[..., Any], tuple[Any, ...], dict[str, Any]], Any] | None = None,
+        fetching: Callable[[Callable[[Any], Any], Any], Any] | None = None,
     ) -> None:
         """An empty log on the host clock; the tracker sets :attr:`step` and may switch to a device clock.
 
@@ -113,9 +114,11 @@ class Operations:
             phase: the tracker's :meth:`~meshscope.sdk.Tracker.phase` (the pipelining patches open phases).
             fault: counts a failure inside meshscope (the tracker's :meth:`~meshscope.sdk.Tracker.fault`).
             checkpointing: runs a checkpoint function as the tracker's checkpoint phase (default: just runs it).
+            fetching: runs a ``DataLoader`` iterator's ``__next__`` as the tracker's fetch (default: just runs it).
         """
         self.settings = settings
         self.checkpointing = checkpointing or _just_run
+        self.fetching = fetching or _just_fetch
         self._dist = dist
         self.phase = phase
         self.fault = fault
@@ -604,6 +607,10 @@ def _no_graph_task() -> int:
 
 def _just_run(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:  # noqa: ANN401
     return fn(*args, **kwargs)
+
+
+def _just_fetch(fetch: Callable[[Any], Any], it: Any) -> Any:  # noqa: ANN401
+    return fetch(it)
 
 
 def _storage_key(tensor: Tensor) -> int:

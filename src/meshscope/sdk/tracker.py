@@ -441,7 +441,14 @@ class Tracker:
         self._capture = capture
         self.settings = settings
         self._faults: dict[str, int] = {}
-        self._ops = Operations(settings, dist, phase=self.phase, fault=self.fault, checkpointing=self._checkpointing)
+        self._ops = Operations(
+            settings,
+            dist,
+            phase=self.phase,
+            fault=self.fault,
+            checkpointing=self._checkpointing,
+            fetching=self._fetching,
+        )
         """What the capture patches report to; holds the open step and the clock."""
         self._clock_chosen = False
         self._sender = open_sender(settings.collector, lambda: self.settings.rank)
@@ -471,6 +478,14 @@ class Tracker:
         self._fetch_from: object = None
         self._fed_by: object = None
         """The data iterator whose held fetch the open step took, when :meth:`start_step` opened it."""
+        self._data_explicit = False
+        """Whether the script times its own fetches (:meth:`data`, a Trainer's callback): ``DataLoader`` fetches are
+        then left to it (:meth:`_fetching`)."""
+        self._fetching_depth = 0
+        """``DataLoader`` fetches under way (a dataset that reads another loader: the inner fetch is the outer's)."""
+        self._fetched_inside: list[object] = [None, None]
+        """The ``DataLoader`` iterator fetched inside the previous and the open step as its own ``data`` phase (or
+        ``None``): a loop that fetches inside its steps gives them no held fetch of another (:meth:`_fetching`)."""
         self._unmatched_ends = 0
         self._step_thread = threading.get_ident()
         """The thread that runs the steps (where the tracker started, then the one that opened the last step)."""
@@ -588,6 +603,7 @@ class Tracker:
         the fetch started (:class:`_DataIterator` has the rules). ``len()`` is the loader's; each ``iter()`` iterates
         the loader anew (one wrapper serves every epoch). The loader's batches and exceptions pass unchanged.
         """
+        self._data_explicit = True
         return _Data(self, loader)
 
     def phase(self, name: str) -> _PhaseContext | _NullContext:
@@ -851,6 +867,7 @@ class Tracker:
         rq = self._run_delay() if stack else -1
         if stack and stack[-1].step is None:  # a phase open since before the step: its time until now
             self._between_piece(stack[-1], now, rq)
+        self._settle_loader_hold()
         st = StepState(number, now if self._fetch_ns is None else self._fetch_ns, ops.device_mark(now))
         st.sched_ns = self._sched.read() if self._fetch_ns is None else self._fetch_sched_ns
         if not ops.on_device:
@@ -865,6 +882,12 @@ class Tracker:
                 if _trains(frame.kind, frame.between):
                     st.declared_compute = True
         return st
+
+    def _settle_loader_hold(self) -> None:
+        """As a step opens: a held ``DataLoader`` fetch is let go where the previous step fetched another inside."""
+        inside = self._fetched_inside = [self._fetched_inside[1], None]
+        if inside[0] is not None and self._fetch_ns is not None and self._fetch_from is not inside[0]:
+            self._release_held()  # the loop fetches inside its steps: another loader's fetch since is not this one's
 
     def _reset_peak_memory(self) -> None:
         """Start the step's peak memory: the device's allocator's, or on the host the resident set's."""
@@ -1142,14 +1165,58 @@ class Tracker:
                     return
                 self._carried = None
             if token != _IN_STEP and failed:
-                for between, _, _, a, b in self._pre_step:
-                    self._between_ns[between] = self._between_ns.get(between, 0) + (b - a)
-                self._pre_step = []
-                self._pre_step_rq = [0, 0]
-                self._fetch_ns = self._fetch_from = None
-                self._held_stats = None
+                self._release_held()
         except Exception as exc:  # noqa: BLE001
             self.fault("data", exc)
+
+    def _release_held(self) -> None:
+        """The fetches held for the next step were no step's: their time goes back to the time between steps."""
+        for between, _, _, a, b in self._pre_step:
+            self._between_ns[between] = self._between_ns.get(between, 0) + (b - a)
+        self._pre_step = []
+        self._pre_step_rq = [0, 0]
+        self._fetch_ns = self._fetch_from = None
+        self._held_stats = None
+
+    def _fetching(self, fetch: Callable[[Any], _T], it: object) -> _T:
+        """A ``DataLoader`` iterator's ``next()`` (``fetch(it)``), timed as :meth:`data` times a fetch.
+
+        So that ``for batch in loader:`` and ``batch = next(it)`` inside a step need no :meth:`data`: a batch's fetch
+        is the ``data`` phase of the step that uses it, not compute, and not unlabelled time between steps. Only on
+        the thread that runs the steps, and only while the script times no fetch of its own (:meth:`data` or a
+        Trainer's callback decide then). A fetch held between steps is not the next step's when it was not the last
+        loader's to fetch (an evaluation over a few batches of the validation loader, then the training loader's
+        fetch), nor when the steps fetch their batches inside themselves (``next(it)`` under ``with tracker.step()``:
+        what was fetched between two of them was an evaluation's); it is time between steps then, as ``data``.
+        """
+        token = None
+        if (
+            not self._data_explicit
+            and not self._fetching_depth
+            and not self._closed
+            and threading.get_ident() == self._step_thread
+        ):
+            try:
+                if self._fetch_ns is not None and self._fetch_from is not it and self._ops.step is None:
+                    self._release_held()
+                token = self._fetch_begin(it)
+                if token == _IN_STEP:
+                    self._fetched_inside[1] = it
+            except Exception as exc:  # noqa: BLE001 - never into the training loop
+                self.fault("data", exc)
+                token = None
+        if token is None:
+            return fetch(it)
+        self._fetching_depth += 1
+        try:
+            batch = fetch(it)
+        except BaseException:  # StopIteration and the loader's own errors go on to the loop unchanged
+            self._fetching_depth -= 1
+            self._fetch_end(token, failed=True)
+            raise
+        self._fetching_depth -= 1
+        self._fetch_end(token, failed=False)
+        return batch
 
     def _mark_now(self) -> StretchMark:
         """Host ns, the training thread's time on a CPU and run delay, and the ns timed between steps so far, now.

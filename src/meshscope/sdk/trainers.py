@@ -50,6 +50,8 @@ class HookPhases:
         self._phase: AbstractContextManager[Any] | None = None
         self._fetch: int | None = None
         """The token of the held fetch of the next step's batches (a real tracker only)."""
+        if isinstance(self.tracker, Tracker):
+            self.tracker._data_explicit = True  # noqa: SLF001 - the Trainer's hooks time its fetches, not the loader's
 
     def _enter(self, name: str) -> None:
         """Time what follows as phase ``name``, ending the phase entered before."""
