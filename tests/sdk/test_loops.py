@@ -1126,6 +1126,49 @@ def test_a_plain_ddp_loop_needs_no_registration_and_its_records_analyse(fork_job
     assert analyze(table).to_dict()
 
 
+SLOW_DISK_RANK = 2
+
+
+def _slow_disk_ddp_loop(rank: int, world: int) -> dict[str, object]:
+    """A DDP loop over a DataLoader it never wraps; one rank reads its samples from a slow disk (20 ms a batch)."""
+    import torch  # noqa: PLC0415 - the forked rank's torch, pre-imported by conftest
+    from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: N817, PLC0415
+    from torch.utils.data import DataLoader, DistributedSampler  # noqa: PLC0415
+
+    tracker = sdk.tracker_from_env()
+    torch.manual_seed(0)
+    torch.set_num_threads(1)
+    model = DDP(torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 64)))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    samples = _SlowSamples(64 * world, 0.02 if rank == SLOW_DISK_RANK else 0.0)
+    loader = DataLoader(samples, batch_size=1, sampler=DistributedSampler(samples, world, rank))
+    for i, batch in enumerate(loader):
+        if i == 16:
+            break
+        with tracker.step(i):
+            x = torch.randn(8, 64) + batch.float()
+            loss = model(x).square().mean()
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+    counters = tracker.counters().as_dict()
+    tracker.close()
+    return {"counters": counters}
+
+
+@pytest.mark.slow
+def test_a_rank_on_a_slow_disk_is_slow_in_data_loading_without_tracker_data(fork_job) -> None:
+    # The user's loop as written (for batch in loader, the step inside): before, the slow rank's fetch was time
+    # between steps ("between-steps ... unlabelled"), or, with next() inside the step, "slow in compute".
+    job = fork_job(_slow_disk_ddp_loop, 4, every_step=("data", "compute"))
+    assert all(r["counters"]["hook_errors"] == 0 for r in job.results)
+    result = analyze(read_table(job.records_path)).to_dict()
+    stragglers = [f for f in result["findings"] if f["code"] == "straggler"]
+    assert [(f["evidence"]["rank"], f["evidence"]["phase_is_data"]) for f in stragglers] == [(SLOW_DISK_RANK, 1)]
+    assert "slow in data loading" in stragglers[0]["message"]
+    assert stragglers[0]["evidence"]["phase_seconds"] >= 0.02
+
+
 def _bare_ddp_loop(rank: int, world: int) -> dict[str, object]:
     """The least a user adds: the tracker and ``with tracker.step(i):`` around a DDP loop's body, no phase at all."""
     import torch  # noqa: PLC0415 - the forked rank's torch, pre-imported by conftest
