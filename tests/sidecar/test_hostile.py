@@ -128,6 +128,7 @@ def test_the_sidecar_survives_hostile_input_with_bounded_memory_and_counted_loss
     assert port is not None
     idle_peers: list[socket.socket] = []
     sender = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)  # blocking: every datagram reaches the reader
+    sender.settimeout(60)  # a reader that stops reading fails the test (OSError: timed out) instead of hanging it
     try:
         text = _get(port, "/metrics").decode()
         rss_before = _rss_bytes(sidecar.proc.pid)

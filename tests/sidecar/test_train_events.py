@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import socket
+import threading
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -261,6 +262,29 @@ def test_a_peer_that_connects_and_never_sends_blocks_nothing(sock_dir: Path, ste
         assert _values(src)["meshscope_steps_total", 0, ()] == 1
     finally:
         idle.close()
+        src.close()
+
+
+def test_the_nccl_sources_pid_lookup_and_the_readers_hand_over_never_deadlock(sock_dir: Path) -> None:
+    # The reader's thread holds the reader's lock while it hands a record to write_record (which takes the source's
+    # lock); the NCCL source's thread asks process_ranks for the hello pids. Taken in the other order there, the two
+    # locks deadlocked a sidecar under a flood of records (tests/sidecar/test_hostile.py hung in a CI run).
+    src = _source(sock_dir, ranks=frozenset({0}))
+    try:
+        src.poll()
+        reader = src._reader  # the reader's lock is the one under test
+        assert reader is not None
+        handed_over = threading.Event()
+        with reader.lock:  # as the reader's thread, handing a record over
+            looker = threading.Thread(target=src.process_ranks, daemon=True)
+            looker.start()
+            looker.join(0.2)  # it waits for the reader's lock (and, taken in the other order, held the source's)
+            writer = threading.Thread(target=lambda: (src.write_record(0, b"{}\n"), handed_over.set()), daemon=True)
+            writer.start()
+            assert handed_over.wait(10), "write_record blocked: process_ranks held the source's lock"
+        looker.join(10)
+        assert not looker.is_alive()
+    finally:
         src.close()
 
 

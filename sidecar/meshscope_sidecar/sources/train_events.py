@@ -454,13 +454,18 @@ class TrainEventsSource:
         """``pid -> global rank`` of every rank of this pod that said hello (the SDK's hello carries both).
 
         A restarted rank's new pid is added and its old one kept: that process' logs are still that rank's.
+        Called from the NCCL source's thread. The reader's thread holds the reader's lock when it hands a record to
+        :meth:`write_record`, which takes this source's lock: the reader's lock is never taken here while holding
+        this source's (the other order deadlocked the sidecar under a flood of records).
         """
+        hello: list[tuple[int, int]] = []
+        if self._reader is not None:
+            with self._reader.lock:
+                hello = [(t.pid, rank) for rank, t in self._reader.ranks.items() if t.pid is not None]
         with self._lock:
-            if self._reader is not None:
-                with self._reader.lock:
-                    for rank, tally in self._reader.ranks.items():
-                        if tally.pid is not None and (self._ranks is None or rank in self._ranks):
-                            self._hello_pids[tally.pid] = rank
+            for pid, rank in hello:
+                if self._ranks is None or rank in self._ranks:
+                    self._hello_pids[pid] = rank
             return dict(self._hello_pids)
 
     def samples(self) -> Iterable[Sample]:
