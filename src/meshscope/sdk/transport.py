@@ -287,8 +287,10 @@ class RecordSink(Protocol):
     def write_record(self, rank: int, line: bytes) -> None:
         """Take one step record of ``rank``, without its ``sdk`` counters: one JSON object and a newline.
 
-        Called by the reading thread, one record at a time; must not block (the kernel queue behind the reader
-        fills, and the ranks' SDKs drop and count, while it does).
+        Called by the reading thread, one record at a time, with the reader's :attr:`RecordReader.lock` held; must
+        not block (the kernel queue behind the reader fills, and the ranks' SDKs drop and count, while it does), and
+        a lock it takes must never be held by a thread that waits for the reader's lock (a deadlock: the sidecar's
+        training-loop source reads the reader's tallies under the reader's lock alone).
         """
 
 
