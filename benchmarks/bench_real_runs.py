@@ -13,9 +13,12 @@ and the others do not, which once made a clean run name a rank). Faults:
 ``--straggler RANK:2`` (that rank's passes take twice as long, sleeping), ``--busy RANK:2`` (twice as long, spinning
 on its CPU: host work, which on shared cores also slows the ranks beside it), ``--imbalance RANK:3`` (three times
 the rows) or ``--pause RANK:40 --pause-every 5`` ("periodic": 40 ms outside the phases in every fifth step, an
-evaluation or a log flush every N steps: a transient straggler), the rank drawn from a seeded generator. A clean run
-is right when it has no finding; a straggler, busy or periodic run when exactly one straggler finding names exactly
-the injected rank; an imbalance run when a data-imbalance finding names it first and no straggler finding appears.
+evaluation or a log flush every N steps: a transient straggler) or ``--slow-disk RANK:20`` (every batch that rank
+reads takes 20 ms more; the DDP tutorial iterates its ``DataLoader`` unwrapped, ``--plain-loader``, as a script
+that never heard of ``tracker.data``), the rank drawn from a seeded generator. A clean run is right when it has no
+finding; a straggler, busy or periodic run when exactly one straggler finding names exactly the injected rank; a
+slow-disk run the same, its cause the data loading; an imbalance run when a data-imbalance finding names it first and
+no straggler finding appears.
 
     .venv/bin/python benchmarks/bench_real_runs.py                      # 24 clean + 30 fault runs, ~10 min here
     .venv/bin/python benchmarks/bench_real_runs.py --clean 4 --faults 6  # a quick look
@@ -41,12 +44,12 @@ ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS = ROOT / "tests" / "scripts"
 JOBS: dict[str, list[str]] = {
     "nanogpt-ddp": ["nanogpt_ddp.py", "--iters", "100"],
-    "ddp-tutorial": ["ddp_tutorial.py", "--epochs", "2", "--samples", "3840"],
+    "ddp-tutorial": ["ddp_tutorial.py", "--epochs", "2", "--samples", "3840", "--plain-loader"],
     "fsdp2": ["fsdp2_loop.py", "--steps", "100"],
 }
 """The lengths of tests/e2e_local's runs (``RUN_LENGTH``: 100 steps or more, about 2.5 s, so that a burst of slow
 steps on a busy host is a burst); ``--short`` runs the 10-step lengths of the earlier figures."""
-FAULTS = ("straggler", "imbalance", "busy", "periodic")
+FAULTS = ("straggler", "imbalance", "busy", "periodic", "slow-disk")
 """The injected faults, in turn (each for one run of every script)."""
 SHORT = {"nanogpt-ddp": ["--iters", "10"], "ddp-tutorial": ["--samples", "768"], "fsdp2": ["--steps", "10"]}
 
@@ -98,6 +101,8 @@ def fault_arguments(fault: str | None, rank: int | None) -> list[str]:
         return []
     if fault == "periodic":  # 40 ms outside the phases in every fifth step: a transient straggler
         return ["--pause", f"{rank}:40", "--pause-every", "5"]
+    if fault == "slow-disk":  # every batch that rank reads takes 20 ms more
+        return ["--slow-disk", f"{rank}:20"]
     return [f"--{fault}", f"{rank}:{3 if fault == 'imbalance' else 2}"]
 
 
@@ -112,6 +117,8 @@ def verdict(analysis: dict[str, Any], fault: str | None, rank: int | None) -> tu
     right = len(hits) == 1 and hits[0]["suspects"][0]["rank"] == rank
     if code == "straggler":
         right = right and [s["rank"] for s in hits[0]["suspects"]] == [rank]
+        if fault == "slow-disk":  # and the cause is the data loading, not compute
+            right = right and hits[0]["evidence"].get("phase_is_data") == 1
     else:
         right = right and not any(f["code"] == "straggler" for f in findings)
     ratio: float | str | None = None

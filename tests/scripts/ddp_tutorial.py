@@ -4,7 +4,8 @@ Written here in the tutorial's layout (not copied): ``setup()`` from the launche
 DDP, a ``DataLoader`` with a ``DistributedSampler`` whose epoch is set every epoch, ``enumerate(loader)`` numbering
 steps from 0 in every epoch, and a checkpoint saved by rank 0 at the end of each epoch while the others wait at a
 barrier. meshscope adds: the tracker after ``init_process_group``, ``tracker.data(loader)`` so that each fetch is
-timed as the data phase of the step that uses it, ``start_step(i)`` at the top of the body (the per-epoch ``i`` is
+timed as the data phase of the step that uses it (``--plain-loader``: the loader itself, as a script that never
+heard of the wrapper iterates it; its fetches are timed all the same), ``start_step(i)`` at the top of the body (the per-epoch ``i`` is
 kept as ``user_step``), the phases, and the checkpoint as a phase.
 
     meshscope run --nproc 4 -- python tests/scripts/ddp_tutorial.py --epochs 2
@@ -22,7 +23,7 @@ import torch.distributed as dist
 from faults import Faults, add_fault_arguments
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: N817
-from torch.utils.data import ConcatDataset, DataLoader, Dataset
+from torch.utils.data import ConcatDataset, DataLoader, Dataset, default_collate
 from torch.utils.data.distributed import DistributedSampler
 
 from meshscope import sdk
@@ -56,6 +57,7 @@ def main() -> None:
     p.add_argument("--epochs", type=int, default=2)
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--samples", type=int, default=1024)
+    p.add_argument("--plain-loader", action="store_true", help="iterate the DataLoader itself, not tracker.data(...)")
     add_fault_arguments(p)
     args = p.parse_args()
     rank = setup()
@@ -72,13 +74,20 @@ def main() -> None:
     if faults.rows > 1:  # the same number of batches, each of more rows: this rank's shard is the data repeated
         dataset = ConcatDataset([dataset] * math.ceil(faults.rows))
     sampler = DistributedSampler(dataset, shuffle=True, seed=0)
-    loader = DataLoader(dataset, batch_size=faults.batch(args.batch_size), sampler=sampler, drop_last=True)
+
+    def collate(samples: list[tuple[torch.Tensor, torch.Tensor]]) -> list[torch.Tensor]:
+        faults.read()  # reading the batch
+        return default_collate(samples)
+
+    loader = DataLoader(
+        dataset, batch_size=faults.batch(args.batch_size), sampler=sampler, drop_last=True, collate_fn=collate
+    )
     steps = args.samples // (args.batch_size * dist.get_world_size())
     checkpoint = os.path.join(tempfile.gettempdir(), f"ddp-tutorial-{os.getpid()}.pt")
 
     for epoch in range(args.epochs):
         sampler.set_epoch(epoch)
-        for i, (x, y) in enumerate(tracker.data(loader)):
+        for i, (x, y) in enumerate(loader if args.plain_loader else tracker.data(loader)):
             if i >= steps:  # every rank makes the same number of steps, whatever its batch size
                 break
             tracker.start_step(i)

@@ -10,6 +10,8 @@ makes that rank sleep MS milliseconds in every step outside any phase (host work
 metric, a host-device sync between the forward and the backward pass), where the script calls :meth:`Faults.pause`
 (once a step, in all three scripts);
 with ``--pause-every N``, only in every N-th step (an evaluation or a log flush every N steps: a transient straggler).
+``--slow-disk RANK:MS`` makes every batch that rank reads take MS milliseconds more (a slow disk or a starved loader):
+the scripts call :meth:`Faults.read` where they read a batch.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ def add_fault_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--pause", default="", help="RANK:MS, that rank sleeps MS ms a step outside its phases")
     p.add_argument("--busy", default="", help="RANK:FACTOR, that rank's passes take FACTOR x as long, spinning")
     p.add_argument("--pause-every", type=int, default=1, help="N: --pause in every N-th step only (from the N-th)")
+    p.add_argument("--slow-disk", default="", help="RANK:MS, every batch that rank reads takes MS ms more")
 
 
 class Faults:
@@ -56,6 +59,8 @@ class Faults:
         pause = rank_factor(args.pause, "--pause")
         self.pause_s = pause[1] / 1e3 if pause and pause[0] == rank else 0.0
         self.pause_every = max(1, args.pause_every)
+        disk = rank_factor(args.slow_disk, "--slow-disk")
+        self.read_s = disk[1] / 1e3 if disk and disk[0] == rank else 0.0
         self._pauses = 0
 
     def batch(self, rows: int) -> int:
@@ -80,3 +85,8 @@ class Faults:
         self._pauses += 1
         if self.pause_s > 0 and self._pauses % self.pause_every == 0:
             time.sleep(self.pause_s)
+
+    def read(self) -> None:
+        """Sleep this rank's ``--slow-disk`` (where the script reads a batch)."""
+        if self.read_s > 0:
+            time.sleep(self.read_s)

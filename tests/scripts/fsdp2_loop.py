@@ -78,6 +78,7 @@ def main() -> None:
     for step in range(args.steps):
         with tracker.step(step):
             with tracker.phase("data"):
+                faults.read()
                 start = torch.randint(0, VOCAB, (rows, 1), generator=g)
                 tokens = (start + torch.arange(SEQ + 1) * 3) % VOCAB  # learnable: arithmetic sequences
             tracker.data_stats(tokens=int(rows * SEQ), sequences=rows)

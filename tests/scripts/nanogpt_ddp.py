@@ -143,6 +143,7 @@ def main() -> None:
                 _, loss = model(x, y)
                 loss = loss / gradient_accumulation_steps
             with tracker.phase("data"):
+                faults.read()  # the training batches only (the evaluation's stay as they are)
                 x, y = get_batch()
             tracker.data_stats(tokens=int(x.numel()), sequences=int(x.shape[0]))
             with tracker.phase("backward"), faults.slowed():
