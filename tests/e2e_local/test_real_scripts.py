@@ -5,8 +5,9 @@ iterations), a DDP-tutorial-style ``for batch in loader`` loop over epochs (per-
 rank 0 while the others wait at a barrier) and an FSDP2 loop. Each runs clean (no finding), with a straggler
 (rank 1's passes 2x as long) and with an imbalance (rank 1 gets 3x the rows): the finding names the rank and its
 cost is the cost table's own sync-wait figure. Two scripts also run with rank 1 spinning on its CPU for as long again
-as its passes (``--busy``), and the FSDP2 loop with rank 1 sleeping between its phases (``--pause``), in every step
-or in every fifth. 2 ranks (see :data:`NPROC`). Beside foreign load, real CPU compute is measured as a rate by
+as its passes (``--busy``), the FSDP2 loop with rank 1 sleeping between its phases (``--pause``), in every step
+or in every fifth, and the DDP tutorial with rank 1 reading every batch 20 ms slower (``--slow-disk``), its DataLoader
+iterated unwrapped or through ``tracker.data``. 2 ranks (see :data:`NPROC`). Beside foreign load, real CPU compute is measured as a rate by
 benchmarks/bench_real_runs.py (the demo's emulated job is tested beside a burner).
 """
 
@@ -122,6 +123,26 @@ def test_an_imbalance_in_a_real_script_is_named_with_the_tables_cost(tmp_path: P
     assert f["evidence"]["cost_seconds_per_step"] == f["evidence"]["wait_per_member_seconds_per_step"]
     assert wait["suspect"]["message"] in f["message"]
     assert f["evidence"]["compute_excess_seconds_per_step"] > 0
+
+
+@pytest.mark.parametrize("loader", ["plain", "wrapped"])
+def test_a_rank_on_a_slow_disk_is_named_slow_in_data_loading(tmp_path: Path, loader: str) -> None:
+    # Rank 1 reads every batch 20 ms slower (the DDP tutorial's collate_fn), its DataLoader iterated as a script
+    # that never heard of tracker.data does (plain) or through it (wrapped): the same finding, the data loading its
+    # cause (before the SDK timed a DataLoader's fetches itself, the plain loop's said "between steps, unlabelled").
+    plain = ("--plain-loader",) if loader == "plain" else ()
+    run = run_script(tmp_path / "out", "ddp-tutorial", *RUN_LENGTH["ddp-tutorial"], *plain, "--slow-disk", "1:20")
+    stragglers = [f for f in run.findings if f["code"] == "straggler"]
+    assert len(stragglers) == 1, [f["message"] for f in run.findings]
+    f = stragglers[0]
+    assert [s["rank"] for s in f["suspects"]] == [1], f["message"]
+    assert f["evidence"]["phase_is_data"] == 1, f["message"]
+    assert "slow in data loading" in f["message"]
+    assert f["evidence"]["phase_seconds"] >= 0.02
+    wait = _row(run, "comm.dp.sync_wait")
+    assert wait["suspect"]["rank"] == 1
+    assert wait["suspect"]["message"] in f["message"]
+    assert _row(run, "data")["worst_rank"] == 1
 
 
 @pytest.mark.parametrize("job", ["nanogpt-ddp", "fsdp2"])
