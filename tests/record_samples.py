@@ -27,6 +27,7 @@ def make_record(rank: int = 0, step: int = 0, *, job: str = "demo", **overrides)
         "nvlink_domain": "nvl-0",
         "network_tier": "block-0",
         "gpu": rank % 4,
+        "attempt_start_us": 1_699_999_990_000_000 + rank,
         "start_us": t0,
         "end_us": t0 + 100_000,
         "intervals": (

@@ -75,7 +75,7 @@ class PodRecords:
 
     pod: str
     packed: bytes | None = None
-    """Its ``meshscope.columns/3`` answer (every step it sent; the window is cut out when it is unpacked)."""
+    """Its ``meshscope.columns/4`` answer (every step it sent; the window is cut out when it is unpacked)."""
     lines: list[bytes] = field(default_factory=list)
     """Its JSON lines of the window's steps."""
 

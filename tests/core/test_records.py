@@ -33,10 +33,13 @@ from meshscope.records import (
     StepColumns,
     StepRecord,
     lexsort_keys,
+    pack_lines,
     read_records,
     read_table,
     record_to_json,
+    table_from_columns,
     table_from_lines,
+    unpack_columns,
     write_records,
 )
 from meshscope.records.memory import mapped_empty
@@ -172,6 +175,8 @@ _RANGE, _TYPE = ParseCode.VALUE_OUT_OF_RANGE, ParseCode.WRONG_TYPE
         ({"runqueue_wait_us": "7"}, _TYPE, "runqueue_wait_us = '7' (str); expected a whole number"),
         ({"on_cpu_us": -1}, _RANGE, "on_cpu_us = -1 is below 0"),
         ({"compute_runqueue_wait_us": -1}, _RANGE, "compute_runqueue_wait_us = -1 is below 0"),
+        ({"attempt_start_us": -1}, _RANGE, "attempt_start_us = -1 is below 0"),
+        ({"attempt_start_us": 2.5}, _TYPE, "attempt_start_us = 2.5 (float); expected a whole number"),
         (
             {"compute_runqueue_wait_us": 701},
             _RANGE,
@@ -193,6 +198,8 @@ _RANGE, _TYPE = ParseCode.VALUE_OUT_OF_RANGE, ParseCode.WRONG_TYPE
         "runqueue-str",
         "on-cpu-negative",
         "in-compute-negative",
+        "attempt-negative",
+        "attempt-float",
         "in-compute-above-total",
         "in-compute-without-total",
         "between-negative",
@@ -273,6 +280,7 @@ def test_from_arrays_builds_the_same_table_as_from_records():
             runqueue_wait_us=[700] * 2,
             on_cpu_us=[90_000] * 2,
             compute_runqueue_wait_us=[500] * 2,
+            attempt_start_us=[1_699_999_990_000_000, 1_699_999_990_000_001],
         ),
         intervals=IntervalColumns.build(
             row=e.row,
@@ -442,10 +450,12 @@ def test_a_repeated_rank_step_is_read_as_a_restart_by_every_reader(tmp_path):
 
 
 def _attempt(rank: int, steps: range, *, first_seq: int, shift_us: int) -> list[dict]:
-    """Rank ``rank``'s records of ``steps`` in one attempt: its collectives numbered from ``first_seq``."""
+    """Rank ``rank``'s records of ``steps`` in one attempt: its collectives numbered from ``first_seq``, its process
+    started ``shift_us`` after the first attempt's."""
     out = []
     for i, step in enumerate(steps):
         obj = good_json(rank, step)
+        obj["attempt_start_us"] += shift_us
         for iv in obj["intervals"]:
             for key in ("start_us", "end_us"):
                 iv[key] += shift_us
@@ -478,7 +488,7 @@ def test_a_restarted_jobs_records_are_read_as_its_last_attempt(tmp_path):
         assert (table.steps.start_us >= later).all()  # attempt 2's own records, not attempt 1's steps 3-5
         (note,) = [n for n in table.notes if n.code == "earlier_attempts"]
         assert note.count == 12  # steps 0-5 of both ranks
-        assert note.message.startswith("the records hold 1 restart (the step numbers of 2 ranks go back")
+        assert note.message.startswith("the records hold 1 restart (2 ranks began again")
     assert "earlier_attempts" in {n["code"] for n in analyze(read_table(paths)).to_dict()["partial_data"]}
 
 
@@ -489,6 +499,69 @@ def test_a_repeated_sequence_number_without_a_restart_is_still_refused(tmp_path)
     path = write_lines(tmp_path / "r.jsonl", lines)
     with pytest.raises(ParseError, match="seq 0 appears twice on rank 0"):
         read_table(path)
+
+
+def _packed(path: Path) -> RecordTable:
+    """The packed-columns path (a sidecar's answer to the operator) over a file's lines."""
+    data, _ = pack_lines(path.read_bytes().splitlines(keepends=True), where=str(path))
+    return table_from_columns([unpack_columns(data, where=str(path))])
+
+
+def _objects(path: Path) -> RecordTable:
+    """The object reader, its records then made a table (what ``meshscope run``'s summary does)."""
+    got = read_records(path)
+    return RecordTable.from_records(got.records, notes=got.notes)
+
+
+def test_a_job_resumed_right_after_its_last_step_is_read_as_its_last_attempt(tmp_path):
+    # Attempt 1 ran steps 0-5 and saved a checkpoint after its last step (a preemption handler's save, then exit);
+    # attempt 2, a new process, resumed at step 6: its step numbers go on, its collectives' seqs start over. Nothing
+    # but the new process's attempt_start_us says a new attempt began. Before: "seq 0 appears twice on rank 0".
+    later = 60_000_000
+    lines = []
+    for rank in (0, 1):
+        lines += _attempt(rank, range(6), first_seq=0, shift_us=0)
+    for rank in (0, 1):  # a collector's arrivals: the ranks' records interleaved, each rank's in order
+        lines += _attempt(rank, range(6, 10), first_seq=0, shift_us=later)
+    path = write_lines(tmp_path / "records.jsonl", lines)
+    for reader in (read_table, _lines_in_memory, _packed, _objects):
+        table = reader(path)
+        assert sorted(zip(table.steps.rank.tolist(), table.steps.step.tolist(), strict=True)) == [
+            (rank, step) for rank in (0, 1) for step in range(6, 10)
+        ], reader.__name__
+        (note,) = [n for n in table.notes if n.code == "earlier_attempts"]
+        assert note.count == 12, reader.__name__  # steps 0-5 of both ranks
+        assert note.message.startswith("the records hold 1 restart (2 ranks began again"), reader.__name__
+    analysis = analyze(read_table(path)).to_dict()
+    assert "earlier_attempts" in {n["code"] for n in analysis["partial_data"]}
+
+
+def test_a_new_process_is_a_new_attempt_only_where_it_writes_for_its_own_rank(tmp_path):
+    # Every rank is its own process with its own attempt_start_us: a change from rank to rank is no restart.
+    lines = [good_json(rank, step, attempt_start_us=1_000 + 7 * rank) for step in range(3) for rank in range(4)]
+    path = write_lines(tmp_path / "records.jsonl", lines)
+    for reader in (read_table, _lines_in_memory, _packed, _objects):
+        table = reader(path)
+        assert table.n_rows == 12, reader.__name__
+        assert not table.notes, reader.__name__
+
+
+def test_two_processes_writing_as_one_rank_at_once_are_refused_by_every_reader(tmp_path):
+    # A script started twice with the same RANK into one collector: rank 0's records alternate between two
+    # processes. No restart does that; keeping "the last attempt" would keep half of each.
+    lines = [good_json(1, 0), good_json(1, 1)]
+    lines += [good_json(0, step, attempt_start_us=5_000 + 1_000 * (step % 2)) for step in range(4)]
+    path = write_lines(tmp_path / "records.jsonl", lines)
+    for reader in (read_records, read_table, _lines_in_memory, _packed):
+        with pytest.raises(ParseError) as info:
+            reader(path)
+        assert info.value.code is ParseCode.INCONSISTENT, reader.__name__
+        message = str(info.value)
+        assert message.startswith(
+            f"{path} line 5: rank 0's records go back to the process that began tracking at "
+            "attempt_start_us = 5000 after another process wrote some"
+        ), (reader.__name__, message)
+        assert "two processes wrote as rank 0 at once" in message
 
 
 @pytest.mark.parametrize(

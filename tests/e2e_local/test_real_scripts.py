@@ -256,3 +256,64 @@ def test_a_job_launched_by_torchrun_writes_records_that_analyze_reads_from_their
     assert (analysis["ranks_seen"], analysis["world_size"]) == (NPROC, NPROC)
     dp = next(r for r in analysis["rows"] if r["category"] == "comm.dp.transfer")
     assert dp["measured_median_seconds"] > 0
+
+
+RESUMED = """
+import sys
+import torch, torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+from meshscope import sdk
+first, last, checkpoint = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+dist.init_process_group("gloo")
+tracker = sdk.tracker_from_env()
+model = nn.Linear(64, 16)
+if first:
+    model.load_state_dict(torch.load(checkpoint))
+ddp = DDP(model)
+optimizer = torch.optim.SGD(ddp.parameters(), lr=0.01)
+for step in range(first, last):
+    with tracker.step(step):
+        with tracker.phase("forward"):
+            loss = ddp(torch.ones(8, 64)).square().mean()
+        with tracker.phase("backward"):
+            loss.backward()
+        with tracker.phase("optimizer"):
+            optimizer.step()
+            optimizer.zero_grad()
+if dist.get_rank() == 0:
+    torch.save(model.state_dict(), checkpoint)  # after the last step: the next attempt resumes right after it
+tracker.close()
+dist.destroy_process_group()
+"""
+
+
+def test_a_job_resumed_right_after_its_last_step_is_analysed_as_its_last_attempt(tmp_path: Path) -> None:
+    # torchrun twice into one records directory: steps 0-5, a checkpoint after the last, then a new job resuming at
+    # step 6. The step numbers go on; every collective's seq starts over in the new processes. Before: "meshscope
+    # analyze" refused the directory ("collective group 'dp:0~1' seq 0 appears twice on rank 0").
+    records = tmp_path / "records"
+    script = tmp_path / "resumed.py"
+    script.write_text(RESUMED)
+    env = {**os.environ, "PYTHONWARNINGS": "ignore", "MESHSCOPE_COLLECTOR": f"file:{records}"}
+    for first, last in ((0, 6), (6, 10)):
+        command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(NPROC),
+                   str(script), str(first), str(last), str(tmp_path / "model.pt")]  # fmt: skip
+        done = subprocess.run(command, capture_output=True, text=True, timeout=180, env=env, check=False)
+        assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    for rank in range(NPROC):  # each rank's file: its two processes, one after the other
+        written = [json.loads(line) for line in (records / f"rank-{rank:05d}.jsonl").read_text().splitlines()]
+        assert [r["step"] for r in written] == list(range(10))
+        first_process = {r["attempt_start_us"] for r in written[:6]}
+        second_process = {r["attempt_start_us"] for r in written[6:]}
+        assert len(first_process) == len(second_process) == 1, written
+        assert first_process != second_process, written
+    analyze = [sys.executable, "-m", "meshscope", "analyze", str(records), "--json", "--quiet"]
+    done = subprocess.run(analyze, capture_output=True, text=True, timeout=120, env=env, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    analysis = json.loads(done.stdout)
+    notes = {n["code"]: n for n in analysis["partial_data"]}
+    assert notes["earlier_attempts"]["count"] == 6 * NPROC, notes  # steps 0-5 of every rank left out
+    assert (analysis["ranks_seen"], analysis["world_size"]) == (NPROC, NPROC)
+    dp = next(r for r in analysis["rows"] if r["category"] == "comm.dp.transfer")
+    assert dp["measured_median_seconds"] > 0

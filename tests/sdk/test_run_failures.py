@@ -263,7 +263,7 @@ def test_step_numbers_that_start_over_are_analysed_as_the_last_attempt_and_said(
     assert report_run(outcome) == 0
     notes = {n["code"]: n for n in json.loads((tmp_path / "analysis.json").read_text())["partial_data"]}
     assert notes["earlier_attempts"]["count"] == 16  # steps 0 and 1 of the first attempt, 8 ranks
-    assert "the records hold 1 restart (the step numbers of 8 ranks go back" in notes["earlier_attempts"]["message"]
+    assert "the records hold 1 restart (8 ranks began again" in notes["earlier_attempts"]["message"]
     assert "PARTIAL DATA" in capsys.readouterr().out
 
 

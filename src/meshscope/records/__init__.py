@@ -22,7 +22,7 @@ anything beyond numpy, msgspec (typed JSON in C) and the standard library. Its m
 - :mod:`~meshscope.records.building`: the columnar fast path from JSON lines (typed decoding) to a table, also
   for lines already in memory (:func:`table_from_lines`);
 - :mod:`~meshscope.records.reading`: :func:`read_records`, :func:`read_table` and its worker processes;
-- :mod:`~meshscope.records.packing`: one source's columns as bytes (``meshscope.columns/3``), for records that travel
+- :mod:`~meshscope.records.packing`: one source's columns as bytes (``meshscope.columns/4``), for records that travel
   in bulk (a sidecar's answer to the operator), and their checked way back.
 
 Import the public names from here (``from meshscope.records import read_table``).

@@ -190,6 +190,7 @@ class _Line(msgspec.Struct, gc=False):
     runqueue_wait_us: int | None = None
     on_cpu_us: int | None = None
     compute_runqueue_wait_us: int | None = None
+    attempt_start_us: int | None = None
 
 
 _decode_line = msgspec.json.Decoder(_Line).decode
@@ -200,7 +201,7 @@ _gpu_of, _util_of, _stats_of = attrgetter("gpu"), attrgetter("gpu_util"), attrge
 _user_step_of, _gap_of, _between_of = attrgetter("user_step"), attrgetter("gap_before_us"), attrgetter("between_steps")
 _between_kinds_of = attrgetter(*BETWEEN_KINDS)
 _runqueue_of, _on_cpu_of = attrgetter("runqueue_wait_us"), attrgetter("on_cpu_us")
-_in_compute_of = attrgetter("compute_runqueue_wait_us")
+_in_compute_of, _attempt_of = attrgetter("compute_runqueue_wait_us"), attrgetter("attempt_start_us")
 _row_ints_of = attrgetter("rank", "step", "start_us", "end_us")
 _axes_of = attrgetter(*(a.value for a in AXES))
 _start_of, _end_of, _phase_of = attrgetter("start_us"), attrgetter("end_us"), attrgetter("phase")
@@ -516,6 +517,7 @@ class _TableBuilder:
             "runqueue_wait_us": _optional_ints(map(_runqueue_of, lines)),
             "on_cpu_us": _optional_ints(map(_on_cpu_of, lines)),
             "compute_runqueue_wait_us": _optional_ints(map(_in_compute_of, lines)),
+            "attempt_start_us": _optional_ints(map(_attempt_of, lines)),
         }
         stats = list(map(_stats_of, lines))
         if None in stats:  # "stats": null
@@ -843,36 +845,50 @@ def _empty_intervals() -> dict[str, NDArray[Any]]:
 
 
 def _table_of(raw: _Raw, *, notes: tuple[Note, ...], source_files: tuple[str, ...]) -> RecordTable:
-    """The validated table of a reader's columns; of a restarted job's, its last attempt (:func:`_last_attempts`)."""
+    """The validated table of a reader's columns; of a restarted job's, its last attempt (:func:`_last_attempts`).
+
+    Where a new process wrote a rank's records (``attempt_start_us`` changes), a new attempt began, always. Where
+    the writer does not say, a rank's steps going back mean the same only where the table's checks find a duplicate
+    (the readers' rule before the field existed: records whose steps go back without colliding are read as they are).
+    """
+    kept, note = _last_attempts(raw, source_files, steps_back=False)
     try:
-        return _validated_table(raw, notes=notes, source_files=source_files)
+        return _validated_table(kept, notes=notes if note is None else (*notes, note), source_files=source_files)
     except ParseError as exc:
         if exc.code is not ParseCode.DUPLICATE:
             raise
-        kept, note = _last_attempts(raw)
-        if note is None:
+        again, note = _last_attempts(raw, source_files, steps_back=True)
+        if note is None or again.rows["rank"].shape[0] == kept.rows["rank"].shape[0]:
             raise
-    return _validated_table(kept, notes=(*notes, note), source_files=source_files)
+    return _validated_table(again, notes=(*notes, note), source_files=source_files)
 
 
-def _last_attempts(raw: _Raw) -> tuple[_Raw, Note | None]:
-    """Each rank's rank-steps from its last attempt on, where a rank's records go back in step number.
+def _last_attempts(raw: _Raw, source_files: tuple[str, ...], *, steps_back: bool) -> tuple[_Raw, Note | None]:
+    """Each rank's rank-steps from its last attempt on: where a new process wrote them, or where they go back.
 
     A job restarted (torchrun's elastic restarts) or resumed from a checkpoint into the same records writes its steps
-    again, numbered from 0 or from the checkpoint's step, and its collectives' sequence numbers start over: two
-    attempts cannot be analysed as one. A rank's records come in the order it wrote them (a file per rank, or a
-    collector's arrivals, in order per rank); where a record's step is not above the one before it of that rank, a
-    new attempt began. Only the rank-steps of each rank's last attempt are kept, and a note says how many were left
-    out. ``None`` for the note where no rank's steps go back (the duplicates are something else).
+    again, numbered from 0 or from the checkpoint's step, or (resumed from a checkpoint of its last step) numbered on
+    from where the last attempt stopped; either way its collectives' sequence numbers start over: two attempts cannot
+    be analysed as one. A rank's records come in the order it wrote them (a file per rank, or a collector's arrivals,
+    in order per rank). Where a record's ``attempt_start_us`` differs from the one before it of that rank, a new
+    process wrote it: a new attempt began; with ``steps_back``, also where its step is not above the one before. Only
+    the rank-steps of each rank's last attempt are kept, and a note says how many were left out. ``None`` for the
+    note where no rank began again.
+
+    Raises:
+        ParseError: where a rank's records go back to a process that had already given way to another (two
+            processes wrote as one rank at once; neither is a restart).
     """
-    rank, step = raw.rows["rank"], raw.rows["step"]
+    rank, step, began = raw.rows["rank"], raw.rows["step"], raw.rows["attempt_start_us"]
     n = rank.shape[0]
     order = np.argsort(rank, kind="stable")  # each rank's rows, in the order it wrote them
-    r, s = rank[order], step[order]
+    r, s, a = rank[order], step[order], began[order]
     same_rank = np.r_[False, r[1:] == r[:-1]]
-    back = same_rank & np.r_[False, s[1:] <= s[:-1]]  # a row that starts a later attempt of its rank
+    new_writer = same_rank & np.r_[False, a[1:] != a[:-1]]  # a row that a new process wrote
+    back = new_writer | (same_rank & np.r_[False, s[1:] <= s[:-1]]) if steps_back else new_writer
     if not back.any():
         return raw, None
+    _check_one_writer_at_a_time(raw, order, new_writer | ~same_rank, source_files)
     attempt = np.cumsum(back | ~same_rank)  # every attempt of every rank numbered, in sorted order
     ends = np.r_[np.flatnonzero(r[1:] != r[:-1]), n - 1]  # each rank's last row: its last attempt's number
     last_attempt = np.repeat(attempt[ends], np.diff(np.r_[-1, ends]))
@@ -890,15 +906,47 @@ def _last_attempts(raw: _Raw) -> tuple[_Raw, Note | None]:
     return kept, earlier_attempts_note(restarts=restarts, ranks=ranks, dropped=dropped)
 
 
+def _check_one_writer_at_a_time(
+    raw: _Raw, order: NDArray[np.intp], starts: NDArray[np.bool_], source_files: tuple[str, ...]
+) -> None:
+    """Refuse a rank whose records return to a process after another process wrote some.
+
+    ``starts``: each rank's first row and every row a new process wrote, in ``order``.
+
+    Raises:
+        ParseError: naming the rank, the process and where its records resume.
+    """
+    at = order[starts]
+    rank, began = raw.rows["rank"][at], raw.rows["attempt_start_us"][at]
+    known = began >= 0
+    at, rank, began = at[known], rank[known], began[known]
+    by = np.lexsort((at, began, rank))  # runs of one (rank, process) next to each other, in the order written
+    again = np.flatnonzero((rank[by][1:] == rank[by][:-1]) & (began[by][1:] == began[by][:-1]))
+    if again.size == 0:
+        return
+    row = int(at[by][again[0] + 1])
+    file, line = int(raw.rows["source_file"][row]), int(raw.rows["source_line"][row])
+    where = f"{source_files[file]} line {line}" if 0 <= file < len(source_files) and line >= 0 else f"row {row}"
+    r, t = int(raw.rows["rank"][row]), int(raw.rows["attempt_start_us"][row])
+    raise ParseError(
+        f"{where}: rank {r}'s records go back to the process that began tracking at attempt_start_us = {t} after "
+        f"another process wrote some: two processes wrote as rank {r} at once (a script started twice with the same "
+        "RANK, or two trackers in one process), which no restart does; give every process its own rank or its own "
+        "records",
+        code=ParseCode.INCONSISTENT,
+    )
+
+
 def earlier_attempts_note(*, restarts: int, ranks: int, dropped: int) -> Note:
     """The note of :func:`_last_attempts` (the object reader writes the same)."""
     return Note(
         code="earlier_attempts",
         count=dropped,
         message=(
-            f"the records hold {restarts} restart{'' if restarts == 1 else 's'} (the step numbers of {ranks} ranks go "
-            f"back: a job restarted or resumed into the same records); {dropped} rank-steps of earlier attempts are "
-            "left out and each rank's last attempt is analysed (to analyse an earlier one, give it its own records)"
+            f"the records hold {restarts} restart{'' if restarts == 1 else 's'} ({ranks} ranks began again: their step "
+            f"numbers go back, or a new process wrote them; a job restarted or resumed into the same records); "
+            f"{dropped} rank-steps of earlier attempts are left out and each rank's last attempt is analysed (to "
+            "analyse an earlier one, give it its own records)"
         ),
     )
 

@@ -221,6 +221,7 @@ def _parse_record(obj: object, where: str) -> StepRecord:
     runqueue_wait_us = _int(d, "runqueue_wait_us", where, required=False, minimum=0)
     on_cpu_us = _int(d, "on_cpu_us", where, required=False, minimum=0)
     compute_runqueue_wait_us = _int(d, "compute_runqueue_wait_us", where, required=False, minimum=0)
+    attempt_start_us = _int(d, "attempt_start_us", where, required=False, minimum=0)
     between_obj = d.get("between_steps")
     between = None
     if between_obj is not None:
@@ -248,6 +249,7 @@ def _parse_record(obj: object, where: str) -> StepRecord:
             runqueue_wait_us=runqueue_wait_us,
             on_cpu_us=on_cpu_us,
             compute_runqueue_wait_us=compute_runqueue_wait_us,
+            attempt_start_us=attempt_start_us,
         )
     except ParseError as exc:
         raise ParseError(f"{where}: {exc}", code=exc.code) from None
@@ -280,7 +282,12 @@ def record_to_json(record: StepRecord) -> dict[str, Any]:
         "coord": record.coord.as_dict(),
         "node": record.node,
     }
-    optional = {"nvlink_domain": record.nvlink_domain, "network_tier": record.network_tier, "gpu": record.gpu}
+    optional = {
+        "nvlink_domain": record.nvlink_domain,
+        "network_tier": record.network_tier,
+        "gpu": record.gpu,
+        "attempt_start_us": record.attempt_start_us,
+    }
     out.update({k: v for k, v in optional.items() if v is not None})
     out["start_us"] = record.start_us
     out["end_us"] = record.end_us

@@ -76,7 +76,9 @@ def read_records(paths: StrPath | Sequence[StrPath], *, allow_partial: bool = Fa
     records: list[StepRecord] = []
     job: tuple[str, str] | None = None
     seen: set[tuple[int, int]] = set()
-    repeated = False
+    writers: dict[int, int | None] = {}
+    places: list[str] = []
+    repeated = new_writer = False
     for path in _as_paths(paths):
         for lineno, obj in _decoded(path, allow_partial, notes):
             where = f"{path} line {lineno}"
@@ -88,17 +90,22 @@ def read_records(paths: StrPath | Sequence[StrPath], *, allow_partial: bool = Fa
             key = (rec.rank, rec.step)
             repeated = repeated or key in seen
             seen.add(key)
+            new_writer = new_writer or writers.setdefault(rec.rank, rec.attempt_start_us) != rec.attempt_start_us
             records.append(rec)
-    if repeated:  # a rank's step went back somewhere: a restarted or resumed job
-        records = _last_attempt_records(records, notes)
+            places.append(where)
+    if repeated or new_writer:  # a rank's step went back, or a new process wrote: a restarted or resumed job
+        records = _last_attempt_records(records, places, notes, steps_back=repeated)
     return RecordSet(job=job[0] if job else "", records=tuple(records), notes=tuple(notes))
 
 
-def _last_attempt_records(records: list[StepRecord], notes: list[Note]) -> list[StepRecord]:
-    """Each rank's records from its last attempt on: where a rank's step goes back, a job began again.
+def _last_attempt_records(
+    records: list[StepRecord], places: list[str], notes: list[Note], *, steps_back: bool
+) -> list[StepRecord]:
+    """Each rank's records from its last attempt on: where a new process wrote them, or where they go back.
 
     The object reader's form of ``meshscope.records.building._last_attempts``, with the same note (appended to
-    ``notes``). Called where a (rank, step) repeats, which means some rank's steps go back.
+    ``notes``) and the same error for two processes that wrote as one rank at once (``places``: where each record
+    was read).
     """
     by_rank: dict[int, list[int]] = {}
     for i, rec in enumerate(records):
@@ -107,8 +114,22 @@ def _last_attempt_records(records: list[StepRecord], notes: list[Note]) -> list[
     restarts: dict[int, int] = {}
     for rank, rows in by_rank.items():
         start, count = 0, 0
+        done: set[int] = set()
         for j in range(1, len(rows)):
-            if records[rows[j]].step <= records[rows[j - 1]].step:
+            prev, rec = records[rows[j - 1]], records[rows[j]]
+            if rec.attempt_start_us != prev.attempt_start_us:
+                if prev.attempt_start_us is not None:
+                    done.add(prev.attempt_start_us)
+                if rec.attempt_start_us in done:
+                    raise ParseError(
+                        f"{places[rows[j]]}: rank {rank}'s records go back to the process that began tracking at "
+                        f"attempt_start_us = {rec.attempt_start_us} after another process wrote some: two processes "
+                        f"wrote as rank {rank} at once (a script started twice with the same RANK, or two trackers "
+                        "in one process), which no restart does; give every process its own rank or its own records",
+                        code=ParseCode.INCONSISTENT,
+                    )
+                start, count = j, count + 1
+            elif steps_back and rec.step <= prev.step:
                 start, count = j, count + 1
         keep.update(rows[start:])
         if count:

@@ -244,6 +244,7 @@ _NON_NEGATIVE = (
     "runqueue_wait_us",
     "on_cpu_us",
     "compute_runqueue_wait_us",
+    "attempt_start_us",
 )
 """The record's whole-number fields that are at least 0 where given."""
 
@@ -298,6 +299,11 @@ class StepRecord:
     training compute phase, also its time outside phases), microseconds: with it a rank's compute less the time it
     waited for a CPU compares like for like with its peers'. At most ``runqueue_wait_us``, and only with it; ``None``
     when not measured."""
+    attempt_start_us: int | None = None
+    """When the process that wrote the record began tracking (its tracker's start, host-clock microseconds): one
+    value per attempt of the rank. A job restarted or resumed into the same records starts a new process, whose
+    step numbers may go on where the last attempt's stopped but whose collectives' sequence numbers start over; a
+    change of this value in a rank's records is where a new attempt began. ``None`` when the writer does not say."""
 
     def __post_init__(self) -> None:
         """Check the step's own numbers and that no interval lies wholly outside it.

@@ -107,6 +107,9 @@ class StepColumns:
     """Microseconds the step's training thread ran on a CPU, or -1 (not measured)."""
     compute_runqueue_wait_us: NDArray[np.int64]
     """The part of ``runqueue_wait_us`` in the step's compute, microseconds, or -1 (not measured)."""
+    attempt_start_us: NDArray[np.int64]
+    """When the process that wrote the row began tracking (host-clock microseconds): one value per attempt of the
+    rank, or -1 (the writer does not say)."""
     source_file: NDArray[np.int32]
     """Index into ``RecordTable.source_files`` the row was read from, or -1 (built from arrays)."""
     source_line: NDArray[np.int64]
@@ -138,6 +141,7 @@ class StepColumns:
         runqueue_wait_us: ArrayLike | None = None,
         on_cpu_us: ArrayLike | None = None,
         compute_runqueue_wait_us: ArrayLike | None = None,
+        attempt_start_us: ArrayLike | None = None,
         source_file: ArrayLike | None = None,
         source_line: ArrayLike | None = None,
     ) -> StepColumns:
@@ -184,6 +188,7 @@ class StepColumns:
             runqueue_wait_us=_column(runqueue_wait_us, n, i64, UNKNOWN, "runqueue_wait_us"),
             on_cpu_us=_column(on_cpu_us, n, i64, UNKNOWN, "on_cpu_us"),
             compute_runqueue_wait_us=_column(compute_runqueue_wait_us, n, i64, UNKNOWN, "compute_runqueue_wait_us"),
+            attempt_start_us=_column(attempt_start_us, n, i64, UNKNOWN, "attempt_start_us"),
             source_file=_column(source_file, n, i32, UNKNOWN, "source_file"),
             source_line=_column(source_line, n, i64, UNKNOWN, "source_line"),
         )
@@ -434,6 +439,7 @@ def _table_of_records(records: Iterable[StepRecord], *, notes: tuple[Note, ...])
                 "runqueue_wait_us",
                 "on_cpu_us",
                 "compute_runqueue_wait_us",
+                "attempt_start_us",
             )
         }
     )
@@ -464,6 +470,7 @@ def _table_of_records(records: Iterable[StepRecord], *, notes: tuple[Note, ...])
         rows["on_cpu_us"].append(UNKNOWN if rec.on_cpu_us is None else rec.on_cpu_us)
         in_compute = rec.compute_runqueue_wait_us
         rows["compute_runqueue_wait_us"].append(UNKNOWN if in_compute is None else in_compute)
+        rows["attempt_start_us"].append(UNKNOWN if rec.attempt_start_us is None else rec.attempt_start_us)
         between = rec.between_steps
         rows["between_us"].append(
             _NO_BETWEEN if between is None else [getattr(between, f"{k}_us") for k in BETWEEN_KINDS]
@@ -588,6 +595,7 @@ def _row_record(table: RecordTable, i: int, intervals: list[Interval]) -> StepRe
         runqueue_wait_us=_opt_int(s.runqueue_wait_us[i]),
         on_cpu_us=_opt_int(s.on_cpu_us[i]),
         compute_runqueue_wait_us=_opt_int(s.compute_runqueue_wait_us[i]),
+        attempt_start_us=_opt_int(s.attempt_start_us[i]),
     )
 
 
@@ -652,6 +660,7 @@ def _validate_table(t: RecordTable) -> NDArray[np.intp]:  # noqa: C901, PLR0912,
         "runqueue_wait_us",
         "on_cpu_us",
         "compute_runqueue_wait_us",
+        "attempt_start_us",
         "source_file",
         "source_line",
     ):
@@ -720,6 +729,7 @@ def _validate_table(t: RecordTable) -> NDArray[np.intp]:  # noqa: C901, PLR0912,
         "runqueue_wait_us",
         "on_cpu_us",
         "compute_runqueue_wait_us",
+        "attempt_start_us",
     ):
         col = getattr(s, name)
         bad = _first(col < UNKNOWN)

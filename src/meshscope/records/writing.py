@@ -132,6 +132,7 @@ class _LineOut(msgspec.Struct, kw_only=True, omit_defaults=True, gc=False):
     nvlink_domain: str | None = None
     network_tier: str | None = None
     gpu: int | None = None
+    attempt_start_us: int | None = None
     start_us: int
     end_us: int
     intervals: list[_IntervalOut]
@@ -184,6 +185,7 @@ def _table_lines(table: RecordTable) -> Iterator[list[_LineOut]]:
             _named(s.nvlink_domain[rows], domains),
             _named(s.network_tier[rows], tiers),
             _optional(s.gpu[rows], s.gpu[rows] >= 0),
+            _optional(s.attempt_start_us[rows], s.attempt_start_us[rows] >= 0),
             s.start_us[rows].tolist(),
             s.end_us[rows].tolist(),
             per_row,
@@ -208,6 +210,7 @@ def _table_lines(table: RecordTable) -> Iterator[list[_LineOut]]:
                 nvlink_domain=domain,
                 network_tier=tier,
                 gpu=gpu,
+                attempt_start_us=attempt,
                 start_us=start,
                 end_us=end,
                 intervals=ivs,
@@ -228,6 +231,7 @@ def _table_lines(table: RecordTable) -> Iterator[list[_LineOut]]:
                 domain,
                 tier,
                 gpu,
+                attempt,
                 start,
                 end,
                 ivs,

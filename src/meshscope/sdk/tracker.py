@@ -460,6 +460,9 @@ class Tracker:
         self._stack: list[_Frame] = []
         self._pending: list[StepState] = []
         self._head: RecordHeader | None = None
+        self._attempt_start_us = time.time_ns() // 1000
+        """When this tracker began (host wall-clock µs), in every record: a restarted or resumed job's new process
+        is a new attempt of its rank, even where its step numbers go on from the last attempt's (docs/records.md)."""
         self._phase_contexts = {
             name: _PhaseContext(self, kind, ph, BETWEEN_KIND_OF_PHASE[name]) for name, (kind, ph) in PHASES.items()
         }
@@ -1383,6 +1386,7 @@ class Tracker:
         gpu = s.gpu if s.gpu is not None else (s.local_rank if self._ops.on_device else None)
         if gpu is not None:
             header["gpu"] = gpu
+        header["attempt_start_us"] = self._attempt_start_us
         return header
 
     def _adopt_identity(self) -> None:
