@@ -186,7 +186,7 @@ METRICS: tuple[MetricSpec, ...] = (
         ("reason",),
         "train_events",
         "Step records received but not kept, by reason: foreign_rank (a rank that does not run on this pod), "
-        "foreign_job, duplicate (a rank-step at or before one the rank sent already).",
+        "foreign_job, duplicate (a rank-step at or before one the same process of the rank sent already).",
     ),
     # --- GPUs (dcgm-exporter or NVML), per rank --------------------------------------------------------------------
     # gpu_instance: the MIG GPU instance id (dcgm-exporter's GPU_I_ID) of a series about one MIG instance, "" for a

@@ -308,6 +308,31 @@ def test_a_restarted_rank_may_repeat_its_step_numbers(sock_dir: Path, step_recor
         src.close()
 
 
+def test_a_rank_restarted_with_the_same_pid_is_told_by_its_records_attempt(sock_dir: Path, step_record) -> None:
+    # A training container restarted in its pod starts a fresh PID namespace: the new process may say hello with
+    # the pid of the last one. Its records' attempt_start_us is new, and its step numbers start afresh (before:
+    # step 0 of the new process rejected as a duplicate, its steps lost until it passed the old one's last step).
+    src = _source(sock_dir, ranks=frozenset({0}))
+    sender = RecordSender(f"unix:{sock_dir}/r.sock")
+    try:
+        hello = {"schema": "meshscope.sdk/1", "event": "hello", "job": "j", "rank": 0, "world_size": 1, "counters": {}}
+        assert sender.send({**hello, "pid": 7})
+        for step in (0, 1):
+            assert sender.send({**step_record(0, step, RANK0), "attempt_start_us": 1_000, "sdk": {}})
+        _poll_until(src, lambda: _values(src).get(("meshscope_steps_total", 0, ()), 0) >= 2)
+        assert sender.send({**hello, "pid": 7})  # the container restarted: the same pid, resumed at step 1
+        time.sleep(0.1)
+        assert sender.send({**step_record(0, 1, RANK0), "attempt_start_us": 9_000, "sdk": {}})
+        _poll_until(src, lambda: _values(src)["meshscope_steps_total", 0, ()] == 3)
+        assert src._rejected["duplicate"] == 0
+        assert sender.send({**step_record(0, 1, RANK0), "attempt_start_us": 9_000, "sdk": {}})  # a real duplicate
+        _poll_until(src, lambda: src._rejected["duplicate"] == 1)
+        assert _values(src)["meshscope_steps_total", 0, ()] == 3
+    finally:
+        sender.close()
+        src.close()
+
+
 def test_a_socket_that_cannot_be_bound_leaves_the_source_down_not_the_sidecar(tmp_path: Path) -> None:
     src = TrainEventsSource(addresses=[f"unix:{tmp_path}/absent-dir/r.sock"], job="j", ranks=None)
     src.poll()

@@ -84,6 +84,7 @@ class _Header(msgspec.Struct, frozen=True, gc=False):
     job: str
     rank: int
     step: int
+    attempt_start_us: int | None = None
 
 
 _decode_header = msgspec.json.Decoder(_Header).decode
@@ -160,6 +161,7 @@ class TrainEventsSource:
         self._dropped = 0
         self._open: dict[int, dict[int, _Pending]] = {}
         self._newest: dict[int, int] = {}
+        self._attempts: dict[int, int] = {}  # rank -> attempt_start_us of its newest process
         self._pids: dict[int, int | None] = {}
         self._checked: tuple[RecordTable, list[bytes]] | None = None  # this poll's lines as one table, checked
         self._hello_pids: dict[int, int] = {}  # pid -> rank, every pid a rank said hello with (bounded by restarts)
@@ -226,7 +228,11 @@ class TrainEventsSource:
         self.health.last_success_unix_s = time.time()
 
     def _restarted_ranks(self) -> None:
-        """A rank that said hello with a new pid starts its step numbers afresh (a restart from a checkpoint)."""
+        """A rank that said hello with a new pid starts its step numbers afresh (a restart from a checkpoint).
+
+        A container restarted in a pod starts a fresh PID namespace, where its processes may get the pids of the last
+        run: there the records' ``attempt_start_us`` tells the new process (:meth:`_ingest`).
+        """
         if self._reader is None:
             return
         with self._reader.lock:
@@ -285,6 +291,11 @@ class TrainEventsSource:
         if record.rank not in self._totals and len(self._totals) >= self._max_ranks:
             self._rejected["foreign_rank"] += 1
             return
+        started = record.attempt_start_us
+        if started is not None and started > self._attempts.get(record.rank, -1):
+            if record.rank in self._attempts:  # a new process of this rank: its step numbers start afresh
+                self._newest.pop(record.rank, None)
+            self._attempts[record.rank] = started
         newest = self._newest.get(record.rank)
         if newest is not None and record.step <= newest:
             self._rejected["duplicate"] += 1
