@@ -2,8 +2,8 @@
 
 Each run of ``tests/data/published_runs/runs.yaml`` is planned exactly as it was configured (the manifest beside it);
 TFLOP/s per GPU are in the source's own FLOPs convention (Korthikanti et al. 2022: App. A model FLOPs, full ``s^2``
-attention; Llama 3: the paper's own count, 6·N·D). Prints the table of docs/planner.md ("Checks against published
-runs"). Run: ``.venv/bin/python benchmarks/bench_published_runs.py``.
+attention; Llama 3: causal attention, the count under which Table 4's three rows agree). Prints the table of
+docs/planner.md ("Checks against published runs"). Run: ``.venv/bin/python benchmarks/bench_published_runs.py``.
 """
 
 from __future__ import annotations

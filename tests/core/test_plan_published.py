@@ -20,8 +20,8 @@ RUNS = yaml.safe_load(
 )["runs"]
 MARGIN = 0.02
 # |ours / published - 1| measured with the roofline + NCCL model, in the order of runs.yaml.
-MEASURED = [0.039, 0.072, 0.046, 0.075, 0.054, 0.089, 0.032, 0.041, 0.256, 0.240]
-FLAT_MEASURED_MEAN = 0.156
+MEASURED = [0.039, 0.072, 0.046, 0.075, 0.054, 0.089, 0.032, 0.041, 0.302, 0.285, 0.213]
+FLAT_MEASURED_MEAN = 0.137
 """Mean |error| of the flat model (compute_efficiency 0.5, bandwidth-only collectives) on the same runs, each with its
 own software assumptions (runs.yaml)."""
 
@@ -50,14 +50,14 @@ def test_the_new_model_beats_the_flat_one_on_average():
     new = sum(abs(_error(r)) for r in RUNS) / len(RUNS)
     flat = sum(abs(_error(r, PlanAssumptions(compute_efficiency=0.5, nccl_latency=False))) for r in RUNS) / len(RUNS)
     assert flat == pytest.approx(FLAT_MEASURED_MEAN, abs=0.005)
-    assert new <= 0.094 + MARGIN
+    assert new <= 0.113 + MARGIN
     assert new < flat
 
 
 def test_flops_conventions_count_as_their_sources_do():
     # Llama 3's own count: 6 FLOPs per parameter and token (3.8e25 for 405B parameters on 15.6T tokens, §1); a step
     # of Table 4 is 2,048 sequences of 8,192 tokens. The planned model has the paper's 405B parameters within 0.5 %.
-    llama = next(r for r in RUNS if r["flops_convention"] == "6nd")
+    llama = next(r for r in RUNS if r["source"] == "llama3-table4")
     plan = plan_job(spec_from_manifest(llama["manifest"]))
     tokens = 2048 * 8192
     six_nd = flops_in_convention(plan.flops, "6nd", params=plan.total_params, tokens=tokens)
@@ -68,12 +68,30 @@ def test_flops_conventions_count_as_their_sources_do():
         flops_in_convention(plan.flops, "mfu", params=0, tokens=0)
 
 
-def test_the_two_llama3_rows_miss_by_the_same_factor():
+def _llama3_table4(convention: str | None = None) -> list[float]:
+    """The errors of Table 4's rows (8K on 8,192 GPUs, 8K on 16,384, 128K with cp 16), in ``convention``."""
+    rows = [r for r in RUNS if r["source"] == "llama3-table4"]
+    assert len(rows) == 3
+    return [_error(r if convention is None else {**r, "flops_convention": convention}) for r in rows]
+
+
+def test_the_two_llama3_8k_rows_miss_by_the_same_factor():
     # Planned as §3.3.2 configures them (one layer per model chunk: vpp 8; asynchronous pipeline transfers), the two
-    # rows differ in micro-batches per step (32 and 16) and share the bubble, so a model whose pipeline and dp terms
+    # 8K rows differ in micro-batches per step (32 and 16) and share the bubble, so a model whose pipeline and dp terms
     # are right misses both by one factor on the per-micro-batch work. Planned with vpp 4 they missed by +16.3 % and
     # +10.5 %: a bubble twice the paper's; this fails if the rows drift apart again.
-    llama = [r for r in RUNS if r["flops_convention"] == "6nd"]
-    assert len(llama) == 2
-    a, b = (_error(r) for r in llama)
+    a, b, _ = _llama3_table4()
     assert abs(a - b) <= 0.03
+
+
+def test_llama3_table4_is_read_in_the_one_count_under_which_its_rows_agree():
+    # Table 4 does not say how it counts FLOPs. Its 128K row (cp 16, attention 40 % of the work) tells: in the
+    # planner's causal count the three rows miss alike (+30.2, +28.5, +21.3 %); read as 6·N·D (the paper's §1 total)
+    # the 128K row turns to -27 %, with full s^2 attention to +70 % (tests/data/published_runs/README.md). This fails
+    # where a change of the model makes another count fit the three rows better: then the rows' reading is to be
+    # argued again.
+    spread = {c: max(e) - min(e) for c in ("causal", "6nd", "korthikanti") for e in [_llama3_table4(c)]}
+    assert [r["flops_convention"] for r in RUNS if r["source"] == "llama3-table4"] == ["causal"] * 3
+    assert spread["causal"] < 0.12
+    assert spread["causal"] < spread["6nd"] / 3
+    assert spread["causal"] < spread["korthikanti"] / 3
