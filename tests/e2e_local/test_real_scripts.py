@@ -138,7 +138,11 @@ def test_a_rank_on_a_slow_disk_is_named_slow_in_data_loading(tmp_path: Path, loa
     assert [s["rank"] for s in f["suspects"]] == [1], f["message"]
     assert f["evidence"]["phase_is_data"] == 1, f["message"]
     assert "slow in data loading" in f["message"]
-    assert f["evidence"]["phase_seconds"] >= 0.02
+    # The finding holds the rank to its data time less what the host took from it beyond its peer (beside foreign
+    # load a few ms a step: 18.7 ms beside two spinners); the table's data row is the time as measured, and every
+    # step of rank 1 waits on one read of at least 20 ms.
+    assert f["evidence"]["phase_seconds"] > f["evidence"]["peer_median_seconds"]
+    assert _row(run, "data")["worst_seconds"] >= 0.02
     wait = _row(run, "comm.dp.sync_wait")
     assert wait["suspect"]["rank"] == 1
     assert wait["suspect"]["message"] in f["message"]
