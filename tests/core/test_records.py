@@ -471,7 +471,7 @@ def test_a_restarted_jobs_records_are_read_as_its_last_attempt(tmp_path):
     # Attempt 1 ran steps 0-5 and died; attempt 2 resumed from a checkpoint at step 3 and ran 3-8, its collectives
     # numbered from 0 again, into the same per-rank files (MESHSCOPE_COLLECTOR=file:DIR appends). Before: "rank 0
     # step 3 appears twice", no analysis at all.
-    later = 10_000_000
+    later = 60_000_000
     paths = []
     for rank in (0, 1):
         lines = _attempt(rank, range(6), first_seq=0, shift_us=0) + _attempt(
@@ -546,22 +546,45 @@ def test_a_new_process_is_a_new_attempt_only_where_it_writes_for_its_own_rank(tm
         assert not table.notes, reader.__name__
 
 
+def test_a_restart_is_read_as_its_last_attempt_in_whatever_order_the_records_come(tmp_path):
+    # A sidecar serves its recent records step by step: a rank restarted from step 3 after step 5 comes as step 3 of
+    # attempt 1, step 3 of attempt 2, step 4 of attempt 1, ... Its latest process's records are kept, not the last
+    # record's (the step rule alone, on that order, would keep rank 0's step 8 and nothing else).
+    later = 60_000_000
+    attempts = [_attempt(rank, range(6), first_seq=0, shift_us=0) for rank in (0, 1)]
+    attempts += [_attempt(rank, range(3, 9), first_seq=0, shift_us=later) for rank in (0, 1)]
+    lines = sorted((obj for attempt in attempts for obj in attempt), key=lambda o: (o["step"], o["start_us"]))
+    path = write_lines(tmp_path / "records.jsonl", lines)
+    for reader in (read_table, _lines_in_memory, _packed, _objects):
+        table = reader(path)
+        assert sorted(zip(table.steps.rank.tolist(), table.steps.step.tolist(), strict=True)) == [
+            (rank, step) for rank in (0, 1) for step in range(3, 9)
+        ], reader.__name__
+        assert (table.steps.start_us >= later).all(), reader.__name__
+        (note,) = [n for n in table.notes if n.code == "earlier_attempts"]
+        assert note.count == 12, reader.__name__
+
+
 def test_two_processes_writing_as_one_rank_at_once_are_refused_by_every_reader(tmp_path):
-    # A script started twice with the same RANK into one collector: rank 0's records alternate between two
-    # processes. No restart does that; keeping "the last attempt" would keep half of each.
-    lines = [good_json(1, 0), good_json(1, 1)]
-    lines += [good_json(0, step, attempt_start_us=5_000 + 1_000 * (step % 2)) for step in range(4)]
+    # A script started twice with the same RANK into one collector: rank 0's second process began tracking at
+    # step 1's time, and its first process went on writing steps 2 and 3 after that. No restart does that; keeping
+    # "the latest process" would silently keep half of the rank's steps.
+    t0 = good_json(0, 0)["start_us"]
+    first, second = t0 - 5_000_000, t0 + 150_000  # the second process starts during step 1
+    lines = [good_json(1, step) for step in range(4)]
+    lines += [good_json(0, step, attempt_start_us=first if step % 2 == 0 else second) for step in range(4)]
     path = write_lines(tmp_path / "records.jsonl", lines)
     for reader in (read_records, read_table, _lines_in_memory, _packed):
         with pytest.raises(ParseError) as info:
             reader(path)
         assert info.value.code is ParseCode.INCONSISTENT, reader.__name__
         message = str(info.value)
-        assert message.startswith(
-            f"{path} line 5: rank 0's records go back to the process that began tracking at "
-            "attempt_start_us = 5000 after another process wrote some"
-        ), (reader.__name__, message)
-        assert "two processes wrote as rank 0 at once" in message
+        assert message == (
+            f"{path} line 6: rank 0's records come from two processes at once: the one that wrote this record began "
+            f"tracking at attempt_start_us = {second}, and the one that began at {first} still wrote after that (its "
+            f"step 2 began at {t0 + 200_000} µs). A script started twice with the same RANK, or two trackers in one "
+            "process, does this; no restart does: give every process its own rank or its own records"
+        ), reader.__name__
 
 
 @pytest.mark.parametrize(

@@ -847,9 +847,10 @@ def _empty_intervals() -> dict[str, NDArray[Any]]:
 def _table_of(raw: _Raw, *, notes: tuple[Note, ...], source_files: tuple[str, ...]) -> RecordTable:
     """The validated table of a reader's columns; of a restarted job's, its last attempt (:func:`_last_attempts`).
 
-    Where a new process wrote a rank's records (``attempt_start_us`` changes), a new attempt began, always. Where
-    the writer does not say, a rank's steps going back mean the same only where the table's checks find a duplicate
-    (the readers' rule before the field existed: records whose steps go back without colliding are read as they are).
+    Where several processes wrote a rank's records (``attempt_start_us``), the latest one's are kept, always. Where
+    the writer does not say, a rank's steps going back mean a new attempt only where the table's checks find a
+    duplicate (the readers' rule before the field existed: records whose steps go back without colliding are read
+    as they are).
     """
     kept, note = _last_attempts(raw, source_files, steps_back=False)
     try:
@@ -864,37 +865,40 @@ def _table_of(raw: _Raw, *, notes: tuple[Note, ...], source_files: tuple[str, ..
 
 
 def _last_attempts(raw: _Raw, source_files: tuple[str, ...], *, steps_back: bool) -> tuple[_Raw, Note | None]:
-    """Each rank's rank-steps from its last attempt on: where a new process wrote them, or where they go back.
+    """Each rank's rank-steps of its last attempt: its latest process's, after the last place its steps go back.
 
-    A job restarted (torchrun's elastic restarts) or resumed from a checkpoint into the same records writes its steps
-    again, numbered from 0 or from the checkpoint's step, or (resumed from a checkpoint of its last step) numbered on
-    from where the last attempt stopped; either way its collectives' sequence numbers start over: two attempts cannot
-    be analysed as one. A rank's records come in the order it wrote them (a file per rank, or a collector's arrivals,
-    in order per rank). Where a record's ``attempt_start_us`` differs from the one before it of that rank, a new
-    process wrote it: a new attempt began; with ``steps_back``, also where its step is not above the one before. Only
-    the rank-steps of each rank's last attempt are kept, and a note says how many were left out. ``None`` for the
-    note where no rank began again.
+    A job restarted (torchrun's elastic restarts, a container restarted in its pod) or resumed from a checkpoint
+    into the same records writes its steps again, numbered from 0 or from the checkpoint's step, or numbered on from
+    where the last attempt stopped (resumed from a checkpoint of its last step); either way its collectives'
+    sequence numbers start over: two attempts cannot be analysed as one. Every process of a rank writes its own
+    ``attempt_start_us``, the time it began tracking: the rows of the latest one are kept, in whatever order the
+    records came (a file per rank is in the order written; a sidecar serves its recent records step by step). Rows
+    whose writer does not say (``-1``) count as the earliest process. With ``steps_back``, within that process's
+    rows, in the order written, a step not above the one before also starts a new attempt (records from writers
+    that do not say). A note says how many rank-steps were left out; ``None`` for the note where none was.
 
     Raises:
-        ParseError: where a rank's records go back to a process that had already given way to another (two
-            processes wrote as one rank at once; neither is a restart).
+        ParseError: where a process of a rank wrote a step that began after a later process of that rank began
+            tracking: two processes wrote as one rank at once, which no restart does.
     """
     rank, step, began = raw.rows["rank"], raw.rows["step"], raw.rows["attempt_start_us"]
     n = rank.shape[0]
-    order = np.argsort(rank, kind="stable")  # each rank's rows, in the order it wrote them
-    r, s, a = rank[order], step[order], began[order]
-    same_rank = np.r_[False, r[1:] == r[:-1]]
-    new_writer = same_rank & np.r_[False, a[1:] != a[:-1]]  # a row that a new process wrote
-    back = new_writer | (same_rank & np.r_[False, s[1:] <= s[:-1]]) if steps_back else new_writer
-    if not back.any():
+    order = np.lexsort((np.arange(n), began, rank))  # by rank, then process (earliest first), then as written
+    r, a, s = rank[order], began[order], step[order]
+    new_rank = np.r_[True, r[1:] != r[:-1]]
+    new_process = new_rank | np.r_[False, a[1:] != a[:-1]]
+    starts = new_process.copy()
+    if steps_back:
+        starts |= np.r_[False, s[1:] <= s[:-1]]  # a step that goes back within one process's rows
+    if not (starts & ~new_rank).any():
         return raw, None
-    _check_one_writer_at_a_time(raw, order, new_writer | ~same_rank, source_files)
-    attempt = np.cumsum(back | ~same_rank)  # every attempt of every rank numbered, in sorted order
-    ends = np.r_[np.flatnonzero(r[1:] != r[:-1]), n - 1]  # each rank's last row: its last attempt's number
+    _check_one_process_at_a_time(raw, order, new_process, new_rank, source_files)
+    attempt = np.cumsum(starts)  # every attempt of every rank numbered, in sorted order
+    ends = np.r_[np.flatnonzero(new_rank[1:]), n - 1]  # each rank's last row: its last attempt's number
     last_attempt = np.repeat(attempt[ends], np.diff(np.r_[-1, ends]))
     keep = np.zeros(n, dtype=bool)
     keep[order] = attempt == last_attempt
-    restarted, per_rank = np.unique(r[back], return_counts=True)
+    restarted, per_rank = np.unique(r[starts & ~new_rank], return_counts=True)
     restarts, ranks = int(per_rank.max()), int(restarted.shape[0])
     dropped = int(n - keep.sum())
     spans = np.repeat(keep, raw.rows["n_intervals"])
@@ -906,34 +910,58 @@ def _last_attempts(raw: _Raw, source_files: tuple[str, ...], *, steps_back: bool
     return kept, earlier_attempts_note(restarts=restarts, ranks=ranks, dropped=dropped)
 
 
-def _check_one_writer_at_a_time(
-    raw: _Raw, order: NDArray[np.intp], starts: NDArray[np.bool_], source_files: tuple[str, ...]
+def _check_one_process_at_a_time(
+    raw: _Raw,
+    order: NDArray[np.intp],
+    new_process: NDArray[np.bool_],
+    new_rank: NDArray[np.bool_],
+    source_files: tuple[str, ...],
 ) -> None:
-    """Refuse a rank whose records return to a process after another process wrote some.
+    """Refuse a rank one of whose processes wrote a step that began after a later process of the rank began tracking.
 
-    ``starts``: each rank's first row and every row a new process wrote, in ``order``.
+    ``order`` sorts the rows by rank, then process, then as written; ``new_process`` and ``new_rank`` mark each
+    (rank, process) group's and each rank's first row in it. A restart's new process begins after the last one
+    stopped; a step of the earlier process that began after that (on one host clock; a rank moved to another node
+    would need a clock skew above the restart's own seconds) means both ran at once.
 
     Raises:
-        ParseError: naming the rank, the process and where its records resume.
+        ParseError: naming the record, the rank and both processes.
     """
-    at = order[starts]
-    rank, began = raw.rows["rank"][at], raw.rows["attempt_start_us"][at]
-    known = began >= 0
-    at, rank, began = at[known], rank[known], began[known]
-    by = np.lexsort((at, began, rank))  # runs of one (rank, process) next to each other, in the order written
-    again = np.flatnonzero((rank[by][1:] == rank[by][:-1]) & (began[by][1:] == began[by][:-1]))
-    if again.size == 0:
+    a = raw.rows["attempt_start_us"][order]
+    group = np.cumsum(new_process) - 1
+    firsts = np.flatnonzero(new_process)
+    began = a[firsts]
+    latest = np.maximum.reduceat(raw.rows["start_us"][order], firsts)  # each process's last step start
+    later = np.r_[~new_rank[firsts][1:], False]  # a group followed by a later process of its rank
+    clash = later & (began >= 0) & (latest >= np.r_[began[1:], 0])
+    if not clash.any():
         return
-    row = int(at[by][again[0] + 1])
+    g = int(np.flatnonzero(clash)[0])
+    earlier = order[group == g]
+    late = int(earlier[np.argmax(raw.rows["start_us"][earlier] >= began[g + 1])])
+    row = int(order[firsts[g + 1]])  # the later process's first record
     file, line = int(raw.rows["source_file"][row]), int(raw.rows["source_line"][row])
     where = f"{source_files[file]} line {line}" if 0 <= file < len(source_files) and line >= 0 else f"row {row}"
-    r, t = int(raw.rows["rank"][row]), int(raw.rows["attempt_start_us"][row])
     raise ParseError(
-        f"{where}: rank {r}'s records go back to the process that began tracking at attempt_start_us = {t} after "
-        f"another process wrote some: two processes wrote as rank {r} at once (a script started twice with the same "
-        "RANK, or two trackers in one process), which no restart does; give every process its own rank or its own "
-        "records",
+        _two_processes(
+            where,
+            rank=int(raw.rows["rank"][row]),
+            later=int(began[g + 1]),
+            earlier=int(began[g]),
+            step=int(raw.rows["step"][late]),
+            start_us=int(raw.rows["start_us"][late]),
+        ),
         code=ParseCode.INCONSISTENT,
+    )
+
+
+def _two_processes(where: str, *, rank: int, later: int, earlier: int, step: int, start_us: int) -> str:
+    """The message for two processes that wrote as one rank at once (every reader says it the same way)."""
+    return (
+        f"{where}: rank {rank}'s records come from two processes at once: the one that wrote this record began "
+        f"tracking at attempt_start_us = {later}, and the one that began at {earlier} still wrote after that (its "
+        f"step {step} began at {start_us} µs). A script started twice with the same RANK, or two trackers in one "
+        "process, does this; no restart does: give every process its own rank or its own records"
     )
 
 

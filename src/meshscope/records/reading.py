@@ -10,6 +10,7 @@ analyse the records.
 from __future__ import annotations
 
 import gc
+import itertools
 import multiprocessing
 import os
 import shutil
@@ -30,6 +31,7 @@ from meshscope.records.building import (
     _Raw,
     _table_of,
     _TableBuilder,
+    _two_processes,
     earlier_attempts_note,
 )
 from meshscope.records.decoding import _decoded
@@ -101,7 +103,7 @@ def read_records(paths: StrPath | Sequence[StrPath], *, allow_partial: bool = Fa
 def _last_attempt_records(
     records: list[StepRecord], places: list[str], notes: list[Note], *, steps_back: bool
 ) -> list[StepRecord]:
-    """Each rank's records from its last attempt on: where a new process wrote them, or where they go back.
+    """Each rank's records of its last attempt: its latest process's, after the last place its steps go back.
 
     The object reader's form of ``meshscope.records.building._last_attempts``, with the same note (appended to
     ``notes``) and the same error for two processes that wrote as one rank at once (``places``: where each record
@@ -113,31 +115,60 @@ def _last_attempt_records(
     keep: set[int] = set()
     restarts: dict[int, int] = {}
     for rank, rows in by_rank.items():
-        start, count = 0, 0
-        done: set[int] = set()
-        for j in range(1, len(rows)):
-            prev, rec = records[rows[j - 1]], records[rows[j]]
-            if rec.attempt_start_us != prev.attempt_start_us:
-                if prev.attempt_start_us is not None:
-                    done.add(prev.attempt_start_us)
-                if rec.attempt_start_us in done:
-                    raise ParseError(
-                        f"{places[rows[j]]}: rank {rank}'s records go back to the process that began tracking at "
-                        f"attempt_start_us = {rec.attempt_start_us} after another process wrote some: two processes "
-                        f"wrote as rank {rank} at once (a script started twice with the same RANK, or two trackers "
-                        "in one process), which no restart does; give every process its own rank or its own records",
-                        code=ParseCode.INCONSISTENT,
-                    )
-                start, count = j, count + 1
-            elif steps_back and rec.step <= prev.step:
-                start, count = j, count + 1
-        keep.update(rows[start:])
+        by_process: dict[int, list[int]] = {}
+        for i in rows:
+            by_process.setdefault(_began(records[i]), []).append(i)
+        processes = sorted(by_process)
+        _check_one_process_at_a_time(records, places, rank, by_process)
+        count = len(processes) - 1
+        start = 0
+        if steps_back:
+            for process in processes:
+                backs = _steps_back(records, by_process[process])
+                count += len(backs)
+                if backs and process == processes[-1]:
+                    start = backs[-1]
+        keep.update(by_process[processes[-1]][start:])
         if count:
             restarts[rank] = count
     kept = [rec for i, rec in enumerate(records) if i in keep]
     dropped = len(records) - len(kept)
-    notes.append(earlier_attempts_note(restarts=max(restarts.values()), ranks=len(restarts), dropped=dropped))
+    if restarts:
+        notes.append(earlier_attempts_note(restarts=max(restarts.values()), ranks=len(restarts), dropped=dropped))
     return kept
+
+
+def _steps_back(records: list[StepRecord], rows: list[int]) -> list[int]:
+    """Positions in ``rows`` (one process's records, as written) whose step is not above the one before."""
+    return [j for j in range(1, len(rows)) if records[rows[j]].step <= records[rows[j - 1]].step]
+
+
+def _check_one_process_at_a_time(
+    records: list[StepRecord], places: list[str], rank: int, by_process: dict[int, list[int]]
+) -> None:
+    """Refuse ``rank`` where one of its processes wrote a step that began after a later process began tracking.
+
+    Raises:
+        ParseError: naming the record, the rank and both processes.
+    """
+    for earlier, later in itertools.pairwise(sorted(by_process)):
+        if earlier < 0:
+            continue
+        clash = next((i for i in by_process[earlier] if records[i].start_us >= later), None)
+        if clash is None:
+            continue
+        rec, first = records[clash], by_process[later][0]
+        raise ParseError(
+            _two_processes(
+                places[first], rank=rank, later=later, earlier=earlier, step=rec.step, start_us=rec.start_us
+            ),
+            code=ParseCode.INCONSISTENT,
+        )
+
+
+def _began(record: StepRecord) -> int:
+    """The record's ``attempt_start_us``, ``-1`` (the earliest) where its writer does not say."""
+    return -1 if record.attempt_start_us is None else record.attempt_start_us
 
 
 def read_table(
