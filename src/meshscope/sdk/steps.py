@@ -356,7 +356,13 @@ class StepIntervals:
 
     @staticmethod
     def _device_marks(st: StepState, clock: HostClock) -> tuple[list[_Item], int]:
-        """Intervals from marks that may be CUDA events: those not yet completed are left out."""
+        """Intervals from marks that may be CUDA events: those not yet completed are left out (and counted).
+
+        A step is written before its device work completed only when the host ran
+        :data:`~meshscope.sdk.tracker.MAX_DEFERRED_STEPS` steps ahead of the device: then an event's elapsed time
+        cannot be read yet (CUDA raises), so operations and phase pieces with such marks are left out, and the rest of
+        the record is kept.
+        """
         to_us, ready = clock.to_us, clock.ready
         start_us = clock.host_ns_to_us(st.start_ns)
         windows = merge_windows(
@@ -369,7 +375,11 @@ class StepIntervals:
         items: list[_Item] = []
         optimizer_end = None
         kept = False
+        incomplete = 0
         for kind, phase, a, b in st.segments:
+            if not (ready(a) and ready(b)):  # a piece of device work not done yet (the record was forced out)
+                incomplete += 1
+                continue
             a_us = to_us(a)
             b_us = max(a_us, to_us(b))
             if kind in DEVICE_KINDS:
@@ -385,7 +395,6 @@ class StepIntervals:
         if st.end_mark is not None and ready(st.start_mark) and ready(st.end_mark):
             implicit = implicit_compute(st, to_us(st.start_mark), to_us(st.end_mark), to_us, windows)
             items.extend((p0, p1, COMPUTE, None, None) for p0, p1 in implicit)
-        incomplete = 0
         for rec in st.ops:
             s, e, w = rec[START], rec[END], rec[WAIT]
             if e is None or not (ready(s) and ready(e)):

@@ -133,7 +133,8 @@ class TrackerCounters:
     unattributed_ops: int = 0
     """Collectives on groups that map to no axis (e.g. the world group of a multi-axis job): counted, not recorded."""
     incomplete_ops: int = 0
-    """Operations left out of a record because they had not completed :data:`MAX_DEFERRED_STEPS` steps later."""
+    """Operations (and, on a GPU, phase pieces) left out of a record because their device work had not completed
+    :data:`MAX_DEFERRED_STEPS` steps later."""
     phases_outside_step: int = 0
     """Phases entered while no step was open (timed into the next record's ``between_steps``)."""
     uncaptured_ddp: int = 0
