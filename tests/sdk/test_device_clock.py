@@ -15,7 +15,11 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
-from invariants import check_records
+import torch
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: N817
+
+from invariants import check_records, read_lines
 from meshscope import sdk
 from meshscope.sdk.tracker import MAX_DEFERRED_STEPS
 from meshscope.sdk.transport import decode
@@ -201,3 +205,53 @@ def test_a_device_that_falls_behind_costs_the_late_work_not_the_record(listener)
         assert {"forward", "backward"} <= phases, record
         assert any(iv["kind"] == "optimizer" for iv in record["intervals"]), record
     assert tracker.counters().hook_errors == 0
+
+
+def _ddp_on_the_device(rank: int, world: int) -> dict[str, int]:
+    """A DDP loop whose rank's CUDA is an emulated device that finishes each step's work only as the next begins."""
+    device = _Device()
+    tracker = sdk.tracker_from_env()
+    tracker._torch = _Torch(device)
+    torch.manual_seed(0)
+    ddp = DDP(nn.Sequential(nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 8)))
+    optimizer = torch.optim.SGD(ddp.parameters(), lr=0.01)
+    device.busy = True
+    sent = []
+    for step in range(6):
+        device.catch_up()
+        with tracker.step(step):
+            with tracker.phase("forward"):
+                loss = ddp(torch.ones(16, 256)).square().mean()
+            with tracker.phase("backward"):
+                loss.backward()
+            with tracker.phase("optimizer"):
+                optimizer.step()
+                optimizer.zero_grad()
+        sent.append(tracker.counters().records_sent)
+    device.catch_up()
+    tracker.close()
+    counters = tracker.counters()
+    return {
+        "sent_after_each_step": sent,
+        "hook_errors": counters.hook_errors,
+        "incomplete_ops": counters.incomplete_ops,
+        "syncs": device.syncs,
+    }
+
+
+def test_ddp_bucket_reductions_on_the_device_timeline_keep_the_invariants(fork_job) -> None:
+    # DDP's gradient all-reduces marked with (emulated) CUDA events: their issue, completion and the reducer's wait
+    # are device marks, read a step late. Every record keeps the real-job invariants (fork_job checks them: a
+    # collective's waiting never inside compute, the optimizer in every step), and every bucket's reduction ends
+    # before the optimizer starts, on the device timeline as on the host's.
+    job = fork_job(_ddp_on_the_device, 2, env={"MESHSCOPE_LAYOUT": "dp=2"}, every_step=("optimizer",))
+    for result in job.results:
+        assert result["sent_after_each_step"] == [0, 1, 2, 3, 4, 5]
+        assert (result["hook_errors"], result["incomplete_ops"], result["syncs"]) == (0, 0, 1)
+    records = read_lines(job.records_path)
+    assert sorted((r["rank"], r["step"]) for r in records) == [(rank, step) for rank in (0, 1) for step in range(6)]
+    for record in records:
+        buckets = [iv for iv in record["intervals"] if iv["kind"] == "comm" and iv["axis"] == "dp"]
+        assert buckets, record  # DDP's reduction, every step
+        optimizer = min(iv["start_us"] for iv in record["intervals"] if iv["kind"] == "optimizer")
+        assert all(iv["end_us"] <= optimizer for iv in buckets), (record["rank"], record["step"])
