@@ -319,8 +319,32 @@ def _analyze_arguments(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="skip a truncated last line and files of another job (noted under partial data) instead of failing",
     )
+    _attempt_argument(p)
     _quiet_argument(p)
     p.set_defaults(handler=_cmd_analyze)
+
+
+def _attempt_argument(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--attempt",
+        type=_attempt_number,
+        metavar="N",
+        help="of a job restarted or resumed into the same records: the attempt to read, 1 the first, -1 the last "
+        "(the default), -2 the one before",
+    )
+
+
+def _attempt_number(text: str) -> int:
+    """``--attempt``'s value: a whole number other than 0."""
+    try:
+        number = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a whole number: give 1 for the first attempt, -1 for the last"
+        ) from None
+    if number == 0:
+        raise argparse.ArgumentTypeError("0: give 1 for the first attempt, -1 for the last")
+    return number
 
 
 def _cmd_analyze(args: argparse.Namespace) -> int:
@@ -335,6 +359,7 @@ def _report_arguments(report: argparse.ArgumentParser) -> None:
     )
     report.add_argument("--spec", help="TrainingJob manifest the records belong to (for expected numbers)")
     report.add_argument("--out", default="meshscope-report", help="output directory (./meshscope-report)")
+    _attempt_argument(report)
     _quiet_argument(report)
     report.set_defaults(handler=_cmd_report)
 

@@ -546,6 +546,46 @@ def test_a_new_process_is_a_new_attempt_only_where_it_writes_for_its_own_rank(tm
         assert not table.notes, reader.__name__
 
 
+def test_an_earlier_attempt_is_read_when_asked_for(tmp_path):
+    # The job crashed in attempt 1 (steps 0-5) and resumed from step 3: the attempt that crashed is the one to look
+    # at. read_table(attempt=1) keeps every rank's first process; -2 is the same one counted from the last.
+    later = 60_000_000
+    lines = []
+    for rank in (0, 1):
+        lines += _attempt(rank, range(6), first_seq=0, shift_us=0) + _attempt(
+            rank, range(3, 9), first_seq=0, shift_us=later
+        )
+    path = write_lines(tmp_path / "records.jsonl", lines)
+    for attempt in (1, -2):
+        table = read_table(path, attempt=attempt)
+        assert sorted(zip(table.steps.rank.tolist(), table.steps.step.tolist(), strict=True)) == [
+            (rank, step) for rank in (0, 1) for step in range(6)
+        ]
+        assert (table.steps.start_us < good_json(0, 0)["start_us"] + later).all()  # attempt 1's own records
+        (note,) = [n for n in table.notes if n.code == "earlier_attempts"]
+        assert note.count == 12  # steps 3-8 of the later attempt, both ranks
+        assert note.message.endswith(
+            f"12 rank-steps of its other attempts are left out and attempt {attempt} of each rank is analysed"
+        )
+    last = read_table(path, attempt=-1)
+    assert sorted(set(last.steps.step.tolist())) == list(range(3, 9))
+    assert "meshscope analyze --attempt N" in next(n.message for n in last.notes if n.code == "earlier_attempts")
+    for attempt, held in ((3, 2), (-3, 2)):
+        with pytest.raises(ParseError) as info:
+            read_table(path, attempt=attempt)
+        assert info.value.code is ParseCode.VALUE_OUT_OF_RANGE
+        assert str(info.value) == (
+            f"attempt {attempt} was asked for, but rank 0's records hold {held} attempts: give 1 to {held} (1 the "
+            f"first), or -1 to -{held} counted from the last"
+        )
+    with pytest.raises(ParseError, match=r"attempt = 0: give 1 for the first attempt, -1 for the last"):
+        read_table(path, attempt=0)
+    single = write_lines(tmp_path / "one.jsonl", _attempt(0, range(3), first_seq=0, shift_us=0))
+    assert read_table(single, attempt=1).n_rows == read_table(single, attempt=-1).n_rows == 3
+    with pytest.raises(ParseError, match=r"attempt 2 was asked for, but rank 0's records hold 1 attempt: give 1 to 1"):
+        read_table(single, attempt=2)
+
+
 def test_a_restart_is_read_as_its_last_attempt_in_whatever_order_the_records_come(tmp_path):
     # A sidecar serves its recent records step by step: a rank restarted from step 3 after step 5 comes as step 3 of
     # attempt 1, step 3 of attempt 2, step 4 of attempt 1, ... Its latest process's records are kept, not the last

@@ -287,6 +287,7 @@ for step in range(first, last):
             optimizer.zero_grad()
 if dist.get_rank() == 0:
     torch.save(model.state_dict(), checkpoint)  # after the last step: the next attempt resumes right after it
+dist.barrier()  # as a real script does: no rank leaves while another still saves
 tracker.close()
 dist.destroy_process_group()
 """
@@ -321,3 +322,16 @@ def test_a_job_resumed_right_after_its_last_step_is_analysed_as_its_last_attempt
     assert (analysis["ranks_seen"], analysis["world_size"]) == (NPROC, NPROC)
     dp = next(r for r in analysis["rows"] if r["category"] == "comm.dp.transfer")
     assert dp["measured_median_seconds"] > 0
+    # The first attempt, asked for by number: steps 0-5, the second attempt's four steps left out.
+    done = subprocess.run(
+        [*analyze, "--attempt", "1"], capture_output=True, text=True, timeout=120, env=env, check=False
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    first = json.loads(done.stdout)
+    assert {n["code"]: n["count"] for n in first["partial_data"]}["earlier_attempts"] == 4 * NPROC
+    assert (first["steps"]["first"], first["steps"]["last"]) == (0, 5), first["steps"]
+    done = subprocess.run(
+        [*analyze, "--attempt", "3"], capture_output=True, text=True, timeout=120, env=env, check=False
+    )
+    assert done.returncode != 0
+    assert "attempt 3 was asked for, but rank 0's records hold 2 attempts: give 1 to 2" in done.stderr, done.stderr

@@ -58,6 +58,7 @@ def read_inputs(
     allow_partial: bool | None = None,
     progress: Progress = NO_PROGRESS,
     error: type[MeshscopeError] = AnalyzeInputError,
+    attempt: int | None = None,
 ) -> Inputs:
     """Check that the records files exist, load the spec, read the records into a table (worker processes if large).
 
@@ -68,6 +69,7 @@ def read_inputs(
             then keeps the reader's own wording).
         progress: told of the reading phases (:func:`meshscope.records.read_table`).
         error: what to raise for a missing or unreadable file (each command names its own).
+        attempt: the command's ``--attempt``: which attempt of a restarted job to read (:func:`read_table`).
 
     Raises:
         MeshscopeError: ``error`` for missing or unreadable records files (and, under ``allow_partial``, records the
@@ -82,7 +84,9 @@ def read_inputs(
     if allow_partial:
         paths, notes = _one_job(paths)
     try:
-        table = read_table(paths, allow_partial=bool(allow_partial), workers=default_workers(), progress=progress)
+        table = read_table(
+            paths, allow_partial=bool(allow_partial), workers=default_workers(), progress=progress, attempt=attempt
+        )
     except OSError as exc:
         raise error(f"cannot read records: {exc}") from exc
     except ParseError as exc:
@@ -152,13 +156,15 @@ def _launches(paths: Sequence[Path]) -> tuple[bool, list[Note]]:
 
 
 def analyze_command(args: argparse.Namespace) -> int:
-    """``meshscope analyze RECORDS... [--spec FILE] [--json] [--allow-partial] [--quiet]`` (see :mod:`meshscope.cli`).
+    """``meshscope analyze RECORDS... [--spec FILE] [--json] [--allow-partial] [--attempt N] [--quiet]``.
 
     Raises:
         AnalyzeInputError: for missing or unreadable records files.
     """
     progress = command_progress(quiet=args.quiet)
-    inputs = read_inputs(args.records, spec=args.spec, allow_partial=args.allow_partial, progress=progress)
+    inputs = read_inputs(
+        args.records, spec=args.spec, allow_partial=args.allow_partial, progress=progress, attempt=args.attempt
+    )
     analysis = analyze(
         inputs.table, spec=inputs.spec, notes=inputs.notes, one_clock=inputs.one_clock, progress=progress
     )

@@ -605,9 +605,11 @@ class _TableBuilder:
             lines=lines,
         )
 
-    def build(self, *, notes: tuple[Note, ...], source_files: tuple[str, ...]) -> RecordTable:
-        """Turn the columns into a validated :class:`RecordTable`."""
-        return _table_of(self.raw(), notes=notes, source_files=source_files)
+    def build(
+        self, *, notes: tuple[Note, ...], source_files: tuple[str, ...], attempt: int | None = None
+    ) -> RecordTable:
+        """Turn the columns into a validated :class:`RecordTable` (``attempt``: :func:`_table_of`'s)."""
+        return _table_of(self.raw(), notes=notes, source_files=source_files, attempt=attempt)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -844,27 +846,33 @@ def _empty_intervals() -> dict[str, NDArray[Any]]:
     return {name: getattr(ivs, name) for name in IntervalColumns.__dataclass_fields__ if name != "row"}
 
 
-def _table_of(raw: _Raw, *, notes: tuple[Note, ...], source_files: tuple[str, ...]) -> RecordTable:
+def _table_of(
+    raw: _Raw, *, notes: tuple[Note, ...], source_files: tuple[str, ...], attempt: int | None = None
+) -> RecordTable:
     """The validated table of a reader's columns; of a restarted job's, its last attempt (:func:`_last_attempts`).
+
+    ``attempt`` (1 the first, -1 the last) keeps another attempt of every rank instead.
 
     Where several processes wrote a rank's records (``attempt_start_us``), the latest one's are kept, always. Where
     the writer does not say, a rank's steps going back mean a new attempt only where the table's checks find a
     duplicate (the readers' rule before the field existed: records whose steps go back without colliding are read
     as they are).
     """
-    kept, note = _last_attempts(raw, source_files, steps_back=False)
+    kept, note = _last_attempts(raw, source_files, steps_back=False, attempt=attempt)
     try:
         return _validated_table(kept, notes=notes if note is None else (*notes, note), source_files=source_files)
     except ParseError as exc:
         if exc.code is not ParseCode.DUPLICATE:
             raise
-        again, note = _last_attempts(raw, source_files, steps_back=True)
+        again, note = _last_attempts(raw, source_files, steps_back=True, attempt=attempt)
         if note is None or again.rows["rank"].shape[0] == kept.rows["rank"].shape[0]:
             raise
     return _validated_table(again, notes=(*notes, note), source_files=source_files)
 
 
-def _last_attempts(raw: _Raw, source_files: tuple[str, ...], *, steps_back: bool) -> tuple[_Raw, Note | None]:
+def _last_attempts(
+    raw: _Raw, source_files: tuple[str, ...], *, steps_back: bool, attempt: int | None = None
+) -> tuple[_Raw, Note | None]:
     """Each rank's rank-steps of its last attempt: its latest process's, after the last place its steps go back.
 
     A job restarted (torchrun's elastic restarts, a container restarted in its pod) or resumed from a checkpoint
@@ -876,10 +884,13 @@ def _last_attempts(raw: _Raw, source_files: tuple[str, ...], *, steps_back: bool
     whose writer does not say (``-1``) count as the earliest process. With ``steps_back``, within that process's
     rows, in the order written, a step not above the one before also starts a new attempt (records from writers
     that do not say). A note says how many rank-steps were left out; ``None`` for the note where none was.
+    ``attempt`` keeps another one of each rank's attempts instead: its ``attempt``-th (1 the first), or counted from
+    the last (-1 the last).
 
     Raises:
         ParseError: where a process of a rank wrote a step that began after a later process of that rank began
-            tracking: two processes wrote as one rank at once, which no restart does.
+            tracking: two processes wrote as one rank at once, which no restart does; where a rank holds fewer
+            attempts than ``attempt`` asks for.
     """
     rank, step, began = raw.rows["rank"], raw.rows["step"], raw.rows["attempt_start_us"]
     n = rank.shape[0]
@@ -891,13 +902,30 @@ def _last_attempts(raw: _Raw, source_files: tuple[str, ...], *, steps_back: bool
     if steps_back:
         starts |= np.r_[False, s[1:] <= s[:-1]]  # a step that goes back within one process's rows
     if not (starts & ~new_rank).any():
+        if attempt not in (None, 1, -1):
+            raise ParseError(
+                _no_such_attempt(attempt, rank=int(rank[0]) if n else 0, held=1), code=ParseCode.VALUE_OUT_OF_RANGE
+            )
         return raw, None
     _check_one_process_at_a_time(raw, order, new_process, new_rank, source_files)
-    attempt = np.cumsum(starts)  # every attempt of every rank numbered, in sorted order
-    ends = np.r_[np.flatnonzero(new_rank[1:]), n - 1]  # each rank's last row: its last attempt's number
-    last_attempt = np.repeat(attempt[ends], np.diff(np.r_[-1, ends]))
+    number = np.cumsum(starts)  # every attempt of every rank numbered, in sorted order
+    firsts = np.flatnonzero(new_rank)
+    sizes = np.diff(np.r_[firsts, n])
+    first_number = np.repeat(number[firsts], sizes)
+    last_number = np.repeat(number[np.r_[firsts[1:] - 1, n - 1]], sizes)
+    held = last_number - first_number + 1  # each row's rank's attempts
+    if attempt is None:
+        chosen = last_number
+    else:
+        short = np.flatnonzero(held < abs(attempt))
+        if short.size:
+            raise ParseError(
+                _no_such_attempt(attempt, rank=int(r[short[0]]), held=int(held[short[0]])),
+                code=ParseCode.VALUE_OUT_OF_RANGE,
+            )
+        chosen = first_number + (attempt - 1 if attempt > 0 else held + attempt)
     keep = np.zeros(n, dtype=bool)
-    keep[order] = attempt == last_attempt
+    keep[order] = number == chosen
     restarted, per_rank = np.unique(r[starts & ~new_rank], return_counts=True)
     restarts, ranks = int(per_rank.max()), int(restarted.shape[0])
     dropped = int(n - keep.sum())
@@ -907,7 +935,15 @@ def _last_attempts(raw: _Raw, source_files: tuple[str, ...], *, steps_back: bool
         rows={name: col[keep] for name, col in raw.rows.items()},
         intervals={name: col[spans] for name, col in raw.intervals.items()},
     )
-    return kept, earlier_attempts_note(restarts=restarts, ranks=ranks, dropped=dropped)
+    return kept, earlier_attempts_note(restarts=restarts, ranks=ranks, dropped=dropped, attempt=attempt)
+
+
+def _no_such_attempt(attempt: int, *, rank: int, held: int) -> str:
+    """The message for an ``attempt`` that a rank's records do not hold."""
+    return (
+        f"attempt {attempt} was asked for, but rank {rank}'s records hold {held} attempt{'' if held == 1 else 's'}: "
+        f"give 1 to {held} (1 the first), or -1 to -{held} counted from the last"
+    )
 
 
 def _check_one_process_at_a_time(
@@ -965,18 +1001,20 @@ def _two_processes(where: str, *, rank: int, later: int, earlier: int, step: int
     )
 
 
-def earlier_attempts_note(*, restarts: int, ranks: int, dropped: int) -> Note:
-    """The note of :func:`_last_attempts` (the object reader writes the same)."""
-    return Note(
-        code="earlier_attempts",
-        count=dropped,
-        message=(
-            f"the records hold {restarts} restart{'' if restarts == 1 else 's'} ({ranks} ranks began again: their step "
-            f"numbers go back, or a new process wrote them; a job restarted or resumed into the same records); "
-            f"{dropped} rank-steps of earlier attempts are left out and each rank's last attempt is analysed (to "
-            "analyse an earlier one, give it its own records)"
-        ),
+def earlier_attempts_note(*, restarts: int, ranks: int, dropped: int, attempt: int | None = None) -> Note:
+    """The note of :func:`_last_attempts` (the object reader writes the same); ``attempt``: the one kept, if chosen."""
+    held = (
+        f"the records hold {restarts} restart{'' if restarts == 1 else 's'} ({ranks} ranks began again: their step "
+        "numbers go back, or a new process wrote them; a job restarted or resumed into the same records)"
     )
+    if attempt is None or attempt == -1:
+        kept = (
+            f"{dropped} rank-steps of earlier attempts are left out and each rank's last attempt is analysed (to "
+            "analyse an earlier one, meshscope analyze --attempt N, 1 the first)"
+        )
+    else:
+        kept = f"{dropped} rank-steps of its other attempts are left out and attempt {attempt} of each rank is analysed"
+    return Note(code="earlier_attempts", count=dropped, message=f"{held}; {kept}")
 
 
 def _validated_table(raw: _Raw, *, notes: tuple[Note, ...], source_files: tuple[str, ...]) -> RecordTable:

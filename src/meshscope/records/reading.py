@@ -177,6 +177,7 @@ def read_table(
     allow_partial: bool = False,
     workers: int = 1,
     progress: Progress = NO_PROGRESS,
+    attempt: int | None = None,
 ) -> RecordTable:
     """Read JSON-lines step records straight into a :class:`RecordTable` (the fast path for big inputs).
 
@@ -199,19 +200,25 @@ def read_table(
         progress: told of the phases: "reading records" (bytes of the files read, a batch of lines at a time; the
             workers add theirs to a shared count, looked at every 0.1 s), "merging the workers' columns", "checking
             the table".
+        attempt: of a job restarted or resumed into the same records, which attempt of each rank to keep: ``None``
+            or -1 the last (with an ``earlier_attempts`` note), 1 the first, 2 the second, -2 the one before the last
+            (docs/records.md).
 
     Returns:
         The validated table.
 
     Raises:
-        ParseError: as :func:`read_records` and :class:`RecordTable`; also for ``workers < 1``.
+        ParseError: as :func:`read_records` and :class:`RecordTable`; also for ``workers < 1``, and for an
+            ``attempt`` that a rank's records do not hold (``value_out_of_range``).
     """
     files = _as_paths(paths)
     if workers < 1:
         raise ParseError(f"workers = {workers}; it must be >= 1", code=ParseCode.INVALID)
+    if attempt == 0:
+        raise ParseError("attempt = 0: give 1 for the first attempt, -1 for the last", code=ParseCode.INVALID)
     total = sum(p.stat().st_size for p in files)
     if workers > 1 and total >= _PARALLEL_MIN_BYTES:
-        table = _read_parallel(files, allow_partial=allow_partial, workers=workers, progress=progress)
+        table = _read_parallel(files, allow_partial=allow_partial, workers=workers, progress=progress, attempt=attempt)
         if table is not None:
             return table
     builder = _TableBuilder()
@@ -220,7 +227,7 @@ def read_table(
         for file_index, path in enumerate(files):
             builder.read_file(path, file_index, allow_partial, notes, phase=phase)
     with progress.phase(CHECKING):
-        return builder.build(notes=tuple(notes), source_files=tuple(str(p) for p in files))
+        return builder.build(notes=tuple(notes), source_files=tuple(str(p) for p in files), attempt=attempt)
 
 
 READING = "reading records"
@@ -353,7 +360,9 @@ def _scratch_dir(need_bytes: int) -> str | None:
     return str(shm) if roomy else None
 
 
-def _read_parallel(files: list[Path], *, allow_partial: bool, workers: int, progress: Progress) -> RecordTable | None:
+def _read_parallel(
+    files: list[Path], *, allow_partial: bool, workers: int, progress: Progress, attempt: int | None
+) -> RecordTable | None:
     """Decode the work items in worker processes and merge them; ``None`` means "read again in this process"."""
     plan = _chunk_plan(files, workers)
     if len(plan) < 2:
@@ -396,7 +405,7 @@ def _read_parallel(files: list[Path], *, allow_partial: bool, workers: int, prog
         with progress.phase(MERGING):
             merged = _merge(chunks, [item[1] for item in plan])
     with progress.phase(CHECKING):
-        return _table_of(merged, notes=(), source_files=tuple(str(p) for p in files))
+        return _table_of(merged, notes=(), source_files=tuple(str(p) for p in files), attempt=attempt)
 
 
 _POLL_S = 0.1

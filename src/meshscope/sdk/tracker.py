@@ -1417,6 +1417,27 @@ class Tracker:
 
 _ACTIVE_TRACKER: list[Tracker] = []
 
+EXIT_DRAIN_S: Final = 0.1
+"""Seconds the process lets the backend's threads run at exit, before Python finalizes (:func:`_drain_at_exit`)."""
+_DRAIN_REGISTERED = [False]
+
+
+def _drain_at_exit() -> None:
+    """At interpreter exit, before Python finalizes: let the backend's threads finish releasing collectives' work.
+
+    PyTorch (2.13 here) keeps a Python object in the thread-local state a collective's work captures when it is
+    issued inside a backward pass (the autograd engine's stashed ``contextvars`` context), and runs Python future
+    callbacks (a Python DDP comm hook, as the SDK installs to time the buckets) on the backend's threads. A work whose
+    last reference goes on such a thread after the main thread began finalizing needs the GIL there; Python ends that
+    thread, its C++ unwind aborts the process ("terminate called without an active exception", exit code -6: torchrun
+    reports the rank failed). A 2-rank gloo DDP loop with PyTorch's own Python ``allreduce_hook`` and no meshscope did
+    so in 1 of 30 runs; with the SDK's hook, 3 of 20 (a barrier right before exit). Sleeping here releases the GIL
+    while Python still runs threads, so that the works the backend has finished with are released in time.
+    """
+    deadline = time.monotonic() + EXIT_DRAIN_S
+    while time.monotonic() < deadline:
+        time.sleep(0.005)
+
 
 def tracker_from_env(environ: Mapping[str, str] | None = None) -> Tracker | NullTracker:
     """The tracker for this process, configured from the environment (see :mod:`meshscope.sdk.settings`).
@@ -1438,5 +1459,8 @@ def tracker_from_env(environ: Mapping[str, str] | None = None) -> Tracker | Null
         log.warning("meshscope: tracking disabled, the tracker could not start: %r", exc, exc_info=exc)
         return NullTracker()
     _ACTIVE_TRACKER[:] = [tracker]
+    if not _DRAIN_REGISTERED[0]:  # registered before the close: atexit runs last-in first, the close first
+        _DRAIN_REGISTERED[0] = True
+        atexit.register(_drain_at_exit)
     atexit.register(tracker.close)
     return tracker
