@@ -218,3 +218,18 @@ def test_cli_surface_is_frozen() -> None:
     }
     expected = {name: sorted(opts) for name, opts in CLI_SURFACE.items()}
     assert surface == expected
+
+
+@pytest.mark.parametrize(
+    ("value", "said"),
+    [("0", "0: give 1 for the first attempt, -1 for the last"), ("last", "'last' is not a whole number: give 1 for")],
+)
+def test_attempt_takes_a_whole_number_other_than_zero(
+    value: str, said: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    for command in ("analyze", "report"):
+        with pytest.raises(SystemExit) as info:
+            build_parser().parse_args([command, "records.jsonl", "--attempt", value])
+        assert info.value.code == 2
+        assert said in capsys.readouterr().err
+    assert build_parser().parse_args(["analyze", "r.jsonl", "--attempt", "-2"]).attempt == -2
