@@ -513,6 +513,20 @@ def _objects(path: Path) -> RecordTable:
     return RecordTable.from_records(got.records, notes=got.notes)
 
 
+def _kept_by_every_reader(path: Path, steps: range, *, dropped: int) -> list[RecordTable]:
+    """Every reader keeps steps ``steps`` of ranks 0 and 1 from ``path``, and notes ``dropped`` rank-steps left out."""
+    tables = []
+    for reader in (read_table, _lines_in_memory, _packed, _objects):
+        table = reader(path)
+        assert sorted(zip(table.steps.rank.tolist(), table.steps.step.tolist(), strict=True)) == [
+            (rank, step) for rank in (0, 1) for step in steps
+        ], reader.__name__
+        (note,) = [n for n in table.notes if n.code == "earlier_attempts"]
+        assert note.count == dropped, reader.__name__
+        tables.append(table)
+    return tables
+
+
 def test_a_job_resumed_right_after_its_last_step_is_read_as_its_last_attempt(tmp_path):
     # Attempt 1 ran steps 0-5 and saved a checkpoint after its last step (a preemption handler's save, then exit);
     # attempt 2, a new process, resumed at step 6: its step numbers go on, its collectives' seqs start over. Nothing
@@ -524,14 +538,9 @@ def test_a_job_resumed_right_after_its_last_step_is_read_as_its_last_attempt(tmp
     for rank in (0, 1):  # a collector's arrivals: the ranks' records interleaved, each rank's in order
         lines += _attempt(rank, range(6, 10), first_seq=0, shift_us=later)
     path = write_lines(tmp_path / "records.jsonl", lines)
-    for reader in (read_table, _lines_in_memory, _packed, _objects):
-        table = reader(path)
-        assert sorted(zip(table.steps.rank.tolist(), table.steps.step.tolist(), strict=True)) == [
-            (rank, step) for rank in (0, 1) for step in range(6, 10)
-        ], reader.__name__
+    for table in _kept_by_every_reader(path, range(6, 10), dropped=12):  # steps 0-5 of both ranks left out
         (note,) = [n for n in table.notes if n.code == "earlier_attempts"]
-        assert note.count == 12, reader.__name__  # steps 0-5 of both ranks
-        assert note.message.startswith("the records hold 1 restart (2 ranks began again"), reader.__name__
+        assert note.message.startswith("the records hold 1 restart (2 ranks began again")
     analysis = analyze(read_table(path)).to_dict()
     assert "earlier_attempts" in {n["code"] for n in analysis["partial_data"]}
 
@@ -595,14 +604,8 @@ def test_a_restart_is_read_as_its_last_attempt_in_whatever_order_the_records_com
     attempts += [_attempt(rank, range(3, 9), first_seq=0, shift_us=later) for rank in (0, 1)]
     lines = sorted((obj for attempt in attempts for obj in attempt), key=lambda o: (o["step"], o["start_us"]))
     path = write_lines(tmp_path / "records.jsonl", lines)
-    for reader in (read_table, _lines_in_memory, _packed, _objects):
-        table = reader(path)
-        assert sorted(zip(table.steps.rank.tolist(), table.steps.step.tolist(), strict=True)) == [
-            (rank, step) for rank in (0, 1) for step in range(3, 9)
-        ], reader.__name__
-        assert (table.steps.start_us >= later).all(), reader.__name__
-        (note,) = [n for n in table.notes if n.code == "earlier_attempts"]
-        assert note.count == 12, reader.__name__
+    for table in _kept_by_every_reader(path, range(3, 9), dropped=12):
+        assert (table.steps.start_us >= good_json(0, 0)["start_us"] + later).all()  # attempt 2's own records
 
 
 def test_two_processes_writing_as_one_rank_at_once_are_refused_by_every_reader(tmp_path):

@@ -22,7 +22,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: N817
 from invariants import check_records, read_lines
 from meshscope import sdk
 from meshscope.sdk.tracker import MAX_DEFERRED_STEPS
-from meshscope.sdk.transport import decode
+from runs import listener_messages
 
 if TYPE_CHECKING:
     import socket
@@ -120,13 +120,7 @@ def _tracker_on(device: _Device, path: Path) -> sdk.Tracker:
 
 
 def _records(sock: socket.socket) -> list[dict[str, Any]]:
-    out = []
-    while True:
-        try:
-            message = decode(sock.recv(1 << 22))
-        except BlockingIOError:
-            return [m for m in out if m["schema"] == "meshscope.step/1"]
-        out.append(message)
+    return [m for m in listener_messages(sock) if m["schema"] == "meshscope.step/1"]
 
 
 def _train_step(tracker: sdk.Tracker, step: int) -> tuple[int, int]:
