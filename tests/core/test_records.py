@@ -595,6 +595,23 @@ def test_an_earlier_attempt_is_read_when_asked_for(tmp_path):
         read_table(single, attempt=2)
 
 
+def test_an_earlier_attempt_of_records_that_do_not_say_their_process_is_read_by_the_step_rule(tmp_path):
+    # Records of a writer without attempt_start_us: the attempts are where a rank's steps go back (and collide).
+    later = 60_000_000
+    lines = []
+    for rank in (0, 1):
+        lines += _attempt(rank, range(6), first_seq=0, shift_us=0) + _attempt(
+            rank, range(3, 9), first_seq=0, shift_us=later
+        )
+    for obj in lines:
+        del obj["attempt_start_us"]
+    path = write_lines(tmp_path / "records.jsonl", lines)
+    assert sorted(set(read_table(path, attempt=1).steps.step.tolist())) == list(range(6))
+    assert sorted(set(read_table(path, attempt=-1).steps.step.tolist())) == list(range(3, 9))
+    with pytest.raises(ParseError, match=r"attempt 3 was asked for, but rank 0's records hold 2 attempts"):
+        read_table(path, attempt=3)
+
+
 def test_a_restart_is_read_as_its_last_attempt_in_whatever_order_the_records_come(tmp_path):
     # A sidecar serves its recent records step by step: a rank restarted from step 3 after step 5 comes as step 3 of
     # attempt 1, step 3 of attempt 2, step 4 of attempt 1, ... Its latest process's records are kept, not the last

@@ -860,14 +860,19 @@ def _table_of(
     """
     kept, note = _last_attempts(raw, source_files, steps_back=False, attempt=attempt)
     try:
-        return _validated_table(kept, notes=notes if note is None else (*notes, note), source_files=source_files)
+        table = _validated_table(kept, notes=notes if note is None else (*notes, note), source_files=source_files)
     except ParseError as exc:
         if exc.code is not ParseCode.DUPLICATE:
             raise
         again, note = _last_attempts(raw, source_files, steps_back=True, attempt=attempt)
         if note is None or again.rows["rank"].shape[0] == kept.rows["rank"].shape[0]:
             raise
-    return _validated_table(again, notes=(*notes, note), source_files=source_files)
+        return _validated_table(again, notes=(*notes, note), source_files=source_files)
+    if note is None and attempt not in (None, 1, -1):  # the records hold one attempt
+        ranks = raw.rows["rank"]
+        held_by = int(ranks[0]) if ranks.shape[0] else 0
+        raise ParseError(_no_such_attempt(attempt, rank=held_by, held=1), code=ParseCode.VALUE_OUT_OF_RANGE)
+    return table
 
 
 def _last_attempts(
@@ -901,11 +906,7 @@ def _last_attempts(
     starts = new_process.copy()
     if steps_back:
         starts |= np.r_[False, s[1:] <= s[:-1]]  # a step that goes back within one process's rows
-    if not (starts & ~new_rank).any():
-        if attempt not in (None, 1, -1):
-            raise ParseError(
-                _no_such_attempt(attempt, rank=int(rank[0]) if n else 0, held=1), code=ParseCode.VALUE_OUT_OF_RANGE
-            )
+    if not (starts & ~new_rank).any():  # one attempt (whether another one was asked for, the caller says)
         return raw, None
     _check_one_process_at_a_time(raw, order, new_process, new_rank, source_files)
     number = np.cumsum(starts)  # every attempt of every rank numbered, in sorted order
