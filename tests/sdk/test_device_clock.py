@@ -124,11 +124,11 @@ def _records(sock: socket.socket) -> list[dict[str, Any]]:
 
 
 def _train_step(tracker: sdk.Tracker, step: int) -> tuple[int, int]:
-    """One step of forward, backward and optimizer; the host-clock µs bracketing the moment forward began."""
+    """One step of forward, backward and optimizer; the ``perf_counter_ns`` bracketing the moment forward began."""
     with tracker.step(step):
-        before = time.time_ns() // 1000
+        before = time.perf_counter_ns()
         with tracker.phase("forward"):
-            after = time.time_ns() // 1000
+            after = time.perf_counter_ns()
             time.sleep(0.003)
         with tracker.phase("backward"):
             time.sleep(0.003)
@@ -160,13 +160,14 @@ def test_device_work_is_read_one_step_late_on_the_device_timeline(listener) -> N
     assert tracker.counters().incomplete_ops == 0
     assert tracker.counters().hook_errors == 0
     assert check_records(records, every_step=("optimizer",)) == 6
+    host_us = clock.host_ns_to_us  # the clock's own map of host marks to wall-clock µs
     for record, (before, after) in zip(records, forward_began, strict=True):
         forward = next(iv for iv in record["intervals"] if iv.get("phase") == "forward")
         # on the device timeline: where the host queued it, LAG later (plus the calibration's own error, >= 0)
-        lag_us, error_us = LAG_NS // 1000, calibration_error_ns // 1000
-        assert before + lag_us <= forward["start_us"] <= after + lag_us + error_us + 1, record["step"]
+        earliest, latest = host_us(before + LAG_NS), host_us(after + LAG_NS + calibration_error_ns)
+        assert earliest <= forward["start_us"] <= latest, record["step"]
         assert record["end_us"] >= forward["end_us"]  # the step lasts until its device work ends
-        assert record["start_us"] <= before  # it starts when the host opened it
+        assert record["start_us"] <= host_us(before)  # it starts when the host opened it
         assert record["gpu"] == 0
         assert record["stats"]["peak_memory_bytes"] == 3 << 30
 
