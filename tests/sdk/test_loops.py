@@ -163,8 +163,12 @@ def test_each_fetch_is_the_data_phase_of_the_step_that_consumes_the_batch(listen
             _body(tracker)
     if style == "start-step":
         assert not tracker.in_step
+        tracker.end_step()  # as docs/sdk.md §1.1 ends the loop: the step the loader's end already ended
+        tracker.end_step()  # a second one matches nothing
     tracker.close()
     records = _records(sock)
+    # before: the first end_step() after the loop counted as unmatched in every run of the documented loop
+    assert tracker.counters().unmatched_end_steps == (1 if style == "start-step" else 0)
     assert consumed == [0, 1, 2, 3]
     assert [r.step for r in records] == [0, 1, 2, 3]
     for rec in records:
@@ -296,7 +300,10 @@ def test_a_dataloaders_fetches_are_timed_without_tracker_data(listener, style: s
                 tracker.start_step()
                 _body(tracker)
         assert not tracker.in_step  # the loader's end ended the last step, as with tracker.data
+        if style == "for-batch-start-step":
+            tracker.end_step()  # the script's own end of that step (docs/sdk.md §1.1), not an unmatched one
     tracker.close()
+    assert tracker.counters().unmatched_end_steps == 0
     records = _records(sock)
     assert [r.step for r in records] == [0, 1, 2, 3]
     for rec in records:

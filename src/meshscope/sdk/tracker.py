@@ -491,6 +491,9 @@ class Tracker:
         """The ``DataLoader`` iterator fetched inside the previous and the open step as its own ``data`` phase (or
         ``None``): a loop that fetches inside its steps gives them no held fetch of another (:meth:`_fetching`)."""
         self._unmatched_ends = 0
+        self._ended_by_loader = False
+        """The last step was ended by its loader's end (:meth:`_fetch_end`): the script's own ``end_step()`` after the
+        loop ends that step, not an unmatched one."""
         self._step_thread = threading.get_ident()
         """The thread that runs the steps (where the tracker started, then the one that opened the last step)."""
         self._boundary: _Boundary | None = None
@@ -592,6 +595,9 @@ class Tracker:
         """
         try:
             if self._ops.step is None:
+                if self._ended_by_loader:  # `for batch in loader: start_step() ...` then `end_step()`: that step's
+                    self._ended_by_loader = False
+                    return
                 self._unmatched_ends += 1
                 return
             if not self._split_at_boundary():
@@ -861,6 +867,7 @@ class Tracker:
             ops.take_identity()
         number, user_step = self._number(step)
         self._last_step = number
+        self._ended_by_loader = False
         self._capture.patch_loaded_modules()
         self._capture.reset_attention_depth()
         self._step_thread = ops.step_thread = threading.get_ident()
@@ -1168,6 +1175,7 @@ class Tracker:
                     self._settle_held_stats(st)
                     return
                 self._carried = None
+                self._ended_by_loader = True
             if token != _IN_STEP and failed:
                 self._release_held()
         except Exception as exc:  # noqa: BLE001
