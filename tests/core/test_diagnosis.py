@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -420,6 +421,14 @@ def test_a_rank_busy_on_its_cpu_beside_a_peer_waiting_for_one_is_named() -> None
     mine, peer = own[s.rank == 1], own[s.rank == 0]
     assert f.evidence["peer_median_seconds"] * 1e6 == pytest.approx(np.median(np.maximum(peer, 0)), rel=0.15)
     assert f.evidence["excess_seconds"] * 1e6 >= 0.5 * float(np.median(mine - peer))
+    # The finding's compute is the rank's own; the table's rows count it as measured. The message says by how much
+    # they differ (before, the two figures disagreed without a word), and the two add up to what was measured.
+    said = re.search(
+        r"\(its own time: ([\d.]+) ms less per step than measured, the time it waited for a CPU", f.message
+    )
+    assert said is not None, f.message
+    measured = float(np.median(result.rank_steps.us("compute")[s.rank == 1]))
+    assert f.evidence["phase_seconds"] * 1e6 + float(said.group(1)) * 1e3 == pytest.approx(measured, rel=0.1)
     records = read_records(DATA / "busy_nanogpt_beside_one_spinner" / "records.jsonl")
     warmup = min(r.step for r in records)
     blind = [replace(r, compute_runqueue_wait_us=None) for r in records if r.step != warmup]

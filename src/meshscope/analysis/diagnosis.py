@@ -610,6 +610,11 @@ def _rest_reference(ctx: _Context, values: NDArray[np.float64], suspects: NDArra
     return ref[ctx.peer_key]
 
 
+HOST_TIME_SAID = 0.01
+"""A straggler finding says how much less than measured it holds a rank to (the host's time) from this share of its
+phase time on."""
+
+
 def _stragglers(ctx: _Context) -> list[Finding]:
     """Persistent stragglers (median excess over their steps), then transient ones (a few slow steps that add up).
 
@@ -889,6 +894,27 @@ def _ranks_text(ranks: list[int]) -> str:
     return text[0] if len(text) == 1 else ", ".join(text[:-1]) + " and " + text[-1]
 
 
+def _host_time_left_out(ctx: _Context, top: _Slow) -> str:
+    """Where the finding holds a rank to its phase less what the host took (:meth:`_Context.phase_us`), how much.
+
+    The cost table's rows count a phase as measured (a rank waiting for a CPU in its compute computes, as far as the
+    step's time goes): the finding's figure is then lower than the row's, and says by how much and why.
+    """
+    if ctx.host_excess_us is None:
+        return ""
+    rs = ctx.rs
+    mine = rs.rank_index == top.rank_index
+    if not mine.any():
+        return ""
+    took_us = float(np.median(rs.us(top.phase)[mine] - ctx.phase_us(top.phase)[mine]))
+    if took_us < HOST_TIME_SAID * top.phase_us:
+        return ""
+    return (
+        f" (its own time: {human_seconds(took_us / 1e6)} less per step than measured, the time it waited for a CPU "
+        "or lost to a slower core, which the cost table counts)"
+    )
+
+
 def _straggler_finding(ctx: _Context, slow: list[_Slow]) -> Finding:
     rs = ctx.rs
     top = slow[0]
@@ -921,6 +947,7 @@ def _straggler_finding(ctx: _Context, slow: list[_Slow]) -> Finding:
     else:
         who = f"ranks {_ranks_text(ranks)} on {node} (worst: rank {int(rs.ranks[i])}) are each"
     work = "" if top.phase != COMPUTE or tokens is None else f" with the same work ({tokens:,.0f} tokens)"
+    work += _host_time_left_out(ctx, top)
     total_steps = int(rs.steps_per_rank[i])
     when = "" if top.steps >= total_steps else f" in {top.steps} of its {total_steps} steps"
     message = (
