@@ -320,6 +320,7 @@ def _analyze_arguments(p: argparse.ArgumentParser) -> None:
         help="skip a truncated last line and files of another job (noted under partial data) instead of failing",
     )
     _attempt_argument(p)
+    _skip_steps_argument(p)
     _quiet_argument(p)
     p.set_defaults(handler=_cmd_analyze)
 
@@ -332,6 +333,30 @@ def _attempt_argument(p: argparse.ArgumentParser) -> None:
         help="of a job restarted or resumed into the same records: the attempt to read, 1 the first, -1 the last "
         "(the default), -2 the one before",
     )
+
+
+def _skip_steps_argument(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--skip-steps",
+        type=_skip_count,
+        default=0,
+        metavar="N",
+        help="leave out the first N step numbers as warm-up (0, the default, keeps every step; `meshscope run` "
+        "leaves out its first step, so `--skip-steps 1` on its OUT gives the numbers it printed)",
+    )
+
+
+def _skip_count(text: str) -> int:
+    """``--skip-steps``'s value: a whole number, 0 or more."""
+    try:
+        number = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a whole number: give how many of the first steps to leave out, e.g. 1"
+        ) from None
+    if number < 0:
+        raise argparse.ArgumentTypeError(f"{number}: give 0 or more steps to leave out")
+    return number
 
 
 def _attempt_number(text: str) -> int:
@@ -360,6 +385,7 @@ def _report_arguments(report: argparse.ArgumentParser) -> None:
     report.add_argument("--spec", help="TrainingJob manifest the records belong to (for expected numbers)")
     report.add_argument("--out", default="meshscope-report", help="output directory (./meshscope-report)")
     _attempt_argument(report)
+    _skip_steps_argument(report)
     _quiet_argument(report)
     report.set_defaults(handler=_cmd_report)
 

@@ -200,8 +200,8 @@ CLI_SURFACE = {
     "demo": ["--cp", "--ep", "--imbalance", "--out", "--steps", "--straggler", "-q", "--quiet", "-h", "--help"],
     "run": ["--gpus-per-node", "--grace", "--job", "--launcher", "--layout", "--nproc", "--out", "--spec", "-q",
             "--quiet", "-h", "--help"],
-    "analyze": ["--allow-partial", "--attempt", "--json", "--spec", "-q", "--quiet", "-h", "--help"],
-    "report": ["--attempt", "--out", "--spec", "-q", "--quiet", "-h", "--help"],
+    "analyze": ["--allow-partial", "--attempt", "--json", "--skip-steps", "--spec", "-q", "--quiet", "-h", "--help"],
+    "report": ["--attempt", "--out", "--skip-steps", "--spec", "-q", "--quiet", "-h", "--help"],
     "simulate": ["--fault", "--out", "--prefetch", "--seed", "--spec", "--steps", "-q", "--quiet", "-h", "--help"],
     "calibrate": ["--json", "--out", "--spec", "-q", "--quiet", "-h", "--help"],
     "predict": ["--assumptions", "--from", "--gpus", "--hardware", "--json", "--layout", "--micro-batch", "--recompute",
@@ -233,3 +233,17 @@ def test_attempt_takes_a_whole_number_other_than_zero(
         assert info.value.code == 2
         assert said in capsys.readouterr().err
     assert build_parser().parse_args(["analyze", "r.jsonl", "--attempt", "-2"]).attempt == -2
+
+
+@pytest.mark.parametrize(
+    ("value", "said"),
+    [("-1", "-1: give 0 or more steps to leave out"), ("first", "'first' is not a whole number: give how many")],
+)
+def test_skip_steps_takes_a_count(value: str, said: str, capsys: pytest.CaptureFixture[str]) -> None:
+    for command in ("analyze", "report"):
+        with pytest.raises(SystemExit) as info:
+            build_parser().parse_args([command, "records.jsonl", "--skip-steps", value])
+        assert info.value.code == 2
+        assert said in capsys.readouterr().err
+    assert build_parser().parse_args(["report", "r.jsonl"]).skip_steps == 0
+    assert build_parser().parse_args(["analyze", "r.jsonl", "--skip-steps", "2"]).skip_steps == 2

@@ -629,5 +629,7 @@ def test_analyze_cli_surface_is_frozen() -> None:
     sub = next(a for a in build_parser()._actions if a.dest == "command")
     parser = sub.choices["analyze"]  # type: ignore[attr-defined]
     options = sorted(opt for action in parser._actions for opt in action.option_strings)
-    assert options == ["--allow-partial", "--attempt", "--help", "--json", "--quiet", "--spec", "-h", "-q"]
+    assert options == [
+        "--allow-partial", "--attempt", "--help", "--json", "--quiet", "--skip-steps", "--spec", "-h", "-q"
+    ]  # fmt: skip
     assert [a.dest for a in parser._actions if not a.option_strings] == ["records"]

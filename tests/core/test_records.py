@@ -595,6 +595,37 @@ def test_an_earlier_attempt_is_read_when_asked_for(tmp_path):
         read_table(single, attempt=2)
 
 
+def test_the_first_steps_are_left_out_of_the_attempt_read_when_asked_for(tmp_path):
+    # meshscope run leaves its first step out as warm-up; --skip-steps N does the same to any records, counted in the
+    # attempt that is read (a resumed job's warm-up is its own first step, not step 0).
+    later = 60_000_000
+    first = {rank: _attempt(rank, range(6), first_seq=0, shift_us=0) for rank in (0, 1)}
+    second = {rank: _attempt(rank, range(3, 9), first_seq=0, shift_us=later) for rank in (0, 1)}
+    lines = [obj for rank in (0, 1) for obj in first[rank] + second[rank]]
+    path = write_lines(tmp_path / "records.jsonl", lines)
+    for attempt, skip, steps in ((None, 1, range(4, 9)), (-1, 3, range(6, 9)), (1, 2, range(2, 6)), (1, 0, range(6))):
+        table = read_table(path, attempt=attempt, skip_steps=skip)
+        assert sorted(zip(table.steps.rank.tolist(), table.steps.step.tolist(), strict=True)) == [
+            (rank, step) for rank in (0, 1) for step in steps
+        ], (attempt, skip)
+        # the left-out steps' intervals go with them
+        read = first if attempt == 1 else second
+        kept = [obj for rank in (0, 1) for obj in read[rank] if obj["step"] in steps]
+        assert table.n_intervals == sum(len(obj["intervals"]) for obj in kept)
+        assert sorted(table.intervals.start_us.tolist()) == sorted(
+            iv["start_us"] for obj in kept for iv in obj["intervals"]
+        )
+    with pytest.raises(ParseError) as info:
+        read_table(path, skip_steps=6)
+    assert info.value.code is ParseCode.VALUE_OUT_OF_RANGE
+    assert str(info.value) == (
+        "leaving out the first 6 step numbers leaves no step to analyse: the records hold 6 step numbers (3..8); "
+        "give at most 5"
+    )
+    with pytest.raises(ParseError, match=r"skip_steps = -1; it must be >= 0"):
+        read_table(path, skip_steps=-1)
+
+
 def test_an_earlier_attempt_of_records_that_do_not_say_their_process_is_read_by_the_step_rule(tmp_path):
     # Records of a writer without attempt_start_us: the attempts are where a rank's steps go back (and collide).
     later = 60_000_000

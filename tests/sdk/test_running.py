@@ -6,6 +6,7 @@ import argparse
 import json
 import os
 import re
+import shlex
 import subprocess
 import sys
 from collections import Counter, defaultdict
@@ -331,3 +332,47 @@ def test_an_asynchronous_checkpoints_collectives_are_said_and_keep_the_records_r
     groups = {iv["group"] for line in (tmp_path / "records.jsonl").read_text().splitlines()
               for iv in json.loads(line)["intervals"] if iv["kind"] == "comm"}  # fmt: skip
     assert groups == {"dp:0"}  # DDP's buckets; the writer's group never appears
+
+
+DDP_STEPS = """
+import torch, torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+from meshscope import sdk
+dist.init_process_group("gloo")
+tracker = sdk.tracker_from_env()
+ddp = DDP(nn.Sequential(nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 8)))
+optimizer = torch.optim.AdamW(ddp.parameters(), lr=1e-3)
+for step in range(5):
+    with tracker.step(step):
+        loss = ddp(torch.randn(64, 256)).square().mean()
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+tracker.close()
+dist.destroy_process_group()
+"""
+
+
+def test_analyze_with_the_command_the_run_prints_gives_the_runs_numbers_again(tmp_path: Path) -> None:
+    # `meshscope run` leaves its first step out as warm-up; `meshscope analyze OUT` read every step and printed other
+    # numbers for the same run, with no way to leave it out. The run now prints the command that gives its numbers.
+    out = tmp_path / "out dir"  # a path the printed command must quote
+    result = _meshscope("run", "--nproc", "2", "--out", str(out), "--", sys.executable, "-c", DDP_STEPS)
+    assert result.returncode == 0, result.stderr[-3000:]
+    said = re.search(r"`(meshscope analyze [^`]+)` gives these numbers again", result.stdout)
+    assert said is not None, result.stdout[:2000]
+    command = shlex.split(said.group(1))
+    again = _meshscope(*command[1:], "--json")
+    assert again.returncode == 0, again.stderr[-3000:]
+    ran, analysed = json.loads((out / "analysis.json").read_text()), json.loads(again.stdout)
+    measured = ("category", "measured_median_seconds", "measured_p95_seconds", "worst_rank", "worst_seconds")
+    assert analysed["steps"] == ran["steps"] == {"first": 1, "last": 4, "count": 4}
+    assert [[row[k] for k in measured] for row in analysed["rows"]] == [
+        [row[k] for k in measured] for row in ran["rows"]
+    ]
+    assert [(f["code"], f["suspects"]) for f in analysed["findings"]] == [
+        (f["code"], f["suspects"]) for f in ran["findings"]
+    ]
+    every = json.loads(_meshscope("analyze", str(out), "--json").stdout)  # the warm-up step read too
+    assert every["steps"] == {"first": 0, "last": 4, "count": 5}

@@ -59,6 +59,7 @@ def read_inputs(
     progress: Progress = NO_PROGRESS,
     error: type[MeshscopeError] = AnalyzeInputError,
     attempt: int | None = None,
+    skip_steps: int = 0,
 ) -> Inputs:
     """Check that the records files exist, load the spec, read the records into a table (worker processes if large).
 
@@ -70,6 +71,7 @@ def read_inputs(
         progress: told of the reading phases (:func:`meshscope.records.read_table`).
         error: what to raise for a missing or unreadable file (each command names its own).
         attempt: the command's ``--attempt``: which attempt of a restarted job to read (:func:`read_table`).
+        skip_steps: the command's ``--skip-steps``: how many of the first step numbers to leave out as warm-up.
 
     Raises:
         MeshscopeError: ``error`` for missing or unreadable records files (and, under ``allow_partial``, records the
@@ -85,7 +87,12 @@ def read_inputs(
         paths, notes = _one_job(paths)
     try:
         table = read_table(
-            paths, allow_partial=bool(allow_partial), workers=default_workers(), progress=progress, attempt=attempt
+            paths,
+            allow_partial=bool(allow_partial),
+            workers=default_workers(),
+            progress=progress,
+            attempt=attempt,
+            skip_steps=skip_steps,
         )
     except OSError as exc:
         raise error(f"cannot read records: {exc}") from exc
@@ -156,14 +163,19 @@ def _launches(paths: Sequence[Path]) -> tuple[bool, list[Note]]:
 
 
 def analyze_command(args: argparse.Namespace) -> int:
-    """``meshscope analyze RECORDS... [--spec FILE] [--json] [--allow-partial] [--attempt N] [--quiet]``.
+    """``meshscope analyze RECORDS... [--spec FILE] [--json] [--allow-partial] [--attempt N] [--skip-steps N] [-q]``.
 
     Raises:
         AnalyzeInputError: for missing or unreadable records files.
     """
     progress = command_progress(quiet=args.quiet)
     inputs = read_inputs(
-        args.records, spec=args.spec, allow_partial=args.allow_partial, progress=progress, attempt=args.attempt
+        args.records,
+        spec=args.spec,
+        allow_partial=args.allow_partial,
+        progress=progress,
+        attempt=args.attempt,
+        skip_steps=args.skip_steps,
     )
     analysis = analyze(
         inputs.table, spec=inputs.spec, notes=inputs.notes, one_clock=inputs.one_clock, progress=progress

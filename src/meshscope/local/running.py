@@ -98,6 +98,8 @@ class RunSettings:
     """Job name (``MESHSCOPE_JOB``)."""
     spec: JobSpec | None = None
     """The TrainingJob the run stands for, if one was given (passed to ``on_finished``)."""
+    spec_path: Path | None = None
+    """The ``--spec`` file ``spec`` was loaded from."""
     launcher: Launcher = "auto"
     """``fork`` (python only, torch imported once), ``exec`` (any command), ``auto`` (fork where possible)."""
     grace_s: float = 5.0
@@ -1188,6 +1190,7 @@ def settings_from_args(args: argparse.Namespace) -> RunSettings:
         out_dir=out,
         job=job,
         spec=spec,
+        spec_path=Path(args.spec) if args.spec else None,
         launcher=args.launcher,
         grace_s=max(0.0, args.grace),
         gpus_per_node=args.gpus_per_node,

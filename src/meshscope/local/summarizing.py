@@ -17,6 +17,7 @@ rank's code wins); when every rank succeeded but no analysis could be written it
 from __future__ import annotations
 
 import json
+import shlex
 import sys
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
@@ -223,10 +224,13 @@ def report_run(outcome: RunOutcome) -> int:
     if _nothing_to_analyse(outcome, notes):
         return EXIT_NO_ANALYSIS
     progress = command_progress(quiet=outcome.settings.quiet)
-    table = _read(outcome, progress)
-    if table is None:
+    read = _read(outcome, progress)
+    if read is None:
         return EXIT_NO_ANALYSIS
+    table, warmup = read
     planned = _run_spec(outcome)
+    if warmup is not None:
+        _say_warmup(outcome, warmup, planned)
     spec, why, plan = planned.spec, planned.why, None
     if spec is not None:
         try:
@@ -273,8 +277,8 @@ def _no_analysis(outcome: RunOutcome, what: str, exc: Exception) -> None:
     )
 
 
-def _read(outcome: RunOutcome, progress: Progress) -> RecordTable | None:
-    """The collected records without the warm-up step (said so), or ``None`` (said why)."""
+def _read(outcome: RunOutcome, progress: Progress) -> tuple[RecordTable, int | None] | None:
+    """The collected records without the warm-up step, and that step; ``None`` (said why) if they cannot be read."""
     try:
         with progress.phase("reading the collected records"):
             records = read_records(outcome.records_path, allow_partial=True)
@@ -282,14 +286,26 @@ def _read(outcome: RunOutcome, progress: Progress) -> RecordTable | None:
             warmup = seen_steps[0] if len(seen_steps) >= MIN_STEPS_TO_SKIP_WARMUP else None
             table = RecordTable.from_records([r for r in records if r.step != warmup], notes=records.notes)
     except (OSError, MeshscopeError) as exc:
-        _no_analysis(outcome, f"cannot read the collected records {outcome.records_path}", exc)
+        _no_analysis(outcome, "cannot read the collected records", exc)
         return None
-    if warmup is not None:
-        print(  # noqa: T201
-            f"step {warmup} is left out as warm-up (lazy initialisation, first gathers, optimizer state allocation, "
-            "one-off setup messages); OUT/records.jsonl keeps it"
-        )
-    return table
+    return table, warmup
+
+
+def _say_warmup(outcome: RunOutcome, warmup: int, planned: _Planned) -> None:
+    """That the warm-up step is left out, and the command that analyses the same steps again."""
+    again = f"meshscope analyze {shlex.quote(str(outcome.records_path.parent))} --skip-steps 1"
+    settings = outcome.settings
+    if planned.described:
+        how = f"`{again}` measures the same steps again (the expected numbers here are the plan of the script's "
+        how += "description; analysis.json keeps them)"
+    elif planned.spec is not None and settings.spec_path is not None:
+        how = f"`{again} --spec {shlex.quote(str(settings.spec_path))}` gives these numbers again"
+    else:
+        how = f"`{again}` gives these numbers again"
+    print(  # noqa: T201
+        f"step {warmup} is left out as warm-up (lazy initialisation, first gathers, optimizer state allocation, "
+        f"one-off setup messages); {outcome.records_path} keeps it, and {how}"
+    )
 
 
 def _write(

@@ -606,10 +606,15 @@ class _TableBuilder:
         )
 
     def build(
-        self, *, notes: tuple[Note, ...], source_files: tuple[str, ...], attempt: int | None = None
+        self,
+        *,
+        notes: tuple[Note, ...],
+        source_files: tuple[str, ...],
+        attempt: int | None = None,
+        skip_steps: int = 0,
     ) -> RecordTable:
-        """Turn the columns into a validated :class:`RecordTable` (``attempt``: :func:`_table_of`'s)."""
-        return _table_of(self.raw(), notes=notes, source_files=source_files, attempt=attempt)
+        """Turn the columns into a validated :class:`RecordTable` (``attempt``, ``skip_steps``: :func:`_table_of`'s)."""
+        return _table_of(self.raw(), notes=notes, source_files=source_files, attempt=attempt, skip_steps=skip_steps)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -847,11 +852,17 @@ def _empty_intervals() -> dict[str, NDArray[Any]]:
 
 
 def _table_of(
-    raw: _Raw, *, notes: tuple[Note, ...], source_files: tuple[str, ...], attempt: int | None = None
+    raw: _Raw,
+    *,
+    notes: tuple[Note, ...],
+    source_files: tuple[str, ...],
+    attempt: int | None = None,
+    skip_steps: int = 0,
 ) -> RecordTable:
     """The validated table of a reader's columns; of a restarted job's, its last attempt (:func:`_last_attempts`).
 
-    ``attempt`` (1 the first, -1 the last) keeps another attempt of every rank instead.
+    ``attempt`` (1 the first, -1 the last) keeps another attempt of every rank instead. ``skip_steps`` leaves out the
+    attempt's first step numbers (:func:`_without_first_steps`: the warm-up).
 
     Where several processes wrote a rank's records (``attempt_start_us``), the latest one's are kept, always. Where
     the writer does not say, a rank's steps going back mean a new attempt only where the table's checks find a
@@ -860,14 +871,20 @@ def _table_of(
     """
     kept, note = _last_attempts(raw, source_files, steps_back=False, attempt=attempt)
     try:
-        table = _validated_table(kept, notes=notes if note is None else (*notes, note), source_files=source_files)
+        table = _validated_table(
+            _without_first_steps(kept, skip_steps),
+            notes=notes if note is None else (*notes, note),
+            source_files=source_files,
+        )
     except ParseError as exc:
         if exc.code is not ParseCode.DUPLICATE:
             raise
         again, note = _last_attempts(raw, source_files, steps_back=True, attempt=attempt)
         if note is None or again.rows["rank"].shape[0] == kept.rows["rank"].shape[0]:
             raise
-        return _validated_table(again, notes=(*notes, note), source_files=source_files)
+        return _validated_table(
+            _without_first_steps(again, skip_steps), notes=(*notes, note), source_files=source_files
+        )
     if note is None and attempt not in (None, 1, -1):  # the records hold one attempt
         ranks = raw.rows["rank"]
         held_by = int(ranks[0]) if ranks.shape[0] else 0
@@ -937,6 +954,32 @@ def _last_attempts(
         intervals={name: col[spans] for name, col in raw.intervals.items()},
     )
     return kept, earlier_attempts_note(restarts=restarts, ranks=ranks, dropped=dropped, attempt=attempt)
+
+
+def _without_first_steps(raw: _Raw, skip: int) -> _Raw:
+    """``raw`` without its ``skip`` lowest step numbers (every rank's rank-steps of them): a run's warm-up.
+
+    Raises:
+        ParseError: (``value_out_of_range``) where that would leave no step, naming the steps held.
+    """
+    if skip <= 0:
+        return raw
+    steps = np.unique(raw.rows["step"])
+    if skip >= steps.shape[0]:
+        held = f" ({steps[0]}..{steps[-1]})" if steps.shape[0] > 1 else ""
+        raise ParseError(
+            f"leaving out the first {skip} step number{'' if skip == 1 else 's'} leaves no step to analyse: the "
+            f"records hold {steps.shape[0]} step "
+            f"number{'' if steps.shape[0] == 1 else 's'}{held}; give at most {max(steps.shape[0] - 1, 0)}",
+            code=ParseCode.VALUE_OUT_OF_RANGE,
+        )
+    keep = raw.rows["step"] > steps[skip - 1]
+    spans = np.repeat(keep, raw.rows["n_intervals"])
+    return replace(
+        raw,
+        rows={name: col[keep] for name, col in raw.rows.items()},
+        intervals={name: col[spans] for name, col in raw.intervals.items()},
+    )
 
 
 def _no_such_attempt(attempt: int, *, rank: int, held: int) -> str:

@@ -178,6 +178,7 @@ def read_table(
     workers: int = 1,
     progress: Progress = NO_PROGRESS,
     attempt: int | None = None,
+    skip_steps: int = 0,
 ) -> RecordTable:
     """Read JSON-lines step records straight into a :class:`RecordTable` (the fast path for big inputs).
 
@@ -203,22 +204,35 @@ def read_table(
         attempt: of a job restarted or resumed into the same records, which attempt of each rank to keep: ``None``
             or -1 the last (with an ``earlier_attempts`` note), 1 the first, 2 the second, -2 the one before the last
             (docs/records.md).
+        skip_steps: leave out the first ``skip_steps`` step numbers of the records (of the attempt kept): the
+            warm-up, as ``meshscope run`` leaves out its run's first step (lazy initialisation, first gathers,
+            optimizer state allocation).
 
     Returns:
         The validated table.
 
     Raises:
-        ParseError: as :func:`read_records` and :class:`RecordTable`; also for ``workers < 1``, and for an
-            ``attempt`` that a rank's records do not hold (``value_out_of_range``).
+        ParseError: as :func:`read_records` and :class:`RecordTable`; also for ``workers < 1``, for an
+            ``attempt`` that a rank's records do not hold and for ``skip_steps`` that would leave no step
+            (``value_out_of_range``).
     """
     files = _as_paths(paths)
     if workers < 1:
         raise ParseError(f"workers = {workers}; it must be >= 1", code=ParseCode.INVALID)
+    if skip_steps < 0:
+        raise ParseError(f"skip_steps = {skip_steps}; it must be >= 0", code=ParseCode.INVALID)
     if attempt == 0:
         raise ParseError("attempt = 0: give 1 for the first attempt, -1 for the last", code=ParseCode.INVALID)
     total = sum(p.stat().st_size for p in files)
     if workers > 1 and total >= _PARALLEL_MIN_BYTES:
-        table = _read_parallel(files, allow_partial=allow_partial, workers=workers, progress=progress, attempt=attempt)
+        table = _read_parallel(
+            files,
+            allow_partial=allow_partial,
+            workers=workers,
+            progress=progress,
+            attempt=attempt,
+            skip_steps=skip_steps,
+        )
         if table is not None:
             return table
     builder = _TableBuilder()
@@ -227,7 +241,9 @@ def read_table(
         for file_index, path in enumerate(files):
             builder.read_file(path, file_index, allow_partial, notes, phase=phase)
     with progress.phase(CHECKING):
-        return builder.build(notes=tuple(notes), source_files=tuple(str(p) for p in files), attempt=attempt)
+        return builder.build(
+            notes=tuple(notes), source_files=tuple(str(p) for p in files), attempt=attempt, skip_steps=skip_steps
+        )
 
 
 READING = "reading records"
@@ -361,7 +377,13 @@ def _scratch_dir(need_bytes: int) -> str | None:
 
 
 def _read_parallel(
-    files: list[Path], *, allow_partial: bool, workers: int, progress: Progress, attempt: int | None
+    files: list[Path],
+    *,
+    allow_partial: bool,
+    workers: int,
+    progress: Progress,
+    attempt: int | None,
+    skip_steps: int,
 ) -> RecordTable | None:
     """Decode the work items in worker processes and merge them; ``None`` means "read again in this process"."""
     plan = _chunk_plan(files, workers)
@@ -405,7 +427,9 @@ def _read_parallel(
         with progress.phase(MERGING):
             merged = _merge(chunks, [item[1] for item in plan])
     with progress.phase(CHECKING):
-        return _table_of(merged, notes=(), source_files=tuple(str(p) for p in files), attempt=attempt)
+        return _table_of(
+            merged, notes=(), source_files=tuple(str(p) for p in files), attempt=attempt, skip_steps=skip_steps
+        )
 
 
 _POLL_S = 0.1

@@ -28,13 +28,20 @@ class ReportInputError(MeshscopeError):
 
 
 def report_command(args: argparse.Namespace) -> int:
-    """``meshscope report RECORDS... [--spec FILE] [--out DIR] [--attempt N] [--quiet]`` (:mod:`meshscope.cli`).
+    """``meshscope report RECORDS... [--spec FILE] [--out DIR] [--attempt N] [--skip-steps N] [-q]`` (the CLI).
 
     Raises:
         ReportInputError: for missing or unreadable records files.
     """
     progress = command_progress(quiet=args.quiet)
-    inputs = read_inputs(args.records, spec=args.spec, progress=progress, error=ReportInputError, attempt=args.attempt)
+    inputs = read_inputs(
+        args.records,
+        spec=args.spec,
+        progress=progress,
+        error=ReportInputError,
+        attempt=args.attempt,
+        skip_steps=args.skip_steps,
+    )
     table = inputs.table
     result = analyze(table, spec=inputs.spec, notes=inputs.notes, one_clock=inputs.one_clock, progress=progress)
     out = Path(args.out)
