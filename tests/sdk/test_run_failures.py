@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -533,3 +535,45 @@ def test_process_groups_a_rank_destroys_outlive_its_program(tmp_path: Path) -> N
     assert result.returncode == 4, result.stderr  # no tracker, no records: nothing to analyse
     said = (tmp_path / "out" / "ranks" / "rank-0.stderr").read_text()
     assert "group alive: True\n" in said
+
+
+HANGS = """
+import os, pathlib, sys, time
+from meshscope import sdk
+tracker = sdk.tracker_from_env()
+with tracker.step(0):
+    pass  # its record is sent as the step ends, before the pid file says the rank is stuck
+pathlib.Path(sys.argv[1], f"rank-{os.environ['RANK']}.pid").write_text(str(os.getpid()))
+while True:  # a job stuck in a collective that never completes
+    time.sleep(0.05)
+"""
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
+@pytest.mark.parametrize("launcher", ["fork", "exec"])
+def test_a_stop_signal_stops_every_rank_and_keeps_what_they_sent(tmp_path: Path, sig: int, launcher: str) -> None:
+    # `timeout`, `kill`, a CI runner or a scheduler stop `meshscope run` with SIGTERM. Before, the launcher died
+    # alone: its ranks ran on under PID 1 (a hung job forever), and no collector.json was written.
+    out = tmp_path / "out"
+    run = subprocess.Popen(
+        [sys.executable, "-m", "meshscope", "run", "--nproc", "2", "--out", str(out), "--launcher", launcher,
+         "--grace", "2", "--", sys.executable, "-c", HANGS, str(tmp_path)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONWARNINGS": "ignore"},
+    )  # fmt: skip
+    pids = [tmp_path / f"rank-{r}.pid" for r in range(2)]
+    deadline = time.monotonic() + 60
+    while not all(p.is_file() and p.read_text() for p in pids):
+        assert run.poll() is None, run.communicate()
+        assert time.monotonic() < deadline, "the ranks never started"
+        time.sleep(0.05)
+    run.send_signal(sig)
+    _, stderr = run.communicate(timeout=60)
+    assert run.returncode == 128 + sig, stderr[-2000:]
+    name = signal.Signals(sig).name
+    assert f"meshscope run: stopped by {name}; stopped 2 ranks; what they sent is in {out / 'records.jsonl'}" in stderr
+    for p in pids:  # no rank outlives the launcher
+        with pytest.raises(ProcessLookupError):
+            os.kill(int(p.read_text()), 0)
+    collector = json.loads((out / "collector.json").read_text())
+    assert collector["ranks"]
+    assert sum(1 for line in (out / "records.jsonl").read_text().splitlines() if line.strip()) == 2

@@ -38,7 +38,7 @@ import time
 import types
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, Self, TypeAlias
+from typing import TYPE_CHECKING, Any, Final, Literal, Self, TypeAlias
 
 from meshscope.errors import LayoutError, MeshscopeError
 from meshscope.local.cpus import CpuCapacity, CpuUse, affinity_cpus, measure_capacity, read_busy_seconds
@@ -356,6 +356,7 @@ def _fork_rank(form: tuple[str, str, list[str]], env: dict[str, str], close: Cal
         os.close(stderr_fd)
         signal.signal(signal.SIGINT, signal.default_int_handler)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.signal(signal.SIGHUP, signal.SIG_DFL)
         code = _run_in_child(*form, env)
         import atexit  # noqa: PLC0415
 
@@ -433,7 +434,15 @@ def _say(message: str) -> None:
     sys.stderr.flush()
 
 
-def _stop_all(procs: list[_RankProcess], grace_s: float) -> None:
+def _stop_all(procs: list[_RankProcess], grace_s: float, held: dict[int, Any] | None = None) -> None:
+    """SIGTERM to every rank's process group, SIGKILL after ``grace_s``; wait for them all.
+
+    ``held``: the signals the run stops on (:func:`_stop_on_signals`): while the ranks are being stopped a second one
+    (a scheduler's repeated SIGTERM) is ignored, so that no rank is left running.
+    """
+    for sig in held or ():
+        with contextlib.suppress(OSError, ValueError):
+            signal.signal(sig, signal.SIG_IGN)
     for p in procs:
         p.signal_group(signal.SIGTERM)
     deadline = time.monotonic() + grace_s
@@ -673,33 +682,17 @@ def run_job(
     ]
     meter = _CpuMeter(CpuUse(ranks=settings.nproc, capacity=cpu, wall_s=0.0))
     _say(f"{_python_line(given, python)}; {meter.use.headline()}")
-    procs: list[_RankProcess] = []
-    failed: RankExit | None = None
-    stopped = 0
-    interrupted = False
     started = time.monotonic()
-    try:
-        procs = _launch(settings, envs, collector, tails)
-        meter.start()  # after the fork launcher's import of torch: the ranks' own time starts here
-        collector.start()  # after forking: the children must not inherit a running thread
-        tails.start()
-        failed, stopped = _monitor(procs, settings.grace_s)
-    except KeyboardInterrupt:
-        interrupted = True
-        _stop_all(procs, settings.grace_s)
-    finally:
-        tails.stop()
-        if not interrupted and failed is None:
-            _wait_for_goodbyes(collector, settings.nproc)
-        collector.stop()
-        with contextlib.suppress(OSError):
-            sock_dir.rmdir()
+    procs, failed, stopped, interrupted = _run_ranks(settings, envs, collector, tails, meter)
+    with contextlib.suppress(OSError):
+        sock_dir.rmdir()
     wall_s = time.monotonic() - started
     use = meter.finish(procs)
     _write_run_files(settings, collector, procs, wall_s, use, tails)
-    if interrupted:
-        _say(f"interrupted; stopped {len(procs)} ranks")
-        return 130
+    if interrupted is not None:
+        how = "interrupted" if interrupted == signal.SIGINT else f"stopped by {signal.Signals(interrupted).name}"
+        _say(f"{how}; stopped {len(procs)} ranks; what they sent is in {records_path}")
+        return 128 + int(interrupted)
     _say_end(settings, stopped, failed, collector, use, wall_s)
     _explain_failure(settings, procs=procs, failed=failed, collector=collector, tails=tails, python=python)
     if on_finished is not None and failed is None:
@@ -711,6 +704,74 @@ def run_job(
     if failed is not None:
         return failed.shell_code or 1
     return code
+
+
+class _Signalled(BaseException):
+    """SIGTERM or SIGHUP reached the launcher (``timeout``, ``kill``, a CI runner or scheduler, a closed terminal)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+STOP_SIGNALS: Final = (signal.SIGTERM, signal.SIGHUP)
+"""Signals that stop a run as Ctrl-C does: every rank's process group stopped, what was collected written, exit
+128 + the signal. Before, SIGTERM killed the launcher alone and its ranks ran on, orphaned."""
+
+
+def _raise_signalled(signum: int, _frame: object) -> None:
+    raise _Signalled(signum)
+
+
+def _stop_on_signals() -> dict[int, Any]:
+    """Stop the run on :data:`STOP_SIGNALS` (the main thread only: elsewhere Python cannot take signals)."""
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+    previous: dict[int, Any] = {}
+    for sig in STOP_SIGNALS:
+        with contextlib.suppress(OSError, ValueError):
+            previous[sig] = signal.signal(sig, _raise_signalled)
+    return previous
+
+
+def _restore_signals(previous: dict[int, Any]) -> None:
+    for sig, handler in previous.items():
+        with contextlib.suppress(OSError, ValueError, TypeError):
+            signal.signal(sig, handler)
+
+
+def _run_ranks(
+    settings: RunSettings, envs: list[dict[str, str]], collector: RecordCollector, tails: StderrTails, meter: _CpuMeter
+) -> tuple[list[_RankProcess], RankExit | None, int, int | None]:
+    """Launch the ranks and watch them until they have all exited, one failed, or a signal stopped the run.
+
+    Returns the ranks, the one that failed (if any), how many the launcher stopped, and the signal that stopped the
+    run (``None`` if none did: Ctrl-C is SIGINT, :data:`STOP_SIGNALS` the others). The collector has stopped.
+    """
+    procs: list[_RankProcess] = []
+    failed: RankExit | None = None
+    stopped = 0
+    interrupted: int | None = None
+    previous = _stop_on_signals()
+    try:
+        procs = _launch(settings, envs, collector, tails)
+        meter.start()  # after the fork launcher's import of torch: the ranks' own time starts here
+        collector.start()  # after forking: the children must not inherit a running thread
+        tails.start()
+        failed, stopped = _monitor(procs, settings.grace_s)
+    except KeyboardInterrupt:
+        interrupted = signal.SIGINT
+        _stop_all(procs, settings.grace_s, previous)
+    except _Signalled as sig:
+        interrupted = sig.signum
+        _stop_all(procs, settings.grace_s, previous)
+    finally:
+        _restore_signals(previous)
+        tails.stop()
+        if interrupted is None and failed is None:
+            _wait_for_goodbyes(collector, settings.nproc)
+        collector.stop()
+    return procs, failed, stopped, interrupted
 
 
 def _outcome(
