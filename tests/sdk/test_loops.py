@@ -1266,3 +1266,48 @@ def test_data_stats_between_a_fetch_and_its_step_go_to_that_step(listener) -> No
     tracker.close()
     records = _records(sock)
     assert [(r.stats.tokens, r.stats.sequences, r.stats.longest_sequence) for r in records] == [(8, 2, 4), (9, 2, 5)]
+
+
+def _pipelined_loop_marking_only_its_steps(rank: int, world: int) -> dict[str, object]:
+    """PyTorch's pipelining tutorial's loop: a stage per rank, 1F1B over 4 micro-batches, no phase of its own."""
+    import torch  # noqa: PLC0415 - the forked rank's torch, pre-imported by conftest
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B  # noqa: PLC0415
+
+    tracker = sdk.tracker_from_env()
+    torch.manual_seed(rank)
+    torch.set_num_threads(1)
+    block = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 64))
+    stage = PipelineStage(block, rank, world, torch.device("cpu"))
+    schedule = Schedule1F1B(stage, n_microbatches=4, loss_fn=lambda out, target: (out - target).square().mean())
+    optimizer = torch.optim.SGD(block.parameters(), lr=0.01)
+    for i in range(4):
+        with tracker.step(i):
+            x, y = torch.randn(16, 64), torch.randn(16, 64)
+            if rank == 0:
+                schedule.step(x)
+            else:
+                losses: list[torch.Tensor] = []
+                schedule.step(target=y, losses=losses)
+                torch.stack(losses).mean().item()  # the loop's own work: the loss it logs
+            optimizer.step()
+            optimizer.zero_grad()
+    counters = tracker.counters().as_dict()
+    tracker.close()
+    return {"counters": counters}
+
+
+def test_a_pipelined_loop_that_marks_only_its_steps_computes_outside_the_stages_labels(fork_job) -> None:
+    # The SDK labels a pipelining stage's forward and backward chunks by itself. Those labels declared the step's
+    # compute as a script's own phases do, so the loop's other work (batches, the loss, the schedule's own code)
+    # was `other` instead of compute (docs/sdk.md §1.1: a step without a compute phase of its own computes outside
+    # its phases).
+    job = fork_job(_pipelined_loop_marking_only_its_steps, 2, env={"MESHSCOPE_LAYOUT": "pp=2"})
+    for result in job.results:
+        assert result["counters"]["hook_errors"] == 0
+    records = read_table(job.records_path).to_records()
+    assert len(records) == 8
+    for rec in records:
+        phases = {iv.phase for iv in rec.intervals if iv.kind is IntervalKind.COMPUTE}
+        assert {"forward", "backward"} <= {str(p) for p in phases if p is not None}, (rec.rank, rec.step)
+        assert None in phases, (rec.rank, rec.step)  # compute outside the labels: the loop's own
+        assert any(iv.axis == "pp" for iv in rec.intervals)

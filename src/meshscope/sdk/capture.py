@@ -76,7 +76,10 @@ class CaptureSink(Protocol):
         """Count a failure inside meshscope."""
 
     def phase(self, name: str) -> AbstractContextManager[None]:
-        """A phase of the open step (pipelining stages label their forward and backward chunks)."""
+        """A phase of the open step that the SDK opens by itself (a pipelining stage's forward and backward chunks).
+
+        It names its time and does not declare the step's compute, as a script's own phase would.
+        """
 
     def on_collective(  # noqa: PLR0917 - positionals on the hot path
         self,

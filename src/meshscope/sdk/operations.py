@@ -111,7 +111,8 @@ class Operations:
         Args:
             settings: who this rank is (rank and layout attribute groups and sends).
             dist: ``torch.distributed``.
-            phase: the tracker's :meth:`~meshscope.sdk.Tracker.phase` (the pipelining patches open phases).
+            phase: opens a phase the SDK labels by itself (the pipelining patches' forward and backward chunks):
+                it names the time and declares no compute (``Tracker._label``).
             fault: counts a failure inside meshscope (the tracker's :meth:`~meshscope.sdk.Tracker.fault`).
             checkpointing: runs a checkpoint function as the tracker's checkpoint phase (default: just runs it).
             fetching: runs a ``DataLoader`` iterator's ``__next__`` as the tracker's fetch (default: just runs it).

@@ -184,10 +184,18 @@ class _Frame:
     ``seg_rq`` is the training thread's run delay (ns) when the piece began (:meth:`Tracker._run_delay`).
     """
 
-    __slots__ = ("between", "kind", "phase", "seg_rq", "seg_start", "step")
+    __slots__ = ("between", "declares", "kind", "phase", "seg_rq", "seg_start", "step")
 
     def __init__(
-        self, kind: str, phase: str | None, between: str, seg_start: Mark, step: StepState | None, *, seg_rq: int
+        self,
+        kind: str,
+        phase: str | None,
+        between: str,
+        seg_start: Mark,
+        step: StepState | None,
+        *,
+        seg_rq: int,
+        declares: bool = True,
     ) -> None:
         self.kind = kind
         self.phase = phase
@@ -195,6 +203,9 @@ class _Frame:
         self.seg_start = seg_start
         self.step = step
         self.seg_rq = seg_rq
+        self.declares = declares
+        """Whether the script opened it: a training compute phase it opened declares its step's compute; one the SDK
+        opens by itself (a pipelining stage's forward) labels time and declares nothing (:meth:`Tracker._push`)."""
 
 
 class _Boundary:
@@ -229,17 +240,18 @@ class _Boundary:
 class _PhaseContext:
     """Reusable context manager of one phase name (stateless: the stack lives on the tracker)."""
 
-    __slots__ = ("between", "kind", "phase", "tracker")
+    __slots__ = ("between", "declares", "kind", "phase", "tracker")
 
-    def __init__(self, tracker: Tracker, kind: str, phase: str | None, between: str) -> None:
+    def __init__(self, tracker: Tracker, kind: str, phase: str | None, between: str, *, declares: bool = True) -> None:
         self.tracker = tracker
         self.kind = kind
         self.phase = phase
         self.between = between
+        self.declares = declares
 
     def __enter__(self) -> None:
         try:
-            self.tracker._push(self.kind, self.phase, self.between)  # noqa: SLF001 - the context is the tracker's own helper
+            self.tracker._push(self.kind, self.phase, self.between, declares=self.declares)  # noqa: SLF001 - the context is the tracker's own helper
         except Exception as exc:  # noqa: BLE001
             self.tracker.fault("phase", exc)
 
@@ -445,7 +457,7 @@ class Tracker:
         self._ops = Operations(
             settings,
             dist,
-            phase=self.phase,
+            phase=self._label,
             fault=self.fault,
             checkpointing=self._checkpointing,
             fetching=self._fetching,
@@ -467,6 +479,11 @@ class Tracker:
         self._phase_contexts = {
             name: _PhaseContext(self, kind, ph, BETWEEN_KIND_OF_PHASE[name]) for name, (kind, ph) in PHASES.items()
         }
+        self._labels = {
+            name: _PhaseContext(self, kind, ph, BETWEEN_KIND_OF_PHASE[name], declares=False)
+            for name, (kind, ph) in PHASES.items()
+        }
+        """Phases the SDK opens by itself (:meth:`_label`)."""
         self._last_step: int | None = None
         """The previous record's step number (numbering, :meth:`_number`)."""
         self._prev_end_ns: int | None = None
@@ -890,7 +907,7 @@ class Tracker:
         for frame in stack:  # phases opened before the step count from its start
             if frame.step is None:
                 frame.step, frame.seg_start, frame.seg_rq = st, self._mark_for(frame.kind, now), rq
-                if _trains(frame.kind, frame.between):
+                if frame.declares and _trains(frame.kind, frame.between):
                     st.declared_compute = True
         return st
 
@@ -1085,7 +1102,26 @@ class Tracker:
         else:
             self._between_ns[frame.between] = self._between_ns.get(frame.between, 0) + (now - frame.seg_start)
 
-    def _push(self, kind: str, phase: str | None, between: str, now: int | None = None, *, count: bool = True) -> None:
+    def _label(self, name: str) -> _PhaseContext | _NullContext:
+        """A phase the SDK opens by itself (a pipelining stage's forward and backward chunks).
+
+        It names its time, as :meth:`phase` does, but does not declare the step's compute: a step whose script opened
+        no training compute phase keeps its time outside phases as compute
+        (:func:`~meshscope.sdk.steps.implicit_compute`). Before, a pipelining stage's labels made a loop that marks
+        only its steps count its loss and its schedule's own code as ``other``.
+        """
+        return self._labels.get(name, _NULL_CONTEXT)
+
+    def _push(
+        self,
+        kind: str,
+        phase: str | None,
+        between: str,
+        now: int | None = None,
+        *,
+        count: bool = True,
+        declares: bool = True,
+    ) -> None:
         if now is None:
             now = _perf_ns()
         st = self._ops.step
@@ -1095,16 +1131,16 @@ class Tracker:
                 self._outside += 1
             if self._stack and self._stack[-1].step is None:
                 self._between_piece(self._stack[-1], now, rq)
-            self._stack.append(_Frame(kind, phase, between, now, None, seg_rq=rq))
+            self._stack.append(_Frame(kind, phase, between, now, None, seg_rq=rq, declares=declares))
             return
         if self._stack:
             top = self._stack[-1]
             if top.step is st:
                 st.segments.append((top.kind, top.phase, top.seg_start, self._mark_for(top.kind, now)))
                 self._add_rq(st, top.kind, top.seg_rq, rq)
-        if _trains(kind, between):
+        if declares and _trains(kind, between):
             st.declared_compute = True
-        self._stack.append(_Frame(kind, phase, between, self._mark_for(kind, now), st, seg_rq=rq))
+        self._stack.append(_Frame(kind, phase, between, self._mark_for(kind, now), st, seg_rq=rq, declares=declares))
 
     def _pop(self, now: int | None = None) -> None:
         if not self._stack:
