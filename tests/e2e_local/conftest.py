@@ -50,7 +50,8 @@ def run_demo_job(
     ``ep`` select the demo's context- and expert-parallel variants, ``block_ms`` the emulated accelerator's speed
     (forward ms of one block; the demo's default when ``None``), ``layout`` another layout of the 8 ranks. Every
     record it collected is checked against the invariants of real jobs (``tests/invariants.py``)."""
-    from meshscope.local.running import demo_settings, layout_text  # noqa: PLC0415
+    from meshscope.local.running import demo_settings  # noqa: PLC0415
+    from meshscope.topology import layout_text  # noqa: PLC0415
 
     settings = demo_settings(
         out_dir, steps=steps, straggler=straggler, imbalance=imbalance, cp=cp, ep=ep, block_ms=block_ms

@@ -876,3 +876,56 @@ def test_an_unnamed_part_of_dp_is_dp_only_under_a_layout_that_was_given(fork_job
     else:
         assert groups == {"dp:0"}
         assert all(r["counters"]["unattributed_ops"] == 2 for r in job.results)
+
+
+def _mesh_in_its_own_order_job(rank: int, world: int) -> dict[str, object]:
+    # init_device_mesh("cpu", (dp, pp), ("dp", "pp")): the mesh's last dim varies fastest, so ranks 0 and 1 are the
+    # two pipeline stages of replica 0, where the layout's default order (Megatron's, dp before pp) puts ranks 0 and
+    # 1 in one stage.
+    import logging  # noqa: PLC0415
+
+    from torch.distributed.device_mesh import init_device_mesh  # noqa: PLC0415
+
+    said: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: said.append(record.getMessage())  # type: ignore[method-assign]
+    logging.getLogger("meshscope").addHandler(handler)
+    tracker = sdk.tracker_from_env()
+    mesh = init_device_mesh("cpu", (2, world // 2), mesh_dim_names=("dp", "pp"))
+    tracker.register_mesh(mesh)
+    dp_group, pp_rank = mesh.get_group("dp"), mesh.get_local_rank("pp")
+    peer = int(mesh.mesh[mesh.get_local_rank("dp"), 1 - pp_rank])
+    x = torch.ones(8)
+    for step in range(2):
+        with tracker.step(step):
+            if pp_rank == 0:
+                dist.send(x, peer)
+            else:
+                dist.recv(x, peer)
+            dist.all_reduce(x, group=dp_group)
+    counters = tracker.counters().as_dict()
+    tracker.close()
+    return {"counters": counters, "said": [m for m in said if "DeviceMesh" in m], "pp": pp_rank}
+
+
+def test_a_registered_mesh_in_another_rank_order_than_the_layout_gives_the_records_its_coordinates(fork_job) -> None:
+    # Before: every rank's record carried the layout's coordinates (rank 1 at pp=0 while it ran stage 1), the
+    # records' p2p and dp groups contradicted them, and nothing said so.
+    job = fork_job(_mesh_in_its_own_order_job, 4, env={"MESHSCOPE_LAYOUT": "pp=2,dp=2"})
+    for rank, result in enumerate(job.results):
+        assert result["counters"]["hook_errors"] == 0
+        assert result["pp"] == rank % 2
+    said = [m for result in job.results for m in result["said"]]
+    assert said  # each rank the layout misplaces says so once
+    assert (
+        "meshscope: the registered DeviceMesh (dims dp, pp) puts rank 1 at dp=0, pp=1, where the layout "
+        "dp=2,tp=1,pp=2,cp=1,ep=1 puts it at dp=1, pp=0: the records take the mesh's rank order; give --layout "
+        "dp=2,tp=1,pp=2,cp=1,ep=1,order=pp-dp-tp-cp-ep to state it"
+    ) in said
+    records = read_lines(job.records_path)
+    assert len(records) == 8
+    for rec in records:
+        assert (rec["coord"]["dp"], rec["coord"]["pp"]) == (rec["rank"] // 2, rec["rank"] % 2)
+        comm = {(iv["axis"], iv["op"]) for iv in rec["intervals"] if iv.get("axis")}
+        assert ("dp", "all_reduce") in comm
+        assert ("pp", "send" if rec["rank"] % 2 == 0 else "recv") in comm, comm

@@ -16,8 +16,9 @@ import pytest
 
 from invariants import check_records_file
 from meshscope.errors import LayoutError
-from meshscope.local.running import RunError, RunSettings, layout_text, rank_env, settings_from_args
+from meshscope.local.running import RunError, RunSettings, rank_env, settings_from_args
 from meshscope.records import IntervalKind, read_records
+from meshscope.topology import layout_text
 from meshscope.topology.layout import ParallelLayout, parse_layout
 from meshscope.topology.placement import Placement
 

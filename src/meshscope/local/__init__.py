@@ -58,7 +58,6 @@ from meshscope.local.running import (
     RunSettings,
     demo_layout,
     demo_settings,
-    layout_text,
     rank_env,
     resolve_python,
     run_job,
@@ -66,6 +65,7 @@ from meshscope.local.running import (
 )
 from meshscope.local.summarizing import loss_notes, report_run
 from meshscope.local.tails import StderrTails, fix_for
+from meshscope.topology import layout_text
 
 __all__ = [
     "CONTENTION_CODE",

@@ -53,7 +53,7 @@ from meshscope.sdk import (
     ENV_NVLINK_DOMAIN,
     RecordCollector,
 )
-from meshscope.topology import DEFAULT_ORDER, ParallelLayout, Placement, parse_layout
+from meshscope.topology import ParallelLayout, Placement, layout_text, parse_layout
 
 if TYPE_CHECKING:
     import argparse
@@ -372,18 +372,6 @@ def _free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-def layout_text(layout: ParallelLayout) -> str:
-    """``MESHSCOPE_LAYOUT`` text of ``layout`` (``dp=2,tp=2,pp=2,cp=1,ep=1``, plus etp, vpp, order when set)."""
-    parts = [f"{a}={layout.degree(a)}" for a in ("dp", "tp", "pp", "cp", "ep")]
-    if layout.etp is not None:
-        parts.append(f"etp={layout.etp}")
-    if layout.vpp != 1:
-        parts.append(f"vpp={layout.vpp}")
-    if layout.order != DEFAULT_ORDER:
-        parts.append("order=" + "-".join(a.value for a in layout.order))
-    return ",".join(parts)
 
 
 def _placement(settings: RunSettings) -> Placement:

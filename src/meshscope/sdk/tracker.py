@@ -43,7 +43,7 @@ import os
 import sys
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Final, Generic, TypeAlias, TypeVar
 
 from meshscope.sdk.groups import axis_of_name
@@ -62,7 +62,7 @@ from meshscope.sdk.steps import (
     encode_record,
 )
 from meshscope.sdk.transport import CONTROL_SCHEMA, RECORD_SCHEMA, open_sender
-from meshscope.topology import AXES, MeshAxis
+from meshscope.topology import AXES, MeshAxis, ParallelLayout, layout_text
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -521,6 +521,8 @@ class Tracker:
         """Data statistics given after a held fetch (or a :class:`_Boundary` fetch), before its step opened (only
         the stats fields are used)."""
         self._mesh_coord: dict[str, int] = {}
+        self._mesh_wins = False
+        """The registered mesh's coordinates of its axes override the layout's (:meth:`_follow_the_mesh`)."""
         self._coord_cache: dict[str, int] | None = None
         self._rss = RssPeak()
         self._sched = SchedStat()
@@ -567,7 +569,8 @@ class Tracker:
         """Register every dim of a ``DeviceMesh`` under its dim name, and take this rank's coords from it.
 
         Dims named after an axis (or a combination such as ``dp_cp``) map to it; coords are taken from dims named
-        exactly dp, tp, pp, cp, ep when no ``MESHSCOPE_LAYOUT`` was given.
+        exactly dp, tp, pp, cp, ep when no ``MESHSCOPE_LAYOUT`` was given, and where one was given but places ranks
+        elsewhere than the mesh, the mesh's rank order wins (:meth:`_follow_the_mesh`).
         """
         try:
             names = tuple(mesh.mesh_dim_names or ())
@@ -576,10 +579,63 @@ class Tracker:
                 self.register_groups({name: mesh.get_group(name)})
                 if coordinate is not None and name in {a.value for a in AXES}:
                     self._mesh_coord[name] = int(coordinate[i])
+            self._follow_the_mesh(names, mesh.mesh.tolist())
             self._coord_cache = None
             self._head = None
         except Exception as exc:  # noqa: BLE001
             self.fault("register_mesh", exc)
+
+    def _follow_the_mesh(self, names: tuple[str, ...], ranks: Any) -> None:  # noqa: ANN401 - nested lists of ints
+        """Where the registered mesh places ranks elsewhere than the layout does, take the mesh's rank order.
+
+        A ``DeviceMesh`` is row-major (its last dim varies fastest); the layout's rank order defaults to
+        Megatron-core's (dp before pp). A script that builds ``init_device_mesh(..., ("dp", "pp"))`` under
+        ``--layout pp=2,dp=2`` runs rank 1 as pipeline stage 1 while the layout says stage 0: its records carried
+        the layout's coordinates, its p2p went on the dp axis, every finding compared ranks of different stages, and
+        nothing said so. Every rank of the mesh decides alike from the whole mesh (``ranks``: its global ranks,
+        nested as its dims): the layout takes the mesh's rank order where one fits, else the mesh's coordinates of
+        its named axes win for this rank; each rank says it once, naming the first rank the layout misplaced and the
+        ``order=`` that states the mesh's order.
+        """
+        s = self._ops.settings
+        layout = s.layout
+        axes = {a.value for a in AXES}
+        if layout is None or not any(n in axes for n in names):
+            return
+        placed = _mesh_positions(ranks, len(names))
+        misplaced = next(
+            (
+                (rank, where)
+                for rank, where in placed
+                if 0 <= rank < layout.world_size
+                and any(layout.coord(rank).as_dict()[n] != i for n, i in zip(names, where, strict=True) if n in axes)
+            ),
+            None,
+        )
+        if misplaced is None:
+            return
+        shape = _mesh_shape(placed, len(names))
+        fitting = _layout_in_mesh_order(layout, names, shape)
+        if fitting is not None and all(
+            fitting.coord(rank).as_dict()[n] == i for rank, where in placed for n, i in zip(names, where, strict=True)
+        ):
+            self._ops.settings = self.settings = replace(s, layout=fitting)
+            fix = f"the records take the mesh's rank order; give --layout {layout_text(fitting)} to state it"
+        else:
+            self._mesh_wins = True
+            fix = "the records take the mesh's coordinates of its axes; give a --layout whose order= matches the mesh"
+        rank, where = misplaced
+        said = layout.coord(rank).as_dict()
+        named = [(n, i) for n, i in zip(names, where, strict=True) if n in axes]
+        log.warning(
+            "meshscope: the registered DeviceMesh (dims %s) puts rank %d at %s, where the layout %s puts it at %s: %s",
+            ", ".join(names),
+            rank,
+            ", ".join(f"{n}={i}" for n, i in named),
+            layout_text(layout),
+            ", ".join(f"{n}={said[n]}" for n, _ in named),
+            fix,
+        )
 
     def step(self, step: int | None = None) -> _StepContext:
         """Context manager around one training step; its record is sent when it ends (one step late on GPU).
@@ -1403,6 +1459,8 @@ class Tracker:
             s = self.settings
             if s.layout is not None:
                 coord = s.layout.coord(s.rank).as_dict()
+                if self._mesh_wins:
+                    coord.update(self._mesh_coord)
             elif self._mesh_coord:
                 coord = {a.value: self._mesh_coord.get(a.value, 0) for a in AXES}
             else:
@@ -1508,3 +1566,44 @@ def tracker_from_env(environ: Mapping[str, str] | None = None) -> Tracker | Null
         atexit.register(_drain_at_exit)
     atexit.register(tracker.close)
     return tracker
+
+
+def _layout_in_mesh_order(
+    layout: ParallelLayout, names: tuple[str, ...], shape: tuple[int, ...]
+) -> ParallelLayout | None:
+    """``layout`` in the rank order of a mesh whose dims are axes of matching degrees (``None`` where none fits).
+
+    The mesh's last dim varies fastest, so its dims reversed are the order's first axes; the layout's other axes
+    follow in their own order.
+    """
+    axes = {a.value for a in AXES}
+    if len(names) != len(shape) or not set(names) <= axes or len(set(names)) != len(names):
+        return None
+    if any(layout.degree(MeshAxis(n)) != size for n, size in zip(names, shape, strict=True)):
+        return None
+    first = [MeshAxis(n) for n in reversed(names)]
+    order = (*first, *(a for a in layout.order if a not in first))
+    try:
+        return replace(layout, order=order)
+    except (ValueError, TypeError):  # LayoutError among them: an order the layout cannot take (ep beside dp)
+        return None
+
+
+def _mesh_positions(ranks: Any, ndim: int) -> list[tuple[int, tuple[int, ...]]]:  # noqa: ANN401 - nested lists
+    """Every global rank of a mesh (its ranks nested ``ndim`` deep, as ``DeviceMesh.mesh.tolist()``) with its index."""
+    out: list[tuple[int, tuple[int, ...]]] = []
+
+    def walk(node: Any, where: tuple[int, ...]) -> None:  # noqa: ANN401
+        if len(where) == ndim:
+            out.append((int(node), where))
+            return
+        for i, child in enumerate(node):
+            walk(child, (*where, i))
+
+    walk(ranks, ())
+    return out
+
+
+def _mesh_shape(placed: list[tuple[int, tuple[int, ...]]], ndim: int) -> tuple[int, ...]:
+    """The mesh's size along each dim, from its positions."""
+    return tuple(1 + max(where[d] for _, where in placed) for d in range(ndim)) if placed else ()

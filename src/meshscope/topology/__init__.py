@@ -36,6 +36,7 @@ from meshscope.topology.layout import (
     MeshAxis,
     ParallelLayout,
     RankCoord,
+    layout_text,
     parse_layout,
     parse_order,
 )
@@ -60,6 +61,7 @@ __all__ = [
     "axis_spans",
     "custom_gpu",
     "default_hardware",
+    "layout_text",
     "lookup_gpu",
     "parse_layout",
     "parse_order",

@@ -387,3 +387,18 @@ def parse_layout(text: str, *, world_size: int | None = None) -> ParallelLayout:
             f"!= world size {world_size}"
         )
     return layout
+
+
+def layout_text(layout: ParallelLayout) -> str:
+    """``layout`` as ``--layout`` and ``MESHSCOPE_LAYOUT`` take it: :func:`parse_layout` of it gives ``layout`` back.
+
+    ``dp=2,tp=2,pp=2,cp=1,ep=1``, plus etp, vpp and the order where they are not the default.
+    """
+    parts = [f"{a}={layout.degree(a)}" for a in ("dp", "tp", "pp", "cp", "ep")]
+    if layout.etp is not None:
+        parts.append(f"etp={layout.etp}")
+    if layout.vpp != 1:
+        parts.append(f"vpp={layout.vpp}")
+    if layout.order != DEFAULT_ORDER:
+        parts.append("order=" + "-".join(a.value for a in layout.order))
+    return ",".join(parts)
