@@ -18,7 +18,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: N817
 
 from invariants import read_lines
 from meshscope import sdk
-from meshscope.records import IntervalKind, read_records
+from meshscope.analysis import analyze
+from meshscope.records import IntervalKind, read_records, read_table
 
 F32, I64, F64 = 4, 8, 8  # bytes per element
 
@@ -892,7 +893,8 @@ def _mesh_in_its_own_order_job(rank: int, world: int) -> dict[str, object]:
     logging.getLogger("meshscope").addHandler(handler)
     tracker = sdk.tracker_from_env()
     mesh = init_device_mesh("cpu", (2, world // 2), mesh_dim_names=("dp", "pp"))
-    tracker.register_mesh(mesh)
+    if os.environ.get("REGISTER_MESH") == "1":
+        tracker.register_mesh(mesh)
     dp_group, pp_rank = mesh.get_group("dp"), mesh.get_local_rank("pp")
     peer = int(mesh.mesh[mesh.get_local_rank("dp"), 1 - pp_rank])
     x = torch.ones(8)
@@ -911,7 +913,7 @@ def _mesh_in_its_own_order_job(rank: int, world: int) -> dict[str, object]:
 def test_a_registered_mesh_in_another_rank_order_than_the_layout_gives_the_records_its_coordinates(fork_job) -> None:
     # Before: every rank's record carried the layout's coordinates (rank 1 at pp=0 while it ran stage 1), the
     # records' p2p and dp groups contradicted them, and nothing said so.
-    job = fork_job(_mesh_in_its_own_order_job, 4, env={"MESHSCOPE_LAYOUT": "pp=2,dp=2"})
+    job = fork_job(_mesh_in_its_own_order_job, 4, env={"MESHSCOPE_LAYOUT": "pp=2,dp=2", "REGISTER_MESH": "1"})
     for rank, result in enumerate(job.results):
         assert result["counters"]["hook_errors"] == 0
         assert result["pp"] == rank % 2
@@ -929,3 +931,21 @@ def test_a_registered_mesh_in_another_rank_order_than_the_layout_gives_the_recor
         comm = {(iv["axis"], iv["op"]) for iv in rec["intervals"] if iv.get("axis")}
         assert ("dp", "all_reduce") in comm
         assert ("pp", "send" if rec["rank"] % 2 == 0 else "recv") in comm, comm
+    assert "layout_order_mismatch" not in {n.code for n in analyze(read_table(job.records_path)).partial_data}
+
+
+def test_a_mesh_in_another_rank_order_than_the_layout_is_told_by_the_records_traffic(fork_job) -> None:
+    # The same script without register_mesh: the mesh's groups carry their dim names (the all-reduce is dp), but a
+    # send on the default group can only follow the layout, which puts ranks 0 and 1 in one stage: the pipeline's
+    # sends land on dp. The analysis says so instead of reading it as it is.
+    job = fork_job(_mesh_in_its_own_order_job, 4, env={"MESHSCOPE_LAYOUT": "pp=2,dp=2", "REGISTER_MESH": "0"})
+    records = read_lines(job.records_path)
+    assert {(iv["axis"], iv["op"]) for rec in records for iv in rec["intervals"] if iv.get("axis")} == {
+        ("dp", "send"),
+        ("dp", "recv"),
+        ("dp", "all_reduce"),
+    }
+    analysis = analyze(read_table(job.records_path))
+    (note,) = [n for n in analysis.partial_data if n.code == "layout_order_mismatch"]
+    assert note.count == 8  # one send or receive per rank-step
+    assert "--layout ...,order=pp-dp-tp-cp-ep for a (dp, pp) mesh" in note.message

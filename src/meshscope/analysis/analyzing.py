@@ -31,6 +31,7 @@ from meshscope.analysis.costs import (
     compare_memory,
     cost_rows,
     index_rank_steps,
+    layout_order_notes,
     missing_traffic_notes,
     partial_categories,
     partial_notes,
@@ -181,7 +182,11 @@ def analyze(
         rs = index_rank_steps(bd)
         planned_world = spec.world_size if spec is not None else (plan.world_size if plan is not None else None)
         world = planned_world if planned_world is not None else rs.n_ranks
-        partial = (*partial_notes(rs, world_size=planned_world, extra=notes), *missing_traffic_notes(rs, plan))
+        partial = (
+            *partial_notes(rs, world_size=planned_world, extra=notes),
+            *missing_traffic_notes(rs, plan),
+            *layout_order_notes(rs),
+        )
         measured = None if any(n.code == CPU_CONTENTION for n in partial) else runqueue_contention(rs)
         partial = partial if measured is None else (*partial, measured)
         summary = summarise(rs, plan=plan, plan_fits_run=plan_fits_run(rs, spec))

@@ -43,8 +43,8 @@ from meshscope.analysis.collectives import SEND_RECV, CollectiveComparison, comp
 from meshscope.analysis.grouping import grouped_mean, grouped_median, grouped_quantile
 from meshscope.analysis.transfers import MIN_TRANSFER_BYTES, Transfers, bus_factor, measure_transfers, place_of_rows
 from meshscope.formatting import human_seconds, percent
-from meshscope.records import COMM_CODE, Note
-from meshscope.topology import AXES
+from meshscope.records import COMM_CODE, P2P_CODE, Note
+from meshscope.topology import AXES, MeshAxis
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Sequence
@@ -81,6 +81,7 @@ __all__ = [
     "grouped_median",
     "grouped_quantile",
     "index_rank_steps",
+    "layout_order_notes",
     "measure_transfers",
     "missing_traffic_notes",
     "own_time_us",
@@ -97,7 +98,14 @@ EVEN_SPREAD = 1.05
 """A worst rank within this factor of the median rank is reported as "spread evenly", not as a suspect to chase."""
 
 WHOLE_TABLE_NOTES = frozenset(
-    {"missing_ranks", "missing_rank_steps", "truncated_line", "truncated_file", "rejected_job_files"}
+    {
+        "missing_ranks",
+        "missing_rank_steps",
+        "truncated_line",
+        "truncated_file",
+        "rejected_job_files",
+        "layout_order_mismatch",
+    }
 )
 """Notes that make every row partial: rank-steps the medians and percentiles could not see."""
 _P2P_NOTES = frozenset({"p2p_without_bandwidth", "p2p_without_bytes"})
@@ -338,6 +346,37 @@ def missing_traffic_notes(rs: RankSteps, plan: Plan | None) -> tuple[Note, ...]:
             )
         )
     return tuple(notes)
+
+
+def layout_order_notes(rs: RankSteps) -> tuple[Note, ...]:
+    """A note where the records' own traffic says their coordinates follow another rank order than the script's.
+
+    Pipeline stages exchange activations point to point; data-parallel replicas never do. Sends and receives that
+    the records put on dp, in a job whose layout has pipeline stages and no pp traffic of its own, are a pipeline's
+    under a layout whose rank order is not the script's: ``init_device_mesh(..., ("dp", "pp"))`` varies pp fastest,
+    the layout's default order (Megatron's) dp. Then every axis, stage and peer comparison reads the wrong ranks.
+    """
+    table = rs.breakdown.table
+    iv = table.intervals
+    p2p = iv.kind == P2P_CODE
+    on = {AXES[a].value for a in np.unique(iv.axis[p2p]).tolist() if a >= 0}
+    pp_degree = int(table.steps.coord[:, AXES.index(MeshAxis.PP)].max()) + 1 if table.n_rows else 1
+    if "dp" not in on or "pp" in on or pp_degree <= 1:
+        return ()
+    count = int(np.count_nonzero(p2p & (iv.axis == AXES.index(MeshAxis.DP))))
+    return (
+        Note(
+            code="layout_order_mismatch",
+            count=count,
+            message=(
+                f"{count} point-to-point sends and receives lie on dp, none on pp, in a layout with "
+                f"{pp_degree} pipeline stages: the layout's rank order is likely not the script's (a DeviceMesh "
+                "built as (dp, pp) varies pp fastest, the layout's default order, Megatron's, dp), so every axis, "
+                "stage and peer here may be another's; give the layout the mesh's order (--layout ...,order=pp-dp-"
+                "tp-cp-ep for a (dp, pp) mesh) or call tracker.register_mesh(mesh) (docs/sdk.md §1.2)"
+            ),
+        ),
+    )
 
 
 def partial_categories(rs: RankSteps, notes: Iterable[Note]) -> frozenset[str]:
