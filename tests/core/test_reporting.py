@@ -226,6 +226,17 @@ def test_sections_and_numbers_with_units():
         assert plain == "–" or re.search(r"\d (ms|µs|s|%|GPU·h)(?!\w)", plain), plain
 
 
+def test_the_timeline_says_rank_where_the_run_had_no_gpu(tmp_path: Path) -> None:
+    # A CPU run's timeline rows are ranks, not GPUs (the report said "One row per GPU" for every run)
+    assert main(["report", str(DATA_DIR / "busy_nanogpt_beside_one_spinner"), "--out", str(tmp_path / "cpu")]) == 0
+    assert main(["report", str(DP8), "--out", str(tmp_path / "gpu")]) == 0
+    cpu = " ".join(parse((tmp_path / "cpu" / "report.html").read_text()).text)
+    gpu = " ".join(parse((tmp_path / "gpu" / "report.html").read_text()).text)
+    assert "One row per rank," in cpu
+    assert "One row per GPU" not in cpu
+    assert "One row per GPU," in gpu
+
+
 def evm_rows(doc: str, title: str) -> list[list[str]]:
     """The plain text of every cell of the expected-vs-measured table under ``title``, row by row."""
     table = doc.split(f"<h3>{title}</h3>")[1].split("</table>", maxsplit=1)[0]

@@ -247,8 +247,9 @@ def timeline_section(table: RecordTable, bd: Breakdown, analysis: Mapping[str, A
     else:
         scope = f"Showing all {shown:,} ranks."
     return (
-        '<section><h2>Per-rank step timeline</h2><p class="muted">One row per GPU, on clocks aligned on collective '
-        "completions. Upper lane: compute, data, optimizer, checkpoint; lower lane: communication. The hatched part of "
+        '<section><h2>Per-rank step timeline</h2><p class="muted">'
+        f"One row per {'GPU' if table.on_gpu else 'rank'}, on clocks aligned on collective completions. Upper "
+        "lane: compute, data, optimizer, checkpoint; lower lane: communication. The hatched part of "
         "a collective is <b>sync wait</b>: from the rank's arrival until the last member arrived. ▲ slowest: needed "
         "the most time in the slowest step, waits for others not counted; ● suspect: named by the analysis. "
         f"{_e(scope)} Hover a bar for details.</p>{_legend(table)}{''.join(panels)}</section>"
