@@ -79,6 +79,7 @@ def build_sources(settings: SidecarSettings, identity: Identity) -> list[tuple[S
             timeout_seconds=settings.dcgm_timeout_s,
             hostname=None if hostname == ALL_HOSTS else hostname,
             gpus=local_gpus,
+            one_host_is_this_node=settings.dcgm_hostname is None,
         )
         sources.append((dcgm, settings.dcgm_poll_s))
     if settings.nvml is Switch.ON or (settings.nvml is Switch.AUTO and importlib.util.find_spec("pynvml")):

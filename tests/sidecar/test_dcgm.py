@@ -522,3 +522,49 @@ def test_label_blocks_are_read_once_and_the_memory_of_them_is_bounded() -> None:
     long_block = f'DCGM_FI_DEV_GPU_UTIL{{gpu="0",pad="{"x" * dcgm._LABELS_SEEN_LONGEST}"}} 1\n'
     assert parse_exposition(long_block).samples[0].labels["pad"] == "x" * dcgm._LABELS_SEEN_LONGEST
     assert all(len(key) <= dcgm._LABELS_SEEN_LONGEST for key in dcgm._LABELS_SEEN)
+
+
+def test_the_old_namespaces_lower_case_names_are_read() -> None:
+    # dcgm-exporter's old namespace writes the field names in lower case: every series was an unknown field, and
+    # the source reported no GPU while it said it was up.
+    source = ingested("old_namespace_mig.prom")
+    assert source.last_stats.unknown_fields == 0
+    values = by_key(source.samples())
+    assert values["meshscope_gpu_sm_clock_hertz", 0, "1"] == pytest.approx(1.41e9)
+    assert values["meshscope_gpu_sm_clock_hertz", 1, ""] == pytest.approx(1.2e9)
+    assert values["meshscope_gpu_engine_active_ratio", 0, "1"] == pytest.approx(0.75)
+    assert values["meshscope_gpu_engine_active_ratio", 0, "2"] == 0
+    assert values["meshscope_gpu_memory_used_bytes", 0, "1"] == 30000 * MIB
+    devices = {(d.index, d.mig_instance): d for d in source.devices()}
+    assert set(devices) == {(0, 1), (0, 2), (1, None)}
+    assert (devices[0, 1].pod, devices[0, 1].namespace, devices[0, 1].mig_profile) == ("job-0", "ml", "3g.40gb")
+    assert devices[1, None].uuid == "GPU-11111111-2222-3333-4444-555555555551"
+
+
+def test_an_exporter_that_names_its_pod_as_its_host_is_read_as_this_nodes() -> None:
+    # In a pod of its own, dcgm-exporter's Hostname label is its pod's name: filtered by the node's name, every
+    # series was dropped as another node's, and the sidecar said nothing.
+    source = ingested("exporter_pod_hostname.prom", hostname="gpu-node-1")
+    values = by_key(source.samples())
+    assert values["meshscope_gpu_temperature_celsius", 1, ""] == 43
+    assert values["meshscope_gpu_power_watts", 0, ""] == pytest.approx(512.25)
+    assert source.last_stats.other_node == 0
+    assert source.notes()[0].startswith(
+        "dcgm-exporter names its host 'nvidia-dcgm-exporter-5e5b02', not this node 'gpu-node-1'"
+    )
+    # a host name given to filter by is kept to
+    strict = ingested("exporter_pod_hostname.prom", hostname="gpu-node-1", one_host_is_this_node=False)
+    assert [s for s in strict.samples() if s.metric != "meshscope_gpu_xid_errors_total"] == []
+    assert strict.last_stats.other_node == 4
+    assert strict.health.last_error is not None
+    assert strict.health.last_error.startswith(
+        "every series names another host (nvidia-dcgm-exporter-5e5b02), none this node 'gpu-node-1'"
+    )
+
+
+def test_a_scrape_of_another_nodes_exporter_is_dropped_and_said() -> None:
+    # One host that is a node's name, not this one: a Service balanced the scrape to another node's exporter.
+    source = ingested("dcgm46_h200_2gpu.prom", hostname="h200-node-3")
+    assert source.last_stats.other_node == 30
+    assert source.health.last_error is not None
+    assert "the scrape reached another node's exporter" in source.health.last_error

@@ -196,6 +196,9 @@ FIELD_NAMES: dict[int, tuple[str, ...]] = {
 """DCGM field id -> the names it is exported under (dcgm_fields.h 4.6.0 and its legacy alias block)."""
 
 _FIELD_BY_NAME: dict[str, int] = {name: fid for fid, names in FIELD_NAMES.items() for name in names}
+"""Upper-case name -> field id: dcgm-exporter 1.x and the first 2.x releases exported the same fields in lower case
+(``dcgm_fi_prof_gr_engine_active{..., pod_name="", pod_namespace=""}``, dcgm-exporter#272); the names compare without
+case."""
 
 _GPU_UTIL, _XID, _FB_TOTAL, _FB_FREE, _FB_USED, _FB_RESERVED = 203, 230, 250, 251, 252, 253
 _MIB_BYTES = 1 << 20  # FB_* fields are in MiB (counters CSV: "Framebuffer memory used (in MiB)")
@@ -269,6 +272,11 @@ class _GpuReadings:
     device: GpuDevice
     values: dict[int, float] = field(default_factory=dict)
     texts: dict[int, str] = field(default_factory=dict)
+
+
+_EXPORTER_POD = "dcgm-exporter"
+"""What the name of dcgm-exporter's pod holds (the GPU operator's ``nvidia-dcgm-exporter-<hash>``, the Helm chart's
+``dcgm-exporter-<hash>``): a ``Hostname`` label holding it names the exporter's pod, not a node."""
 
 
 def _hostname_matches(label: str, hostname: str) -> bool:
@@ -448,6 +456,7 @@ class DcgmSource:
         hostname: str | None = None,
         gpus: Collection[int | str] | None = None,
         wall_clock: Callable[[], float] = time.time,
+        one_host_is_this_node: bool = True,
     ) -> None:
         """Configure the scrape; nothing is read until :meth:`poll`.
 
@@ -458,6 +467,8 @@ class DcgmSource:
             hostname: this node's name (the downward API's ``spec.nodeName``); ``None`` keeps every host.
             gpus: this pod's GPUs as local indices (``int``) and/or UUIDs (``str``); ``None`` keeps every GPU.
             wall_clock: seconds since the epoch for ``last_success_unix_s``.
+            one_host_is_this_node: a scrape whose series all name one host other than ``hostname`` is this node's
+                exporter in a pod of its own (:meth:`_own_host`); ``False`` where ``hostname`` was given to filter by.
 
         Raises:
             ValueError: a timeout or size cap that is not positive.
@@ -477,6 +488,8 @@ class DcgmSource:
         self._gauges: list[Sample] = []
         self._devices: tuple[GpuDevice, ...] = ()
         self._notes: tuple[str, ...] = ()
+        self._host_note: str | None = None
+        self.one_host_is_this_node = one_host_is_this_node
         self._last_xid: dict[tuple[int, str], float] = {}
         self._xid_total: dict[tuple[int, str], int] = {}
         self._logged: str | None = None
@@ -522,7 +535,7 @@ class DcgmSource:
         self._count_xid(readings)
         self._gauges = gauges
         self._devices = devices
-        self._notes = tuple(notes)
+        self._notes = tuple(notes) if self._host_note is None else (self._host_note, *notes)
         self.last_stats = stats
         self.health.parse_errors_total += stats.junk_lines + stats.bad_series
         self.health.last_error = (
@@ -530,6 +543,16 @@ class DcgmSource:
             if exposition.first_junk is not None
             else None
         )
+        if stats.other_node and not readings:
+            hosts = sorted(
+                {h for smp in exposition.samples if (h := smp.labels.get("hostname", smp.labels.get("Hostname")))}
+            )
+            self.health.last_error = (
+                f"every series names another host ({', '.join(hosts[:3])}{', ...' if len(hosts) > 3 else ''}), "
+                f"none this node {self.hostname!r}: the scrape reached another node's exporter (point "
+                "MESHSCOPE_SIDECAR_DCGM_URL at this node's), or its hosts are named otherwise (set "
+                "MESHSCOPE_SIDECAR_DCGM_HOSTNAME, '*' for every host)"
+            )
         # An answer with no sample line and some junk (an HTML error page from a proxy) is not the exporter.
         self.health.up = bool(exposition.samples) or exposition.junk_lines == 0
         if self.health.up:
@@ -551,17 +574,53 @@ class DcgmSource:
             return True
         return index in self._gpu_indices or uuid.lower() in self._gpu_uuids
 
+    def _own_host(self, exposition: Exposition) -> str | None:
+        """The ``Hostname`` label value that stands for this node in this scrape (``None``: no filter).
+
+        dcgm-exporter's ``Hostname`` label is its own host name: the node's where the exporter runs in the host's
+        network namespace, but its pod's name (``nvidia-dcgm-exporter-5e5b02``, ``dcgm-exporter-lcxpl``) where it
+        runs in a pod of its own, as the GPU operator deploys it. A scrape whose series all name one such pod is the
+        exporter the sidecar was pointed at: it is read as this node's, and a note says so. Before, every series was
+        dropped as another node's and the sidecar reported no GPU, with nothing to say why. A single host that is
+        not an exporter pod's name is another node (a Service that balanced the scrape to another node's exporter):
+        still dropped, and :meth:`ingest` says why.
+        """
+        if self.hostname is None or not self.one_host_is_this_node:
+            return self.hostname
+        hosts = {
+            h
+            for sample in exposition.samples
+            if (h := sample.labels.get("hostname", sample.labels.get("Hostname"))) is not None
+        }
+        if len(hosts) == 1:
+            (host,) = hosts
+            if not _hostname_matches(host, self.hostname) and _EXPORTER_POD in host.lower():
+                return host
+        return self.hostname
+
     def _collect(self, exposition: Exposition) -> tuple[dict[tuple[int, str], _GpuReadings], ScrapeStats]:
         readings: dict[tuple[int, str], _GpuReadings] = {}
         bad = blank = other_node = other_gpus = unknown = 0
+        own = self._own_host(exposition)
+        self._host_note = (
+            None
+            if own is None or own == self.hostname
+            else (
+                f"dcgm-exporter names its host {own!r}, not this node {self.hostname!r} (an exporter in a pod of its "
+                f"own reports its pod's name): its series are read as this node's; set "
+                f"MESHSCOPE_SIDECAR_DCGM_HOSTNAME={own} to say so, or '*' to keep every host"
+            )
+        )
         for sample in exposition.samples:
             field_id = _FIELD_BY_NAME.get(sample.name)
+            if field_id is None:
+                field_id = _FIELD_BY_NAME.get(sample.name.upper())
             labels = sample.labels
             if field_id is None or any(name in labels for name in _ENTITY_LABELS):
                 unknown += 1
                 continue
             host = labels.get("hostname", labels.get("Hostname"))
-            if self.hostname is not None and host is not None and not _hostname_matches(host, self.hostname):
+            if own is not None and host is not None and not _hostname_matches(host, own):
                 other_node += 1
                 continue
             gpu_text = labels.get("gpu", "")
