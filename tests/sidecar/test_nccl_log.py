@@ -431,6 +431,51 @@ def test_interleaved_line_is_split_where_the_second_prefix_starts():
     assert [e.comm for e in both] == [0xAAA, 0xBBB]
 
 
+def test_a_line_of_many_markers_without_prefixes_is_one_error_and_the_parts_around_them_still_read():
+    # Thousands of bare markers on one line (a binary dump, a looping print) gave one Malformed each, thousands
+    # of parse errors from one line, and were read in time quadratic in their number (a 64 KiB line: 0.2 s).
+    bare = " NCCL INFO " * 5000
+    assert parse_line(bare) == (Malformed(kind="prefix", reason="no host:pid:tid [dev] before NCCL INFO"),)
+    other = "node-0:4102:4102 [1] NCCL INFO "
+    events = parse_line(P + coll(comm="0xaaa") + bare + " " + other + coll(comm="0xbbb"))
+    # the first line runs into the markers (cut: no longer read), then the one error, then the second line
+    assert [type(e).__name__ for e in events] == ["Fragment", "Malformed", "Collective"]
+    assert events[-1].comm == 0xBBB
+
+
+def test_old_rccls_timestamp_after_the_device_is_part_of_the_prefix():
+    # RCCL of 2019 wrote a µs timestamp between "[dev]" and the marker: every such line was a Malformed prefix
+    line = (
+        "rocm-framework-3:24888:25056 [1] 1558545003174220 NCCL INFO AllReduce: opCount 1 sendbuff 0x7f80b54bad00 "
+        "recvbuff 0x7f81cce12200 count 1001 datatype 7 op 0 root 0 comm 0x7f80467b9770 [nranks=2] stream 0x7f804680c090"
+    )
+    (event,) = parse_line(line)
+    assert (event.host, event.pid, event.tid, event.element_count, event.comm) == (
+        "rocm-framework-3",
+        24888,
+        25056,
+        1001,
+        0x7F80467B9770,
+    )
+    assert event.message_bytes == 1001 * 4  # datatype 7: float32
+    # digits not after "] " are no timestamp
+    assert parse_line(line.replace("[1] 1558", "[1]x1558")) == (
+        Malformed(kind="prefix", reason="no host:pid:tid [dev] before NCCL INFO"),
+    )
+
+
+def test_colours_and_host_names_outside_ascii_are_read():
+    # A colour reset glued to the stream pointer made the whole line Malformed; a host "nöde-1" read as "de-1",
+    # which no rank's host matched.
+    (event,) = parse_line("\x1b[32m" + P + coll(comm="0xaaa") + "\x1b[0m")
+    assert event.comm == 0xAAA
+    (event,) = parse_line(("nöde-1:77:77 [0] NCCL INFO " + coll(comm="0xbbb")).encode())
+    assert (event.host, event.pid, event.comm) == ("nöde-1", 77, 0xBBB)
+    # two lines on one, the second's host outside ascii: the first part ends where that host's bytes begin
+    both = parse_line((P + coll(comm="0xaaa") + " nöde-1:77:77 [0] NCCL INFO " + coll(comm="0xbbb")).encode())
+    assert [(e.host, e.comm) for e in both] == [(P.split(":")[0], 0xAAA), ("nöde-1", 0xBBB)]
+
+
 def test_cut_and_orphan_and_malformed_lines():
     full = P + coll()
     assert parse_line(full[: full.index(" count ")]) == (Fragment(reason="cut"),)

@@ -337,8 +337,12 @@ NcclEvent = Collective | InitLine | CommShape | InitTimings | MnnvlFabric | Mnnv
 # ----------------------------------------------------------------------------------------------------- parsing
 
 _NOTHING: Final[tuple[NcclEvent, ...]] = ()
-_HOST_CHARS: Final = b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_"
-_HOST_TAIL: Final = re.compile(rb"[A-Za-z0-9_-]+\Z")
+_HOST_CHARS: Final = b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_" + bytes(range(0x80, 0x100))
+"""What a host name NCCL prints (``gethostname()``) is made of: a name outside RFC 1123's letters (``nöde-1``, in
+UTF-8) is read whole, not cut to its ASCII tail."""
+_HOST_TAIL: Final = re.compile(rb"[A-Za-z0-9_\x80-\xff-]+\Z")
+_ANSI: Final = re.compile(rb"\x1b\[[0-9;?]*[ -/]*[@-~]")
+"""A terminal escape sequence (CSI: colours, cursor moves), as Ray and colouring log shippers wrap lines in."""
 _COLL_WORDS: Final = [b"opCount", b"sendbuff", b"recvbuff", b"count", b"datatype", b"op", b"root", b"comm"]
 _RCCL_WORDS: Final = [b"task", b"globalrank"]
 _NIL: Final = b"(nil)"
@@ -363,10 +367,27 @@ class _Prefix(NamedTuple):
     tid: int
 
 
-def _prefix(line: bytes, marker: int, lo: int, hosts: frozenset[str]) -> _Prefix | None:
-    """NCCL's ``host:pid:tid [dev]`` ending at ``marker``, not starting before ``lo``; ``None`` if absent."""
-    if line[marker - 1 : marker] != b"]":
+def _before_timestamp(line: bytes, marker: int, lo: int) -> int | None:
+    """Where ``host:pid:tid [dev]`` ends when a timestamp of digits stands between it and ``marker`` (old RCCL)."""
+    digits = marker
+    while digits > lo and 0x30 <= line[digits - 1] <= 0x39:
+        digits -= 1
+    if digits == marker or line[digits - 2 : digits] != b"] ":
         return None
+    return digits - 1
+
+
+def _prefix(line: bytes, marker: int, lo: int, hosts: frozenset[str]) -> _Prefix | None:
+    """NCCL's ``host:pid:tid [dev]`` ending at ``marker``, not starting before ``lo``; ``None`` if absent.
+
+    Old RCCL releases wrote a timestamp in µs between the device and the marker (``host:pid:tid [1] 1558545003174220
+    NCCL INFO AllReduce: ...``, as ROCm's rocm-timeline-generator reads them): the prefix then ends before it.
+    """
+    if line[marker - 1 : marker] != b"]":
+        before = _before_timestamp(line, marker, lo)
+        if before is None:
+            return None
+        marker = before
     bracket = line.rfind(b" [", lo, marker)
     if bracket < 0 or not line[bracket + 2 : marker - 1].isdigit():
         return None
@@ -377,19 +398,28 @@ def _prefix(line: bytes, marker: int, lo: int, hosts: frozenset[str]) -> _Prefix
     host_raw, pid, tid = parts
     if not (pid.isdigit() and tid.isdigit()):
         return None
-    host_b = host_raw.rpartition(b":")[2]  # mpirun's "[1,0]<stdout>:" and torchrun's "[default0]:" end in ':'
+    named = _host(host_raw, hosts)
+    if named is None:
+        return None
+    host, host_bytes = named
+    return _Prefix(bracket - host_bytes - len(pid) - len(tid) - 2, host, int(pid), int(tid))
+
+
+def _host(raw: bytes, hosts: frozenset[str]) -> tuple[str, int] | None:
+    """The host name that ends ``raw`` (the text before ``:pid:tid``) and its length in bytes; ``None`` if none."""
+    host_b = raw.rpartition(b":")[2]  # mpirun's "[1,0]<stdout>:" and torchrun's "[default0]:" end in ':'
     if host_b.translate(None, _HOST_CHARS):
         tail = _HOST_TAIL.search(host_b)
         host_b = tail.group() if tail else b""
     if not host_b:
         return None
-    host = host_b.decode("ascii")
+    host = host_b.decode("utf-8", "replace")
     if hosts and host not in hosts:  # glued to the cut line before it: take the known host it ends with
         for known in hosts:
-            if host.endswith(known):
-                host = known
-                break
-    return _Prefix(bracket - len(host) - len(pid) - len(tid) - 2, host, int(pid), int(tid))
+            known_b = known.encode("utf-8", "surrogateescape")
+            if host_b.endswith(known_b):
+                return known, len(known_b)
+    return host, len(host_b)
 
 
 def parse_line(line: bytes | str, hosts: frozenset[str] = frozenset()) -> tuple[NcclEvent, ...]:
@@ -413,11 +443,17 @@ def parse_line(line: bytes | str, hosts: frozenset[str] = frozenset()) -> tuple[
         return (Malformed(kind="line", reason=f"{type(exc).__name__}: {str(exc)[:80]}"),)
 
 
-def _parse(line: bytes | str, hosts: frozenset[str]) -> tuple[NcclEvent, ...]:
-    """:func:`parse_line` without its safety net."""
+def _cleaned(line: bytes | str) -> bytes:
+    """The line as bytes, without its newline and terminal escapes (an escape glued to the last token broke it)."""
     if isinstance(line, str):
         line = line.encode("utf-8", "surrogateescape")
     line = line.rstrip(b"\r\n")
+    return _ANSI.sub(b"", line) if b"\x1b[" in line else line
+
+
+def _parse(line: bytes | str, hosts: frozenset[str]) -> tuple[NcclEvent, ...]:
+    """:func:`parse_line` without its safety net."""
+    line = _cleaned(line)
     first = line.find(MARKER)
     if first < 0:
         for mark in _ORPHAN_MARKS:
@@ -456,18 +492,17 @@ def _split(line: bytes, first: int, hosts: frozenset[str]) -> tuple[NcclEvent, .
         p = _prefix(line, m, lo, hosts)
         prefixes.append((m, p))
         lo = m + 11
+    ends = _part_ends(line, prefixes)
     events: list[NcclEvent] = []
+    unreadable = False
     for i, (m, p) in enumerate(prefixes):
-        end = len(line)
-        for m2, p2 in prefixes[i + 1 :]:
-            if p2 is not None:
-                end = p2.start
-                break
-            end = m2
+        end = ends[i]
         while end > m + 11 and line[end - 1] == 0x20:  # the space before the next prefix
             end -= 1
         if p is None:
-            events.append(Malformed(kind="prefix", reason="no host:pid:tid [dev] before NCCL INFO"))
+            if not unreadable:  # one per line: a garbage line of many markers is one error, not thousands
+                events.append(Malformed(kind="prefix", reason="no host:pid:tid [dev] before NCCL INFO"))
+                unreadable = True
             continue
         event = _message(line, p, m + 11, end)
         if i < len(prefixes) - 1 and (event is None or isinstance(event, Malformed | Fragment)):
@@ -475,6 +510,23 @@ def _split(line: bytes, first: int, hosts: frozenset[str]) -> tuple[NcclEvent, .
         elif event is not None:
             events.append(event)
     return tuple(events)
+
+
+def _part_ends(line: bytes, prefixes: list[tuple[int, _Prefix | None]]) -> list[int]:
+    """Where each part of a line with several markers ends.
+
+    At the start of the next readable prefix (past markers without one), else at the last marker; the last part at
+    the line's end. Found from the right in one pass: a line of thousands of bare markers took seconds, quadratically.
+    """
+    last = len(prefixes) - 1
+    ends = [len(line)] * len(prefixes)
+    following: int | None = None  # where the first readable prefix after the current part starts
+    for i in range(last - 1, -1, -1):
+        p_next = prefixes[i + 1][1]
+        if p_next is not None:
+            following = p_next.start
+        ends[i] = following if following is not None else prefixes[last][0]
+    return ends
 
 
 def _message(line: bytes, p: _Prefix, start: int, end: int) -> NcclEvent | None:  # noqa: PLR0911 - one per shape
