@@ -170,6 +170,33 @@ def test_p2p_transfer_is_bytes_over_bandwidth_and_the_rest_is_bubble():
     assert "--spec FILE" in note.message  # what a user of meshscope run or analyze can do about it
 
 
+def send(s: int, e: int, *, size: int | None = None, peer: int = 0) -> Interval:
+    return Interval(kind="p2p", start_us=s, end_us=e, axis="pp", op="send", peer=peer, size_bytes=size)
+
+
+def test_without_a_bandwidth_a_p2p_transfer_is_measured_against_its_other_end():
+    # Stage 1 (rank 1) computes 0-10 ms and sends 10-12 ms; stage 0 (rank 0) posted its receive at 2 ms, which
+    # completes at 12 ms: 8 ms waiting for the other stage (bubble), 2 ms moving bytes (transfer), on both ends.
+    # Step 1: the receive is posted at 15 ms, after the send (10-11 ms, handed off eagerly) ended: the send waited
+    # for no one (1 ms of transfer), the receive copies 15-16 ms (transfer). Before: all of it bubble, and noted.
+    r0 = [
+        rec(0, [recv(2 * MS, 12 * MS, size=10**6)], end=12 * MS),
+        rec(0, [recv(15 * MS, 16 * MS)], end=16 * MS, step=1),
+    ]
+    r1 = [
+        rec(1, [compute(0, 10 * MS), send(10 * MS, 12 * MS, size=10**6)], end=12 * MS),
+        rec(1, [compute(0, 10 * MS), send(10 * MS, 11 * MS)], end=16 * MS, step=1),
+    ]
+    b = break_down(RecordTable.from_records([*r0, *r1]), align_clocks=False)
+    got = rows(b)
+    assert (got[0, 0][BUBBLE], got[0, 0][PP_XFER]) == (8 * MS, 2 * MS)
+    assert (got[1, 0][BUBBLE], got[1, 0][PP_XFER], got[1, 0][COMPUTE]) == (0, 2 * MS, 10 * MS)
+    assert (got[0, 1][BUBBLE], got[0, 1][PP_XFER]) == (0, 1 * MS)
+    assert (got[1, 1][BUBBLE], got[1, 1][PP_XFER]) == (0, 1 * MS)
+    assert not [n for n in b.notes if n.code == "p2p_without_bandwidth"]
+    assert_sums_exact(b)
+
+
 def test_p2p_bandwidth_by_link_and_per_interval_array():
     # Rank 0 receives from rank 1 (same NVLink domain: 100 B/µs) and from rank 2 (other domain: 10 B/µs).
     r0 = rec(0, [recv(0, 100, size=1000, peer=1), recv(100, 300, size=1000, peer=2)], end=300, nvlink_domain="a")

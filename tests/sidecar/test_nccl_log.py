@@ -473,7 +473,7 @@ def test_colours_and_host_names_outside_ascii_are_read():
     assert (event.host, event.pid, event.comm) == ("nöde-1", 77, 0xBBB)
     # two lines on one, the second's host outside ascii: the first part ends where that host's bytes begin
     both = parse_line((P + coll(comm="0xaaa") + " nöde-1:77:77 [0] NCCL INFO " + coll(comm="0xbbb")).encode())
-    assert [(e.host, e.comm) for e in both] == [(P.split(":")[0], 0xAAA), ("nöde-1", 0xBBB)]
+    assert [(e.host, e.comm) for e in both] == [(P.split(":", maxsplit=1)[0], 0xAAA), ("nöde-1", 0xBBB)]
 
 
 def test_cut_and_orphan_and_malformed_lines():

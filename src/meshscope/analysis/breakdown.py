@@ -12,7 +12,8 @@ How the time is split (per elementary segment of a rank's step, where the set of
 2. else, if communication runs, the segment is shared **equally between the channels that run**: one channel per
    axis for collectives (plus p2p of axes other than pp), and one channel for pipeline p2p. A collective channel's
    share is **transfer** if any of its collectives is past its last member's arrival, else **sync wait**; the p2p
-   channel's share is transfer during the last ``bytes / bandwidth`` of a p2p interval, else **bubble**;
+   channel's share is transfer during the last ``bytes / bandwidth`` of a p2p interval (without a bandwidth: from
+   when both its ends were posted, measured against the other end's record), else **bubble**;
 3. else **optimizer**, then **checkpoint**, then **data** (this precedence settles overlaps between them);
 4. else **other**.
 
@@ -554,26 +555,24 @@ def _join_notes(
 
 
 def _p2p_transfer_us(
-    table: RecordTable, idx: NDArray[np.intp], bandwidth: P2PBandwidth, notes: list[Note]
+    table: RecordTable,
+    idx: NDArray[np.intp],
+    bandwidth: P2PBandwidth,
+    notes: list[Note],
+    *,
+    clock: ClockOffsets | None = None,
 ) -> NDArray[np.int64]:
-    """Transfer time of each pp p2p interval in ``idx``: bytes / bandwidth, rounded to whole µs."""
+    """Transfer time of each pp p2p interval in ``idx``: bytes / bandwidth, rounded to whole µs.
+
+    Without a bandwidth, measured where both ends are recorded (:func:`_p2p_measured_us`); the rest counts as bubble,
+    noted.
+    """
     iv = table.intervals
     size = iv.size_bytes[idx]
     if idx.size == 0:
         return np.zeros(0, dtype=np.int64)
     if bandwidth is None:
-        notes.append(
-            Note(
-                code="p2p_without_bandwidth",
-                count=int(idx.size),
-                message=(
-                    f"{idx.size} pipeline p2p intervals and no p2p bandwidth given: their exposed time is all "
-                    "counted as bubble (a spec gives the link rate that splits off the transfer: --spec FILE, or a "
-                    "script that describes its job; in the API, p2p_bandwidth_bytes_per_s)"
-                ),
-            )
-        )
-        return np.zeros(idx.size, dtype=np.int64)
+        return _p2p_unrated(table, idx, clock, notes)
     rank = table.steps.rank[iv.row[idx]]
     peer = iv.peer[idx]
     bw: NDArray[np.float64]
@@ -616,6 +615,74 @@ def _p2p_transfer_us(
             )
         )
     return np.where(missing, 0, np.rint(np.maximum(size, 0) / bw * 1e6)).astype(np.int64)
+
+
+def _p2p_unrated(
+    table: RecordTable, idx: NDArray[np.intp], clock: ClockOffsets | None, notes: list[Note]
+) -> NDArray[np.int64]:
+    """Transfers without a link rate: measured where both ends are recorded, else none (noted)."""
+    if clock is None:
+        measured, paired = np.zeros(idx.size, dtype=np.int64), np.zeros(idx.size, dtype=np.bool_)
+    else:
+        measured, paired = _p2p_measured_us(table, idx, clock)
+    alone = int(np.count_nonzero(~paired))
+    if alone:
+        notes.append(
+            Note(
+                code="p2p_without_bandwidth",
+                count=alone,
+                message=(
+                    f"{alone} pipeline p2p intervals whose other end is not in the records, and no p2p bandwidth "
+                    "given: their exposed time is all counted as bubble (a spec gives the link rate that splits "
+                    "off the transfer: --spec FILE, or a script that describes its job; in the API, "
+                    "p2p_bandwidth_bytes_per_s)"
+                ),
+            )
+        )
+    return measured
+
+
+def _p2p_measured_us(
+    table: RecordTable, idx: NDArray[np.intp], clock: ClockOffsets
+) -> tuple[NDArray[np.int64], NDArray[np.bool_]]:
+    """Each pp p2p interval's transfer as measured against its other end, and whether that end is in the records.
+
+    The k-th send from rank A to rank B in a step is received by B's k-th receive from A in that step. Bytes can move
+    only once both are posted: an end's transfer is from the later of the two posts to its own completion (on clocks
+    aligned across nodes), at most its own length; before that it waits for the other stage (bubble). An end that
+    completed before the other was posted (a send handed off eagerly) is transfer whole. Where no spec
+    gives the link rate, this splits what a rate would; before, the whole exposed time was bubble and the pp rows
+    were partial data.
+    """
+    iv, st = table.intervals, table.steps
+    rows = iv.row[idx]
+    offset = clock.offset_us[st.node[rows]]
+    start = iv.start_us[idx] - offset
+    end = iv.end_us[idx] - offset
+    rank, peer = st.rank[rows].astype(np.int64), iv.peer[idx].astype(np.int64)
+    sends = iv.op[idx] == OP_CODE["send"]
+    src, dst = np.where(sends, rank, peer), np.where(sends, peer, rank)
+    step = st.step[rows].astype(np.int64)
+    # each end's place among the ends of its kind (send or receive) of one (src, dst, step), in time order
+    order = np.lexsort((start, sends, step, dst, src))
+    key = np.stack((src[order], dst[order], step[order], sends[order].astype(np.int64)))
+    first = np.concatenate(([True], (key[:, 1:] != key[:, :-1]).any(axis=0)))
+    run_start = np.maximum.accumulate(np.where(first, np.arange(order.size), 0))
+    place = np.empty(idx.size, dtype=np.int64)
+    place[order] = np.arange(order.size) - run_start
+    # pair a receive with the send of the same (src, dst, step, place)
+    order = np.lexsort((sends, place, step, dst, src))
+    k = np.stack((src[order], dst[order], step[order], place[order]))
+    same = (k[:, 1:] == k[:, :-1]).all(axis=0) & (sends[order][1:] != sends[order][:-1]) & (peer[order][1:] >= 0)
+    a, b = order[:-1][same], order[1:][same]
+    paired = np.zeros(idx.size, dtype=np.bool_)
+    paired[a] = paired[b] = True
+    measured = np.zeros(idx.size, dtype=np.int64)
+    for mine, other in ((a, b), (b, a)):
+        # an end that completed before the other was posted (a send handed off eagerly) waited for no one
+        began = np.where(start[other] < end[mine], np.maximum(start[mine], start[other]), start[mine])
+        measured[mine] = np.clip(end[mine] - began, 0, end[mine] - start[mine])
+    return measured, paired
 
 
 def _bandwidth_by_link(
@@ -665,7 +732,9 @@ def break_down(
     Args:
         table: the records.
         p2p_bandwidth_bytes_per_s: how fast pipeline activations move (see :data:`P2PBandwidth`); the last
-            ``bytes / bandwidth`` of an exposed pp p2p interval is transfer, the rest is bubble.
+            ``bytes / bandwidth`` of an exposed pp p2p interval is transfer, the rest is bubble. ``None``: each
+            interval's transfer is measured from when both its ends were posted (:func:`_p2p_measured_us`); an
+            interval whose other end is not in the records is bubble whole (noted).
         align_clocks: estimate per-node clock offsets from collective completions and apply them before the join
             (:func:`estimate_clock_offsets`). Turn off only for data from one host clock.
         progress: told of the phases "aligning clocks", "joining collectives" and "breaking down" (each runs
@@ -696,7 +765,7 @@ def break_down(
         joined = _join(table, ins, clock, notes)
     with progress.phase(f"breaking down {n:,} rank-steps ({table.n_intervals:,} intervals)"):
         events, waits = _events(
-            table, base=base, ins=ins, joined=joined, bandwidth=p2p_bandwidth_bytes_per_s, notes=notes
+            table, base=base, ins=ins, joined=joined, bandwidth=p2p_bandwidth_bytes_per_s, clock=clock, notes=notes
         )
         ticks, wait_attr = _sweep(events, base=base, n=n, waits=waits, n_comm=ins.idx.size)
     with progress.phase("following chains of waits"):
@@ -752,6 +821,7 @@ def _events(
     ins: _Instances,
     joined: _Joined,
     bandwidth: P2PBandwidth,
+    clock: ClockOffsets,
     notes: list[Note],
 ) -> tuple[NDArray[np.int64], list[_Waits]]:
     """Cut every interval into pieces of one sweep subkind and pack their boundaries into one event array.
@@ -786,7 +856,7 @@ def _events(
     # P2p: pp -> bubble, then transfer during the last bytes/bandwidth before the real end; other axes -> transfer.
     p2p = iv.kind == P2P_CODE
     pp = np.flatnonzero(p2p & (iv.axis == _PP))
-    transfer = _p2p_transfer_us(table, pp, bandwidth, notes)
+    transfer = _p2p_transfer_us(table, pp, bandwidth, notes, clock=clock)
     row_offset = (base[:-1] - s.start_us)[iv.row[pp]]
     p2p_split = np.clip(iv.end_us[pp] + row_offset - transfer, gs[pp], ge[pp])
     groups.extend(_nonempty(gs[pp], p2p_split, _SK_BUBBLE))
