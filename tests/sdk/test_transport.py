@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
+import stat
 import zlib
-from typing import TYPE_CHECKING
+from pathlib import Path
 
 import pytest
 
@@ -20,9 +22,6 @@ from meshscope.sdk.transport import (
     parse_address,
 )
 from runs import socket_path
-
-if TYPE_CHECKING:
-    from pathlib import Path
 
 
 def test_small_messages_are_plain_json_and_large_ones_compressed() -> None:
@@ -194,3 +193,33 @@ def test_the_rank_each_process_claims_is_its_latest_hello_and_the_memory_of_them
         collector.stop()
     assert len(collector.rank_of_pid) == transport.MAX_PIDS
     assert 10 not in collector.rank_of_pid  # the oldest went first
+
+
+def test_a_rank_running_as_another_user_than_the_collector_can_send(tmp_path: Path) -> None:
+    # The sidecar runs as uid 65532 and binds its sockets with the mode bind() leaves (0755): a training container
+    # running as any other user was refused every datagram (EACCES), which the SDK only counted as drops.
+    sock = socket_path("u", tmp_path)
+    out = tmp_path / "records.jsonl"
+    tmp_path.chmod(0o755)
+    collector = RecordCollector([sock], out)
+    try:
+        assert stat.S_IMODE(Path(sock).stat().st_mode) == 0o666
+        if os.geteuid() == 0:  # where the test may change user: a real send from another one
+            pid = os.fork()
+            if pid == 0:
+                code = 1
+                try:
+                    os.setgid(65534)
+                    os.setuid(65534)
+                    sender = RecordSender(f"unix:{sock}")
+                    sent = sender.send({"schema": "meshscope.step/1", "rank": 7, "step": 0, "start_us": 1, "end_us": 2})
+                    code = 0 if sent else 2
+                finally:
+                    os._exit(code)
+            _, status = os.waitpid(pid, 0)
+            assert os.waitstatus_to_exitcode(status) == 0
+            collector.start()
+    finally:
+        collector.stop()
+    if os.geteuid() == 0:
+        assert [json.loads(line)["rank"] for line in out.read_text().splitlines()] == [7]

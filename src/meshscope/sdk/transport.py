@@ -185,6 +185,14 @@ class RecordSender:
             self.dropped += 1
             if exc.errno == errno.EMSGSIZE:
                 self.oversize += 1
+            elif exc.errno in {errno.EACCES, errno.EPERM} and not self.last_error:
+                log.warning(
+                    "meshscope: the collector's socket %s refuses this process (%s): its records are dropped; a "
+                    "collector of meshscope 0.1.0 or later (meshscope run, the sidecar) lets any user of the pod "
+                    "send: upgrade it, or run the training process as the collector's user",
+                    self._target,
+                    exc.strerror or exc,
+                )
             self.last_error = f"{type(exc).__name__}: {exc.strerror or exc}"
             return False
         self.sent += 1
@@ -363,6 +371,10 @@ def _tally_control(tally: RankTally, msg: dict[str, Any]) -> None:
         tally.measurements = measured
 
 
+SOCKET_MODE = 0o666
+"""The mode of a bound socket file: any user of the pod may send (the ranks' user need not be the collector's)."""
+
+
 def _bind(address: str | bytes | Path) -> socket.socket:
     """A non-blocking ``SOCK_DGRAM`` socket bound at a filesystem path (replacing a stale one) or an abstract name."""
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
@@ -375,6 +387,10 @@ def _bind(address: str | bytes | Path) -> socket.socket:
             with contextlib.suppress(FileNotFoundError):
                 Path(address).unlink()
             sock.bind(str(address))
+            # Sending to a datagram socket needs write permission on its file, which bind() leaves at 0777 & ~umask
+            # (0755): a training container running as another user than the sidecar's (uid 65532) was refused every
+            # datagram (EACCES), counted as drops and nothing else. The socket lives in the pod's own volume.
+            Path(address).chmod(SOCKET_MODE)
         sock.setblocking(False)  # noqa: FBT003 - the socket API
     except OSError:
         sock.close()
