@@ -191,7 +191,7 @@ def test_the_validators_catch_a_broken_object() -> None:
     unknown["spec"]["template"]["spec"]["containers"][0]["securityContxt"] = {}
     with pytest.raises(kubernetes_validate.ValidationError):
         kubernetes_validate.validate(unknown, KUBE_VERSION, strict=True)
-    monitor = yaml.safe_load(yaml.safe_dump(render().one("PodMonitor")))
+    monitor = yaml.safe_load(yaml.safe_dump(render(MONITORING).one("PodMonitor")))
     monitor["spec"]["podMetricsEndpoints"][0]["honourLabels"] = True
     assert list(_validator("PodMonitor").iter_errors(monitor))
 
@@ -257,7 +257,7 @@ def test_crds_disabled_renders_no_crd() -> None:
 
 def test_the_prometheus_rule_holds_the_recording_rules_unchanged() -> None:
     rules = yaml.safe_load((ROOT / "sidecar" / "monitoring" / "recording-rules.yaml").read_text())
-    rule = render().one("PrometheusRule")
+    rule = render(MONITORING).one("PrometheusRule")
     assert rule["spec"]["groups"] == rules["groups"]
     assert sum(len(g["rules"]) for g in rule["spec"]["groups"]) == sum(len(g["rules"]) for g in rules["groups"]) > 0
 
@@ -278,7 +278,7 @@ def test_the_pod_monitor_scrapes_the_injected_sidecars_port() -> None:
         InjectionTarget(job="j", layout="dp=8,tp=1,pp=1,cp=1,ep=1", gpus_per_node=8), OperatorSettings()
     )
     (port,) = sidecar["ports"]  # type: ignore[misc]
-    monitor = render().one("PodMonitor")
+    monitor = render(MONITORING).one("PodMonitor")
     assert monitor["spec"]["selector"] == {"matchExpressions": [{"key": LABEL, "operator": "Exists"}]}
     (endpoint,) = monitor["spec"]["podMetricsEndpoints"]
     assert endpoint["port"] == port["name"]
@@ -302,6 +302,21 @@ def test_the_dashboard_config_map_holds_the_dashboard_for_grafanas_sidecar() -> 
     assert custom["metadata"]["labels"]["grafana_dashboard"] == "meshscope"
     assert custom["metadata"]["annotations"] == {"grafana_folder": "Training"}
     assert custom["metadata"]["namespace"] == "monitoring"
+
+
+MONITORING = {"monitoring": {"prometheusRule": {"enabled": True}, "podMonitor": {"enabled": True}}}
+"""The Prometheus Operator's objects, on: they are off by default."""
+
+
+def test_the_default_install_needs_no_crd_but_its_own() -> None:
+    # On a cluster without the Prometheus Operator, `helm install` failed on the PodMonitor and the PrometheusRule
+    # ("no matches for kind"): they are opt-in, and NOTES says how to turn them on.
+    rendered = render()
+    assert not {o["kind"] for o in rendered.objects} & {"PrometheusRule", "PodMonitor"}
+    assert {o["apiVersion"].split("/")[0] for o in rendered.objects if "/" in o["apiVersion"]} <= {
+        "apps", "policy", "rbac.authorization.k8s.io", "admissionregistration.k8s.io", "apiextensions.k8s.io"
+    }  # fmt: skip
+    assert "monitoring.podMonitor.enabled=true" in rendered.notes
 
 
 def test_monitoring_disabled_renders_none_of_it() -> None:

@@ -105,6 +105,11 @@ watched, and into a Role in each watched namespace otherwise.
 - apiGroups: [meshscope.io]
   resources: [trainingjobs/status]
   verbs: [patch]
+# The Job, Service and ConfigMaps made for a TrainingJob name it as their owner with blockOwnerDeletion, which the
+# OwnerReferencesPermissionEnforcement admission plugin (on in OpenShift) allows only to who may update its finalizers.
+- apiGroups: [meshscope.io]
+  resources: [trainingjobs/finalizers]
+  verbs: [update]
 # kopf posts Events for warnings and errors; reconcile posts one for each new finding.
 - apiGroups: [""]
   resources: [events]
