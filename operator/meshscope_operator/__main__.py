@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import secrets
 import sys
 from dataclasses import fields
 from typing import TYPE_CHECKING, Any
@@ -22,6 +23,8 @@ if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
 
 EXIT_USAGE = 2
+PRIORITY_RANGE = 1 << 30
+"""A peered replica's kopf priority is drawn from 1 .. this: two replicas tie once in ~10^9 starts."""
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -72,6 +75,9 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
         registry=registry,
         standalone=not settings.peering,
         peering_name=settings.peering or None,
+        # kopf pauses every operator that sees a live peer of its own priority: replicas left at the default (0)
+        # all paused, and no TrainingJob was handled. Each process draws its own; the highest handles them.
+        priority=secrets.randbelow(PRIORITY_RANGE) + 1 if settings.peering else 0,
         clusterwide=not settings.namespaces,
         namespaces=settings.namespaces,
         liveness_endpoint=liveness,

@@ -8,15 +8,19 @@
   TrainingJobs while the operator is down.
 - ``sidecar.meshscope.io`` (mutating, CREATE of Pods labelled ``meshscope.io/trainingjob``):
   :func:`~meshscope_operator.injection.injection_for` builds the JSON patch from the operator's index of
-  TrainingJobs (no API call while the API server waits). It **fails open**: whatever goes wrong, the pod is
-  admitted as it is, with a warning, and its configuration has ``failurePolicy: Ignore`` (``ignore_failures``), so
-  pods are created while the operator is down. Training is never blocked by meshscope.
+  TrainingJobs. It **fails open**: whatever goes wrong, the pod is admitted as it is, with a warning, and its
+  configuration has ``failurePolicy: Ignore`` (``ignore_failures``), so pods are created while the operator is down.
+  Training is never blocked by meshscope.
 
-It must not hold logic beyond that translation, and must not call the Kubernetes API.
+It must not hold logic beyond that translation. The one API call: a pod whose TrainingJob the index does not hold
+reads it from the API (:func:`live_target`, bounded by :data:`LIVE_LOOKUP_TIMEOUT_S`). A standby replica of a peered
+operator serves the webhooks while kopf keeps its watches paused, so its index is empty: before, the pods it admitted
+ran without the sidecar.
 """
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import logging
 from collections.abc import Mapping
@@ -25,7 +29,8 @@ from typing import TYPE_CHECKING, Any
 import jsonpatch
 import kopf
 
-from meshscope_operator.injection import LABEL, InjectionTarget, injection_for
+from meshscope_operator.injection import LABEL, InjectionTarget, injection_for, target_from_body
+from meshscope_operator.kubeapi import ApiError, KubeApi
 from meshscope_operator.reviews import review_training_job
 from meshscope_operator.spec import GROUP, PLURAL, VERSION
 
@@ -45,6 +50,9 @@ FAILED_OPEN = (
     "the pod runs without it"
 )
 
+LIVE_LOOKUP_TIMEOUT_S = 2.0
+"""At most this long for reading a TrainingJob the index does not hold (the API server waits on the webhook)."""
+
 _log = logging.getLogger(__name__)
 
 
@@ -59,8 +67,30 @@ def lookup_target(index: object, namespace: str, name: str) -> InjectionTarget |
     return None
 
 
+async def live_target(api: KubeApi, namespace: str, name: str) -> InjectionTarget | str | None:
+    """The TrainingJob ``namespace/name`` read from the API: its target, the loader's message, ``None`` if none.
+
+    ``None`` too where the API does not answer within :data:`LIVE_LOOKUP_TIMEOUT_S` (logged): the pod then runs
+    without the sidecar, as the webhook fails open.
+    """
+    if not (namespace and name):
+        return None
+    path = f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/{PLURAL}/{name}"
+    try:
+        body = await asyncio.wait_for(api.get(path), LIVE_LOOKUP_TIMEOUT_S)
+    except (ApiError, TimeoutError) as exc:
+        _log.warning("pod webhook: TrainingJob %s/%s not read from the API: %s", namespace, name, exc)
+        return None
+    return None if body is None else target_from_body(body)
+
+
 def register_admission(registry: kopf.OperatorRegistry, settings: OperatorSettings) -> None:
     """Add both webhooks to ``registry``, bound to ``settings``."""
+    api = KubeApi(settings.api_server)
+
+    @kopf.on.cleanup(registry=registry)
+    async def close_admission_api(**_: object) -> None:
+        await api.close()
 
     @kopf.on.validate(GROUP, VERSION, PLURAL, id=VALIDATE_ID, operations={"CREATE", "UPDATE"}, registry=registry)
     def validate_training_job(body: kopf.Body, warnings: list[str], **kwargs: Any) -> None:  # noqa: ANN401 - kopf's kwargs
@@ -84,11 +114,14 @@ def register_admission(registry: kopf.OperatorRegistry, settings: OperatorSettin
         ignore_failures=True,
         registry=registry,
     )
-    def inject_sidecar(body: kopf.Body, patch: kopf.Patch, warnings: list[str], **kwargs: Any) -> None:  # noqa: ANN401 - kopf's kwargs
+    async def inject_sidecar(body: kopf.Body, patch: kopf.Patch, warnings: list[str], **kwargs: Any) -> None:  # noqa: ANN401 - kopf's kwargs
         try:
             meta = body.get("metadata") or {}
             labels = meta.get("labels") or {}
-            found = lookup_target(kwargs.get(INDEX_ID), str(meta.get("namespace", "")), str(labels.get(LABEL, "")))
+            namespace, name = str(meta.get("namespace", "")), str(labels.get(LABEL, ""))
+            found = lookup_target(kwargs.get(INDEX_ID), namespace, name)
+            if found is None:  # a standby replica's index is empty; or the job is new, or there is none
+                found = await live_target(api, namespace, name)
             injection = injection_for(body, found, settings)
             ops = [dict(op) for op in injection.patch]
             if ops:

@@ -9,6 +9,7 @@ invalid or has monitoring off get none, and a warning where there is something t
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import copy
 import json
@@ -19,6 +20,9 @@ import pytest
 import yaml
 
 from meshscope import cli
+from meshscope_operator.admission import live_target
+from meshscope_operator.injection import InjectionTarget, injection_for
+from meshscope_operator.kubeapi import KubeApi
 from operator_serving import NAMESPACE, ROOT, labelled_pod, load_example, training_job
 
 if TYPE_CHECKING:
@@ -284,6 +288,24 @@ def test_pod_of_a_missing_trainingjob_runs_without_sidecar_and_a_warning(served)
             "pod 'worker-0' runs without the meshscope sidecar"
         )
     ]
+
+
+def test_a_trainingjob_the_index_does_not_hold_is_read_from_the_api(served) -> None:
+    # A standby replica of a peered operator serves the webhooks while kopf keeps its watches paused: its index is
+    # empty, and every pod it admitted ran without the sidecar. The webhook now reads such a TrainingJob.
+    async def read() -> tuple[object, object]:
+        api = KubeApi(served.api_url)
+        try:
+            return await live_target(api, NAMESPACE, "llama3-70b-h100"), await live_target(api, NAMESPACE, "nope")
+        finally:
+            await api.close()
+
+    found, missing = asyncio.run(read())
+    assert missing is None
+    assert isinstance(found, InjectionTarget)
+    from_index = _patched(labelled_pod("llama3-70b-h100"), served.review_pod(labelled_pod("llama3-70b-h100")))
+    ops = [dict(op) for op in injection_for(labelled_pod("llama3-70b-h100"), found, served.settings).patch]
+    assert jsonpatch.apply_patch(labelled_pod("llama3-70b-h100"), ops) == from_index
 
 
 def test_pod_of_an_invalid_trainingjob_gets_the_loader_message(served) -> None:
