@@ -633,3 +633,47 @@ def test_analyze_cli_surface_is_frozen() -> None:
         "--allow-partial", "--attempt", "--help", "--json", "--quiet", "--skip-steps", "--spec", "-h", "-q"
     ]  # fmt: skip
     assert [a.dest for a in parser._actions if not a.option_strings] == ["records"]
+
+
+def test_a_rank_waiting_in_two_groups_of_the_same_ranks_is_one_waiting_rank() -> None:
+    # DeepSpeed's data-parallel group is a group of its own over the whole world, beside the default world group;
+    # a script's logging all-reduce runs on the latter. Rank 1 arrives 3 ms late to the first all-reduce (dp:0) and
+    # 2 ms late to the next (dp:0~1, the same two ranks): rank 0 waits 5 ms a step, for rank 1. Counted once per
+    # group, that was "2.50 ms per step over 2 waiting ranks": half the cost, in the finding too.
+    records = []
+    for step in range(3):
+        t0 = step * 30 * MS
+        for rank in range(2):
+            first, second = (13, 22) if rank == 1 else (10, 20)  # ms: where each rank enters the two all-reduces
+
+            def comm(group: str, start_ms: int, end_ms: int, seq: int, t0: int = t0) -> Interval:
+                return Interval(
+                    kind="comm", start_us=t0 + start_ms * MS, end_us=t0 + end_ms * MS, axis="dp", op="all_reduce",
+                    group=group, seq=seq, size_bytes=1 << 20, group_size=2,
+                )  # fmt: skip
+
+            ivs = (
+                Interval(kind="compute", start_us=t0, end_us=t0 + first * MS),
+                comm("dp:0", first, 16, step),
+                Interval(kind="compute", start_us=t0 + 16 * MS, end_us=t0 + second * MS),
+                comm("dp:0~1", second, 25, step),
+                Interval(kind="optimizer", start_us=t0 + 25 * MS, end_us=t0 + 30 * MS),
+            )
+            records.append(
+                StepRecord(
+                    job="two-groups",
+                    step=step,
+                    rank=rank,
+                    coord=RankCoord(dp=rank, tp=0, pp=0, cp=0, ep=0),
+                    node="node-0",
+                    start_us=t0,
+                    end_us=t0 + 30 * MS,
+                    intervals=ivs,
+                )
+            )
+    wait = row(analyze(RecordTable.from_records(records)), "comm.dp.sync_wait")
+    assert wait.worst_seconds == pytest.approx(0.005)  # rank 0's, every step
+    assert wait.suspect is not None
+    assert wait.suspect.message == (
+        "rank 1 on node-0 makes 2 dp groups wait 5.00 ms per step (5.00 ms of rank time over 1 waiting rank)"
+    )

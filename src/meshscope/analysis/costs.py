@@ -791,7 +791,9 @@ class WaitCaused:
     total_seconds: float
     """Sync wait of all the members it made wait, per step of the late rank (what the job lost), seconds."""
     waiting_ranks: int
-    """Members that waited for it: per group, the median over the instances it was late to; summed over groups."""
+    """Members that waited for it: per group, the median over the instances it was late to; summed over groups, at
+    most the ranks of those groups less itself (a rank in two groups of the same ranks waits once, not twice: the
+    world group beside DeepSpeed's dp group over the same ranks halved the cost per waiting rank)."""
     device: str
     """``GPU`` or ``rank`` (a run without GPUs)."""
     through_rank: int | None = None
@@ -841,6 +843,8 @@ def wait_caused(rs: RankSteps, rank_index: int, axis: int) -> WaitCaused | None:
     per_group = np.bincount(inverse, weights=join.wait_caused_us[mine])
     waiting = (join.members[mine] - join.n_last[mine]).astype(np.float64)
     waiting_ranks = round(float(np.nansum(grouped_median(inverse, waiting, int(groups.size)))))
+    if groups.size > 1:  # groups of the same ranks (the world group beside a dp group over it): each rank once
+        waiting_ranks = min(waiting_ranks, _distinct_members(rs, groups) - 1)
     passed = mine[join.last_rank[mine] != rank]
     rows = np.flatnonzero(rs.rank_index == rank_index)
     paid = rs.breakdown.wait_paid_us[rows, axis]
@@ -861,6 +865,14 @@ def wait_caused(rs: RankSteps, rank_index: int, axis: int) -> WaitCaused | None:
         through_rank=int(join.last_rank[passed[int(np.argmax(join.wait_caused_us[passed]))]]) if passed.size else None,
         one_step=one_step,
     )
+
+
+def _distinct_members(rs: RankSteps, groups: NDArray[np.integer[Any]]) -> int:
+    """How many ranks recorded a collective in any of ``groups`` (group codes of the table)."""
+    table = rs.breakdown.table
+    iv = table.intervals
+    rows = iv.row[np.isin(iv.group, groups)]
+    return int(np.unique(table.steps.rank[rows]).size)
 
 
 def _wait_suspect(rs: RankSteps, axis: int) -> Suspect | None:
