@@ -78,10 +78,11 @@ def test_run_settings_from_the_command_line() -> None:
         ),
         (["/opt/env/bin/torchrun", "--nnodes", "1", "--nproc_per_node", "8", "t.py"], "--nproc 8 -- python t.py"),
         (["python", "-m", "torch.distributed.run", "--nproc-per-node", "2", "a/b.py"], "--nproc 2 -- python a/b.py"),
-        (["python3", "-m", "torch.distributed.launch", "x.py"], "--nproc N -- python x.py"),
+        # no count in the launcher's options: the run's own --nproc (4 here; before, "N" however many were given)
+        (["python3", "-m", "torch.distributed.launch", "x.py"], "--nproc 4 -- python x.py"),
         (["accelerate", "launch", "--cpu", "--num_processes", "2", "x.py", "--y"], "--nproc 2 -- python x.py --y"),
         (["deepspeed", "--num_gpus=4", "ds.py"], "--nproc 4 -- python ds.py"),
-        (["torchrun", "--nproc-per-node", "gpu", "-m", "pkg.train"], "--nproc N -- python SCRIPT.py"),
+        (["torchrun", "--nproc-per-node", "gpu", "-m", "pkg.train"], "--nproc 4 -- python SCRIPT.py"),
     ],
 )
 def test_a_launcher_in_the_command_is_refused_with_the_command_to_run_instead(command: list[str], instead: str) -> None:

@@ -1145,12 +1145,13 @@ _LAUNCHERS: dict[tuple[str, ...], tuple[str, ...]] = {
 """Launchers that start the ranks themselves, and their option that says how many (per node)."""
 
 
-def launcher_in(command: Sequence[str]) -> str | None:
+def launcher_in(command: Sequence[str], nproc: int | None = None) -> str | None:
     """Why ``command`` cannot run under ``meshscope run`` when it starts a launcher of its own, else ``None``.
 
     ``meshscope run`` is the launcher: every rank it starts gets torchrun's environment and its own collector socket.
     ``meshscope run --nproc 4 -- torchrun --nproc-per-node 4 train.py`` would start 16 processes, four per rank,
-    each claiming that rank's records. The message gives the command to run instead.
+    each claiming that rank's records. The message gives the command to run instead, with ``nproc`` (the run's own
+    ``--nproc``) where the launcher's options do not say how many.
     """
     words = list(command)
     program = Path(words[0]).name if words else ""
@@ -1175,7 +1176,8 @@ def launcher_in(command: Sequence[str]) -> str | None:
             script, args = word, rest[i + 1 :]
             break
     name = " ".join(found)
-    instead = f"meshscope run --nproc {count if count and count.isdigit() else 'N'} -- python " + " ".join(
+    ranks = count if count and count.isdigit() else (str(nproc) if nproc else "N")
+    instead = f"meshscope run --nproc {ranks} -- python " + " ".join(
         [script or "SCRIPT.py", *args]
     )
     return (
@@ -1193,7 +1195,7 @@ def _command_of(args: argparse.Namespace) -> list[str]:
         command = command[1:]
     if not command:
         raise RunError("run needs a command after '--', e.g. meshscope run --nproc 8 -- python train.py")
-    launcher = launcher_in(command)
+    launcher = launcher_in(command, getattr(args, "nproc", None))
     if launcher is not None:
         raise RunError(launcher)
     return command
