@@ -47,13 +47,12 @@ NCCL_LOG_DIR = "/var/log/meshscope/nccl"
 NCCL_DEBUG_FILE = f"{NCCL_LOG_DIR}/nccl.%h.%p"
 """``NCCL_DEBUG_FILE``: one file per process (NCCL expands ``%h`` to the host name and ``%p`` to the pid; NCCL's
 environment variables documentation)."""
-HOST_SYS = "/host/sys"
-"""Where the host's ``/sys`` is mounted read-only in the sidecar."""
-INFINIBAND_ROOT = f"{HOST_SYS}/class/infiniband"
-"""``MESHSCOPE_SIDECAR_INFINIBAND_ROOT``: the host's RDMA devices. The whole ``/sys`` is mounted rather than
-``/sys/class/infiniband`` because that directory is absent on nodes without RDMA drivers, and a missing host path
-would stop the pod from starting (this webhook must never block a pod); its entries are symlinks into
-``/sys/devices``, which must resolve."""
+INFINIBAND_ROOT = "/sys/class/infiniband"
+"""``MESHSCOPE_SIDECAR_INFINIBAND_ROOT``: the RDMA devices in the sidecar's own sysfs. The kernel shows a container
+every RDMA device in its default (shared) namespace mode, and only the pod's own in exclusive mode: the counters of
+the links this pod's NCCL can use either way, with no volume. A ``hostPath`` of the host's ``/sys`` (mounted here
+before) is what Pod Security's baseline and restricted levels forbid: the pod was refused in such namespaces, because
+of the injection."""
 PODINFO_DIR = "/etc/meshscope/podinfo"
 """Mount point of the downward API volume."""
 LABELS_FILE = f"{PODINFO_DIR}/labels"
@@ -63,7 +62,6 @@ containers of its template, not in one added here."""
 
 VOLUME_RUN = "meshscope-run"
 VOLUME_NCCL = "meshscope-nccl-logs"
-VOLUME_SYS = "meshscope-host-sys"
 VOLUME_PODINFO = "meshscope-podinfo"
 
 SIDECAR_UID = 65532
@@ -312,7 +310,6 @@ def sidecar_container(target: InjectionTarget, settings: OperatorSettings) -> di
         mounts.append({"name": VOLUME_NCCL, "mountPath": NCCL_LOG_DIR, "readOnly": True})
     if Source.INFINIBAND in target.sources:
         env.append({"name": ENV_SIDECAR_INFINIBAND_ROOT, "value": INFINIBAND_ROOT})
-        mounts.append({"name": VOLUME_SYS, "mountPath": HOST_SYS, "readOnly": True})
     else:
         env.append({"name": ENV_SIDECAR_INFINIBAND, "value": "off"})
     return {
@@ -350,8 +347,6 @@ def pod_volumes(target: InjectionTarget) -> list[dict[str, object]]:
     ]
     if Source.NCCL in target.sources:
         volumes.append({"name": VOLUME_NCCL, "emptyDir": {}})
-    if Source.INFINIBAND in target.sources:
-        volumes.append({"name": VOLUME_SYS, "hostPath": {"path": "/sys", "type": "Directory"}})
     return volumes
 
 

@@ -256,7 +256,6 @@ def test_labelled_pod_gets_the_native_sidecar(served) -> None:
         "data",
         "meshscope-run",
         "meshscope-nccl-logs",
-        "meshscope-host-sys",
         "meshscope-podinfo",
     }
     assert injected["metadata"]["annotations"] == {
