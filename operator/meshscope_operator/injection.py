@@ -17,10 +17,11 @@ container already has is kept), and must be idempotent (a pod that has the sidec
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import TYPE_CHECKING, Literal, TypedDict
+from typing import TYPE_CHECKING, Final, Literal, TypedDict
 
 from meshscope.errors import MeshscopeError
 from meshscope.local import layout_text
@@ -240,6 +241,11 @@ def injection_for(
     warnings: list[str] = []
     init = spec.get("initContainers")
     sidecar = sidecar_container(found, settings)
+    if guaranteed(spec):  # keep the pod Guaranteed: its training containers keep their exclusive, NUMA-aligned CPUs
+        sidecar["resources"] = {
+            "requests": {"cpu": settings.sidecar_cpu_request, "memory": settings.sidecar_memory_limit},
+            "limits": {"cpu": settings.sidecar_cpu_request, "memory": settings.sidecar_memory_limit},
+        }
     if isinstance(init, list) and init:
         ops.append(_add("/spec/initContainers/0", sidecar))  # first, so it is up before the other init containers
     else:
@@ -283,6 +289,47 @@ def _no_injection(meta: Mapping[str, object], spec: object, found: InjectionTarg
     if outcome is None:
         return None
     return Injection(outcome=outcome, warnings=(bounded_warning(warning),) if warning else ())
+
+
+_QUANTITY: Final = re.compile(r"\A([0-9]+(?:\.[0-9]+)?)(m|k|Ki|M|Mi|G|Gi|T|Ti|P|Pi|E|Ei)?\Z")
+_SUFFIX: Final = {
+    None: 1.0, "m": 1e-3, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15, "E": 1e18,
+    "Ki": 2.0**10, "Mi": 2.0**20, "Gi": 2.0**30, "Ti": 2.0**40, "Pi": 2.0**50, "Ei": 2.0**60,
+}  # fmt: skip
+
+
+def _quantity(value: object) -> float | None:
+    """A Kubernetes quantity (``"96"``, ``"500m"``, ``"1600Gi"``, ``"1e3"`` aside) as a number; ``None`` if not one."""
+    match = _QUANTITY.match(str(value).strip()) if isinstance(value, str | int | float) else None
+    return None if match is None else float(match.group(1)) * _SUFFIX[match.group(2)]
+
+
+def guaranteed(spec: Mapping[str, object]) -> bool:
+    """Whether a pod spec is of the Guaranteed QoS class: every container's CPU and memory limited, requests equal.
+
+    Its containers then get exclusive CPUs under the static CPU manager and NUMA alignment with their GPUs and NICs
+    under the Topology Manager: a sidecar with requests below its limits (Burstable) made such a pod Burstable and
+    took that away from the training containers.
+    """
+    containers: list[Mapping[str, object]] = []
+    for key in ("containers", "initContainers"):
+        listed = spec.get(key)
+        containers += [c for c in (listed if isinstance(listed, list) else []) if isinstance(c, Mapping)]
+    if not containers:
+        return False
+    for container in containers:
+        resources = container.get("resources")
+        resources = resources if isinstance(resources, Mapping) else {}
+        limits, requests = resources.get("limits"), resources.get("requests")
+        limits = limits if isinstance(limits, Mapping) else {}
+        requests = requests if isinstance(requests, Mapping) else {}
+        for name in ("cpu", "memory"):
+            limit = _quantity(limits.get(name))
+            if limit is None:
+                return False
+            if name in requests and _quantity(requests.get(name)) != limit:
+                return False
+    return True
 
 
 def sidecar_container(target: InjectionTarget, settings: OperatorSettings) -> dict[str, object]:

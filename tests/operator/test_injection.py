@@ -265,3 +265,47 @@ def test_the_injection_module_names_match_the_sidecar_defaults() -> None:
     assert sidecar_settings.DEFAULT_SOCKET == injection.SOCKET
     assert SETTINGS.sidecar_port == sidecar_settings.DEFAULT_PORT
     assert sidecar_identity.COMPLETION_INDEX_LABEL == "batch.kubernetes.io/job-completion-index"
+
+
+def _qos(pod: dict[str, Any]) -> str:
+    """The pod's QoS class by Kubernetes' rules (kubernetes/pkg/apis/core/v1/helper/qos), written out here."""
+    units = {"m": 1e-3, "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "": 1}
+
+    def number(text: str) -> float:
+        suffix = next(u for u in ("Ki", "Mi", "Gi", "m", "") if text.endswith(u))
+        return float(text[: len(text) - len(suffix)] if suffix else text) * units[suffix]
+
+    containers = pod["spec"]["containers"] + pod["spec"].get("initContainers", [])
+    limited = all(all(r in c.get("resources", {}).get("limits", {}) for r in ("cpu", "memory")) for c in containers)
+    equal = all(
+        number(c["resources"].get("requests", c["resources"]["limits"]).get(r, c["resources"]["limits"][r]))
+        == number(c["resources"]["limits"][r])
+        for c in containers
+        for r in ("cpu", "memory")
+    ) if limited else False  # fmt: skip
+    return "Guaranteed" if equal else "Burstable"
+
+
+@pytest.mark.parametrize(
+    ("resources", "qos"),
+    [
+        (
+            {"requests": {"cpu": "96", "memory": "1600Gi"}, "limits": {"cpu": "96000m", "memory": "1600Gi"}},
+            "Guaranteed",
+        ),
+        ({"limits": {"cpu": "96", "memory": "1600Gi", "nvidia.com/gpu": "8"}}, "Guaranteed"),
+        ({"requests": {"cpu": "48", "memory": "800Gi"}, "limits": {"cpu": "96", "memory": "1600Gi"}}, "Burstable"),
+    ],
+    ids=["requests-equal-limits", "limits-only", "burstable"],
+)
+def test_a_guaranteed_pod_stays_guaranteed(resources: dict[str, Any], qos: str) -> None:
+    # GPU nodes run the static CPU manager and the Topology Manager: only a Guaranteed pod's containers get
+    # exclusive cores aligned with their GPUs and NICs. The sidecar (requests below its limits) made it Burstable.
+    pod = labelled_pod("llama")
+    pod["spec"]["containers"][0]["resources"] = resources
+    assert _qos(pod) == qos
+    injected, _ = _inject(pod)
+    assert _qos(injected) == qos
+    sidecar = injected["spec"]["initContainers"][0]
+    if qos == "Burstable":  # nothing to keep: the sidecar's own requests and limit
+        assert sidecar["resources"] == {"requests": {"cpu": "100m", "memory": "256Mi"}, "limits": {"memory": "512Mi"}}
