@@ -371,3 +371,29 @@ def test_the_packaged_chart_renders_the_same_objects(tmp_path: Path) -> None:
         return out
 
     assert without_certificates(packaged) == without_certificates(list(render().objects))
+
+
+def test_the_trainingjob_webhook_is_asked_only_about_a_new_job_or_a_changed_spec() -> None:
+    # Fail closed on every UPDATE, a TrainingJob deleted while the operator was down kept kopf's finalizer: removing
+    # it (kubectl patch ... finalizers: null, the README's fix) was itself an UPDATE the webhook refused. The match
+    # condition, evaluated here with cel-python as the API server would, sends only what the review reads.
+    import celpy  # noqa: PLC0415 - a test dependency of the CRD's rules too
+
+    (hook,) = render().one("ValidatingWebhookConfiguration")["webhooks"]
+    (condition,) = hook["matchConditions"]
+    env = celpy.Environment()
+    program = env.program(env.compile(condition["expression"]))
+    job = {"metadata": {"name": "j", "finalizers": ["meshscope.io/finalizer"]}, "spec": {"world": {"gpus": 8}}}
+
+    def asked(operation: str, obj: dict[str, Any], old: dict[str, Any] | None) -> bool:
+        activation = {"request": {"operation": operation}, "object": obj, "oldObject": old}
+        return bool(program.evaluate({k: celpy.json_to_cel(v) for k, v in activation.items()}))
+
+    changed = {**job, "spec": {"world": {"gpus": 16}}}
+    annotated = {**job, "metadata": {**job["metadata"], "annotations": {"kopf.zalando.org/last": "x"}}}
+    released = {**job, "metadata": {"name": "j", "deletionTimestamp": "2026-12-07T00:00:00Z", "finalizers": []}}
+    assert asked("CREATE", job, None)
+    assert asked("UPDATE", changed, job)
+    assert not asked("UPDATE", annotated, job)  # kopf's progress annotations
+    assert not asked("UPDATE", released, {**job, "metadata": {**released["metadata"], "finalizers": ["f"]}})
+    assert not asked("UPDATE", {**changed, "metadata": released["metadata"]}, job)  # being deleted: nothing to plan
