@@ -162,6 +162,10 @@ async def reconcile_training_job(
         raise kopf.PermanentError(f"invalid spec: {exc}") from None
     planned = Condition(type=ConditionType.PLANNED, status=True, reason="Planned", message=planned_message(spec, plan))
     fields = planned_fields(spec, plan)
+    if _plan_only(body):
+        ready = Condition(type=ConditionType.READY, status=False, reason="NoTemplate", message=NO_TEMPLATE)
+        status.update(status_patch(body, phase=Phase.PLANNED, fields=fields, conditions=[planned, ready], now=now))
+        return
     try:
         job = job_manifest(body, spec, settings)
         service = service_manifest(body, spec)
@@ -321,6 +325,24 @@ def placement_source(body: Mapping[str, object]) -> PlacementSource | None:
         "spec": body.get("spec"),
     }
     return PlacementSource(body=trimmed, spec=spec, planned_codes=codes)
+
+
+NO_TEMPLATE = (
+    "no spec.template: the job is planned only (its plan, findings and cost are in status); add a pod template to "
+    "run it (docs/spec.md)"
+)
+"""The Ready condition's message of a TrainingJob without a pod template."""
+
+
+def _plan_only(body: Mapping[str, object]) -> bool:
+    """Whether the TrainingJob has no ``spec.template`` at all: a plan to read, not a job to run.
+
+    The shipped examples are such plans (``kubectl apply -f examples/llama3-8b-h100.yaml``, as the chart's notes
+    suggest): they were ``Invalid`` (``InvalidTemplate: spec.template.spec.containers: missing``). A template given but
+    broken is still invalid.
+    """
+    spec = body.get("spec")
+    return isinstance(spec, Mapping) and spec.get("template") is None
 
 
 @functools.lru_cache(maxsize=PLANNED_SPECS)

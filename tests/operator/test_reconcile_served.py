@@ -233,6 +233,32 @@ def test_an_unplannable_spec_is_invalid_once_and_not_retried(served: Served, tmp
     assert touching() == before
 
 
+def test_a_trainingjob_without_a_template_is_a_plan_to_read(served: Served) -> None:
+    # The shipped examples have no pod template; applied as the chart's notes suggest, each was Invalid
+    # ("InvalidTemplate: spec.template.spec.containers: missing"). It is a plan to read: planned, nothing run.
+    create(served, "plan-only", copy.deepcopy(load_example("llama3-8b-h100")["spec"]))
+    stored = planned(served, "plan-only")
+    assert stored["status"]["phase"] == "Planned"
+    assert stored["status"]["worldSize"] == 64
+    assert condition(stored, "Planned")["status"] == "True"
+    ready = condition(stored, "Ready")
+    assert (ready["status"], ready["reason"]) == ("False", "NoTemplate")
+    assert ready["message"].startswith("no spec.template: the job is planned only")
+    # A barrier: another TrainingJob reconciled end to end after this one, which made no Job and no Service.
+    create(served, "barrier-2", copy.deepcopy(load_example("llama3-8b-h100")["spec"]) | {"template": TEMPLATE})
+    planned(served, "barrier-2")
+    assert get(served, f"{JOBS}/plan-only") is None
+    assert get(served, f"{SERVICES}/plan-only") is None
+    # a template given but broken is still invalid
+    broken = copy.deepcopy(load_example("llama3-8b-h100")["spec"]) | {"template": {"spec": {"containers": []}}}
+    create(served, "broken-template", broken)
+    invalid = wait_for(
+        "phase Invalid",
+        lambda: (o := get(served, f"{TJ}/broken-template")) and (o.get("status") or {}).get("phase") == "Invalid" and o,
+    )
+    assert condition(invalid, "Ready")["reason"] == "InvalidTemplate"
+
+
 def test_reconcile_again_creates_nothing_twice_and_a_layout_change_needs_a_restart(served: Served) -> None:
     spec = copy.deepcopy(load_example("llama3-8b-h100")["spec"]) | {"template": TEMPLATE}
     create(served, "twice", spec)
