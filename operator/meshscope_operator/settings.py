@@ -114,9 +114,13 @@ class OperatorSettings:
     """dcgm-exporter's metrics URL as the sidecar should scrape it (``MESHSCOPE_OPERATOR_DCGM_URL``); the default
     is the DaemonSet's host port on the pod's node (``$(MESHSCOPE_HOST_IP)`` is the downward API's
     ``status.hostIP``, expanded by the kubelet); empty: no DCGM source."""
-    nccl_debug_subsys: str = "INIT,COLL"
+    nccl_debug_subsys: str = "INIT"
     """``NCCL_DEBUG_SUBSYS`` set in the training containers (``MESHSCOPE_OPERATOR_NCCL_DEBUG_SUBSYS``): what the
-    sidecar's NCCL source parses (communicator setup and every collective)."""
+    sidecar's NCCL source parses. ``INIT``: communicator setup (ranks, topology, NVLink domains), a few lines per
+    communicator. ``INIT,COLL`` adds one line per collective call (its count and bytes per rank): ~185 bytes each,
+    which at a thousand collectives a second per rank fill a node's ephemeral storage in about a day (nothing
+    rotates NCCL's files, and an ``emptyDir`` limit would evict the pod). Opt in for a run you debug; the SDK's
+    records give every collective without it."""
 
     api_server: str = ""
     """URL of the Kubernetes API for reconcile's own requests (``MESHSCOPE_OPERATOR_API_SERVER``, ``http(s)://``);
