@@ -1177,9 +1177,7 @@ def launcher_in(command: Sequence[str], nproc: int | None = None) -> str | None:
             break
     name = " ".join(found)
     ranks = count if count and count.isdigit() else (str(nproc) if nproc else "N")
-    instead = f"meshscope run --nproc {ranks} -- python " + " ".join(
-        [script or "SCRIPT.py", *args]
-    )
+    instead = f"meshscope run --nproc {ranks} -- python " + " ".join([script or "SCRIPT.py", *args])
     return (
         f"'{name}' is a launcher: meshscope run is one too (it starts every rank with torchrun's environment, "
         f"RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT, and gives each its own collector), so the two "
