@@ -179,10 +179,10 @@ def as_rank(out_dir: Path, script: str, args: list[str], *, census: bool) -> Non
         for (cls, method), key in names.items():
             orig = getattr(cls, method)
 
-            def counted(self: Any, *a: Any, _orig: Any = orig, _key: str = key) -> Any:
+            def counted(self: Any, *a: Any, _orig: Any = orig, _key: str = key, **kw: Any) -> Any:
                 if self._step is not None if hasattr(self, "_ops") else self.step is not None:
                     counts[_key] += 1
-                return _orig(self, *a)
+                return _orig(self, *a, **kw)
 
             setattr(cls, method, counted)
     rank = os.environ.get("RANK", "0")
