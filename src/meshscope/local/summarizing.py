@@ -286,7 +286,7 @@ def _read(outcome: RunOutcome, progress: Progress) -> tuple[RecordTable, int | N
             warmup = seen_steps[0] if len(seen_steps) >= MIN_STEPS_TO_SKIP_WARMUP else None
             table = RecordTable.from_records([r for r in records if r.step != warmup], notes=records.notes)
     except (OSError, MeshscopeError) as exc:
-        _no_analysis(outcome, "cannot read the collected records", exc)
+        _no_analysis(outcome, f"cannot read the collected records {outcome.records_path}", exc)
         return None
     return table, warmup
 
