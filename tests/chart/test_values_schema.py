@@ -16,7 +16,7 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from charting import CHART, CONFIGURATIONS, ci_values, documented_values, schema_error
+from charting import CHART, CONFIGURATIONS, ci_values, container, documented_values, render, schema_error
 from meshscope_operator.settings import SettingsError, env_name, settings_from
 
 SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -54,6 +54,8 @@ def test_every_supported_configuration_fits_the_schema(configuration: str) -> No
     ("values", "message"),
     [
         (at("operator.replicas", "two"), "at '/operator/replicas': got string, want integer"),
+        # none: the TrainingJob webhook, failing closed, would refuse every TrainingJob
+        (at("operator.replicas", 0), "at '/operator/replicas': minimum: got 0, want 1"),
         (at("operator.maxWarnings", 16), "at '/operator/maxWarnings': maximum: got 16, want 15"),
         (at("operator.logLevel", "verbose"), "at '/operator/logLevel': value must be one of 'debug', 'info'"),
         (at("webhook.timeoutSeconds", 31), "at '/webhook/timeoutSeconds': maximum: got 31, want 30"),
@@ -79,6 +81,16 @@ def test_bad_values_are_refused_naming_the_key_the_value_and_the_rule(values: di
     error = schema_error(values)
     assert error is not None
     assert message in error
+
+
+def test_a_quantity_given_as_a_number_is_taken_and_rendered_as_one() -> None:
+    # `--set sidecar.cpuRequest=1` gives the number 1, which the schema refused ("got number, want string")
+    for value, text in ((1, "1"), (0.5, "0.5")):
+        assert schema_error(at("sidecar.cpuRequest", value)) is None
+        env = {e["name"]: e.get("value") for e in container(render(at("sidecar.cpuRequest", value)))["env"]}
+        assert env["MESHSCOPE_OPERATOR_SIDECAR_CPU_REQUEST"] == text
+        assert operator_accepts("sidecar_cpu_request", text)
+    assert schema_error(at("sidecar.cpuRequest", 0)) is not None
 
 
 _QUANTITY_TEXT = st.text(alphabet="0123456789.mkKMGTi", min_size=1, max_size=8)
