@@ -879,6 +879,37 @@ def test_an_unnamed_part_of_dp_is_dp_only_under_a_layout_that_was_given(fork_job
         assert all(r["counters"]["unattributed_ops"] == 2 for r in job.results)
 
 
+def _namesakes_job(rank: int, world: int) -> dict[str, object]:
+    tracker = sdk.tracker_from_env()
+    logging_group = dist.new_group(list(range(world)))  # the world's ranks again (DeepSpeed's dp group, a logger's)
+    calls = [(None, 8), (logging_group, 4)]  # the world's all-reduces of 8 floats, the new group's of 4
+    if os.environ["USE_FIRST"] == "new":
+        calls.reverse()
+    for step in range(2):
+        with tracker.step(step), tracker.phase("forward"):
+            for group, n in calls:
+                dist.all_reduce(torch.ones(n), group=group)
+    tracker.close()
+    return {"name": str(logging_group.group_name)}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("used_first", ["new", "world"])
+def test_two_groups_of_the_same_ranks_are_told_apart_by_creation_not_first_use(fork_job, used_first: str) -> None:
+    # The world group was created first: it is dp:0 and the later group of the same ranks dp:0~<its name>, whichever
+    # the script uses first (before: the first used took dp:0, so the ids changed with the order of the calls).
+    job = fork_job(_namesakes_job, 2, env={"USE_FIRST": used_first})
+    later = job.results[0]["name"]
+    assert all(r["name"] == later for r in job.results)
+    sizes = {
+        (rec["rank"], iv["group"], iv["bytes"])
+        for rec in read_lines(job.records_path)
+        for iv in rec["intervals"]
+        if iv["kind"] == "comm"
+    }
+    assert sizes == {(r, g, b) for r in (0, 1) for g, b in (("dp:0", 32), (f"dp:0~{later}", 16))}
+
+
 def _mesh_in_its_own_order_job(rank: int, world: int) -> dict[str, object]:
     # init_device_mesh("cpu", (dp, pp), ("dp", "pp")): the mesh's last dim varies fastest, so ranks 0 and 1 are the
     # two pipeline stages of replica 0, where the layout's default order (Megatron's, dp before pp) puts ranks 0 and

@@ -149,7 +149,6 @@ class Operations:
         """DDP's bucket reductions issued since its last bucket of the previous backward (ended by its wait)."""
         self._p2p: dict[tuple[str, str, int], OpMeta] = {}
         self._registered: dict[str, tuple[str, MeshAxis | None]] = {}
-        self._ids: dict[str, str] = {}
         self._seq: dict[str, Iterator[int]] = {}
         self._by_work: dict[int, list[Any]] = {}
         self.identity_known = False
@@ -264,7 +263,45 @@ class Operations:
         return True
 
     def _resolve(self, pg: ProcessGroup) -> GroupInfo:
+        """The group's :class:`GroupInfo`; its id told apart from an earlier-created group's of the same members.
+
+        Two groups of one name and first rank (the world group beside a DeepSpeed or logging group of the same ranks)
+        would share an id; the one torch created later gets ``"~<its group name>"`` appended. Creation order, not
+        first use: every member created the groups in the same order (torch requires it), so every member and every
+        run of the script gives each group the same id, whichever a rank happens to use first.
+        """
         self.take_identity()
+        info = self._describe(pg)
+        pg_name = str(pg.group_name)
+        if self._created_before(pg_name, info):
+            info = replace(info, group_id=f"{info.group_id}~{pg_name}")
+        return info
+
+    def _created_before(self, pg_name: str, info: GroupInfo) -> bool:
+        """Whether this rank is in a group torch created before ``pg_name`` whose id would be ``info``'s."""
+        order = _creation_order(pg_name)
+        try:
+            known = list(self._dist.distributed_c10d._world.pg_names.items())  # noqa: SLF001 - torch's group registry
+        except Exception:  # noqa: BLE001 - no registry: nothing created before can be named
+            known = []
+        for other, other_name in known:
+            name = str(other_name)
+            if name == pg_name or _creation_order(name) >= order:
+                continue
+            if self._namesake(other, info):
+                return True
+        return False
+
+    def _namesake(self, pg: ProcessGroup, info: GroupInfo) -> bool:
+        """Whether this rank is in ``pg`` and ``pg``'s id (no suffix) is ``info``'s."""
+        try:
+            other = self._describe(pg)
+        except Exception:  # noqa: BLE001 - a group torch cannot describe here is not one of this rank's
+            return False
+        return other.group_id == info.group_id and self.settings.rank in other.ranks
+
+    def _describe(self, pg: ProcessGroup) -> GroupInfo:
+        """Name, axis, members and id of ``pg`` from its registration, description or the layout (no suffix)."""
         ranks = tuple(int(r) for r in self._dist.get_process_group_ranks(pg))
         pg_name = str(pg.group_name)
         registered = self._registered.get(pg_name)
@@ -287,11 +324,7 @@ class Operations:
                     name = sub_group_name(sub, ranks, desc)
             if len(ranks) < 2:
                 axis = None
-        info = make_group(name, axis, ranks)
-        owner = self._ids.setdefault(info.group_id, pg_name)
-        if owner != pg_name:  # two distinct groups of one name and first rank on this rank: keep ids apart
-            info = replace(info, group_id=f"{info.group_id}~{pg_name}")
-        return info
+        return make_group(name, axis, ranks)
 
     def _next_seq(self, group_id: str) -> int:
         counter = self._seq.get(group_id)
@@ -636,3 +669,12 @@ def _on_completion(work: Work, rec: list[Any], mark: Callable[[], Mark]) -> None
 
     with contextlib.suppress(RuntimeError):
         work.get_future().then(done)
+
+
+def _creation_order(pg_name: str) -> tuple[int, int, str]:
+    """Sort key of a torch group name by creation order.
+
+    ``"0"`` (the world), ``"1"``, ... are counted up by ``new_group`` alike on every rank; hashed names (of the
+    members, alike on every rank too) come after them, by name.
+    """
+    return (0, int(pg_name), "") if pg_name.isdecimal() else (1, 0, pg_name)
