@@ -223,6 +223,8 @@ def test_parse_layout() -> None:
     assert parse_layout("dp=2,tp=2,pp=2,vpp=2").vpp == 2
     with pytest.raises(LayoutError, match=r"dp\(2\)\*tp\(2\)\*pp\(2\)\*cp\(1\) = 8 != world size 16"):
         parse_layout("dp=2,tp=2,pp=2", world_size=16)
+    with pytest.raises(LayoutError, match=r"= 2 != world size 4 \(ep is carved out of dp: .* for 4 ranks dp=4,ep=2\)"):
+        parse_layout("dp=2,ep=2", world_size=4)  # an MoE user's first try: ep beside dp, not inside it
     with pytest.raises(LayoutError, match=r"layout tp='x' is not a whole number"):
         parse_layout("tp=x")
     with pytest.raises(LayoutError, match=r"'zz=2' is not one of"):

@@ -965,6 +965,65 @@ def test_a_registered_mesh_in_another_rank_order_than_the_layout_gives_the_recor
     assert "layout_order_mismatch" not in {n.code for n in analyze(read_table(job.records_path)).partial_data}
 
 
+def _expert_mesh_job(rank: int, world: int) -> dict[str, object]:
+    # An MoE script's mesh: its dp dim is the expert-data-parallel one (4 ranks as 2 x 2, ep inside dp).
+    import logging  # noqa: PLC0415
+
+    from torch.distributed.device_mesh import init_device_mesh  # noqa: PLC0415
+
+    said: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: said.append(record.getMessage())  # type: ignore[method-assign]
+    logging.getLogger("meshscope").addHandler(handler)
+    tracker = sdk.tracker_from_env()
+    dims = tuple(os.environ["MESH_DIMS"].split(","))
+    mesh = init_device_mesh("cpu", (2, world // 2), mesh_dim_names=dims)
+    tracker.register_mesh(mesh)
+    for step in range(2):
+        with tracker.step(step):
+            dist.all_to_all_single(torch.empty(8), torch.ones(8), group=mesh.get_group("ep"))
+            dist.all_reduce(torch.ones(4), group=mesh.get_group("dp"))
+    counters = tracker.counters().as_dict()
+    tracker.close()
+    return {"counters": counters, "said": [m for m in said if "DeviceMesh" in m]}
+
+
+@pytest.mark.parametrize(
+    ("dims", "layout", "misplaced"),
+    [
+        ("dp,ep", "dp=4,ep=2", False),  # the layout's own carving: ep varies fastest inside dp
+        ("dp,ep", "", False),
+        ("ep,dp", "dp=4,ep=2", True),  # ep groups {0, 2}, {1, 3}: not the layout's {0, 1}, {2, 3}
+    ],
+    ids=["layout", "no-layout", "other-order"],
+)
+def test_an_expert_mesh_dp_dim_is_the_expert_data_parallel_one(
+    fork_job, dims: str, layout: str, misplaced: bool
+) -> None:
+    # Before: under --layout dp=4,ep=2 every rank warned that the mesh placed it elsewhere and told to give an
+    # order= that no layout has, and the records took the mesh's dp (0 or 1) as the dense dp coordinate.
+    env = {"MESH_DIMS": dims} | ({"MESHSCOPE_LAYOUT": layout} if layout else {})
+    job = fork_job(_expert_mesh_job, 4, env=env)
+    said = [m for result in job.results for m in result["said"]]
+    for result in job.results:
+        assert result["counters"]["hook_errors"] == 0
+    records = read_lines(job.records_path)
+    assert len(records) == 8
+    comm = {(rec["rank"], iv["axis"], iv["op"]) for rec in records for iv in rec["intervals"] if iv.get("axis")}
+    assert comm == {(r, a, op) for r in range(4) for a, op in (("ep", "all_to_all"), ("dp", "all_reduce"))}
+    ep_inside = dims == "dp,ep"  # the mesh's ep groups: {0, 1} and {2, 3}; else {0, 2} and {1, 3}
+    for rec in records:
+        edp, ep = (rec["rank"] // 2, rec["rank"] % 2) if ep_inside else (rec["rank"] % 2, rec["rank"] // 2)
+        assert (rec["coord"]["dp"], rec["coord"]["ep"]) == (edp * 2 + ep, ep)
+    if misplaced:
+        assert (
+            "meshscope: the registered DeviceMesh (dims ep, dp) groups ranks [0, 2] along ep, where the layout "
+            "dp=4,tp=1,pp=1,cp=1,ep=2 groups [0, 1]: the records take the mesh's coordinates of its axes"
+        ) in said
+    else:
+        assert said == []
+
+
 def test_a_mesh_in_another_rank_order_than_the_layout_is_told_by_the_records_traffic(fork_job) -> None:
     # The same script without register_mesh: the mesh's groups carry their dim names (the all-reduce is dp), but a
     # send on the default group can only follow the layout, which puts ranks 0 and 1 in one stage: the pipeline's

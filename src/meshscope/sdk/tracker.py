@@ -46,6 +46,7 @@ import time
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Final, Generic, TypeAlias, TypeVar
 
+from meshscope.errors import LayoutError
 from meshscope.sdk.groups import axis_of_name
 from meshscope.sdk.measurements import Measurements
 from meshscope.sdk.operations import Operations
@@ -579,6 +580,13 @@ class Tracker:
                 self.register_groups({name: mesh.get_group(name)})
                 if coordinate is not None and name in {a.value for a in AXES}:
                     self._mesh_coord[name] = int(coordinate[i])
+            if "dp" in names and "ep" in names and coordinate is not None:
+                # Expert parallelism is carved out of dp (Megatron-core's, and the layout's, model): beside an ep dim
+                # the mesh's dp dim is the expert-data-parallel one, and the rank's dense dp coordinate is
+                # edp * ep_degree + ep (ep varies fastest inside dp).
+                self._mesh_coord["dp"] = self._mesh_coord["dp"] * int(mesh.size(names.index("ep"))) + int(
+                    coordinate[names.index("ep")]
+                )
             self._follow_the_mesh(names, mesh.mesh.tolist())
             self._coord_cache = None
             self._head = None
@@ -603,6 +611,9 @@ class Tracker:
         if layout is None or not any(n in axes for n in names):
             return
         placed = _mesh_positions(ranks, len(names))
+        if "dp" in names and "ep" in names:
+            self._follow_an_expert_mesh(layout, names, placed)
+            return
         misplaced = next(
             (
                 (rank, where)
@@ -636,6 +647,45 @@ class Tracker:
             ", ".join(f"{n}={said[n]}" for n, _ in named),
             fix,
         )
+
+    def _follow_an_expert_mesh(
+        self, layout: ParallelLayout, names: tuple[str, ...], placed: list[tuple[int, tuple[int, ...]]]
+    ) -> None:
+        """The check of :meth:`_follow_the_mesh` for a mesh with an ep dim beside a dp dim (its expert-dp dim).
+
+        Its dp dim is not the layout's dp (4 ranks of ``dp=4,ep=2`` are a 2 x 2 mesh of ``("dp", "ep")``), so its
+        groups are held to the layout's: each of its dims' groups (the ranks that differ along that dim only) must
+        be the layout's group of that axis, its dp groups the layout's expert-data-parallel ones. Where they are,
+        the layout's coordinates stand; where not, the records take the mesh's (dp as ``edp * ep + ep``: ep inside
+        dp) and every rank says so once, with the first group that differs.
+        """
+        axes = {a.value for a in AXES}
+        for d, name in enumerate(names):
+            if name not in axes:
+                continue
+            rows: dict[tuple[int, ...], list[int]] = {}
+            for rank, where in placed:
+                rows.setdefault(where[:d] + where[d + 1 :], []).append(rank)
+            for members in rows.values():
+                if not all(0 <= r < layout.world_size for r in members):
+                    continue
+                try:
+                    want = layout.group_of(members[0], name, expert=name in {"dp", "ep"})
+                except LayoutError:
+                    want = ()
+                if sorted(want) != sorted(members):
+                    self._mesh_wins = True
+                    log.warning(
+                        "meshscope: the registered DeviceMesh (dims %s) groups ranks %s along %s, where the layout %s "
+                        "groups %s%s: the records take the mesh's coordinates of its axes",
+                        ", ".join(names),
+                        members,
+                        name,
+                        layout_text(layout),
+                        list(want),
+                        " (its expert-data-parallel group)" if name == "dp" else "",
+                    )
+                    return
 
     def step(self, step: int | None = None) -> _StepContext:
         """Context manager around one training step; its record is sent when it ends (one step late on GPU).

@@ -382,9 +382,16 @@ def parse_layout(text: str, *, world_size: int | None = None) -> ParallelLayout:
         order=parse_order(str(order)) if order is not None else DEFAULT_ORDER,
     )
     if world_size is not None and layout.world_size != world_size:
+        dense = layout.tp * layout.pp * layout.cp
+        carved = (
+            f" (ep is carved out of dp: it adds no ranks, dp counts the expert-parallel ranks too; for {world_size} "
+            f"ranks dp={world_size // dense},ep={layout.ep})"
+            if layout.ep > 1 and world_size % dense == 0 and (world_size // dense) % layout.ep == 0
+            else ""
+        )
         raise LayoutError(
             f"dp({layout.dp})*tp({layout.tp})*pp({layout.pp})*cp({layout.cp}) = {layout.world_size} "
-            f"!= world size {world_size}"
+            f"!= world size {world_size}{carved}"
         )
     return layout
 
