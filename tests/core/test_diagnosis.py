@@ -1703,6 +1703,8 @@ def test_a_data_imbalance_finding_in_full() -> None:
             "median_longest_sequence": 2048,
             "attention_work": 1.96 * work,
             "median_attention_work": work,
+            "expert_all_to_all_bytes": None,
+            "median_expert_all_to_all_bytes": None,
             "compute_excess_ratio": 0.4,
             "steps_affected": 4,
             "rank_steps_affected": 8,
@@ -2117,6 +2119,17 @@ def test_work_exactly_1_10x_the_peers_is_more_work() -> None:
     f = only(analyze(replace(t, steps=replace(s, **stats))).findings, "data-imbalance")
     assert f.suspects[0].rank in {4, 5}
     assert "1,100 tokens vs a median 1,000" in f.message
+
+
+def test_an_imbalance_carried_by_half_the_ranks_is_quoted_against_the_ranks_with_the_usual_work() -> None:
+    # dp 2 x tp 2: dp index 1 (ranks 2 and 3) carries 3x the tokens. Its compute is compared with ranks 0 and 1; its
+    # work was quoted against the median of all four, which half the ranks pull up: "12,288 tokens vs a median
+    # 8,192", attention work 1.80x, an injected 3x read as 1.5x.
+    f = only(findings(Job(dp=2, tp=2, gpus_per_node=4, work={1: 3.0}, noise=0.0)), "data-imbalance")
+    assert "(12,288 tokens vs a median 4,096, longest sequence 6,144 vs 2,048, attention work 9.00x the median" in (
+        f.message
+    )
+    assert (f.evidence["tokens"], f.evidence["median_tokens"]) == (12_288, 4_096)
 
 
 def test_a_slow_nvlink_domain_is_named_by_the_records_name_for_it() -> None:

@@ -1039,3 +1039,61 @@ def test_a_mesh_in_another_rank_order_than_the_layout_is_told_by_the_records_tra
     (note,) = [n for n in analysis.partial_data if n.code == "layout_order_mismatch"]
     assert note.count == 8  # one send or receive per rank-step
     assert "--layout ...,order=pp-dp-tp-cp-ep for a (dp, pp) mesh" in note.message
+
+
+def _moe_job(rank: int, world: int) -> dict[str, object]:
+    # An MoE layer as it is hand-written (DeepSpeed-MoE, Megatron's all-to-all dispatcher): the counts per expert
+    # exchanged first, then each rank's tokens sent to the rank of their expert, the experts' work, the outputs sent
+    # back; the dense gradients all-reduced over dp. One expert per rank; the expert's work sleeps 40 µs a token (a
+    # device doing it: off the CPU, so its time does not depend on what else runs on the machine).
+    tracker = sdk.tracker_from_env()
+    ep_group = dist.new_group(list(range(world)))
+    tracker.register_groups({"ep": ep_group})
+    hot = int(os.environ["HOT_RANK"])
+    tokens, hidden = 256, 16
+    generator = torch.Generator().manual_seed(rank)
+    for step in range(8):
+        with tracker.step(step):
+            tracker.data_stats(tokens=tokens)
+            with tracker.phase("forward"):
+                x = torch.randn(tokens, hidden, generator=generator)
+                expert = torch.randint(0, world, (tokens,), generator=generator)
+                if hot >= 0:  # the router favours one expert: 70 % of every rank's tokens go to it
+                    expert[: int(0.7 * tokens)] = hot
+                order = torch.argsort(expert)
+                send_counts = torch.bincount(expert, minlength=world)
+                recv_counts = torch.empty_like(send_counts)
+                dist.all_to_all_single(recv_counts, send_counts, group=ep_group)
+                received = torch.empty(int(recv_counts.sum()), hidden)
+                dist.all_to_all_single(received, x[order], recv_counts.tolist(), send_counts.tolist(), group=ep_group)
+                time.sleep(40e-6 * received.shape[0] + 0.004)  # the expert's work, and the dense layers'
+                back = torch.empty(tokens, hidden)
+                dist.all_to_all_single(back, received * 2, send_counts.tolist(), recv_counts.tolist(), group=ep_group)
+            with tracker.phase("backward"):
+                dist.all_reduce(torch.ones(1024))  # the dense gradients, over dp (the world)
+    counters = tracker.counters().as_dict()
+    tracker.close()
+    return {"counters": counters}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("hot", [3, -1], ids=["hot-expert", "balanced"])
+def test_a_hot_expert_is_an_expert_imbalance_of_its_rank_and_a_balanced_router_is_silent(fork_job, hot: int) -> None:
+    # Before: the hot expert's rank was "slow in compute ... with the same work (256 tokens)", a straggler, and with
+    # half the ranks hot (ep 2 x edp 2) nothing at all. Each rank sends its own 256 tokens out and its expert's
+    # outputs back: rank 3, with 70 % of every rank's tokens, sends back 4 x 179 + 19 of them, its peers ~19 each.
+    job = fork_job(_moe_job, 4, env={"MESHSCOPE_LAYOUT": "dp=4,ep=4", "HOT_RANK": str(hot)})
+    assert all(r["counters"]["hook_errors"] == 0 for r in job.results)
+    records = read_lines(job.records_path)
+    ops = {(iv["axis"], iv["op"]) for rec in records for iv in rec["intervals"] if iv.get("axis")}
+    assert ops == {("ep", "all_to_all"), ("dp", "all_reduce")}
+    analysis = analyze(read_table(job.records_path, skip_steps=1))
+    if hot < 0:
+        assert analysis.findings == ()
+        return
+    (finding,) = analysis.findings
+    assert finding.code == "expert-imbalance"
+    assert [s.rank for s in finding.suspects] == [hot]
+    assert "256 tokens like its peers" in finding.message
+    assert "step time follows the router" in finding.message
+    assert finding.evidence["expert_all_to_all_bytes"] > 2 * finding.evidence["median_expert_all_to_all_bytes"]
