@@ -677,3 +677,48 @@ def test_a_rank_waiting_in_two_groups_of_the_same_ranks_is_one_waiting_rank() ->
     assert wait.suspect.message == (
         "rank 1 on node-0 makes 2 dp groups wait 5.00 ms per step (5.00 ms of rank time over 1 waiting rank)"
     )
+
+
+def _warm_records(path: Path, first_ms: float) -> Path:
+    """2 ranks, steps 0-4 of 100 ms each but step 0 (``first_ms``): compute, a 10 ms all-reduce, a 10 ms optimizer."""
+    from record_samples import make_record  # noqa: PLC0415 - tests/ is on the path
+
+    records, start = [], 1_700_000_000_000_000
+    for step in range(5):
+        took = int((first_ms if step == 0 else 100) * 1000)
+        end = start + took
+        intervals = (
+            Interval(kind="compute", start_us=start, end_us=end - 20_000, phase="forward"),
+            Interval(
+                kind="comm", start_us=end - 20_000, end_us=end - 10_000, axis="dp", op="all_reduce", group="dp:0",
+                seq=step, size_bytes=1 << 20, group_size=2,
+            ),
+            Interval(kind="optimizer", start_us=end - 10_000, end_us=end),
+        )  # fmt: skip
+        coords = {rank: RankCoord(dp=rank, tp=0, pp=0, cp=0, ep=0) for rank in (0, 1)}
+        records.extend(
+            make_record(rank, step, coord=coords[rank], start_us=start, end_us=end, intervals=intervals)
+            for rank in (0, 1)
+        )
+        start = end
+    write_records(path, records)
+    return path
+
+
+@pytest.mark.parametrize(("first_ms", "skip", "said"), [(400, 0, True), (400, 1, False), (150, 0, False)])
+def test_a_first_step_that_looks_like_a_warm_up_is_said_with_the_flag_that_leaves_it_out(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], first_ms: float, skip: int, said: bool
+) -> None:
+    # Records read whole (MESHSCOPE_COLLECTOR=file:, a sidecar's) keep their first step, which meshscope run leaves
+    # out: a torchrun job's step 0 at 4x the others went into every mean without a word.
+    path = _warm_records(tmp_path / "records.jsonl", first_ms)
+    assert main(["analyze", str(path), "--skip-steps", str(skip)]) == 0
+    out = capsys.readouterr().out
+    line = (
+        "WARM-UP: step 0 took 400.00 ms at the median rank, 4.0x the median step (100.00 ms): its one-time work "
+        "(compilation, first allocations, cold caches) is in the figures below; --skip-steps 1 leaves it out "
+        "(meshscope run leaves out its first step)"
+    )
+    assert (line in out) is said, out
+    assert ("WARM-UP" in out) is said
+    assert "PARTIAL DATA" not in out  # a caveat, not data missing

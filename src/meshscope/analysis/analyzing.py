@@ -37,7 +37,7 @@ from meshscope.analysis.costs import (
     partial_notes,
     summarise,
 )
-from meshscope.analysis.diagnosis import CPU_CONTENTION, Finding, diagnose, runqueue_contention
+from meshscope.analysis.diagnosis import CPU_CONTENTION, WARM_UP, Finding, diagnose, runqueue_contention
 from meshscope.errors import ParseCode, ParseError
 from meshscope.formatting import human_bytes, human_seconds, percent, render_table
 from meshscope.plan import PlanAssumptions, plan_job
@@ -386,8 +386,10 @@ def render_analysis_dict(data: Mapping[str, Any]) -> str:
     out = [f"meshscope analyze: job {data['job']!r}: {seen}, {span}"]
     # CPU contention is no data missing but a caveat on every timing: said at the top, not counted as partial data.
     contention = [n for n in data["partial_data"] if n["code"] == CPU_CONTENTION]
-    partial = [n for n in data["partial_data"] if n["code"] != CPU_CONTENTION]
+    warm_up = [n for n in data["partial_data"] if n["code"] == WARM_UP]
+    partial = [n for n in data["partial_data"] if n["code"] not in {CPU_CONTENTION, WARM_UP}]
     out.extend(f"CPU CONTENTION: {n['message']}" for n in contention)
+    out.extend(f"WARM-UP: {n['message']}" for n in warm_up)
     if partial:
         n = len(partial)
         out.append(f"PARTIAL DATA ({n} note{'' if n == 1 else 's'}, listed at the end): rows marked '(partial data)'")

@@ -17,12 +17,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from meshscope.analysis.analyzing import analyze, render_analysis
-from meshscope.analysis.diagnosis import CPU_CONTENTION
+from meshscope.analysis.costs import grouped_median
+from meshscope.analysis.diagnosis import CPU_CONTENTION, WARM_UP
 from meshscope.errors import MeshscopeError, ParseError
+from meshscope.formatting import human_seconds
 from meshscope.jobs import load_spec
 from meshscope.progress import NO_PROGRESS, command_progress
-from meshscope.records import Note, default_workers, read_table
+from meshscope.records import Note, RecordTable, default_workers, read_table
 
 if TYPE_CHECKING:
     import argparse
@@ -102,7 +106,45 @@ def read_inputs(
         # The reader speaks to library callers; on the command line the switch is a flag.
         raise error(str(exc).replace("allow_partial=True", "--allow-partial")) from exc
     launched, launch_notes = _launches(paths)
+    warm_up = warm_up_note(table, skip_steps)
+    notes.extend([warm_up] if warm_up is not None else [])
     return Inputs(table=table, spec=job_spec, notes=(*notes, *launch_notes), one_clock=launched)
+
+
+WARM_UP_RATIO = 2.0
+"""A first step read whose median rank took at least this many times the median step of the others is a warm-up."""
+
+
+def warm_up_note(table: RecordTable, skip_steps: int) -> Note | None:
+    """The ``warm_up`` note when the first step read looks like a warm-up, else ``None``.
+
+    Its median rank's step (end less start) at least :data:`WARM_UP_RATIO` x the median over the other steps of
+    theirs, with 2 steps or more besides it. One-time work (``torch.compile``, the optimizer state's first allocation,
+    cold caches, a DataLoader's workers starting) then sits in every mean and per-rank figure: ``meshscope run`` leaves
+    its first step out, records from ``MESHSCOPE_COLLECTOR=file:`` or a sidecar read whole do not (a user's clean
+    torchrun job: step 0 906 ms against 223 ms, its optimizer row 5.47 ms at the median rank-step beside 23.06 ms for
+    the median rank's mean), so the note says so and gives the flag.
+    """
+    s = table.steps
+    if table.n_rows == 0:
+        return None
+    steps, index = np.unique(s.step, return_inverse=True)
+    if steps.size < 3:
+        return None
+    medians = grouped_median(index, (s.end_us - s.start_us).astype(np.float64), int(steps.size))
+    rest = float(np.median(medians[1:]))
+    if rest <= 0 or medians[0] < WARM_UP_RATIO * rest:
+        return None
+    return Note(
+        code=WARM_UP,
+        count=1,
+        message=(
+            f"step {int(steps[0])} took {human_seconds(medians[0] / 1e6)} at the median rank, "
+            f"{medians[0] / rest:.1f}x the median step ({human_seconds(rest / 1e6)}): its one-time work (compilation, "
+            f"first allocations, cold caches) is in the figures below; --skip-steps {skip_steps + 1} leaves it out "
+            "(meshscope run leaves out its first step)"
+        ),
+    )
 
 
 RECORDS_SUFFIXES = (".jsonl", ".jsonl.gz")

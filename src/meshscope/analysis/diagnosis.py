@@ -187,6 +187,9 @@ SEVERITY_WARNING_SHARE = 0.05
 MAX_STRAGGLER_FINDINGS = 5
 """At most this many straggler findings (one per node, the costliest first)."""
 
+WARM_UP = "warm_up"
+"""The note of a first step read that looks like a warm-up (``meshscope.analysis.commands.warm_up_note``): no data
+missing, a caveat on the figures, said at the top like :data:`CPU_CONTENTION`."""
 CPU_CONTENTION = "cpu_contention"
 """Code of the note ``meshscope run`` adds when ranks outnumber the CPU cores they run on."""
 CONTENTION_SAID = "timings include CPU contention"
