@@ -388,7 +388,7 @@ def test_analyze_reports_the_per_stage_comparison_in_text_and_json() -> None:
     assert "Collectives per GPU per step, by pipeline stage" in text
     assert "not bus bytes" in text
     assert f"{len(rows)} of {len(rows)} compared rows match within 1.0 % in bytes per step" in text
-    assert "the recorder aggregates several collectives into one interval" in text  # fewer, larger intervals
+    assert "fewer, larger collectives per step than the plan counts, the same bytes in all" in text
 
 
 # ---------------------------------------------------------------------------- perturbed records show the difference

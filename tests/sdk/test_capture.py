@@ -203,8 +203,9 @@ def test_ddp_bucket_reductions_are_captured_and_gradients_unchanged(fork_job) ->
         r.rank: [(str(iv.axis), str(iv.op), iv.size_bytes, iv.group, iv.seq) for iv in r.intervals if iv.axis]
         for r in records
     }
-    # the world group of a dp=2 layout is the dp group (inferred from the layout, nothing registered)
-    assert comm[0] == comm[1] == [("dp", "all_reduce", (8 * 4 + 4) * F32, "dp:0", 0)]
+    # the world group of a dp=2 layout is the dp group (inferred from the layout, nothing registered); seq 1: the
+    # wrap's parameter broadcast (dist._broadcast_coalesced, before any step: not recorded) was the group's first
+    assert comm[0] == comm[1] == [("dp", "all_reduce", (8 * 4 + 4) * F32, "dp:0", 1)]
 
 
 def _ddp_paths_job(rank: int, world: int) -> dict[str, object]:
@@ -1097,3 +1098,55 @@ def test_a_hot_expert_is_an_expert_imbalance_of_its_rank_and_a_balanced_router_i
     assert "256 tokens like its peers" in finding.message
     assert "step time follows the router" in finding.message
     assert finding.evidence["expert_all_to_all_bytes"] > 2 * finding.evidence["median_expert_all_to_all_bytes"]
+
+
+def _buffers_job(rank: int, world: int) -> dict[str, object]:
+    # A model with a buffer (a causal mask, BatchNorm's statistics) under DDP's defaults: before every forward DDP
+    # broadcasts its buffers from rank 0 (dist._broadcast_coalesced, waited for in C++). Rank 1 loads its batch 40 ms
+    # late, so rank 0 waits for it there.
+    tracker = sdk.tracker_from_env()
+    model = nn.Linear(8, 8)
+    model.register_buffer("mask", torch.ones(64))
+    ddp = DDP(model)
+    optimizer = torch.optim.SGD(ddp.parameters(), lr=0.1)
+    for step in range(6):
+        with tracker.step(step):
+            with tracker.phase("data"):
+                time.sleep(0.04 if rank == 1 else 0.0)
+            with tracker.phase("forward"):
+                loss = ddp(torch.ones(4, 8)).sum()
+            with tracker.phase("backward"):
+                loss.backward()
+            with tracker.phase("optimizer"):
+                optimizer.step()
+                optimizer.zero_grad()
+    counters = tracker.counters().as_dict()
+    tracker.close()
+    return {"counters": counters}
+
+
+@pytest.mark.slow
+def test_ddp_buffer_broadcasts_are_dp_collectives_and_their_wait_is_not_compute(fork_job) -> None:
+    # Before: the broadcast was not captured; rank 0's 40 ms wait for rank 1 in each step was forward compute and
+    # the analysis named nobody (a user's nanoGPT-style script with a slow loader on one rank: "Findings: none").
+    job = fork_job(_buffers_job, 2, env={"MESHSCOPE_LAYOUT": "dp=2"})
+    assert all(r["counters"]["hook_errors"] == 0 for r in job.results)
+    records = read_lines(job.records_path)
+    for rec in records:
+        casts = [iv for iv in rec["intervals"] if iv.get("op") == "broadcast"]
+        assert [(iv["axis"], iv["group"], iv["bytes"]) for iv in casts] == [("dp", "dp:0", 256)], rec["intervals"]
+    waited = {
+        rec["step"]: iv["wait_us"]
+        for rec in records
+        if rec["rank"] == 0
+        for iv in rec["intervals"]
+        if iv.get("op") == "broadcast"
+    }
+    assert sorted(waited) == list(range(6))
+    # rank 0 sat in it for rank 1's late batch (in step 1 DDP's rebuild of its buckets, at its second forward, syncs
+    # the ranks first)
+    assert all(waited[step] > 20_000 for step in range(2, 6)), waited
+    analysis = analyze(read_table(job.records_path, skip_steps=2))
+    first = analysis.findings[0]
+    assert (first.code, [s.rank for s in first.suspects]) == ("straggler", [1])
+    assert first.message.startswith("rank 1 on vm is slow in data loading: ")

@@ -353,8 +353,9 @@ def _render_collectives(collectives: Sequence[Mapping[str, Any]]) -> str:
         lines.append(f"  ... and {len(uneven) - _MAX_UNEVEN_LINES} more rows whose rank-steps differ (see --json)")
     if aggregated:
         lines.append(
-            f"  {len(aggregated)} matching rows have fewer, larger intervals than plan instances: the recorder "
-            "aggregates several collectives into one interval (the simulator records one per collective phase)"
+            f"  {len(aggregated)} matching rows have fewer, larger collectives per step than the plan counts, the "
+            "same bytes in all: the job issues them merged or in another split (DDP's buckets, a coalesced or fused "
+            "call, an MoE dispatcher of its own; the simulator records one per collective phase)"
         )
     return "\n".join(lines)
 

@@ -167,7 +167,13 @@ def _run_spec(outcome: RunOutcome) -> _Planned:
         None,
     )
     if described is None:
-        return _Planned(spec=None, why="no --spec, and the training script did not describe itself (describe_job)")
+        return _Planned(
+            spec=None,
+            why=(
+                "no --spec, and the training script did not describe itself (describe_job); give --spec job.yaml, "
+                "a TrainingJob of the model, layout and hardware (docs/spec.md)"
+            ),
+        )
     try:
         job = TinyJob.from_dict(described)
         spec = tiny_job_spec(job, settings.layout, gpus_per_node=settings.gpus_per_node, name=settings.job)

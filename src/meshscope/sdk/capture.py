@@ -101,6 +101,9 @@ class CaptureSink(Protocol):
     def on_wait(self, work: Work, t0: int, m0: Mark) -> None:
         """A ``Work.wait`` that started at host ns ``t0`` / mark ``m0`` returned now."""
 
+    def on_blocking(self, pg: ProcessGroup, op: str, nbytes: int, m0: Mark) -> None:
+        """A collective issued at mark ``m0`` that ran to completion inside one call returned now."""
+
     def on_tensor_wait(self, tensor: torch.Tensor | None, t0: int, m0: Mark) -> None:
         """A functional ``wait_tensor`` that started at ``t0`` / ``m0`` returned now."""
 
@@ -973,6 +976,38 @@ CHECKPOINT_FUNCTIONS: Final = ("save", "async_save", "load", "save_state_dict", 
 and planning it does before it returns its future)."""
 
 
+def _coalesced_broadcast_wrapper(orig: Callable[..., Any]) -> Callable[..., Any]:
+    """A wrapper of ``dist._broadcast_coalesced`` that records its broadcast as one blocking collective.
+
+    DDP's buffer broadcast at every forward (``broadcast_buffers=True``, the default: a model with buffers,
+    BatchNorm's statistics or a registered causal mask, broadcasts them from rank 0 before each forward), its
+    parameter broadcast at the wrap, FSDP's ``sync_module_states``. It runs c10d's broadcasts in C++ and waits for
+    them there, past the ``ProcessGroup`` methods patched here: uncaptured, a late rank's wait landed in its peers'
+    forward as compute and the rank that made them wait went unnamed.
+    """
+
+    @functools.wraps(orig)
+    def _broadcast_coalesced(process_group: Any, tensors: Any, *args: Any, **kwargs: Any) -> Any:
+        t = ACTIVE
+        if t is None:
+            return orig(process_group, tensors, *args, **kwargs)
+        t0 = _perf_ns()
+        m0 = t.device_mark(t0) if t.on_device else t0
+        out = orig(process_group, tensors, *args, **kwargs)
+        try:
+            t.on_blocking(process_group, "broadcast", sum(_nbytes(x) for x in tensors), m0)
+        except Exception as exc:  # noqa: BLE001 - meshscope must never break the training loop
+            t.fault("coalesced broadcast capture", exc)
+        return out
+
+    return _broadcast_coalesced
+
+
+def _patch_coalesced_broadcast() -> None:
+    if hasattr(dist, "_broadcast_coalesced"):
+        _set(dist, "_broadcast_coalesced", _coalesced_broadcast_wrapper(dist._broadcast_coalesced))  # noqa: SLF001
+
+
 def _checkpoint_wrapper(orig: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(orig)  # the signature and docs stay the original's
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -1081,6 +1116,7 @@ def install(tracker: CaptureSink) -> None:
         _sdpa_wrapper(torch.nn.functional.scaled_dot_product_attention),
     )
     _set(torch, "save", _checkpoint_wrapper(torch.save))
+    _patch_coalesced_broadcast()
     _patch_loaders()
     patch_loaded_modules()
     ACTIVE = tracker

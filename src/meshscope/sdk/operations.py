@@ -399,6 +399,32 @@ class Operations:
             self._ddp_ops.append(rec)
             _on_completion(work, rec, self.mark_end)
 
+    def on_blocking(self, pg: ProcessGroup, op: str, nbytes: int, m0: Mark) -> None:
+        """A collective issued at mark ``m0`` that ran to completion inside one call returned now.
+
+        ``dist._broadcast_coalesced`` (DDP's buffer broadcast before every forward): c10d waits for it in C++, so the
+        rank was blocked from its issue to now, as in a synchronous call whose ``Work.wait`` returned now.
+        """
+        if get_ident() != self.step_thread and self.elsewhere():
+            self.background += 1
+            return
+        group = self._groups.get(id(pg))
+        if group is None or group.pg is not pg:
+            group = self._group_of_pg(pg)
+        if group.axis is None:
+            if group.size > 1:
+                self.unattributed += 1
+            return
+        seq = next(group.counter)
+        st = self.step
+        if st is None:
+            return
+        t1 = _perf_ns()
+        m1 = self.device_mark(t1) if self.on_device else t1
+        meta = group.metas.get(op) or group.meta(op)
+        st.ops.append([m0, m1, meta, seq, nbytes, None, t1, m0])
+        st.windows.append((m0, m1))
+
     def on_p2p(  # noqa: PLR0917 - positionals on the hot path
         self, pg: ProcessGroup, op: str, peer_in_group: int | None, nbytes: int | None, work: Work | None, start: Mark
     ) -> None:
