@@ -911,18 +911,24 @@ def test_two_groups_of_the_same_ranks_are_told_apart_by_creation_not_first_use(f
     assert sizes == {(r, g, b) for r in (0, 1) for g, b in (("dp:0", 32), (f"dp:0~{later}", 16))}
 
 
-def _mesh_in_its_own_order_job(rank: int, world: int) -> dict[str, object]:
-    # init_device_mesh("cpu", (dp, pp), ("dp", "pp")): the mesh's last dim varies fastest, so ranks 0 and 1 are the
-    # two pipeline stages of replica 0, where the layout's default order (Megatron's, dp before pp) puts ranks 0 and
-    # 1 in one stage.
+def _meshscope_log() -> list[str]:
+    """Every message meshscope logs from now on, in this (forked) rank."""
     import logging  # noqa: PLC0415
-
-    from torch.distributed.device_mesh import init_device_mesh  # noqa: PLC0415
 
     said: list[str] = []
     handler = logging.Handler()
     handler.emit = lambda record: said.append(record.getMessage())  # type: ignore[method-assign]
     logging.getLogger("meshscope").addHandler(handler)
+    return said
+
+
+def _mesh_in_its_own_order_job(rank: int, world: int) -> dict[str, object]:
+    # init_device_mesh("cpu", (dp, pp), ("dp", "pp")): the mesh's last dim varies fastest, so ranks 0 and 1 are the
+    # two pipeline stages of replica 0, where the layout's default order (Megatron's, dp before pp) puts ranks 0 and
+    # 1 in one stage.
+    from torch.distributed.device_mesh import init_device_mesh  # noqa: PLC0415
+
+    said = _meshscope_log()
     tracker = sdk.tracker_from_env()
     mesh = init_device_mesh("cpu", (2, world // 2), mesh_dim_names=("dp", "pp"))
     if os.environ.get("REGISTER_MESH") == "1":
@@ -968,14 +974,9 @@ def test_a_registered_mesh_in_another_rank_order_than_the_layout_gives_the_recor
 
 def _expert_mesh_job(rank: int, world: int) -> dict[str, object]:
     # An MoE script's mesh: its dp dim is the expert-data-parallel one (4 ranks as 2 x 2, ep inside dp).
-    import logging  # noqa: PLC0415
-
     from torch.distributed.device_mesh import init_device_mesh  # noqa: PLC0415
 
-    said: list[str] = []
-    handler = logging.Handler()
-    handler.emit = lambda record: said.append(record.getMessage())  # type: ignore[method-assign]
-    logging.getLogger("meshscope").addHandler(handler)
+    said = _meshscope_log()
     tracker = sdk.tracker_from_env()
     dims = tuple(os.environ["MESH_DIMS"].split(","))
     mesh = init_device_mesh("cpu", (2, world // 2), mesh_dim_names=dims)

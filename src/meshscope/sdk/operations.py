@@ -405,25 +405,13 @@ class Operations:
         ``dist._broadcast_coalesced`` (DDP's buffer broadcast before every forward): c10d waits for it in C++, so the
         rank was blocked from its issue to now, as in a synchronous call whose ``Work.wait`` returned now.
         """
-        if get_ident() != self.step_thread and self.elsewhere():
-            self.background += 1
-            return
-        group = self._groups.get(id(pg))
-        if group is None or group.pg is not pg:
-            group = self._group_of_pg(pg)
-        if group.axis is None:
-            if group.size > 1:
-                self.unattributed += 1
-            return
-        seq = next(group.counter)
         st = self.step
-        if st is None:
-            return
-        t1 = _perf_ns()
-        m1 = self.device_mark(t1) if self.on_device else t1
-        meta = group.metas.get(op) or group.meta(op)
-        st.ops.append([m0, m1, meta, seq, nbytes, None, t1, m0])
-        st.windows.append((m0, m1))
+        recorded = len(st.ops) if st is not None else 0
+        self.on_collective(pg, op, lambda _args, _size: nbytes, (), None, m0, completion=False)
+        if st is not None and len(st.ops) > recorded:
+            rec = st.ops[-1]
+            rec[WAIT] = m0
+            st.windows.append((m0, rec[END]))
 
     def on_p2p(  # noqa: PLR0917 - positionals on the hot path
         self, pg: ProcessGroup, op: str, peer_in_group: int | None, nbytes: int | None, work: Work | None, start: Mark
