@@ -4,6 +4,7 @@ loaded by ``plan`` and ``predict``, ``plan --search --assumptions`` and the erro
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 from pathlib import Path
@@ -310,3 +311,71 @@ def test_an_axis_the_run_never_had_is_marked_not_calibrated(cpu_run_dir, capsys)
     assert "not calibrated: tp: the measured run had no such collectives" in out
     code, out, _ = _run(capsys, "predict", "--from", str(cpu_run_dir), "--layout", "tp=2,dp=2", "--json", "-q")
     assert json.loads(out)["not_calibrated"] == ["tp"]
+
+
+USER_SPEC = """\
+apiVersion: meshscope.io/v1alpha1
+kind: TrainingJob
+metadata: {name: user-ddp}
+spec:
+  model: {layers: 2, hiddenSize: 64, attentionHeads: 4, ffnHiddenSize: 256, vocabSize: 256, seqLength: 64,
+          activation: gelu, norm: layernorm, positionEmbedding: learned, linearBias: true}
+  parallelism: {dp: 4}
+  training: {microBatchSize: 8, globalBatchSize: 32, precision: fp32}
+  hardware: {bf16Tflops: 1, hbmGiB: 16, hbmBandwidthGBps: 1000, nvlinkGBpsPerDirection: 1, nicGbpsPerGpu: 1,
+             gpusPerNode: 4, nodes: 1}
+"""
+
+
+@pytest.fixture(scope="module")
+def user_cpu_run(tmp_path_factory) -> tuple[Path, Path]:
+    """A user's own dp=4 script under ``meshscope run --spec`` on 2 cores: records without a GPU, CPU figures."""
+    from meshscope.jobs import load_spec  # noqa: PLC0415
+    from meshscope.records import RecordTable  # noqa: PLC0415
+
+    out = tmp_path_factory.mktemp("user-cpu-run")
+    spec_path = out / "job.yaml"
+    spec_path.write_text(USER_SPEC)
+    spec = load_spec(spec_path)
+    result = simulate(spec, steps=6, assumptions=emulated_assumptions().__class__(compute_efficiency=0.05))
+    on_cpu = [dataclasses.replace(r, gpu=None, gpu_util=None) for r in result.table.to_records()]
+    write_records(out / "records.jsonl", RecordTable.from_records(on_cpu))
+    cpu = {"ranks": 4, "cores": 2.0, "busy_fraction": 0.9, "foreign_fraction": 0.0}
+    (out / "collector.json").write_text(json.dumps({"layout": "dp=4", "cpu": cpu}))
+    return out, spec_path
+
+
+def test_a_users_cpu_script_has_its_compute_stretched_by_the_contention(user_cpu_run, tmp_path, capsys):
+    """4 ranks on 2 cores compute at half a core each; dp=2 on the same cores at a whole one. A rank of dp=2 has twice
+    the rows, so its compute per step is what a dp=4 rank measured, not twice it (as on a GPU per rank)."""
+    out, spec_path = user_cpu_run
+    path = tmp_path / "a.yaml"
+    code, text, err = _run(capsys, "calibrate", str(out), "--spec", str(spec_path), "--out", str(path))
+    assert (code, err) == (0, "")
+    assert "its compute is stretched with the contention too" in text
+    mapping = load_yaml_mapping(path)
+    assert mapping["cpu_compute"] is True
+    assert mapping["cpu_contention_at_fit"] == pytest.approx(2.0)
+    code, text, err = _run(capsys, "predict", "--from", str(out), "--spec", str(spec_path), "--layout", "dp=2",
+                           "--json", "-q")  # fmt: skip
+    assert (code, err) == (0, "")
+    compute = json.loads(text)["categories"]["compute"]
+    assert compute["expected_s"] == pytest.approx(compute["measured_s"], rel=0.05)
+    on_gpus = _run(capsys, "predict", "--from", str(out / "records.jsonl"), "--spec", str(spec_path), "--layout",
+                   "dp=2", "--json", "-q")  # fmt: skip  # records files alone: no CPU figures, a GPU per rank
+    gpu_compute = json.loads(on_gpus[1])["categories"]["compute"]
+    assert gpu_compute["expected_s"] == pytest.approx(2 * compute["expected_s"], rel=0.05)
+
+
+def test_a_layout_smaller_than_a_node_is_part_of_one_node(user_cpu_run, capsys):
+    out, spec_path = user_cpu_run
+    code, text, err = _run(capsys, "predict", "--from", str(out), "--spec", str(spec_path), "--layout", "dp=2",
+                           "--json", "-q")  # fmt: skip
+    assert (code, err) == (0, "")
+    assert json.loads(text)["predicted"]["world_size"] == 2
+    code, _, err = _run(capsys, "predict", "--from", str(out), "--spec", str(spec_path), "--layout", "dp=6")
+    assert code == 2
+    assert "layout dp=6 tp=1 pp=1 cp=1 ep=1 vpp=1 (6 GPUs) is not a whole number of nodes of 4 GPUs" in err
+    assert "give a multiple of 4 GPUs, or fewer than 4 for part of one node" in err
+    code, _, err = _run(capsys, "predict", "--from", str(out), "--spec", str(spec_path), "--gpus", "6")
+    assert "--gpus 6 is not a whole number of nodes of 4 GPUs (hardware.gpusPerNode in the spec)" in err

@@ -327,8 +327,13 @@ def test_a_bad_target_gets_the_planners_error(two_nodes):
     bad = retarget(spec, layout=parse_layout("tp=3,dp=2"), gpus=8)  # 6 GPUs of layout on 8 of hardware
     with pytest.raises(PlanError, match=r"needs dp·tp·pp·cp = 6 GPUs but the hardware has"):
         predict(c, bad)
-    with pytest.raises(PlanError, match=r"--gpus 6 is not a whole number of 4-GPU nodes"):
+    with pytest.raises(PlanError, match=r"layout dp=2 tp=3 .* \(6 GPUs\) is not a whole number of nodes of 4 GPUs"):
         retarget(spec, layout=parse_layout("tp=3,dp=2"))
+    with pytest.raises(PlanError, match=r"--gpus 6 is not a whole number of nodes of 4 GPUs"):
+        retarget(spec, gpus=6)
+    # Fewer GPUs than a node are part of one: one NVLink domain of that many, nothing crosses the network.
+    small = retarget(spec, layout=parse_layout("tp=2"))
+    assert (small.hardware.nodes, small.hardware.gpus_per_node, small.hardware.nvlink_domain_gpus) == (1, 2, 2)
 
 
 def test_records_of_another_layout_are_refused(two_nodes):
@@ -359,3 +364,25 @@ def test_the_gemm_ceiling_is_recovered_under_the_roofline():
     assert v.low <= 0.6 <= v.high
     assert v.value == pytest.approx(0.6, rel=0.02)
     assert "cannot tell the host's time per layer pass" in value(c, "host_seconds_per_layer_pass").refused
+
+
+def test_a_run_faster_than_the_roofline_allows_is_fitted_with_the_flat_model():
+    """The spec's HBM figure understates the machine: even GEMMs at the full peak leave the roofline slower than the
+    run, so no GEMM ceiling fits it (it would be kept at 1, the plan off by the memory-bound classes' excess). The
+    flat model is fitted instead, and its line says why."""
+    spec = load_spec(ROOT / "examples" / "llama3-8b-h100.yaml")
+    result = simulate(spec, steps=3, assumptions=PlanAssumptions(compute_efficiency=0.7), faults=[Noise(sigma=0.02)])
+    gpu = spec.hardware.gpu
+    slow = dataclasses.replace(gpu, hbm_bandwidth_bytes_per_s=gpu.hbm_bandwidth_bytes_per_s / 100)
+    understated = dataclasses.replace(spec, hardware=dataclasses.replace(spec.hardware, gpu=slow))
+    c = calibrate(result.table, understated)
+    gemm = value(c, "gemm_efficiency")
+    assert gemm.value is None
+    assert "the spec's hardware understates this machine" in gemm.refused
+    assert "HBM bandwidth (33.5 GB/s)" in gemm.refused
+    flat = value(c, "compute_efficiency")
+    assert flat.value == pytest.approx(0.7, rel=0.03)
+    assert c.assumptions.compute_efficiency == flat.value
+    measured, expected = c.residuals()["compute"]
+    assert expected == pytest.approx(measured, rel=0.03)
+    assert "compute_efficiency:" in render_file(c)

@@ -89,6 +89,7 @@ _MEASURED_TIMES: dict[str, st.SearchStrategy[object]] = {
     "cpu_stage_contention_at_fit": st.none() | st.floats(min_value=1.0, max_value=20.0),
     "cpu_stage_time_scale": st.floats(min_value=1.0, max_value=20.0),
     "cpu_dp_comm_time_scale": st.floats(min_value=1.0, max_value=20.0),
+    "cpu_compute_time_scale": st.floats(min_value=1.0, max_value=20.0),
     "host_tp_factor": st.floats(min_value=1.0, max_value=4.0),
     "host_reference_tp": st.none() | st.sampled_from([1.0, 2.0, 8.0]),
     **dict.fromkeys(("data_wait_seconds", "host_overhead_seconds"), st.floats(min_value=0.0, max_value=10.0)),
@@ -99,7 +100,7 @@ _MEASURED_TIMES: dict[str, st.SearchStrategy[object]] = {
 def _valid_value(name: str) -> st.SearchStrategy[object]:
     if name in NCCL_FIELDS:
         return _NCCL
-    if name in ("causal_attention", "nccl_latency", "pp_scatter_gather"):
+    if name in ("causal_attention", "nccl_latency", "pp_scatter_gather", "cpu_compute"):
         return st.booleans()
     if name == "gemm_tiles":
         side = st.sampled_from([64, 128, 256])

@@ -267,8 +267,8 @@ def test_unknown_key_with_no_close_match_lists_the_known_names():
     # The fields of PlanAssumptions in declaration order: compute_efficiency, gemm_efficiency, gemm_tiles, ...
     assert message.startswith("f: unknown assumption 'zzzz'; known: compute_efficiency, gemm_efficiency, gemm_tiles, ")
     assert message.endswith(
-        ", cpu_cores, cpu_contention_at_fit, cpu_stage_contention_at_fit, cpu_time_scale, cpu_stage_time_scale, "
-        "cpu_dp_comm_time_scale"
+        ", cpu_cores, cpu_compute, cpu_contention_at_fit, cpu_stage_contention_at_fit, cpu_time_scale, "
+        "cpu_stage_time_scale, cpu_dp_comm_time_scale, cpu_compute_time_scale"
     )
 
 

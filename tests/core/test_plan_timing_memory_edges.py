@@ -158,6 +158,10 @@ def test_contended_stretches_every_cpu_time_by_the_contention_ratio():
     # The busy-rank ratio at 1 does not stop the stage's: fitted at kappa 4 (both contentions), 3 stages of 4 ranks.
     same_busy = contended(dataclasses.replace(CALIBRATED, cpu_contention_at_fit=4.0), 12, 0.5, pp=3)
     assert same_busy.host_seconds_per_layer_pass == pytest.approx(0.01)
+    # Compute stretches only where the kernels are CPU work (a user's script on CPU ranks), by kappa's ratio.
+    assert got.cpu_compute_time_scale == 1.0
+    on_cpu = contended(dataclasses.replace(CALIBRATED, cpu_compute=True), 12, 0.5, pp=3)
+    assert on_cpu.cpu_compute_time_scale == pytest.approx(2.5)
     assert same_busy.dp_sync_wait_per_collective_seconds == pytest.approx(0.002 * 2 / 4)
     assert same_busy.cpu_stage_time_scale == pytest.approx(0.5)
     # What contention does not touch stays as it was.

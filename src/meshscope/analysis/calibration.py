@@ -625,23 +625,8 @@ def _fit_compute(
                                   refused="the records hold no compute: nothing to fit compute against"))  # fmt: skip
         return
     if base.flat_compute:
-        at_peak = _planned_compute(spec, replace(base, compute_efficiency=1.0))[np.clip(stage, 0, spec.layout.pp - 1)]
-        ok = measured > 0
-        ratio = at_peak[ok] / measured[ok]
-        median, low, high = _bootstrap_median(ratio)
-        note = ""
-        if median > 1.0:
-            note = f"; measured compute is faster than the peak allows ({median:.3g} x), kept at 1"
-        value = min(median, 1.0)
-        values.append(FittedValue(
-            name="compute_efficiency", value=value, low=min(low, 1.0), high=min(high, 1.0),
-            base=base.compute_efficiency, unit="",
-            basis=f"median over {int(ok.sum()):,} rank-steps of planned compute at the dense peak ÷ measured "
-            f"compute{note}",
-        ))  # fmt: skip
-        changes["compute_efficiency"] = value
-        overrides["compute_efficiency"] = value
-        values.extend((_per_class_refusal(base), _host_refusal(base)))
+        _fit_flat_compute(spec, base=base, measured=measured, stage=stage, values=values, changes=changes,
+                          overrides=overrides)  # fmt: skip
         return
     # The roofline: one GEMM ceiling, by bisection on the measured mean compute (planned compute falls as it rises).
     target = float(measured.mean())
@@ -667,6 +652,23 @@ def _fit_compute(
 
     g = solve(target)
     default = base.gemm_efficiency if base.gemm_efficiency is not None else spec.hardware.gpu.matmul_achievable_fraction
+    at_one = planned_mean(1.0)
+    if g >= 1.0 and at_one > high_t:
+        # Even GEMMs at the spec's peak leave the plan slower than the run: its memory-bound classes at the spec's HBM
+        # bandwidth take longer than the whole measured compute. No GEMM ceiling can fit that; one efficiency for every
+        # FLOP can, and it scales each layout's compute with its FLOPs, which is what a prediction needs.
+        why = (
+            f"the roofline plans {at_one * 1e3:.4g} ms of compute per step with GEMMs at the spec's full peak, "
+            f"{at_one / target:.3g}x the measured {target * 1e3:.4g} ms: its memory-bound operations at the spec's "
+            f"HBM bandwidth ({spec.hardware.gpu.hbm_bandwidth_bytes_per_s / 1e9:.4g} GB/s) alone outlast the run's "
+            f"compute, so the spec's hardware understates this machine; the flat model (one efficiency for every "
+            f"FLOP) is fitted instead"
+        )
+        values.append(FittedValue(name="gemm_efficiency", value=None, low=None, high=None, base=default, unit="",
+                                  basis="-", refused=why))  # fmt: skip
+        _fit_flat_compute(spec, base=base, measured=measured, stage=stage, values=values, changes=changes,
+                          overrides=overrides)  # fmt: skip
+        return
     values.append(FittedValue(
         name="gemm_efficiency", value=g, low=solve(high_t), high=solve(low_t), base=default, unit="",
         basis=f"the GEMM ceiling at which the roofline's compute equals the measured mean "
@@ -674,6 +676,36 @@ def _fit_compute(
     ))  # fmt: skip
     changes["gemm_efficiency"] = g
     overrides["gemm_efficiency"] = g
+    values.extend((_per_class_refusal(base), _host_refusal(base)))
+
+
+def _fit_flat_compute(
+    spec: JobSpec,
+    *,
+    base: PlanAssumptions,
+    measured: NDArray[np.float64],
+    stage: NDArray[np.int64],
+    values: list[FittedValue],
+    changes: dict[str, Any],
+    overrides: dict[str, Any],
+) -> None:
+    """One efficiency for every FLOP: the median of planned compute at the dense peak over measured compute."""
+    at_peak = _planned_compute(spec, replace(base, compute_efficiency=1.0))[np.clip(stage, 0, spec.layout.pp - 1)]
+    ok = measured > 0
+    ratio = at_peak[ok] / measured[ok]
+    median, low, high = _bootstrap_median(ratio)
+    note = ""
+    if median > 1.0:
+        note = f"; measured compute is faster than the peak allows ({median:.3g} x), kept at 1"
+    value = min(median, 1.0)
+    values.append(FittedValue(
+        name="compute_efficiency", value=value, low=min(low, 1.0), high=min(high, 1.0),
+        base=base.compute_efficiency, unit="",
+        basis=f"median over {int(ok.sum()):,} rank-steps of planned compute at the dense peak ÷ measured "
+        f"compute{note}",
+    ))  # fmt: skip
+    changes["compute_efficiency"] = value
+    overrides["compute_efficiency"] = value
     values.extend((_per_class_refusal(base), _host_refusal(base)))
 
 
@@ -912,6 +944,12 @@ def _plain(value: float | None, unit: str) -> str:
     return f"{value:.4g}"
 
 
+_FLAG_COMMENTS: Final = {
+    "nccl_latency": "price collectives with the fitted latency",
+    "cpu_compute": "the kernels ran on the CPU cores: compute stretches with their contention",
+}
+
+
 def render_file(c: Calibration) -> str:  # noqa: C901 - one branch per kind of line
     """The assumptions file: what ``--assumptions`` loads (over the base), each value's provenance in a comment.
 
@@ -944,7 +982,8 @@ def render_file(c: Calibration) -> str:  # noqa: C901 - one branch per kind of l
                 lines.append(f"  {sub}: {_yaml_number(number)}{note}")
             continue
         if isinstance(value, bool):
-            lines.append(f"{key}: {'true' if value else 'false'}  # price collectives with the fitted latency")
+            why = _FLAG_COMMENTS.get(key, "")
+            lines.append(f"{key}: {'true' if value else 'false'}" + (f"  # {why}" if why else ""))
         elif isinstance(value, list):
             lines.append(f"{key}: [{', '.join(value)}]  # the run measured one algorithm and protocol, priced as one")
         else:
@@ -1147,7 +1186,9 @@ def _fit_contention(
     values.append(FittedValue(
         name="cpu_cores", value=base.cpu_cores, low=None, high=None, base=None, unit="",
         basis="the cores the ranks could run on less the share other processes took over the run "
-        "(collector.json: cpu.cores x (1 - foreign_fraction))",
+        "(collector.json: cpu.cores x (1 - foreign_fraction))"
+        + ("; the job's kernels ran on these CPUs (its records name no GPU), so its compute is stretched with the "
+           "contention too" if base.cpu_compute else ""),
     ))  # fmt: skip
     values.append(FittedValue(
         name="cpu_contention_at_fit", value=kappa, low=None, high=None, base=1.0, unit="",
@@ -1163,6 +1204,8 @@ def _fit_contention(
         "and the optimizer below are measured at this contention",
     ))  # fmt: skip
     overrides["cpu_cores"] = base.cpu_cores
+    if base.cpu_compute:
+        overrides["cpu_compute"] = True
     overrides["cpu_contention_at_fit"] = kappa
     overrides["cpu_stage_contention_at_fit"] = stage
     return replace(base, cpu_contention_at_fit=kappa, cpu_stage_contention_at_fit=stage)

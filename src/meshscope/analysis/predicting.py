@@ -49,25 +49,35 @@ def retarget(
     """``spec`` with another layout, GPU count, GPU type, micro-batch size or recompute policy (the rest kept).
 
     The hardware keeps its wiring and gets ``gpus ÷ gpus_per_node`` nodes (default: the layout's world size), or is
-    the catalogue's ``hardware`` GPU. The global batch is kept, so a new dp or micro-batch changes the number of
-    micro-batches (the planner says so when the batch does not split).
+    the catalogue's ``hardware`` GPU. Fewer GPUs than a node are part of one node: they share its NVLink and nothing
+    crosses the network. The global batch is kept, so a new dp or micro-batch changes the number of micro-batches
+    (the planner says so when the batch does not split).
 
     Raises:
-        PlanError: for a GPU count that is not a whole number of nodes, naming both numbers.
+        PlanError: for a GPU count above one node that is not a whole number of nodes, naming both numbers.
         MeshscopeError: the catalogue's error for an unknown GPU.
     """
     new_layout = layout if layout is not None else spec.layout
     world = gpus if gpus is not None else new_layout.world_size
     if hardware is not None:
-        per_node = default_hardware(hardware, nodes=1).gpus_per_node
+        hw = default_hardware(hardware, nodes=1)
+        where = f"--hardware {hardware}"
     else:
-        per_node = spec.hardware.gpus_per_node
-    if world < 1 or world % per_node:
-        raise PlanError(f"--gpus {world} is not a whole number of {per_node}-GPU nodes")
-    if hardware is not None:
-        hw = default_hardware(hardware, nodes=world // per_node)
+        hw = spec.hardware
+        where = "hardware.gpusPerNode in the spec"
+    per_node = hw.gpus_per_node
+    if world < 1:
+        raise PlanError(f"--gpus must be >= 1, got {world}")
+    if world < per_node:
+        hw = replace(hw, nodes=1, gpus_per_node=world, nvlink_domain_gpus=world)
+    elif world % per_node:
+        given = f"--gpus {world}" if gpus is not None else f"layout {new_layout.describe()} ({world} GPUs)"
+        raise PlanError(
+            f"{given} is not a whole number of nodes of {per_node} GPUs ({where}): give a multiple of {per_node} "
+            f"GPUs, or fewer than {per_node} for part of one node"
+        )
     else:
-        hw = replace(spec.hardware, nodes=world // per_node)
+        hw = replace(hw, nodes=world // per_node)
     training = spec.training
     if micro_batch_size is not None:
         training = replace(training, micro_batch_size=micro_batch_size)

@@ -184,7 +184,12 @@ def read_run(sources: Sequence[str], *, spec: str | None, quiet: bool = True) ->
         table, warmup = _without_warmup(table)
     per_node = _ranks_per_node(table)
     if inputs.spec is not None:
-        return MeasuredRun(table=table, spec=inputs.spec, base=PlanAssumptions(), one_clock=inputs.one_clock,
+        base = PlanAssumptions()
+        if folder is not None and not table.on_gpu:
+            # The user's own script on this machine's CPU ranks: its kernels are CPU work, so the contention model
+            # applies to its compute as well as to its host time and collectives (docs/predict.md).
+            base = replace(base, cpu_cores=cpu_cores_of_run(folder), cpu_compute=True)
+        return MeasuredRun(table=table, spec=inputs.spec, base=base, one_clock=inputs.one_clock,
                            gpus_per_node=per_node, warmup_step=warmup)  # fmt: skip
     if folder is None:
         raise PredictInputError("records files need --spec FILE (a meshscope run directory describes its own job)")

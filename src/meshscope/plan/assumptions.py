@@ -258,6 +258,11 @@ class PlanAssumptions:
     (a GPU cluster), so the host, sync-wait and collective times do not depend on how many ranks there are. When set,
     the planner models CPU contention: those times are stretched by ``max(1, busy ranks ÷ cpu_cores)`` relative to
     ``cpu_contention_at_fit`` (docs/predict.md, "CPU contention")."""
+    cpu_compute: bool = False
+    """Whether the job's kernels themselves are CPU work (a script run on CPU ranks under ``meshscope run``: its
+    records carry no GPU), so that its compute stretches with the CPU contention as the host time does. ``False``
+    (default): the kernels run on an accelerator (a GPU, or the emulated accelerator's sleep, which is not CPU work).
+    Only used with ``cpu_cores``."""
     cpu_contention_at_fit: float = 1.0
     """The contention factor ``max(1, busy ranks ÷ cpu_cores)`` of the run the host time per layer pass, the sync
     waits and the link fits were measured on (``meshscope calibrate`` writes it); 1 by default. Only used with
@@ -280,6 +285,9 @@ class PlanAssumptions:
     planned layout's stage contention over ``cpu_contention_at_fit``, the contention the link fit is referenced to
     (``meshscope calibrate`` expresses a pipelined run's dp transfers at it), when ``cpu_cores`` is set (not meant to
     be set by hand)."""
+    cpu_compute_time_scale: float = 1.0
+    """Multiplies the expected compute seconds when ``cpu_compute`` is set. Default 1; the planner sets it to the CPU
+    contention ratio of the planned layout (not meant to be set by hand)."""
     _hash: int = field(init=False, repr=False, compare=False, default=0)
     """The hash, computed once: the planner's caches key on the assumptions thousands of times per layout search."""
 
@@ -366,7 +374,7 @@ OVERLAP_FIELDS: Final = (
 """Assumptions that are overlap fractions in [0, 1]."""
 NCCL_FIELDS: Final = ("ring_ll", "ring_ll128", "ring_simple", "tree_ll", "tree_ll128", "tree_simple")
 """Assumptions that are :class:`NcclProtocolCosts`."""
-_BOOLEANS: Final = ("causal_attention", "nccl_latency", "pp_scatter_gather")
+_BOOLEANS: Final = ("causal_attention", "nccl_latency", "pp_scatter_gather", "cpu_compute")
 SYNC_WAIT_AXIS_FIELDS: Final = {
     "dp": "dp_sync_wait_per_collective_seconds",
     "tp": "tp_sync_wait_per_collective_seconds",
@@ -413,6 +421,7 @@ _RANGES: Final[dict[str, tuple[float, float | None, bool]]] = {
     "cpu_time_scale": (0.0, None, True),
     "cpu_stage_time_scale": (0.0, None, True),
     "cpu_dp_comm_time_scale": (0.0, None, True),
+    "cpu_compute_time_scale": (0.0, None, True),
 }  # fmt: skip
 """``(low, high, low excluded)`` of every numeric assumption (``high`` ``None``: unbounded)."""
 

@@ -119,6 +119,7 @@ def contended(assumptions: PlanAssumptions, world_size: int, bubble: float, pp: 
         cpu_time_scale=assumptions.cpu_time_scale * ratio,
         cpu_stage_time_scale=assumptions.cpu_stage_time_scale * stage,
         cpu_dp_comm_time_scale=assumptions.cpu_dp_comm_time_scale * dp_comm,
+        cpu_compute_time_scale=assumptions.cpu_compute_time_scale * (ratio if assumptions.cpu_compute else 1.0),
     )
 
 
@@ -242,8 +243,9 @@ def stage_compute(
         * host_tokens_scale(assumptions, micro_batch_tokens_per_rank(model, training, layout))
         * host_tp_scale(assumptions, layout.tp)
     )
+    stretch = assumptions.cpu_compute_time_scale  # 1 unless the kernels are CPU work on a contended testbed
     if assumptions.compute_efficiency is not None:
-        rate = peak_flops_per_s(hardware, training.precision) * assumptions.compute_efficiency
+        rate = peak_flops_per_s(hardware, training.precision) * assumptions.compute_efficiency / stretch
         core_passes = 3.0 + (1.0 if training.recompute in (Recompute.SELECTIVE, Recompute.FULL) else 0.0)
         return StageCompute(
             forward_flops_per_microbatch=per_gpu,
@@ -266,9 +268,9 @@ def stage_compute(
     return StageCompute(
         forward_flops_per_microbatch=per_gpu,
         recompute_flops_per_microbatch=recompute,
-        forward_seconds_per_microbatch=kernels.forward_seconds + host / 3.0,
-        backward_seconds_per_microbatch=kernels.backward_seconds + 2.0 * host / 3.0,
-        attention_core_seconds_per_microbatch=kernels.seconds(OpClass.ATTENTION_CORE),
+        forward_seconds_per_microbatch=kernels.forward_seconds * stretch + host / 3.0,
+        backward_seconds_per_microbatch=kernels.backward_seconds * stretch + 2.0 * host / 3.0,
+        attention_core_seconds_per_microbatch=kernels.seconds(OpClass.ATTENTION_CORE) * stretch,
         micro_batches=micro_batches,
         kernels=kernels,
     )
