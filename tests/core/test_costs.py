@@ -146,6 +146,34 @@ def test_summary_hand_computed() -> None:
     assert s.reported_gpu_util == pytest.approx(0.95)
 
 
+def test_the_straggler_gap_is_a_mean_within_a_pipeline_stage_as_the_live_metrics_define_it() -> None:
+    """pp=2 with dp=2 per stage: stage 1 computes 20 ms a step (the logits), stage 0 10 ms, and rank 1 of stage 0
+    stalls 8 ms in one step of four. No collective: own time is the step. The stage's heavier work is no straggler;
+    rank 1's stall is 2 ms per step on average, 1 ms beyond its stage's median (of 10 and 12 ms), as
+    ``job:meshscope_straggler_gap_seconds:max_rate5m`` computes it from the sidecars' counters."""
+    records = []
+    for step in range(4):
+        t0 = step * 40 * MS
+        for rank in range(4):
+            pp, dp = divmod(rank, 2)
+            compute_us = (20 if pp else 10) * MS + (8 * MS if (rank, step) == (1, 2) else 0)
+            records.append(
+                StepRecord(
+                    job="stages",
+                    step=step,
+                    rank=rank,
+                    coord=RankCoord(dp=dp, tp=0, pp=pp, cp=0, ep=0),
+                    node="node-0",
+                    start_us=t0,
+                    end_us=t0 + compute_us,
+                    intervals=(Interval(kind="compute", start_us=t0, end_us=t0 + compute_us, phase="forward"),),
+                )
+            )
+    s = analyze(RecordTable.from_records(records)).summary
+    assert s.slowest_rank == 1
+    assert s.straggler_gap_seconds == pytest.approx(0.001)
+
+
 def test_unused_axes_are_left_out_but_used_ones_stay_at_zero() -> None:
     a = analyze(straggler_table())
     axes = {r.category.split(".")[1] for r in a.rows if r.category.startswith("comm.")}

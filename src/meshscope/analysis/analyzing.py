@@ -413,8 +413,8 @@ def render_analysis_dict(data: Mapping[str, Any]) -> str:
                     f"max {human_seconds(s['max_step_seconds'])}"
                 ),
                 (
-                    f"  straggler gap: {human_seconds(s['straggler_gap_seconds'])} (slowest rank {s['slowest_rank']}, "
-                    "own time without waiting, vs the median rank)"
+                    f"  straggler gap: {human_seconds(s['straggler_gap_seconds'])} per step (slowest rank "
+                    f"{s['slowest_rank']}: its mean own time, without waiting, beyond its stage's median rank)"
                 ),
                 (
                     f"  efficiency: {percent(s['efficiency'])} (ideal step {human_seconds(s['ideal_step_seconds'])} = "

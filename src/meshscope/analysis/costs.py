@@ -896,9 +896,10 @@ class Summary:
     max_step_seconds: float
     """Longest rank-step."""
     straggler_gap_seconds: float
-    """Slowest rank's median own time (step − sync wait − bubble) minus the median rank's."""
+    """The slowest rank's mean own time per step (step − sync wait − bubble) minus its pipeline stage's median rank's
+    (:func:`straggler_gap_us`)."""
     slowest_rank: int
-    """The rank with the largest median own time."""
+    """The rank with the largest own time beyond its stage's median."""
     efficiency: float
     """``ideal_step_seconds ÷ median_step_seconds``."""
     ideal_step_seconds: float
@@ -934,14 +935,32 @@ def own_time_us(rs: RankSteps) -> NDArray[np.float64]:
     return rs.step_us - waiting
 
 
+def straggler_gap_us(rs: RankSteps) -> tuple[float, int]:
+    """The job's straggler gap, µs per step, and the rank index it is of: the live metrics' definition.
+
+    Per rank its mean own time per step (:func:`own_time_us`); per pipeline stage, the largest of them minus the
+    stage's median (stages do different work, so a rank is compared with its stage's); the gap is the largest over
+    stages. ``job:meshscope_straggler_gap_seconds:max_rate5m`` computes the same from the sidecars' counters (a rate
+    over steps is a mean), so ``meshscope analyze`` and the dashboard agree. A mean, not a median: a rank that
+    stalls one step in five makes the others wait in those steps, and the gap says so.
+    """
+    own = grouped_mean(rs.rank_index, own_time_us(rs), rs.n_ranks)
+    stage = rs.coord_of_rank[:, AXES.index(MeshAxis.PP)]
+    gaps = np.zeros_like(own)
+    for p in np.unique(stage).tolist():
+        mine = stage == p
+        gaps[mine] = own[mine] - np.median(own[mine])
+    slowest = int(np.argmax(gaps))
+    return float(gaps[slowest]), slowest
+
+
 def summarise(rs: RankSteps, *, plan: Plan | None, plan_fits_run: bool = True) -> Summary:
     """The summary numbers of ``rs``.
 
     The ideal step is the plan's where one is given and planned for the hardware the ranks ran on (``plan_fits_run``),
     else the measured compute and optimizer of the median rank-step.
     """
-    own = grouped_median(rs.rank_index, own_time_us(rs), rs.n_ranks)
-    slowest = int(np.argmax(own))
+    gap_us, slowest = straggler_gap_us(rs)
     median_step = rs.median_step_us / 1e6
     if plan is not None and plan_fits_run:
         ideal = plan.expected_step_time.compute_seconds + plan.expected_step_time.optimizer_seconds
@@ -955,7 +974,7 @@ def summarise(rs: RankSteps, *, plan: Plan | None, plan_fits_run: bool = True) -
     return Summary(
         median_step_seconds=median_step,
         max_step_seconds=float(rs.step_us.max()) / 1e6,
-        straggler_gap_seconds=float(own[slowest] - np.median(own)) / 1e6,
+        straggler_gap_seconds=gap_us / 1e6,
         slowest_rank=int(rs.ranks[slowest]),
         efficiency=ideal / median_step if median_step > 0 else math.nan,
         ideal_step_seconds=ideal,

@@ -576,7 +576,10 @@ def _explain_collectives(
         else:
             reason = ""
             if c.share_of_rank_steps < 1.0:
-                reason = " (ranks of the stage differ: an injected imbalance gives one replica larger micro-batches)"
+                reason = (
+                    " (ranks of the stage differ: a replica with more or larger micro-batches than its peers, or "
+                    "rank-steps cut short by a failure or left out, issue it another number of times)"
+                )
             notes.append(f"{what}: {planned}, {measured}{reason}")
 
 

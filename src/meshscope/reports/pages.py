@@ -240,7 +240,7 @@ def _summary(table: RecordTable, analysis: Mapping[str, Any]) -> str:
     tiles = [
         ("median step", _secs(s.get("median_step_seconds")), ""),
         ("slowest step", _secs(s.get("max_step_seconds")), ""),
-        ("straggler gap", _secs(s.get("straggler_gap_seconds")), "slowest rank vs the median rank, per step"),
+        ("straggler gap", _secs(s.get("straggler_gap_seconds")), "own time beyond its stage's median rank, per step"),
         ("slowest rank", _rank_text(slowest), slowest_where),
         ("efficiency", _pct(s.get("efficiency")), f"ideal step {_secs(s.get('ideal_step_seconds'))}"),
     ]
