@@ -24,6 +24,7 @@ from meshscope.records import (
     COMM_CODE,
     KIND_CODE,
     OP_CODE,
+    RAISED_STEPS,
     SCHEMA,
     BetweenSteps,
     DataStats,
@@ -189,6 +190,9 @@ _RANGE, _TYPE = ParseCode.VALUE_OUT_OF_RANGE, ParseCode.WRONG_TYPE
         ),
         ({"between_steps": {"checkpoint": -2}}, _RANGE, "between_steps: checkpoint = -2 is below 0"),
         ({"between_steps": [1]}, _TYPE, "between_steps = '[1]' (list); expected a JSON object"),
+        ({"raised": ""}, _RANGE, "raised = '' (str); expected a non-empty string"),
+        ({"raised": 7}, _TYPE, "raised = 7 (int); expected a non-empty string"),
+        ({"raised": "E" * 201}, _RANGE, "must be the exception's type name, 1 to 200 characters"),
     ],
     ids=[
         "user-step",
@@ -204,11 +208,42 @@ _RANGE, _TYPE = ParseCode.VALUE_OUT_OF_RANGE, ParseCode.WRONG_TYPE
         "in-compute-without-total",
         "between-negative",
         "between-list",
+        "raised-empty",
+        "raised-int",
+        "raised-too-long",
     ],
 )
 def test_loop_field_errors_in_both_readers(tmp_path, change, code, fragment):
     path = write_lines(tmp_path / "r.jsonl", [good_json(1), good_json(2, **change)])
     _both_readers_raise(path, f"{path} line 2", fragment, code=code)
+
+
+def test_a_step_that_raised_is_left_out_of_every_table_with_a_note_and_kept_in_the_file(tmp_path):
+    """A step its ``with tracker.step()`` left by an exception was cut short: every reader leaves it out (the file
+    readers, records in memory, lines, packed columns) and says which; the file and the record objects keep it."""
+    records = list(sample_records())
+    cut = {(records[3].rank, records[3].step), (records[6].rank, records[6].step)}
+    records[3] = replace(records[3], raised="RuntimeError")
+    records[6] = replace(records[6], raised="torch.OutOfMemoryError")
+    path = tmp_path / "r.jsonl"
+    write_records(path, records)
+    lines = path.read_bytes().splitlines()
+    assert json.loads(lines[3])["raised"] == "RuntimeError"
+    assert read_records(path).records == tuple(records)  # the record objects keep what the file holds
+    ran = tuple(r for r in records if r.raised is None)
+    packed, _ = pack_lines(lines, where="pod-0")
+    tables = {
+        "file": read_table(path),
+        "objects": RecordTable.from_records(records),
+        "lines": table_from_lines(lines),
+        "packed": table_from_columns([unpack_columns(packed, where="pod-0")]),
+    }
+    which = ", ".join(f"rank {r} step {st}" for st, r in sorted((st, r) for r, st in cut))
+    for name, table in tables.items():
+        assert table.to_records() == ran, name
+        (note,) = [n for n in table.notes if n.code == RAISED_STEPS]
+        assert note.count == 2, name
+        assert note.message.startswith(f"2 rank-steps ended by an exception ({which}) left out: cut short"), name
 
 
 def test_table_columns_hold_codes_and_the_rows_they_belong_to():

@@ -1311,3 +1311,46 @@ def test_a_pipelined_loop_that_marks_only_its_steps_computes_outside_the_stages_
         assert {"forward", "backward"} <= {str(p) for p in phases if p is not None}, (rec.rank, rec.step)
         assert None in phases, (rec.rank, rec.step)  # compute outside the labels: the loop's own
         assert any(iv.axis == "pp" for iv in rec.intervals)
+
+
+def _loop_that_raises(rank: int, world: int) -> dict[str, object]:
+    """A DDP loop whose loss check raises in step 3 on every rank (after backward, as a NaN guard would), caught
+    outside the step; the job goes on with two more steps."""
+    import torch  # noqa: PLC0415 - the forked rank's torch, pre-imported by conftest
+    from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: N817, PLC0415
+
+    tracker = sdk.tracker_from_env()
+    torch.manual_seed(0)
+    model = DDP(torch.nn.Linear(16, 16))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    caught = []
+    for i in range(6):
+        try:
+            with tracker.step(i):
+                loss = model(torch.randn(4, 16)).sum()
+                loss.backward()
+                if i == 3:
+                    raise FloatingPointError("loss is not finite")  # noqa: TRY301 - the loop's own loss check
+                optimizer.step()
+                optimizer.zero_grad()
+        except FloatingPointError as exc:
+            caught.append(type(exc).__name__)
+            optimizer.zero_grad()
+    counters = tracker.counters().as_dict()
+    tracker.close()
+    return {"counters": counters, "caught": caught}
+
+
+@pytest.mark.slow
+def test_a_step_left_by_an_exception_says_so_and_the_analysis_leaves_it_out(fork_job) -> None:
+    job = fork_job(_loop_that_raises, 2)
+    assert [r["caught"] for r in job.results] == [["FloatingPointError"]] * 2
+    assert all(r["counters"]["hook_errors"] == 0 for r in job.results)
+    lines = [json.loads(line) for line in job.records_path.read_text().splitlines()]
+    raised = sorted((o["rank"], o["step"], o["raised"]) for o in lines if "raised" in o)
+    assert raised == [(0, 3, "FloatingPointError"), (1, 3, "FloatingPointError")]
+    assert len(lines) == 12  # the file keeps every step, the cut ones too
+    table = read_table(job.records_path)
+    assert sorted({r.step for r in table.to_records()}) == [0, 1, 2, 4, 5]
+    (note,) = [n for n in analyze(table).to_dict()["partial_data"] if n["code"] == "raised_steps"]
+    assert note["message"].startswith("2 rank-steps ended by an exception (rank 0 step 3, rank 1 step 3) left out")

@@ -18,6 +18,7 @@ from meshscope.records import BetweenSteps, _parse_record
 from meshscope.sdk.clocks import HostClock
 from meshscope.sdk.steps import (
     BETWEEN_KINDS,
+    MAX_RAISED_CHARS,
     WAIT,
     OpMeta,
     RecordHeader,
@@ -178,6 +179,8 @@ def _random_step(rng: random.Random) -> StepState:
         st.peak_memory_bytes = 123_456_789
     if rng.random() < 0.5:
         st.user_step = rng.randint(0, 50)
+    if rng.random() < 0.2:
+        st.raised = rng.choice(["RuntimeError", "torch.OutOfMemoryError", 'odd "name" ✓'])
     if rng.random() < 0.7:
         st.gap_ns = rng.randint(0, 10**9)
         kinds = ["data", "compute", "optimizer", "checkpoint", "eval"]
@@ -200,6 +203,7 @@ def test_the_encoded_record_is_the_json_of_the_reference_record(clock: HostClock
         assert intervals.incomplete == incomplete == sum(op[1] is None for op in st.ops)
         record = _parse_record(json.loads(data), "encoded")  # and it is a valid record
         assert record.user_step == st.user_step
+        assert record.raised == st.raised
         assert record.gap_before_us == (None if st.gap_ns is None else st.gap_ns // 1000)
         if st.gap_ns is not None:
             between = {f"{k}_us": ns // 1000 for k, ns in st.between_ns.items()}
@@ -208,6 +212,7 @@ def test_the_encoded_record_is_the_json_of_the_reference_record(clock: HostClock
 
 def test_the_sdk_writes_the_between_steps_kinds_of_the_schema() -> None:
     assert BETWEEN_KINDS == records.BETWEEN_KINDS
+    assert MAX_RAISED_CHARS == records.MAX_RAISED_CHARS
 
 
 def test_waiting_is_cut_out_of_compute_and_an_optimizer_phase_is_never_lost(clock: HostClock) -> None:

@@ -48,6 +48,7 @@ from meshscope.records.schema import (
     COMPUTE_CODE,
     KIND_CODE,
     KINDS,
+    MAX_RAISED_CHARS,
     OP_CODE,
     OPS,
     P2P_CODE,
@@ -67,7 +68,14 @@ from meshscope.records.schema import (
     RecordSet,
     StepRecord,
 )
-from meshscope.records.tables import IntervalColumns, RecordTable, StepColumns, lexsort_keys
+from meshscope.records.tables import (
+    RAISED_STEPS,
+    IntervalColumns,
+    RecordTable,
+    StepColumns,
+    lexsort_keys,
+    raised_steps_note,
+)
 from meshscope.records.writing import write_records
 
 __all__ = [
@@ -78,6 +86,7 @@ __all__ = [
     "CUT_HEADER",
     "KINDS",
     "KIND_CODE",
+    "MAX_RAISED_CHARS",
     "OPS",
     "OP_CODE",
     "P2P_CODE",
@@ -86,6 +95,7 @@ __all__ = [
     "PACKED_SCHEMA",
     "PHASES",
     "PHASE_CODE",
+    "RAISED_STEPS",
     "SCHEMA",
     "SYMMETRIC_OPS",
     "UNKNOWN",
@@ -109,6 +119,7 @@ __all__ = [
     "pack_columns",
     "pack_lines",
     "packed_steps",
+    "raised_steps_note",
     "read_records",
     "read_table",
     "record_to_json",

@@ -45,6 +45,7 @@ from meshscope.records.schema import (
     COMM_CODE,
     COMPUTE_CODE,
     KIND_CODE,
+    MAX_RAISED_CHARS,
     OP_CODE,
     PHASE_CODE,
     SCHEMA,
@@ -52,7 +53,7 @@ from meshscope.records.schema import (
     Note,
     _job_mismatch,
 )
-from meshscope.records.tables import IntervalColumns, RecordTable, StepColumns, sorted_codes
+from meshscope.records.tables import IntervalColumns, RecordTable, StepColumns, raised_steps_note, sorted_codes
 from meshscope.topology import AXES
 
 if TYPE_CHECKING:
@@ -191,6 +192,7 @@ class _Line(msgspec.Struct, gc=False):
     on_cpu_us: int | None = None
     compute_runqueue_wait_us: int | None = None
     attempt_start_us: int | None = None
+    raised: str | None = None
 
 
 _decode_line = msgspec.json.Decoder(_Line).decode
@@ -202,6 +204,7 @@ _user_step_of, _gap_of, _between_of = attrgetter("user_step"), attrgetter("gap_b
 _between_kinds_of = attrgetter(*BETWEEN_KINDS)
 _runqueue_of, _on_cpu_of = attrgetter("runqueue_wait_us"), attrgetter("on_cpu_us")
 _in_compute_of, _attempt_of = attrgetter("compute_runqueue_wait_us"), attrgetter("attempt_start_us")
+_raised_of = attrgetter("raised")
 _row_ints_of = attrgetter("rank", "step", "start_us", "end_us")
 _axes_of = attrgetter(*(a.value for a in AXES))
 _start_of, _end_of, _phase_of = attrgetter("start_us"), attrgetter("end_us"), attrgetter("phase")
@@ -250,6 +253,15 @@ def _optional_floats(values: Iterable[float | None]) -> NDArray[np.float64]:
     if not np.isfinite(col[given]).all():
         raise _SlowPathError
     return col
+
+
+def _raised_column(values: list[str | None]) -> NDArray[np.int8]:
+    """1 where a line says its step ended by an exception (``raised``), else 0."""
+    if values.count(None) == len(values):
+        return np.zeros(len(values), dtype=np.int8)
+    if any(v is not None and not 0 < len(v) <= MAX_RAISED_CHARS for v in values):
+        raise _SlowPathError  # the object parser names the line and the field
+    return np.fromiter((v is not None for v in values), dtype=np.int8, count=len(values))
 
 
 def _codes_of(values: Iterable[int]) -> NDArray[np.int8]:
@@ -518,6 +530,7 @@ class _TableBuilder:
             "on_cpu_us": _optional_ints(map(_on_cpu_of, lines)),
             "compute_runqueue_wait_us": _optional_ints(map(_in_compute_of, lines)),
             "attempt_start_us": _optional_ints(map(_attempt_of, lines)),
+            "raised": _raised_column(list(map(_raised_of, lines))),
         }
         stats = list(map(_stats_of, lines))
         if None in stats:  # "stats": null
@@ -843,6 +856,7 @@ def _empty_rows() -> dict[str, NDArray[Any]]:
     steps = StepColumns.build(rank=np.zeros(0, dtype=np.int64), step=(), start_us=(), end_us=())
     rows: dict[str, NDArray[Any]] = {name: getattr(steps, name) for name in StepColumns.__dataclass_fields__}
     rows["n_intervals"] = np.zeros(0, dtype=np.int64)
+    rows["raised"] = np.zeros(0, dtype=np.int8)
     return rows
 
 
@@ -869,6 +883,9 @@ def _table_of(
     duplicate (the readers' rule before the field existed: records whose steps go back without colliding are read
     as they are).
     """
+    raw, cut = _without_raised(raw)
+    if cut is not None:
+        notes = (*notes, cut)
     kept, note = _last_attempts(raw, source_files, steps_back=False, attempt=attempt)
     try:
         table = _validated_table(
@@ -954,6 +971,21 @@ def _last_attempts(
         intervals={name: col[spans] for name, col in raw.intervals.items()},
     )
     return kept, earlier_attempts_note(restarts=restarts, ranks=ranks, dropped=dropped, attempt=attempt)
+
+
+def _without_raised(raw: _Raw) -> tuple[_Raw, Note | None]:
+    """``raw`` without the rank-steps that ended by an exception (``raised``), and the note that says which."""
+    raised = raw.rows["raised"] == 1
+    if not raised.any():
+        return raw, None
+    keep = ~raised
+    spans = np.repeat(keep, raw.rows["n_intervals"])
+    note = raised_steps_note(raw.rows["rank"][raised].tolist(), raw.rows["step"][raised].tolist())
+    return replace(
+        raw,
+        rows={name: col[keep] for name, col in raw.rows.items()},
+        intervals={name: col[spans] for name, col in raw.intervals.items()},
+    ), note
 
 
 def _without_first_steps(raw: _Raw, skip: int) -> _Raw:
@@ -1065,6 +1097,7 @@ def _validated_table(raw: _Raw, *, notes: tuple[Note, ...], source_files: tuple[
     """The validated table of a reader's columns, as they are."""
     rows = dict(raw.rows)
     counts = rows.pop("n_intervals")
+    rows.pop("raised")  # left out before (_without_raised): the table holds the steps that ran to their end
     row = np.repeat(np.arange(counts.shape[0], dtype=np.int32), counts)
     intervals = dict(raw.intervals)
     names: dict[str, tuple[str, ...]] = {}

@@ -6,12 +6,12 @@ operator's deep tier pays it for every interval of every rank of a job in one pr
 decoding is spread over every node and the operator only checks and copies (:func:`unpack_columns`, then
 :func:`~meshscope.records.building.table_from_columns`). Packed columns take about 40 % of the bytes of the lines.
 
-The format, ``meshscope.columns/4`` (media type :data:`PACKED_MEDIA_TYPE`): one line of JSON (the header: schema,
+The format, ``meshscope.columns/5`` (media type :data:`PACKED_MEDIA_TYPE`): one line of JSON (the header: schema,
 job, the step numbers held, the name tables, and every column's part, name, dtype and shape, in the order of
 :data:`LAYOUT`), a newline, then every column's bytes back to back, little-endian, C order. A change of the columns
 is a new schema version; a reader reads the versions before its own too (``meshscope.columns/1``: without
 ``on_cpu_us``, ``meshscope.columns/2``: without ``compute_runqueue_wait_us``, ``meshscope.columns/3``: without
-``attempt_start_us``, read as unknown), so that an operator
+``attempt_start_us``, ``meshscope.columns/4``: without ``raised``, read as unknown), so that an operator
 reads the sidecars of pods started before it was upgraded.
 
 Packed bytes are input like any other: this module must not trust them. :func:`unpack_columns` checks the header,
@@ -39,7 +39,7 @@ if TYPE_CHECKING:
 
     from numpy.typing import NDArray
 
-PACKED_SCHEMA = "meshscope.columns/4"
+PACKED_SCHEMA = "meshscope.columns/5"
 """The header's ``schema``: the version of the column layout."""
 PACKED_MEDIA_TYPE = "application/vnd.meshscope.columns"
 """HTTP media type of packed columns (``Accept`` it to get them from a sidecar's ``/v1/steps``)."""
@@ -63,12 +63,16 @@ _LACKS: dict[str, tuple[tuple[str, str], ...]] = {
         ("rows", "on_cpu_us"),
         ("rows", "compute_runqueue_wait_us"),
         ("rows", "attempt_start_us"),
+        ("rows", "raised"),
     ),
-    "meshscope.columns/2": (("rows", "compute_runqueue_wait_us"), ("rows", "attempt_start_us")),
-    "meshscope.columns/3": (("rows", "attempt_start_us"),),
+    "meshscope.columns/2": (("rows", "compute_runqueue_wait_us"), ("rows", "attempt_start_us"), ("rows", "raised")),
+    "meshscope.columns/3": (("rows", "attempt_start_us"), ("rows", "raised")),
+    "meshscope.columns/4": (("rows", "raised"),),
 }
-"""The columns each older version lacks (read as unknown, -1): ``on_cpu_us`` came with ``meshscope.columns/2``,
-``compute_runqueue_wait_us`` with ``meshscope.columns/3``, ``attempt_start_us`` with ``meshscope.columns/4``."""
+"""The columns each older version lacks (read as unknown, -1; for ``raised``, a step that ended normally):
+``on_cpu_us`` came with ``meshscope.columns/2``, ``compute_runqueue_wait_us`` with ``meshscope.columns/3``,
+``attempt_start_us`` with ``meshscope.columns/4``, ``raised`` (1 where the step ended by an exception, else 0) with
+``meshscope.columns/5``."""
 _LAYOUTS = {
     PACKED_SCHEMA: LAYOUT,
     **{schema: tuple(c for c in LAYOUT if (c[0], c[1]) not in added) for schema, added in _LACKS.items()},
@@ -199,6 +203,8 @@ def unpack_columns(data: bytes, *, where: str) -> RecordColumns:
     _check_spans(rows, intervals, where)
     _check_codes(rows, intervals, names, where)
     _check_absent_fields(intervals, where)
+    if not np.isin(rows["raised"], (0, 1, UNKNOWN)).all():
+        raise _error(where, "column rows.raised holds a value other than 0 or 1", ParseCode.VALUE_OUT_OF_RANGE)
     for part, name in (("rows", "gpu_util"), ("rows", "attention_work")):
         if np.isinf(arrays[part, name]).any():
             raise _error(where, f"column {part}.{name} holds an infinity", ParseCode.VALUE_OUT_OF_RANGE)

@@ -222,6 +222,7 @@ def _parse_record(obj: object, where: str) -> StepRecord:
     on_cpu_us = _int(d, "on_cpu_us", where, required=False, minimum=0)
     compute_runqueue_wait_us = _int(d, "compute_runqueue_wait_us", where, required=False, minimum=0)
     attempt_start_us = _int(d, "attempt_start_us", where, required=False, minimum=0)
+    raised = _str(d, "raised", where, required=False)
     between_obj = d.get("between_steps")
     between = None
     if between_obj is not None:
@@ -250,6 +251,7 @@ def _parse_record(obj: object, where: str) -> StepRecord:
             on_cpu_us=on_cpu_us,
             compute_runqueue_wait_us=compute_runqueue_wait_us,
             attempt_start_us=attempt_start_us,
+            raised=raised,
         )
     except ParseError as exc:
         raise ParseError(f"{where}: {exc}", code=exc.code) from None
@@ -313,4 +315,6 @@ def record_to_json(record: StepRecord) -> dict[str, Any]:
         out["on_cpu_us"] = record.on_cpu_us
     if record.compute_runqueue_wait_us is not None:
         out["compute_runqueue_wait_us"] = record.compute_runqueue_wait_us
+    if record.raised is not None:
+        out["raised"] = record.raised
     return out

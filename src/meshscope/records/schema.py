@@ -236,6 +236,9 @@ class BetweenSteps:
         return sum(getattr(self, f"{k}_us") for k in BETWEEN_KINDS)
 
 
+MAX_RAISED_CHARS = 200
+"""Longest ``raised`` a record may carry (an exception's qualified type name)."""
+
 _NON_NEGATIVE = (
     "step",
     "rank",
@@ -304,6 +307,11 @@ class StepRecord:
     value per attempt of the rank. A job restarted or resumed into the same records starts a new process, whose
     step numbers may go on where the last attempt's stopped but whose collectives' sequence numbers start over; a
     change of this value in a rank's records is where a new attempt began. ``None`` when the writer does not say."""
+    raised: str | None = None
+    """The type of the exception that ended the step (``with tracker.step()`` left by it: a crash, an out-of-memory
+    error, a collective's timeout, a peer's lost connection): the step was cut short and the record holds what ran
+    until then. The readers leave such rank-steps out of the analysis with a note (``raised_steps``); the file keeps
+    them. ``None``: the step ended normally."""
 
     def __post_init__(self) -> None:
         """Check the step's own numbers and that no interval lies wholly outside it.
@@ -321,6 +329,7 @@ class StepRecord:
                 code=ParseCode.ENDS_BEFORE_START,
             )
         self._check_run_delay()
+        self._check_raised()
         if self.gpu_util is not None and not 0.0 <= self.gpu_util <= 1.0:
             raise ParseError(
                 f"gpu_util = {self.gpu_util} must be a ratio in [0, 1] (DCGM percent / 100)",
@@ -338,6 +347,14 @@ class StepRecord:
                     f"[{self.start_us}, {self.end_us}]; an interval must overlap its step (wrong step or rank?)",
                     code=ParseCode.OUTSIDE_STEP,
                 )
+
+    def _check_raised(self) -> None:
+        """``raised`` names an exception type: a string of 1 to :data:`MAX_RAISED_CHARS` characters."""
+        if self.raised is not None and not (isinstance(self.raised, str) and 0 < len(self.raised) <= MAX_RAISED_CHARS):
+            raise ParseError(
+                f"raised = {self.raised!r} must be the exception's type name, 1 to {MAX_RAISED_CHARS} characters",
+                code=ParseCode.VALUE_OUT_OF_RANGE,
+            )
 
     def _check_run_delay(self) -> None:
         """``compute_runqueue_wait_us`` is a part of ``runqueue_wait_us``: only with it, and at most it."""

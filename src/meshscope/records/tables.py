@@ -386,11 +386,38 @@ class RecordTable:
         Raises:
             ParseError: on mismatched jobs, duplicate (rank, step) or any rule of :class:`RecordTable`.
         """
-        return _table_of_records(records, notes=tuple(notes))
+        kept: list[StepRecord] = []
+        raised: list[StepRecord] = []
+        for r in records:
+            (kept if r.raised is None else raised).append(r)
+        if raised:
+            notes = (*notes, raised_steps_note([r.rank for r in raised], [r.step for r in raised]))
+        return _table_of_records(kept, notes=tuple(notes))
 
     def to_records(self) -> tuple[StepRecord, ...]:
         """Record objects for every row, in table order (for small tables: one object per interval)."""
         return tuple(_row_record(self, i, ivs) for i, ivs in enumerate(_intervals_by_row(self)))
+
+
+RAISED_STEPS = "raised_steps"
+"""The note code of rank-steps left out because they ended by an exception (the record's ``raised``)."""
+
+
+def raised_steps_note(ranks: Sequence[int], steps: Sequence[int]) -> Note:
+    """The note for rank-steps that ended by an exception, left out of the table: how many, and which (the first 5)."""
+    n = len(ranks)
+    pairs = sorted(zip(steps, ranks, strict=True))
+    which = ", ".join(f"rank {r} step {st}" for st, r in pairs[:5]) + (f" and {n - 5} more" if n > 5 else "")
+    return Note(
+        code=RAISED_STEPS,
+        count=n,
+        message=(
+            f"{n} rank-step{'' if n == 1 else 's'} ended by an exception ({which}) left out: cut short where the "
+            "training loop raised (a crash, an out-of-memory error, a collective's timeout or a peer's lost "
+            f"connection), {'it is no step' if n == 1 else 'they are no steps'} of the run; the records keep "
+            f"{'it' if n == 1 else 'them'}, and the failing rank's log says why"
+        ),
+    )
 
 
 _ROW_FIELDS = ("tokens", "sequences", "longest_sequence", "attention_us", "peak_memory_bytes")

@@ -34,6 +34,8 @@ DEVICE_KINDS: Final = frozenset({"compute", OPTIMIZER})
 BETWEEN_KINDS: Final = ("data", "compute", "optimizer", "checkpoint", "eval")
 """Keys of a record's ``between_steps``, in the order written (``meshscope.records.BETWEEN_KINDS``; a test holds the
 two equal, the SDK must not import the records package)."""
+MAX_RAISED_CHARS: Final = 200
+"""Longest ``raised`` a record may carry (``meshscope.records.MAX_RAISED_CHARS``; a test holds the two equal)."""
 
 # One captured operation is a flat list, the only object the hot path allocates per operation. Its slots:
 START: Final = 0
@@ -112,6 +114,7 @@ class StepState:
         "ops",
         "peak_memory_bytes",
         "phased_rq_ns",
+        "raised",
         "runqueue_wait_ns",
         "sched_ns",
         "segments",
@@ -151,6 +154,8 @@ class StepState:
         self.finished_at = 0
         self.user_step: int | None = None
         """The loop's own number where it differs from :attr:`step` (the record's ``user_step``)."""
+        self.raised: str | None = None
+        """The type of the exception that left the step's ``with`` block (the record's ``raised``); ``None``: none."""
         self.gap_ns: int | None = None
         """Host ns since the rank's previous step ended (``None``: the first step)."""
         self.between_ns: dict[str, int] = {}
@@ -439,6 +444,8 @@ def build_record(
         record["compute_runqueue_wait_us"] = in_compute
     if st.on_cpu_ns is not None:
         record["on_cpu_us"] = st.on_cpu_ns // 1000
+    if st.raised is not None:
+        record["raised"] = st.raised
     return record, p.incomplete
 
 
@@ -517,6 +524,8 @@ def encode_record(st: StepState, p: StepIntervals, *, header: RecordHeader, sdk:
         loop += f',"compute_runqueue_wait_us":{in_compute}'
     if st.on_cpu_ns is not None:
         loop += f',"on_cpu_us":{st.on_cpu_ns // 1000}'
+    if st.raised is not None:
+        loop += f',"raised":{_JSON(st.raised)}'
     text = (
         f'{header.before_step}{st.step}{header.after_step},"start_us":{p.start_us},"end_us":{p.end_us},'
         f'"intervals":[{",".join(parts)}]{stats},"gpu_util":null{loop},"sdk":{_JSON(sdk)}}}'

@@ -54,6 +54,7 @@ from meshscope.sdk.steps import (
     COMPUTE,
     DEVICE_KINDS,
     END,
+    MAX_RAISED_CHARS,
     OPTIMIZER,
     RecordHeader,
     RssPeak,
@@ -263,6 +264,14 @@ class _PhaseContext:
             self.tracker.fault("phase", exc)
 
 
+def _type_name(exc_type: type[BaseException]) -> str:
+    """An exception type as the record's ``raised`` names it: ``RuntimeError``, ``torch.OutOfMemoryError``."""
+    module = getattr(exc_type, "__module__", "") or ""
+    name = getattr(exc_type, "__qualname__", None) or exc_type.__name__
+    full = name if module in {"builtins", ""} else f"{module}.{name}"
+    return full[:MAX_RAISED_CHARS] or "Exception"
+
+
 class _StepContext:
     __slots__ = ("opened", "step", "tracker")
 
@@ -284,6 +293,8 @@ class _StepContext:
             # Only the step this context opened (a nested one that failed to open, or one already ended by
             # ``start_step`` inside the block, leaves the open step alone).
             if self.opened is not None and self.tracker._step is self.opened:  # noqa: SLF001
+                if exc_type is not None:  # cut short: the record says so, and the readers leave it out
+                    self.opened.raised = _type_name(exc_type)
                 self.tracker._end_step()  # noqa: SLF001
         except Exception as err:  # noqa: BLE001
             self.tracker.fault("step end", err)
