@@ -590,3 +590,39 @@ def test_a_stop_signal_stops_every_rank_and_keeps_what_they_sent(tmp_path: Path,
     collector = json.loads((out / "collector.json").read_text())
     assert collector["ranks"]
     assert sum(1 for line in (out / "records.jsonl").read_text().splitlines() if line.strip()) == 2
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["python", "nothere.py"],
+        ["python3", "-u", "-X", "dev", "nothere.py", "--lr", "1"],
+        [sys.executable, "nothere.py"],
+    ],
+)
+def test_a_script_that_does_not_exist_is_refused_in_one_line_and_nothing_launched(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], command: list[str]
+) -> None:
+    from meshscope.cli import main  # noqa: PLC0415
+
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "out"
+    assert main(["run", "--nproc", "2", "--out", str(out), "--", *command]) == 2
+    err = capsys.readouterr().err
+    assert err.strip().splitlines() == [
+        (
+            f"meshscope: error: {command[0]}: cannot open the script 'nothere.py': no such file or directory (from "
+            f"{tmp_path}); give its path, relative to the current directory or absolute"
+        )
+    ]
+    assert not out.exists()  # nothing launched
+
+
+def test_a_module_or_code_command_is_not_taken_for_a_script() -> None:
+    from meshscope.local.running import _script_of  # noqa: PLC0415
+
+    assert _script_of(["python", "-m", "nothere"]) is None
+    assert _script_of(["python", "-mnothere"]) is None
+    assert _script_of(["python", "-c", "print(1)"]) is None
+    assert _script_of(["bash", "nothere.py"]) is None
+    assert _script_of(["python", "-W", "ignore", "train.py", "-m", "x"]) == "train.py"

@@ -1196,7 +1196,34 @@ def _command_of(args: argparse.Namespace) -> list[str]:
     launcher = launcher_in(command, getattr(args, "nproc", None))
     if launcher is not None:
         raise RunError(launcher)
+    script = _script_of(command)
+    if script is not None and not os.path.exists(script):  # noqa: PTH110 - a path as python takes it
+        raise RunError(
+            f"{command[0]}: cannot open the script {script!r}: no such file or directory (from {os.getcwd()}); "  # noqa: PTH109
+            "give its path, relative to the current directory or absolute"
+        )
     return command
+
+
+_PYTHON_FLAGS_WITH_VALUE = frozenset({"-X", "-W", "--check-hash-based-pycs"})
+"""Interpreter options that take the next word as their value."""
+
+
+def _script_of(command: Sequence[str]) -> str | None:
+    """The script a ``python [options] script.py ...`` command runs; ``None`` for another command or ``-m``/``-c``."""
+    if not re.fullmatch(r"python[0-9.]*", os.path.basename(command[0])):  # noqa: PTH119
+        return None
+    words = iter(command[1:])
+    for word in words:
+        if word in {"-m", "-c", "-", "--"} or (word.startswith(("-m", "-c")) and len(word) > 2):
+            return None
+        if word in _PYTHON_FLAGS_WITH_VALUE:
+            next(words, None)
+            continue
+        if word.startswith("-"):
+            continue
+        return word
+    return None
 
 
 def settings_from_args(args: argparse.Namespace) -> RunSettings:
