@@ -1731,6 +1731,19 @@ def test_an_imbalance_in_attention_work_alone_is_an_imbalance() -> None:
     )
 
 
+@pytest.mark.parametrize("dp", [2, 4])
+def test_one_slow_loader_is_a_straggler_in_data_loading_not_a_starved_job(dp: int) -> None:
+    """dp ranks without tp: rank 1 waits 6 ms a step for data, the others 200 µs. With 2 ranks the median of their
+    waits (3.1 ms, 12 % of the step) is a rank no one is: the median rank is the one that waits 200 µs, and the one
+    finding is the straggler in data loading with its cost."""
+    found = findings(Job(tp=1, dp=dp, slow_data_us={1: 6_000.0}, noise=0.0))
+    assert [f.code for f in found] == ["straggler"]
+    assert found[0].suspects[0].rank == 1
+    assert "slow in data loading" in found[0].message
+    both = findings(Job(tp=1, dp=2, slow_data_us={0: 6_000.0, 1: 6_000.0}, noise=0.0))
+    assert [f.code for f in both] == ["data-loader-starved"]  # every rank starves: the job's loader
+
+
 def test_a_data_loader_finding_in_full() -> None:
     # Ranks 0, 1, 2, 4 and 5 wait 3 ms for data per step, ranks 3, 6 and 7 200 µs: the median rank waits 3 ms (a
     # majority: no straggler). Everyone then waits for the slowest in the tp and dp all-reduces: every step takes

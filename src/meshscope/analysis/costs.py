@@ -40,7 +40,7 @@ from meshscope.analysis.breakdown import (
     comm_category,
 )
 from meshscope.analysis.collectives import SEND_RECV, CollectiveComparison, compare_collectives
-from meshscope.analysis.grouping import grouped_mean, grouped_median, grouped_quantile
+from meshscope.analysis.grouping import grouped_mean, grouped_median, grouped_quantile, median_rank_value
 from meshscope.analysis.transfers import MIN_TRANSFER_BYTES, Transfers, bus_factor, measure_transfers, place_of_rows
 from meshscope.formatting import human_seconds, percent
 from meshscope.records import COMM_CODE, P2P_CODE, Note
@@ -702,7 +702,7 @@ def _suspect(rs: RankSteps, k: int, worst_index: int, worst_us: float) -> Suspec
         slow_stage = _bubble_suspect(rs)
         if slow_stage is not None:
             return slow_stage
-    median_us = float(np.median(rs.rank_mean_us[:, k]))
+    median_us = median_rank_value(rs.rank_mean_us[:, k])
     axis_code = AXES.index(category.split(".")[1]) if category.startswith("comm.") else -1
     rank = int(rs.ranks[worst_index])
     node = rs.node_name(worst_index)

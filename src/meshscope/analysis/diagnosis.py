@@ -55,7 +55,7 @@ from meshscope.analysis.costs import (
     stage_expected,
     wait_caused,
 )
-from meshscope.analysis.grouping import distinct, median_of_others
+from meshscope.analysis.grouping import distinct, median_of_others, median_rank_value
 from meshscope.formatting import human_bytes, human_seconds, percent
 from meshscope.plan import Severity
 from meshscope.records import BETWEEN_KINDS, COMM_CODE, OPS, CommOp, Note
@@ -1712,11 +1712,13 @@ def _between_steps(ctx: _Context) -> list[Finding]:
 def _data_starved(ctx: _Context) -> list[Finding]:
     rs = ctx.rs
     data = rs.us(DATA)
-    median_s = float(np.median(data)) / 1e6
+    k = CATEGORY_INDEX[DATA]
+    # Job-wide: the median rank's own typical wait (its median over its steps; with 2 ranks the one that waits less),
+    # so that one slow loader beside healthy ones is no starvation of the job but the straggler in data loading it is.
+    median_s = median_rank_value(grouped_median(rs.rank_index, data, rs.n_ranks)) / 1e6
     share = ctx.share(median_s)
     if share < DATA_MIN_SHARE:
         return []
-    k = CATEGORY_INDEX[DATA]
     worst = int(np.argmax(rs.rank_mean_us[:, k]))
     starved = float(np.mean(rs.rank_mean_us[:, k] >= DATA_MIN_SHARE * ctx.step_us))
     message = (

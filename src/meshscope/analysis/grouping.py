@@ -105,3 +105,14 @@ def grouped_mean(
     sums = np.bincount(key, weights=values, minlength=n_groups)
     with np.errstate(invalid="ignore", divide="ignore"):
         return np.where(counts > 0, sums / np.maximum(counts, 1), np.nan)
+
+
+def median_rank_value(values: NDArray[np.floating[Any]]) -> float:
+    """The median rank's figure among one figure per rank: the lower of the two middle ones for an even count.
+
+    A rank's own figure, never a value between two ranks that no rank had: of 2 ranks waiting 4 ms and 100 ms for
+    data, the median rank is the one at 4 ms, not a rank at 52 ms. NaN for no ranks.
+    """
+    if values.size == 0:
+        return float("nan")
+    return float(np.percentile(values, 50, method="lower"))
