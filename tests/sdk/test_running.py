@@ -55,6 +55,15 @@ def _args(**overrides: object) -> argparse.Namespace:
     return argparse.Namespace(**base)
 
 
+@pytest.fixture
+def in_a_project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The current directory holds the ``train.py`` the commands name (a missing script is refused)."""
+    (tmp_path / "train.py").write_text("")
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+@pytest.mark.usefixtures("in_a_project")
 def test_run_settings_from_the_command_line() -> None:
     s = settings_from_args(_args(layout="tp=2"))
     assert s.command == ("python", "train.py")
@@ -98,6 +107,7 @@ def test_a_launcher_in_the_command_is_refused_with_the_command_to_run_instead(co
     "command",
     [["python", "train.py"], ["python", "-m", "pkg.train"], ["./torchrun_wrapper.sh"], ["bash", "-c", "torchrun x"]],
 )
+@pytest.mark.usefixtures("in_a_project")
 def test_a_command_that_is_not_a_launcher_runs(command: list[str]) -> None:
     assert settings_from_args(_args(command=command)).command == tuple(command)
 
