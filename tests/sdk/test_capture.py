@@ -1049,8 +1049,10 @@ def _moe_job(rank: int, world: int) -> dict[str, object]:
     # back; the dense gradients all-reduced over dp. One expert per rank; the expert's work sleeps 40 µs a token (a
     # device doing it: off the CPU, so its time does not depend on what else runs on the machine).
     tracker = sdk.tracker_from_env()
-    ep_group = dist.new_group(list(range(world)))
-    tracker.register_groups({"ep": ep_group})
+    ep_group = None  # the world group: dp's and ep's alike (ep=4 carved out of dp=4), registered as neither
+    if os.environ.get("REGISTER_EP", "1") == "1":
+        ep_group = dist.new_group(list(range(world)))
+        tracker.register_groups({"ep": ep_group})
     hot = int(os.environ["HOT_RANK"])
     tokens, hidden = 256, 16
     generator = torch.Generator().manual_seed(rank)
@@ -1099,6 +1101,21 @@ def test_a_hot_expert_is_an_expert_imbalance_of_its_rank_and_a_balanced_router_i
     assert "256 tokens like its peers" in finding.message
     assert "step time follows the router" in finding.message
     assert finding.evidence["expert_all_to_all_bytes"] > 2 * finding.evidence["median_expert_all_to_all_bytes"]
+
+
+@pytest.mark.slow
+def test_all_to_alls_on_a_group_that_is_both_dp_and_ep_are_the_expert_dispatch(fork_job) -> None:
+    # dp=4,ep=4 on 4 ranks: the world group is the dp group and the ep group. Unregistered, its all-reduce is the
+    # dense gradients' (dp) and its all-to-alls the experts' tokens (ep); before, all of it was dp, and a hot expert's
+    # rank was a straggler "with the same work".
+    job = fork_job(_moe_job, 4, env={"MESHSCOPE_LAYOUT": "dp=4,ep=4", "HOT_RANK": "3", "REGISTER_EP": "0"})
+    assert all(r["counters"]["hook_errors"] == 0 for r in job.results)
+    records = read_lines(job.records_path)
+    ops = {(iv["axis"], iv["op"], iv["group"]) for rec in records for iv in rec["intervals"] if iv.get("axis")}
+    assert ops == {("ep", "all_to_all", "ep:0"), ("dp", "all_reduce", "dp:0")}  # a group id is one axis'
+    (finding,) = analyze(read_table(job.records_path, skip_steps=1)).findings
+    assert finding.code == "expert-imbalance"
+    assert [s.rank for s in finding.suspects] == [3]
 
 
 def _buffers_job(rank: int, world: int) -> dict[str, object]:

@@ -100,6 +100,10 @@ class GroupInfo:
     """Global ranks of the members, in group-rank order."""
     group_id: str
     """Job-unique id, ``"<name>:<first rank>"``."""
+    dispatch_axis: MeshAxis | None = None
+    """The axis of its all-to-alls where that is not :attr:`axis`: a group the layout makes both the dp and the ep
+    group (ep carved out of all of dp) carries the dense gradients' all-reduce (dp) and the experts' token dispatch
+    (ep). ``None``: every collective on it is :attr:`axis`'s."""
 
     @property
     def size(self) -> int:
@@ -111,11 +115,33 @@ class GroupInfo:
         return self.ranks[group_rank]
 
 
-def make_group(name: str, axis: MeshAxis | None, ranks: Sequence[int]) -> GroupInfo:
+def make_group(
+    name: str, axis: MeshAxis | None, ranks: Sequence[int], *, dispatch_axis: MeshAxis | None = None
+) -> GroupInfo:
     """Build a :class:`GroupInfo` with its id ``"<name>:<min rank>"``."""
     members = tuple(int(r) for r in ranks)
     first = min(members) if members else 0
-    return GroupInfo(name=name, axis=axis, ranks=members, group_id=f"{name}:{first}")
+    return GroupInfo(name=name, axis=axis, ranks=members, group_id=f"{name}:{first}", dispatch_axis=dispatch_axis)
+
+
+def dispatch_group_id(info: GroupInfo) -> str:
+    """The group id its all-to-alls are recorded under where they are another axis' (a group is one axis')."""
+    axis = info.dispatch_axis.value if info.dispatch_axis is not None else info.name
+    first = min(info.ranks) if info.ranks else 0
+    _, tilde, creation = info.group_id.partition("~")  # a later-created namesake's suffix stays
+    return f"{axis}:{first}{tilde}{creation}"
+
+
+def dispatch_axis_of(layout: ParallelLayout, axis: MeshAxis, ranks: Sequence[int]) -> MeshAxis | None:
+    """:attr:`GroupInfo.dispatch_axis` of a group inferred as ``axis``: ep where the group is dp's and ep's alike."""
+    if axis is not MeshAxis.DP or layout.ep < 2:
+        return None
+    members = sorted(int(r) for r in ranks)
+    try:
+        ep_group = layout.group_of(members[0], MeshAxis.EP)
+    except LayoutError:
+        return None
+    return MeshAxis.EP if sorted(ep_group) == members else None
 
 
 def infer_from_layout(layout: ParallelLayout, ranks: Sequence[int]) -> tuple[str, MeshAxis] | None:

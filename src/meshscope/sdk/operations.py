@@ -31,6 +31,8 @@ from meshscope.sdk.clocks import HostClock
 from meshscope.sdk.groups import (
     GroupInfo,
     axis_of_name,
+    dispatch_axis_of,
+    dispatch_group_id,
     implied_layout,
     infer_from_layout,
     infer_sub_axis,
@@ -64,11 +66,13 @@ SYNC_GAP_NS: Final = 100_000
 
 
 class _Group:
-    """A process group as the hot path sees it: attribution, sequence counter, and one :class:`OpMeta` per op."""
+    """A process group as the hot path sees it: attribution, sequence counters, and one :class:`OpMeta` per op."""
 
-    __slots__ = ("axis", "counter", "info", "metas", "pg", "size")
+    __slots__ = ("axis", "counter", "counters", "dispatch", "info", "metas", "pg", "size")
 
-    def __init__(self, pg: object, info: GroupInfo, counter: Iterator[int]) -> None:
+    def __init__(
+        self, pg: object, info: GroupInfo, counter: Iterator[int], dispatch: Iterator[int] | None = None
+    ) -> None:
         self.pg = pg
         self.info = info
         self.axis = info.axis.value if info.axis is not None else None
@@ -77,15 +81,25 @@ class _Group:
         """Members."""
         self.counter = counter
         """Sequence numbers of the group id (shared by every road that reaches the group)."""
+        self.dispatch = dispatch
+        """Sequence numbers of its all-to-alls' id where they are another axis' (:attr:`GroupInfo.dispatch_axis`)."""
         self.metas: dict[str, OpMeta] = {}
+        self.counters: dict[str, Iterator[int]] = {}
+        """Op -> the counter its sequence numbers come from (filled with :attr:`metas`)."""
 
     def meta(self, op: str) -> OpMeta:
-        """The interval meta of ``op`` on this (attributed) group."""
+        """The interval meta of ``op`` on this (attributed) group; its counter goes into :attr:`counters`."""
         meta = self.metas.get(op)
         if meta is None:
             info = self.info
-            meta = OpMeta(kind="comm", axis=str(self.axis), op=op, group=info.group_id, group_size=info.size, peer=None)
+            if op == "all_to_all" and info.dispatch_axis is not None and self.dispatch is not None:
+                # the experts' dispatch on a group dp and ep share: ep's, under ep's id (a group is one axis')
+                axis, gid, counter = info.dispatch_axis.value, dispatch_group_id(info), self.dispatch
+            else:
+                axis, gid, counter = str(self.axis), info.group_id, self.counter
+            meta = OpMeta(kind="comm", axis=axis, op=op, group=gid, group_size=info.size, peer=None)
             self.metas[op] = meta
+            self.counters[op] = counter
         return meta
 
 
@@ -209,7 +223,10 @@ class Operations:
         counter = self._seq.get(info.group_id)
         if counter is None:
             counter = self._seq.setdefault(info.group_id, itertools.count())
-        group = _Group(pg, info, counter)
+        dispatch = None
+        if info.dispatch_axis is not None:
+            dispatch = self._seq.setdefault(dispatch_group_id(info), itertools.count())
+        group = _Group(pg, info, counter, dispatch)
         self._groups[id(pg)] = group
         self._by_name[pg.group_name] = group
         return group
@@ -305,6 +322,7 @@ class Operations:
         ranks = tuple(int(r) for r in self._dist.get_process_group_ranks(pg))
         pg_name = str(pg.group_name)
         registered = self._registered.get(pg_name)
+        dispatch = None
         if registered is not None:
             name, axis = registered
         else:
@@ -319,12 +337,14 @@ class Operations:
                 inferred = infer_from_layout(layout, ranks)
                 if inferred is not None:
                     name, axis = inferred
+                    if len(ranks) >= 2:  # dp's and ep's group alike: its all-to-alls are the experts' dispatch
+                        dispatch = dispatch_axis_of(layout, axis, ranks)
                 elif given and (sub := infer_sub_axis(layout, ranks)) is not None:  # a part of one axis's group
                     axis = sub
                     name = sub_group_name(sub, ranks, desc)
             if len(ranks) < 2:
                 axis = None
-        return make_group(name, axis, ranks)
+        return make_group(name, axis, ranks, dispatch_axis=dispatch)
 
     def _next_seq(self, group_id: str) -> int:
         counter = self._seq.get(group_id)
@@ -384,11 +404,11 @@ class Operations:
             if group.size > 1:
                 self.unattributed += 1
             return
-        seq = next(group.counter)
+        meta = group.metas.get(op) or group.meta(op)
+        seq = next(group.counters[op])
         st = self.step
         if st is None:
             return
-        meta = group.metas.get(op) or group.meta(op)
         rec = [start, None, meta, seq, size_of(args, group.size), work, _perf_ns(), None]
         st.ops.append(rec)
         if work is None:
@@ -531,11 +551,11 @@ class Operations:
             if group.size > 1:
                 self.unattributed += 1
             return
-        seq = next(group.counter)
+        meta = group.metas.get(op) or group.meta(op)
+        seq = next(group.counters[op])
         st = self.step
         if st is None:
             return
-        meta = group.metas.get(op) or group.meta(op)
         rec = [start, None, meta, seq, nbytes, out, _perf_ns(), None]
         st.ops.append(rec)
         for tensor in out if isinstance(out, _SEQUENCES) else (out,):
