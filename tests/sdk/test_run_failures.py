@@ -626,3 +626,36 @@ def test_a_module_or_code_command_is_not_taken_for_a_script() -> None:
     assert _script_of(["python", "-c", "print(1)"]) is None
     assert _script_of(["bash", "nothere.py"]) is None
     assert _script_of(["python", "-W", "ignore", "train.py", "-m", "x"]) == "train.py"
+
+
+DIES_IN_A_STEP = """\
+import torch
+from meshscope.sdk import tracker_from_env
+
+tracker = tracker_from_env()
+for i in range(6):
+    tracker.start_step(i)  # no block to see an exception leave: the step is still open when the program dies
+    torch.ones(64, 64) @ torch.ones(64, 64)
+    if i == 3:
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("launcher", ["fork", "exec"])
+def test_a_program_that_dies_inside_an_open_step_marks_it_raised(tmp_path: Path, launcher: str) -> None:
+    (tmp_path / "train.py").write_text(DIES_IN_A_STEP)
+    out = tmp_path / "out"
+    result = _meshscope(
+        "run", "--nproc", "1", "--launcher", launcher, "--out", str(out), "--", "python", "train.py", cwd=tmp_path
+    )
+    assert result.returncode == 1, result.stderr
+    lines = [json.loads(line) for line in (out / "records.jsonl").read_text().splitlines()]
+    assert [(o["step"], o.get("raised")) for o in lines] == [
+        (0, None),
+        (1, None),
+        (2, None),
+        (3, "torch.OutOfMemoryError"),
+    ]
+    notes = {n["code"]: n for n in json.loads((out / "analysis.json").read_text())["partial_data"]}
+    assert notes["raised_steps"]["message"].startswith("1 rank-step ended by an exception (rank 0 step 3) left out")

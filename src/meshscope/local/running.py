@@ -337,8 +337,12 @@ def _run_in_child(kind: str, target: str, args: list[str], env: dict[str, str]) 
         else:
             sys.stderr.write(f"{exc.code}\n")
             code = 1
-    except BaseException:  # noqa: BLE001 - a rank's crash becomes its exit code, like an interpreter's
+    except BaseException as exc:  # noqa: BLE001 - a rank's crash becomes its exit code, like an interpreter's
         traceback.print_exc()
+        # as the interpreter does for an exception nothing caught: the atexit handlers (a tracker's close) see it
+        sys.last_type, sys.last_value, sys.last_traceback = type(exc), exc, exc.__traceback__
+        if sys.version_info >= (3, 12):
+            sys.last_exc = exc
         code = 1
     return code
 

@@ -893,6 +893,21 @@ class Tracker:
             background_ops=self._ops.background,
         )
 
+    def close_at_exit(self) -> None:
+        """:meth:`close` as the interpreter exits (atexit): a step still open when the program died of an exception.
+
+        An exception that ended the program (``sys.last_exc``, ``sys.last_value`` before Python 3.12: set by the
+        interpreter, and by ``meshscope run``'s fork launcher, for an exception nothing caught) cut the open step
+        short: its record says so (``raised``), as a ``with tracker.step()`` block left by one does. A loop of
+        :meth:`start_step` and the Trainer callbacks have no block to see it leave.
+        """
+        with contextlib.suppress(Exception):
+            st = self._ops.step
+            died_of = getattr(sys, "last_exc", None) or getattr(sys, "last_value", None)
+            if st is not None and isinstance(died_of, BaseException) and not isinstance(died_of, SystemExit):
+                st.raised = _type_name(type(died_of))
+        self.close()
+
     def close(self) -> None:
         """Finish an open step, send what is pending, say goodbye, remove the patches. Idempotent; never raises."""
         if self._closed:
@@ -1625,7 +1640,7 @@ def tracker_from_env(environ: Mapping[str, str] | None = None) -> Tracker | Null
     if not _DRAIN_REGISTERED[0]:  # registered before the close: atexit runs last-in first, the close first
         _DRAIN_REGISTERED[0] = True
         atexit.register(_drain_at_exit)
-    atexit.register(tracker.close)
+    atexit.register(tracker.close_at_exit)
     return tracker
 
 
