@@ -28,7 +28,9 @@ if TYPE_CHECKING:
 STEPS, ACCUM, EVAL_STEPS, SAVE_STEPS = 6, 2, 2, 3
 
 
-def _trainer_job(rank: int, world: int, out: str, save_strategy: str, *, compiled: bool) -> dict[str, object]:
+def _trainer_job(
+    rank: int, world: int, out: str, save_strategy: str, *, compiled: bool, slow_rank: int = -1, steps: int = 6
+) -> dict[str, object]:
     import torch  # noqa: PLC0415 - the forked rank's torch
     from torch.utils.data import Dataset  # noqa: PLC0415
     from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments  # noqa: PLC0415
@@ -41,6 +43,8 @@ def _trainer_job(rank: int, world: int, out: str, save_strategy: str, *, compile
             return len(self.x)
 
         def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+            if rank == slow_rank:  # a slow disk on one rank: 20 ms a sample (off the CPU)
+                time.sleep(0.02)
             return {"input_ids": self.x[i], "labels": self.x[i]}
 
     callback = MeshscopeCallback()  # before the Trainer: it initialises the process group and wraps the model
@@ -52,7 +56,7 @@ def _trainer_job(rank: int, world: int, out: str, save_strategy: str, *, compile
         per_device_train_batch_size=2,
         per_device_eval_batch_size=2,
         gradient_accumulation_steps=ACCUM,
-        max_steps=STEPS,
+        max_steps=steps,
         eval_strategy="steps",
         eval_steps=EVAL_STEPS,
         save_strategy=save_strategy,
@@ -99,9 +103,13 @@ def test_a_trainer_gives_one_record_per_optimizer_step_with_its_data_eval_and_ch
             # the step starts where its micro-batches' fetch began (before on_step_begin), and holds it
             first = rec.intervals[0]
             assert (first.kind, first.start_us) == (IntervalKind.DATA, rec.start_us)
-            # one sync per optimizer step: the k-th micro-batch's all-reduce, on the world (dp) group
+            # one sync per optimizer step: the k-th micro-batch's all-reduce, on the world (dp) group; and, inside the
+            # fetch, the Trainer's gather of the micro-batches' token counts (average_tokens_across_devices)
             reduces = {(str(iv.axis), str(iv.op), iv.group) for iv in rec.intervals if iv.axis}
-            assert reduces == {("dp", "all_reduce", "dp:0")}, (rank, rec.step)
+            assert reduces == {("dp", "all_reduce", "dp:0"), ("dp", "all_gather", "dp:0")}, (rank, rec.step)
+            fetch_end = max(iv.end_us for iv in rec.intervals if iv.kind is IntervalKind.DATA)
+            (gather,) = [iv for iv in rec.intervals if iv.op is not None and str(iv.op) == "all_gather"]
+            assert gather.end_us <= fetch_end, (rank, rec.step)
             # the step's micro-batches' tokens, from each forward's input_ids (evaluation's forwards are not counted),
             # also where the model's forward is compiled
             assert (rec.stats.tokens, rec.stats.sequences, rec.stats.longest_sequence) == (
@@ -130,6 +138,34 @@ def test_a_trainer_gives_one_record_per_optimizer_step_with_its_data_eval_and_ch
     # all of it under backward's compute or waiting), so the two together, at their 95th percentile.
     dp = [row for row in analysis.rows if row.category.startswith("comm.dp.")]
     assert sum(row.measured_p95_seconds for row in dp) > 0
+
+
+@pytest.mark.slow
+def test_a_trainer_rank_with_a_slow_loader_is_a_straggler_in_data_loading_not_a_starved_job(
+    fork_job, tmp_path: Path
+) -> None:
+    # The Trainer gathers every micro-batch's token count over the ranks as it fetches the next step's batches
+    # (get_batch_samples, average_tokens_across_devices=True by default): the healthy rank waits there for the slow
+    # loader. Before, that gather was not recorded and its wait was the healthy rank's data wait: a job-wide
+    # "data loader starves the job" naming rank 0, advising more loader workers.
+    job = fork_job(
+        lambda rank, world: _trainer_job(
+            rank, world, str(tmp_path / "trainer"), "no", compiled=False, slow_rank=1, steps=10
+        ),
+        2,
+        init=False,
+        timeout_s=180.0,
+    )
+    assert all(r["counters"]["hook_errors"] == 0 for r in job.results)
+    analysis = analyze(read_table(job.records_path, skip_steps=1))
+    codes = [f.code for f in analysis.findings]
+    assert "data-loader-starved" not in codes
+    (straggler,) = [f for f in analysis.findings if f.code == "straggler"]
+    assert [s.rank for s in straggler.suspects] == [1]
+    assert "slow in data loading" in straggler.message
+    wait = next(row for row in analysis.rows if row.category == "comm.dp.sync_wait")
+    assert wait.suspect is not None
+    assert wait.suspect.rank == 1
 
 
 def _copying_ddp_job(rank: int, world: int) -> dict[str, object]:

@@ -139,6 +139,9 @@ class Operations:
         self.fault = fault
         self.step: StepState | None = None
         """The open step (the tracker sets it); ``None``: operations are counted in their groups, not recorded."""
+        self.held: StepState | None = None
+        """Where operations go while no step is open but a fetch is held for the next one (the tracker sets and takes
+        it): a loader's, a Trainer's collectives there (the Trainer's token-count gather) are that step's."""
         self.clock: HostClock = HostClock()
         self.on_device = False
         """Whether marks of device work are CUDA events (``False``: everything is host time)."""
@@ -406,7 +409,7 @@ class Operations:
             return
         meta = group.metas.get(op) or group.meta(op)
         seq = next(group.counters[op])
-        st = self.step
+        st = self.step or self.held
         if st is None:
             return
         rec = [start, None, meta, seq, size_of(args, group.size), work, _perf_ns(), None]
@@ -425,7 +428,7 @@ class Operations:
         ``dist._broadcast_coalesced`` (DDP's buffer broadcast before every forward): c10d waits for it in C++, so the
         rank was blocked from its issue to now, as in a synchronous call whose ``Work.wait`` returned now.
         """
-        st = self.step
+        st = self.step or self.held
         recorded = len(st.ops) if st is not None else 0
         self.on_collective(pg, op, lambda _args, _size: nbytes, (), None, m0, completion=False)
         if st is not None and len(st.ops) > recorded:
@@ -463,7 +466,7 @@ class Operations:
             meta = OpMeta(kind="p2p", axis=axis.value, op=op, group=gid, group_size=None, peer=peer)
             self._p2p[key] = meta
         seq = self._next_seq(meta.group)
-        st = self.step
+        st = self.step or self.held
         if st is None:
             return
         rec = [start, None, meta, seq, nbytes, work, _perf_ns(), None]
@@ -487,7 +490,7 @@ class Operations:
             if t0 - rec[ISSUED] < SYNC_GAP_NS:  # a synchronous call: blocked from its issue
                 m0 = rec[START]
             rec[WAIT] = m0
-        st = self.step
+        st = self.step or self.held
         if st is not None:
             st.windows.append((m0, m1))
 
@@ -515,7 +518,7 @@ class Operations:
                 if t0 - rec[ISSUED] < SYNC_GAP_NS:
                     m0 = rec[START]
                 rec[WAIT] = m0
-        st = self.step
+        st = self.step or self.held
         if st is not None:
             st.windows.append((m0, m1))
 
@@ -553,7 +556,7 @@ class Operations:
             return
         meta = group.metas.get(op) or group.meta(op)
         seq = next(group.counters[op])
-        st = self.step
+        st = self.step or self.held
         if st is None:
             return
         rec = [start, None, meta, seq, nbytes, out, _perf_ns(), None]
@@ -586,13 +589,13 @@ class Operations:
 
     def on_attention_forward(self, m0: Mark) -> None:
         """An attention call that started at ``m0`` returned now."""
-        st = self.step
+        st = self.step or self.held
         if st is not None:
             st.attention.append((m0, self.device_mark(_perf_ns())))
 
     def on_attention_backward(self, start: Mark) -> None:
         """An attention backward that started at ``start`` finished now."""
-        st = self.step
+        st = self.step or self.held
         if st is not None and start is not None:
             st.attention.append((start, self.device_mark(_perf_ns())))
 

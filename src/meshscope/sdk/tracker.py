@@ -1075,9 +1075,16 @@ class Tracker:
             st.phased_rq_ns += self._pre_step_rq[0]
             st.compute_rq_ns += self._pre_step_rq[1]
         self._pre_step_rq = [0, 0]
+        carried: list[tuple[list[Any], list[Any], list[Any]]] = []
         if self._carried is not None:  # what a boundary fetch issued (a loader's own collectives) comes with it
-            st.ops[:0], st.windows[:0], st.attention[:0] = self._carried
+            carried.append(self._carried)
             self._carried = None
+        held = self._ops.held
+        if held is not None:  # and what a held fetch issued (the Trainer's gather of the batch's token count)
+            self._ops.held = None
+            carried.append((held.ops, held.windows, held.attention))
+        for ops_, windows, attention in reversed(carried):
+            st.ops[:0], st.windows[:0], st.attention[:0] = ops_, windows, attention
         self._fed_by = self._fetch_from if explicit and self._fetch_ns is not None else None
         self._fetch_ns = self._fetch_from = None
 
@@ -1322,6 +1329,8 @@ class Tracker:
         if self._fetch_ns is None:
             self._fetch_ns, self._fetch_from = now, source
             self._fetch_sched_ns = self._sched.read()
+        if self._ops.held is None:  # what the fetch issues (a Trainer's token-count gather) goes with it
+            self._ops.held = StepState(0, now, None)
         return _HELD
 
     def _fetch_end(self, token: int | None, *, failed: bool) -> None:
@@ -1357,6 +1366,9 @@ class Tracker:
         self._pre_step_rq = [0, 0]
         self._fetch_ns = self._fetch_from = None
         self._held_stats = None
+        held, self._ops.held = self._ops.held, None
+        if held is not None:  # its operations were no step's either
+            self._ops.release(held)
 
     def _fetching(self, fetch: Callable[[Any], _T], it: object) -> _T:
         """A ``DataLoader`` iterator's ``next()`` (``fetch(it)``), timed as :meth:`data` times a fetch.
