@@ -21,7 +21,7 @@ from meshscope.cli import build_parser, main
 from meshscope.errors import ParseError
 from meshscope.jobs.loading import load_spec_text
 from meshscope.plan import plan_job
-from meshscope.records import DataStats, Interval, RecordTable, StepRecord, write_records
+from meshscope.records import BetweenSteps, DataStats, Interval, RecordTable, StepRecord, write_records
 from meshscope.topology.layout import RankCoord
 
 MS = 1000  # µs per ms
@@ -174,6 +174,43 @@ def test_the_straggler_gap_is_a_mean_within_a_pipeline_stage_as_the_live_metrics
     assert s.straggler_gap_seconds == pytest.approx(0.001)
 
 
+def test_the_time_between_steps_is_summed_up_for_the_median_rank_and_said() -> None:
+    """Every step of 10 ms is followed by 5 ms between steps on rank 0 (3 ms of it an evaluation) and 7 ms on rank 1
+    (3 ms eval, 2 ms a save): no step's breakdown holds it. The median rank (the lower of two: rank 0) spends 5 ms per
+    step there, half as much again as its step."""
+    records = []
+    for step in range(4):
+        t0 = step * 20 * MS
+        for rank in range(2):
+            gap, between = None, None
+            if step:
+                gap = (5 if rank == 0 else 7) * MS
+                between = BetweenSteps(eval_us=3 * MS, checkpoint_us=0 if rank == 0 else 2 * MS)
+            records.append(
+                StepRecord(
+                    job="gaps",
+                    step=step,
+                    rank=rank,
+                    coord=RankCoord(dp=rank, tp=0, pp=0, cp=0, ep=0),
+                    node="node-0",
+                    start_us=t0,
+                    end_us=t0 + 10 * MS,
+                    intervals=(Interval(kind="compute", start_us=t0, end_us=t0 + 10 * MS, phase="forward"),),
+                    gap_before_us=gap,
+                    between_steps=between,
+                )
+            )
+    a = analyze(RecordTable.from_records(records))
+    assert a.summary.between_steps_seconds == pytest.approx(0.005)
+    assert a.summary.between_steps_kinds_seconds == pytest.approx({"eval": 0.003, "unlabelled": 0.002})
+    assert (
+        "  between steps: 5.00 ms per step at the median rank (eval 3.00 ms, unlabelled 2.00 ms), 50.0 % on top of "
+        "the median step: outside every step, so not in the table above"
+    ) in render_analysis(a).splitlines()
+    assert analyze(straggler_table()).summary.between_steps_seconds is None  # records without the gap fields
+    assert "between steps:" not in render_analysis(analyze(straggler_table()))
+
+
 def test_unused_axes_are_left_out_but_used_ones_stay_at_zero() -> None:
     a = analyze(straggler_table())
     axes = {r.category.split(".")[1] for r in a.rows if r.category.startswith("comm.")}
@@ -225,6 +262,8 @@ def test_to_dict_has_exactly_the_documented_keys() -> None:
         "ideal_step_source",
         "useful_compute_share",
         "reported_gpu_util",
+        "between_steps_seconds",
+        "between_steps_kinds_seconds",
     }
     assert set(d["rows"][0]) == {
         "category",

@@ -30,6 +30,7 @@ from meshscope.jobs.loading import load_spec_text
 from meshscope.plan import PlanAssumptions, Severity, plan_job
 from meshscope.records import (
     AXIS_CODE,
+    BETWEEN_KINDS,
     KIND_CODE,
     OP_CODE,
     PHASE_CODE,
@@ -1156,12 +1157,13 @@ def test_median_of_others_is_numpys_median_without_the_element(n_groups: int) ->
 
 
 def _between_steps_table(
-    *, gaps_known: bool = True, pause_us: int = 1000, unlabelled_steps: tuple[int, ...] = ()
+    *, gaps_known: bool = True, pause_us: int = 1000, unlabelled_steps: tuple[int, ...] = (), label: str = "eval"
 ) -> RecordTable:
     """4 ranks, dp 4, 6 steps: compute 20 ms, then one all-reduce (3 ms once the last member arrives). Before steps
-    2 and 4, rank 0 spends 100 ms between steps (90 ms of it a checkpoint), so it starts them late and the others
-    wait for it in the all-reduce. ``pause_us``: the time every rank spends between two steps otherwise;
-    ``unlabelled_steps``: steps whose gap is measured but not what it was spent on (``between_us`` unknown)."""
+    2 and 4, rank 0 spends 100 ms between steps (90 ms of it ``label``: an evaluation, a checkpoint), so it starts
+    them late and the others wait for it in the all-reduce. ``pause_us``: the time every rank spends between two
+    steps otherwise; ``unlabelled_steps``: steps whose gap is measured but not what it was spent on (``between_us``
+    unknown)."""
     ms = 1000
     rows: dict[str, list] = {k: [] for k in ("rank", "step", "start", "end", "gap", "between")}
     iv: dict[str, list] = {k: [] for k in ("row", "kind", "start", "end", "axis", "op", "group", "seq", "size")}
@@ -1178,9 +1180,10 @@ def _between_steps_table(
             rows["start"].append(start)
             rows["end"].append(end)
             rows["gap"].append(-1 if prev_end is None or not gaps_known else start - prev_end)
-            ckpt = 90 * ms if (r == 0 and late) else 0
+            labelled = [0] * len(BETWEEN_KINDS)
+            labelled[BETWEEN_KINDS.index(label)] = 90 * ms if (r == 0 and late) else 0
             unknown = prev_end is None or not gaps_known or (r == 0 and k in unlabelled_steps)
-            rows["between"].append([-1] * 5 if unknown else [0, 0, 0, ckpt, 0])
+            rows["between"].append([-1] * 5 if unknown else labelled)
             for kind, s0, e0 in (("compute", start, start + 20 * ms), ("comm", start + 20 * ms, end)):
                 iv["row"].append(row)
                 iv["kind"].append(KIND_CODE[kind])
@@ -1237,16 +1240,32 @@ def test_time_between_steps_that_the_others_wait_for_is_a_finding_with_its_cause
     assert row.suspect is not None
     assert row.suspect.rank == 0
     assert row.suspect.message in f.message
-    assert "checkpoint 90.00 ms, unlabelled 11.00 ms" in f.message
+    assert "eval 90.00 ms, unlabelled 11.00 ms" in f.message
 
 
 def test_a_long_gap_without_labels_counts_as_unlabelled_time_beside_a_labelled_one() -> None:
-    # Step 2's 101 ms gap is labelled (90 ms checkpoint), step 4's is measured but not labelled: per kind the median
-    # over the two long gaps, an unlabelled one counting 0 (checkpoint: median(90, 0) = 45 ms), and what no label
+    # Step 2's 101 ms gap is labelled (90 ms eval), step 4's is measured but not labelled: per kind the median
+    # over the two long gaps, an unlabelled one counting 0 (eval: median(90, 0) = 45 ms), and what no label
     # covers (step 2: 101 - 90 = 11 ms; step 4: 101 ms; median 56 ms).
     f = only(analyze(_between_steps_table(unlabelled_steps=(4,))).findings, "between-steps")
-    assert "(checkpoint 45.00 ms, unlabelled 56.00 ms)" in f.message
+    assert "(eval 45.00 ms, unlabelled 56.00 ms)" in f.message
     assert f.suspects[0].rank == 0
+
+
+def test_a_save_between_steps_is_a_checkpoint_stall_of_its_saver_not_a_second_finding() -> None:
+    """Rank 0 saves 90 ms between steps before 2 of 6 steps (as a Trainer's callback times a save): the slowest
+    saver's checkpoint time, amortised (30 ms a step), wherever it ran. The gap it sat in is that finding's: no
+    between-steps finding beside it for the same 100 ms."""
+    analysis = analyze(_between_steps_table(label="checkpoint"))
+    assert [f.code for f in analysis.findings] == ["checkpoint-stall"]
+    (f,) = analysis.findings
+    assert f.suspects[0].rank == 0
+    assert f.evidence["amortised_seconds_per_step"] == pytest.approx(0.09 * 2 / 6)
+    assert f.evidence["seconds_per_checkpoint"] == pytest.approx(0.09)
+    assert f.evidence["steps_with_checkpoint"] == 2
+    assert "(between steps: outside every step's breakdown, the others wait for it in their next collective)" in (
+        f.message
+    )
 
 
 def test_without_the_gap_fields_the_wait_is_charged_but_not_explained() -> None:
@@ -1817,13 +1836,13 @@ def test_a_checkpoint_finding_in_full() -> None:
 
 def test_a_between_steps_finding_in_full() -> None:
     # _between_steps_table: rank 0 is 100 ms late into steps 2 and 4 (101 ms since its previous step against the
-    # others' 1 ms; 90 ms of it labelled checkpoint): 200 ms over 6 steps, 33.33 ms per step amortised. The other
+    # others' 1 ms; 90 ms of it labelled eval): 200 ms over 6 steps, 33.33 ms per step amortised. The other
     # three wait for it in those steps' all-reduce: 2 x 3 x 100 ms over 6 steps = 100 ms of rank time per step
     # (no GPU), 33.33 ms per waiting member. 18 of 24 rank-steps take 23 ms (20 ms compute + 3 ms all-reduce): the
     # median step, so the cost is 144.9 % of it.
     f = only(analyze(_between_steps_table()).findings, "between-steps")
     assert f.message == (
-        "rank 0 on node-0 spends 101.00 ms between steps before 2 of its 6 steps (checkpoint 90.00 ms, unlabelled "
+        "rank 0 on node-0 spends 101.00 ms between steps before 2 of its 6 steps (eval 90.00 ms, unlabelled "
         "11.00 ms) where the other ranks spend 1.00 ms: that time is outside every step, so no step's breakdown "
         "shows it, but the others wait for it in their next collective; it costs about 33.33 ms per step (144.9 % "
         "of the step, amortised); the cost table: rank 0 on node-0 makes its dp group dp:0 wait 33.33 ms per step "

@@ -368,6 +368,26 @@ def render_analysis(analysis: Analysis) -> str:
     return render_analysis_dict(analysis.to_dict())
 
 
+def _between_steps_lines(s: Mapping[str, Any]) -> list[str]:
+    """The summary's line for the time between steps, where the records measured it and it is not negligible."""
+    between = s.get("between_steps_seconds")
+    step = s.get("median_step_seconds")
+    if between is None or not step or between < BETWEEN_STEPS_SAID_SHARE * step:
+        return []
+    kinds = s.get("between_steps_kinds_seconds") or {}
+    parts = ", ".join(f"{kind} {human_seconds(v)}" for kind, v in sorted(kinds.items(), key=lambda kv: -kv[1]))
+    return [
+        (
+            f"  between steps: {human_seconds(between)} per step at the median rank ({parts}), "
+            f"{percent(between / step)} on top of the median step: outside every step, so not in the table above"
+        )
+    ]
+
+
+BETWEEN_STEPS_SAID_SHARE = 0.01
+"""The summary says the time between steps from this share of the median step up."""
+
+
 def render_analysis_dict(data: Mapping[str, Any]) -> str:
     """:func:`render_analysis` from the analysis' JSON form (:meth:`Analysis.to_dict`, docs/cost-table.md).
 
@@ -424,6 +444,7 @@ def render_analysis_dict(data: Mapping[str, Any]) -> str:
                     f"  useful compute: {percent(s['useful_compute_share'])} of the step; reported GPU utilisation: "
                     f"{gpu_util} (a GPU waiting in a collective reads as busy)"
                 ),
+                *_between_steps_lines(s),
             ]
         )
     )

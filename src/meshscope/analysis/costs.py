@@ -43,7 +43,7 @@ from meshscope.analysis.collectives import SEND_RECV, CollectiveComparison, comp
 from meshscope.analysis.grouping import grouped_mean, grouped_median, grouped_quantile, median_rank_value
 from meshscope.analysis.transfers import MIN_TRANSFER_BYTES, Transfers, bus_factor, measure_transfers, place_of_rows
 from meshscope.formatting import human_seconds, percent
-from meshscope.records import COMM_CODE, P2P_CODE, Note
+from meshscope.records import BETWEEN_KINDS, COMM_CODE, P2P_CODE, Note
 from meshscope.topology import AXES, MeshAxis
 
 if TYPE_CHECKING:
@@ -911,6 +911,12 @@ class Summary:
     """Median over rank-steps of compute ÷ step time."""
     reported_gpu_util: float | None
     """Median reported GPU utilisation, 0–1; ``None`` if no record has it."""
+    between_steps_seconds: float | None = None
+    """Time between two steps per step, outside every step's breakdown (evaluation, saves, logging, the loop's own
+    work): the median rank's mean ``gap_before_us``; ``None`` when no record has it."""
+    between_steps_kinds_seconds: dict[str, float] | None = None
+    """That rank's mean per step by ``between_steps`` kind (``eval``, ``checkpoint``, ...; the rest ``unlabelled``),
+    kinds with no time left out."""
 
     def to_dict(self) -> dict[str, Any]:
         """JSON form (docs/cost-table.md)."""
@@ -924,6 +930,8 @@ class Summary:
             "ideal_step_source": self.ideal_step_source,
             "useful_compute_share": self.useful_compute_share,
             "reported_gpu_util": self.reported_gpu_util,
+            "between_steps_seconds": self.between_steps_seconds,
+            "between_steps_kinds_seconds": self.between_steps_kinds_seconds,
         }
 
 
@@ -981,7 +989,35 @@ def summarise(rs: RankSteps, *, plan: Plan | None, plan_fits_run: bool = True) -
         ideal_step_source="plan" if plan is not None and plan_fits_run else "measured",
         useful_compute_share=float(np.median(share)) if share.size else math.nan,
         reported_gpu_util=float(np.median(util)) if util.size else None,
+        **_between_steps(rs),
     )
+
+
+def _between_steps(rs: RankSteps) -> dict[str, Any]:
+    """:attr:`Summary.between_steps_seconds` and its kinds: the median rank's (by its mean gap) means per step."""
+    s = rs.breakdown.table.steps
+    known = s.gap_before_us >= 0
+    if not known.any():
+        return {}
+    rows = rs.rank_index[known]
+    counts = np.bincount(rows, minlength=rs.n_ranks).astype(np.float64)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        per_rank = np.bincount(rows, weights=s.gap_before_us[known], minlength=rs.n_ranks) / counts
+    ranks = np.flatnonzero(counts > 0)
+    order = ranks[np.argsort(per_rank[ranks], kind="stable")]
+    median = int(order[(order.size - 1) // 2])  # the lower middle: a rank's own figure
+    mine = known & (rs.rank_index == median)
+    kinds: dict[str, float] = {}
+    labelled = 0.0
+    for k, kind in enumerate(BETWEEN_KINDS):
+        us = float(np.clip(s.between_us[mine, k], 0, None).sum()) / counts[median]
+        if us > 0:
+            kinds[kind] = us / 1e6
+            labelled += us
+    rest = max(float(per_rank[median]) - labelled, 0.0)
+    if rest > 0:
+        kinds["unlabelled"] = rest / 1e6
+    return {"between_steps_seconds": float(per_rank[median]) / 1e6, "between_steps_kinds_seconds": kinds}
 
 
 # ====================================================================== expected vs measured

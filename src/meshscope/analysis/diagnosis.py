@@ -1636,7 +1636,8 @@ def _between_steps(ctx: _Context) -> list[Finding]:
     """
     rs = ctx.rs
     s = rs.breakdown.table.steps
-    gap = s.gap_before_us.astype(np.float64)
+    # a gap that holds a save is checkpoint-stall's (the slowest saver, amortised): one finding per cause
+    gap = np.where(between_checkpoint_us(rs) > 0, -1, s.gap_before_us).astype(np.float64)
     known = gap >= 0
     if np.count_nonzero(known) < 2:
         return []
@@ -1746,25 +1747,40 @@ def _data_starved(ctx: _Context) -> list[Finding]:
     ]
 
 
+_BETWEEN_CHECKPOINT = BETWEEN_KINDS.index("checkpoint")
+
+
+def between_checkpoint_us(rs: RankSteps) -> NDArray[np.float64]:
+    """Each rank-step's checkpoint time before it, between steps (``between_steps.checkpoint``; 0 where unknown)."""
+    between = rs.breakdown.table.steps.between_us[:, _BETWEEN_CHECKPOINT].astype(np.float64)
+    return np.where(between > 0, between, 0.0)
+
+
 def _checkpoint(ctx: _Context) -> list[Finding]:
+    """The slowest saver's checkpoint time, amortised: inside its steps and between them (a Trainer saves there)."""
     rs = ctx.rs
-    ckpt = rs.us(CHECKPOINT)
-    k = CATEGORY_INDEX[CHECKPOINT]
+    before = between_checkpoint_us(rs)
+    ckpt = rs.us(CHECKPOINT) + before
+    per_rank = np.bincount(rs.rank_index, weights=ckpt, minlength=rs.n_ranks) / np.maximum(rs.steps_per_rank, 1)
     # The slowest saver's amortised time: ranks that do not save wait for it in their next collective.
-    worst = int(np.argmax(rs.rank_mean_us[:, k]))
-    amortised_s = float(rs.rank_mean_us[worst, k]) / 1e6
+    worst = int(np.argmax(per_rank))
+    amortised_s = float(per_rank[worst]) / 1e6
     share = ctx.share(amortised_s)
     if share < CHECKPOINT_MIN_SHARE:
         return []
     saving = ckpt > 0
     steps_with = int(np.unique(rs.step_index[saving]).size)
     per_save_s = float(np.median(ckpt[saving])) / 1e6
-    savers = int(np.count_nonzero(rs.rank_mean_us[:, k] > 0))
+    savers = int(np.count_nonzero(per_rank > 0))
+    outside = float(before.sum()) / float(ckpt.sum()) if ckpt.sum() > 0 else 0.0
+    where = ""
+    if outside >= 0.5:  # most of it
+        where = " (between steps: outside every step's breakdown, the others wait for it in their next collective)"
     message = (
         f"checkpointing stalls training: {steps_with} of {rs.n_steps} steps save a checkpoint on {savers} of "
-        f"{rs.n_ranks} ranks, {human_seconds(per_save_s)} each (median saver), {human_seconds(amortised_s)} per step "
-        f"amortised on the slowest, {ctx.where(worst)} ({percent(share)} of the step; ranks that do not save wait "
-        f"for it): save asynchronously or less often"
+        f"{rs.n_ranks} ranks, {human_seconds(per_save_s)} each (median saver){where}, {human_seconds(amortised_s)} "
+        f"per step amortised on the slowest, {ctx.where(worst)} ({percent(share)} of the step; ranks that do not "
+        f"save wait for it): save asynchronously or less often"
     )
     return [
         Finding(
