@@ -446,3 +446,22 @@ def test_fuzzed_records_never_raise_and_every_one_is_accounted_for(sock_dir: Pat
             assert abs(d["meshscope_breakdown_seconds_total"] - d["meshscope_step_seconds_total"]) < 1e-6
     finally:
         src.close()
+
+
+def test_a_step_cut_short_by_an_exception_is_kept_for_the_operator_and_not_counted(sock_dir: Path, step_record) -> None:
+    """A rank's record that says its step raised (``raised``): no parse error, its peers' step still breaks down,
+    its time is in no total, and ``/v1/steps`` still serves its line (the operator's table notes it)."""
+    src = _source(sock_dir)
+    try:
+        cut = {**step_record(1, 0, RANK1), "raised": "RuntimeError"}
+        _send(sock_dir, step_record(0, 0, RANK0), cut, step_record(0, 1, RANK0), step_record(0, 2, RANK0))
+        _poll_until(src, lambda: _values(src).get(("meshscope_steps_total", 0, ()), 0) >= 1)
+        src.flush()
+        v = _values(src)
+        assert v["meshscope_steps_total", 0, ()] == 3
+        assert v.get(("meshscope_steps_total", 1, ()), 0) == 0  # rank 1's only step was cut short
+        assert src.health.parse_errors_total == 0
+        served = [json.loads(line) for line in src.recent_lines(max_bytes=1 << 20)]
+        assert [(o["rank"], o["step"], o.get("raised")) for o in served if o["rank"] == 1] == [(1, 0, "RuntimeError")]
+    finally:
+        src.close()

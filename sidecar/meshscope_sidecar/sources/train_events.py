@@ -85,6 +85,7 @@ class _Header(msgspec.Struct, frozen=True, gc=False):
     rank: int
     step: int
     attempt_start_us: int | None = None
+    raised: str | None = None
 
 
 _decode_header = msgspec.json.Decoder(_Header).decode
@@ -302,6 +303,12 @@ class TrainEventsSource:
             return
         self._newest[record.rank] = record.step
         self._totals.setdefault(record.rank, _RankTotals())
+        if record.raised is not None:
+            # cut short by an exception: no step of the run (the readers leave it out with a note), so not in the
+            # totals; kept for the operator's deep tier, whose table notes it
+            with self._lock:
+                self._keep(record.step, line)
+            return
         self._open.setdefault(record.step, {})[record.rank] = _Pending(rank=record.rank, step=record.step, line=line)
 
     def _ready_steps(self) -> list[int]:
