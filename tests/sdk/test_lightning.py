@@ -7,6 +7,7 @@ callback is the only meshscope line. Each check is against what the Trainer's ar
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING
 
 import pytest
@@ -23,7 +24,7 @@ STEPS, ACCUM, VAL_EVERY = 6, 2, 4
 """Optimizer steps, micro-batches per step, validation every this many micro-batches (every second step)."""
 
 
-def _lightning_job(rank: int, world: int, out: str) -> dict[str, object]:
+def _lightning_job(rank: int, world: int, out: str, *, between_s: float = 0.0) -> dict[str, object]:
     import lightning as L  # noqa: N812, PLC0415 - Lightning's own idiom
     import torch  # noqa: PLC0415
     from torch import nn  # noqa: PLC0415
@@ -47,6 +48,12 @@ def _lightning_job(rank: int, world: int, out: str) -> dict[str, object]:
         def configure_optimizers(self) -> torch.optim.Optimizer:
             return torch.optim.SGD(self.parameters(), lr=0.01)
 
+    class Busy(L.Callback):
+        """Work between two micro-batches that is no fetch: a logger's flush, a metric, a progress line."""
+
+        def on_train_batch_end(self, *args: object) -> None:
+            time.sleep(between_s)
+
     generator = torch.Generator().manual_seed(0)
     data = TensorDataset(torch.randn(256, 16, generator=generator), torch.randn(256, 1, generator=generator))
     callback = MeshscopeCallback()
@@ -64,7 +71,7 @@ def _lightning_job(rank: int, world: int, out: str) -> dict[str, object]:
         enable_progress_bar=False,
         enable_model_summary=False,
         logger=False,
-        callbacks=[callback],
+        callbacks=[callback, Busy()] if between_s else [callback],
     )
     trainer.fit(Regression(), DataLoader(data, batch_size=8), DataLoader(data, batch_size=8))
     counters = callback.tracker.counters().as_dict()
@@ -204,3 +211,22 @@ def test_token_ids_are_read_from_a_2d_integer_tensor_only(batch: str, expected: 
         "mapping-without-ids": {"pixel_values": torch.zeros(4, 3, 8, 8)},
     }[batch]
     assert token_ids_shape(value) == expected
+
+
+@pytest.mark.slow
+def test_lightning_s_work_between_micro_batches_is_no_data_wait(fork_job, tmp_path: Path) -> None:
+    # A callback sleeps 60 ms after every micro-batch (between steps, or inside an accumulation window). The step's
+    # data is the loader's own next() (8 rows of a TensorDataset): before, everything from on_train_batch_end to
+    # on_train_batch_start was the next step's data wait, and a clean quiet run read as a starved loader.
+    job = fork_job(
+        lambda rank, world: _lightning_job(rank, world, str(tmp_path / "lightning"), between_s=0.06),
+        2,
+        init=False,
+        timeout_s=180.0,
+    )
+    assert all(r["counters"]["hook_errors"] == 0 for r in job.results)
+    table = read_table(job.records_path)
+    for rec in table.to_records():
+        data_us = sum(iv.end_us - iv.start_us for iv in rec.intervals if iv.kind is IntervalKind.DATA)
+        assert data_us < 60_000, (rec.rank, rec.step, data_us)  # each step holds ACCUM fetches, not the sleeps
+    assert "data-loader-starved" not in [f.code for f in analyze(table).findings]

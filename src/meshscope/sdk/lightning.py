@@ -14,14 +14,19 @@ What each hook becomes (``docs/sdk.md`` §1.7):
 - ``on_train_batch_start``: a step opens at the first micro-batch of an optimizer step, numbered as
   ``trainer.global_step``; every micro-batch of the accumulation window (``accumulate_grad_batches``) is in it, with
   DDP's all-reduce of the last one and FSDP's gathers. Within a micro-batch: ``forward`` until ``on_before_backward``,
-  ``backward`` until ``on_after_backward``, ``compute`` (clipping) until ``on_before_optimizer_step``, ``optimizer``
+  ``backward`` until ``on_after_backward``, ``compute`` until ``on_before_optimizer_step``, ``optimizer`` (clipping,
+  which Lightning 2.x runs after that hook, the step, ``zero_grad``)
   until ``on_train_batch_end``. A micro-batch of token ids (a 2-D integer tensor, or a mapping with ``input_ids``)
   adds its shape to the step's data statistics (tokens, sequences, the longest sequence, padding included); any
   other batch adds nothing (call ``callback.tracker.data_stats(...)`` in ``training_step`` for those).
 - ``on_train_batch_end``: when the optimizer stepped (``trainer.global_step`` moved) or the epoch's last batch ran,
-  the step ends; otherwise the step goes on, and the next micro-batch's fetch is its ``data`` phase.
-- Between steps, Lightning fetches the next batch (its prefetcher, before ``on_train_batch_start``): held for the
-  next step as a ``tracker.data`` fetch is (the step starts where it began and carries it as its ``data`` interval).
+  the step ends; otherwise the step goes on.
+- The loader's fetches are timed where they run, by the tracker's own ``DataLoader`` timing (each ``next()`` of
+  the loader's iterator), not from hook to hook: between ``on_train_batch_end`` and ``on_train_batch_start``
+  Lightning also logs, decides on validation, broadcasts its stop flag and moves the batch to the device, which
+  read as data wait (0.8 ms a step where the loader took 0.3: a starved loader on every quiet clean run). A fetch
+  between steps (its prefetcher's) is held for the next step as a ``tracker.data`` fetch is; one inside an
+  accumulation window is that step's ``data``; the rest of the window is the step's time outside phases.
   Validation is the ``eval`` phase (``on_validation_start`` .. ``on_validation_end``, the sanity check included), a
   checkpoint save the ``checkpoint`` phase (``Trainer.save_checkpoint``, wrapped on the trainer at
   ``on_train_start``: Lightning has no hook at the end of a save), on every rank (rank 0 writes, the others wait in
@@ -37,10 +42,11 @@ from typing import TYPE_CHECKING, Any
 
 from lightning.pytorch.callbacks import Callback
 
+from meshscope.sdk.tracker import Tracker
 from meshscope.sdk.trainers import HookPhases
 
 if TYPE_CHECKING:
-    from meshscope.sdk.tracker import NullTracker, Tracker
+    from meshscope.sdk.tracker import NullTracker
 
 log = logging.getLogger("meshscope.sdk")
 
@@ -54,7 +60,7 @@ class MeshscopeCallback(Callback, HookPhases):
         Build the callback before ``trainer.fit``: the tracker then sees the process group, the DDP or FSDP wrap and
         every collective.
         """
-        HookPhases.__init__(self, tracker)
+        HookPhases.__init__(self, tracker, times_fetches=False)
         self._opened_at: int | None = None
         """``trainer.global_step`` when the open step began (``None``: no step open)."""
         self._own_save: Any = None
@@ -71,15 +77,13 @@ class MeshscopeCallback(Callback, HookPhases):
     # ------------------------------------------------------------------ hooks
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:  # noqa: ANN401, ARG002 - Lightning's types
-        """The first batch is fetched next; checkpoint saves are bracketed from now on."""
+        """Checkpoint saves are bracketed from now on."""
         self._bracket_checkpoints(trainer)
-        self._begin_fetch()
 
     def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:  # noqa: ANN401, ARG002
         """A micro-batch begins: the first of an optimizer step opens the step."""
         self._leave()
         if self._opened_at is None:
-            self._end_fetch(taken=True)
             self._opened_at = int(trainer.global_step)
             self.tracker.start_step(self._opened_at)
         self._count_tokens(batch)
@@ -90,7 +94,7 @@ class MeshscopeCallback(Callback, HookPhases):
         self._enter("backward")
 
     def on_after_backward(self, trainer: Any, pl_module: Any) -> None:  # noqa: ANN401, ARG002
-        """Backward ran; gradient clipping (compute) until the optimizer, if it steps."""
+        """Backward ran; what runs until the optimizer's hook is compute."""
         self._enter("compute")
 
     def on_before_optimizer_step(self, trainer: Any, pl_module: Any, optimizer: Any) -> None:  # noqa: ANN401, ARG002
@@ -106,27 +110,18 @@ class MeshscopeCallback(Callback, HookPhases):
         last = bool(getattr(getattr(epoch_loop, "batch_progress", None), "is_last_batch", False))
         if int(trainer.global_step) > self._opened_at or last:
             self._end_step()
-            self._begin_fetch()
-        else:
-            self._enter("data")  # accumulating: the next micro-batch's fetch is this step's
+        # accumulating: the step goes on; the next micro-batch's fetch is its data (timed at the loader)
 
     def on_validation_start(self, trainer: Any, pl_module: Any) -> None:  # noqa: ANN401, ARG002
         """Validation (or the sanity check) runs: ``eval``, inside the step when it runs mid-accumulation."""
-        self._leave()
-        self._end_fetch(taken=False)
         self._enter("eval")
 
     def on_validation_end(self, trainer: Any, pl_module: Any) -> None:  # noqa: ANN401, ARG002
-        """Validation ended: the next batch is fetched next (within the step when one is open)."""
+        """Validation ended."""
         self._leave()
-        if self._opened_at is None:
-            self._begin_fetch()
-        else:
-            self._enter("data")
 
     def on_train_end(self, trainer: Any, pl_module: Any) -> None:  # noqa: ANN401, ARG002
-        """Training ended: no phase stays open, the last fetch is no step's, a step still open ends."""
-        self._end_fetch(taken=False)
+        """Training ended: no phase stays open, a step still open ends."""
         self._end_step()
         if getattr(getattr(trainer, "__dict__", {}).get("save_checkpoint"), "_meshscope", False):
             own = self._own_save
@@ -150,17 +145,11 @@ class MeshscopeCallback(Callback, HookPhases):
         self._own_save = getattr(trainer, "__dict__", {}).get("save_checkpoint")
 
         def save_checkpoint(*args: Any, **kwargs: Any) -> Any:  # noqa: ANN401
-            self._leave()
-            self._end_fetch(taken=False)
             self._enter("checkpoint")
             try:
                 return save(*args, **kwargs)
             finally:
                 self._leave()
-                if self._opened_at is None:
-                    self._begin_fetch()
-                else:
-                    self._enter("data")
 
         save_checkpoint._meshscope = True  # type: ignore[attr-defined]  # noqa: SLF001 - our own mark
         try:
@@ -169,6 +158,7 @@ class MeshscopeCallback(Callback, HookPhases):
             log.warning("meshscope: checkpoints not timed: %r", exc)
 
     def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:  # noqa: ARG002, ANN401
-        """Training failed: the step in progress ends (its record is sent), nothing stays open."""
-        self._end_fetch(taken=False)
+        """Training failed: the step in progress ends (its record is sent, cut short), nothing stays open."""
+        if isinstance(self.tracker, Tracker):
+            self.tracker._cut_short(type(exception))  # noqa: SLF001 - the same package's
         self._end_step()

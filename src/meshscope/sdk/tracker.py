@@ -893,6 +893,15 @@ class Tracker:
             background_ops=self._ops.background,
         )
 
+    def _cut_short(self, exc_type: type[BaseException]) -> None:
+        """The open step was cut short by an exception of ``exc_type`` (its record's ``raised``).
+
+        For a framework's callback that hears of the exception (Lightning's ``on_exception``) before it ends the step.
+        """
+        st = self._ops.step
+        if st is not None:
+            st.raised = _type_name(exc_type)
+
     def close_at_exit(self) -> None:
         """:meth:`close` as the interpreter exits (atexit): a step still open when the program died of an exception.
 

@@ -44,13 +44,18 @@ def token_ids_shape(batch: Any) -> tuple[int, int] | None:  # noqa: ANN401 - wha
 class HookPhases:
     """A tracker driven from hooks: at most one phase open (entering one leaves the last), and a held fetch."""
 
-    def __init__(self, tracker: Tracker | NullTracker | None = None) -> None:
-        """Record with ``tracker``; by default :func:`~meshscope.sdk.tracker_from_env` (started here)."""
+    def __init__(self, tracker: Tracker | NullTracker | None = None, *, times_fetches: bool = True) -> None:
+        """Record with ``tracker``; by default :func:`~meshscope.sdk.tracker_from_env` (started here).
+
+        ``times_fetches``: the hooks bracket the fetch of the next step's batches (:meth:`_begin_fetch`); ``False``:
+        the loader's own ``next()`` is timed (the tracker's ``DataLoader`` timing), where the framework's hooks leave
+        more than the fetch between them.
+        """
         self.tracker = tracker if tracker is not None else tracker_from_env()
         self._phase: AbstractContextManager[Any] | None = None
         self._fetch: int | None = None
         """The token of the held fetch of the next step's batches (a real tracker only)."""
-        if isinstance(self.tracker, Tracker):
+        if isinstance(self.tracker, Tracker) and times_fetches:
             self.tracker._data_explicit = True  # noqa: SLF001 - the Trainer's hooks time its fetches, not the loader's
 
     def _enter(self, name: str) -> None:
