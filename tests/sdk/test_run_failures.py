@@ -659,3 +659,36 @@ def test_a_program_that_dies_inside_an_open_step_marks_it_raised(tmp_path: Path,
     ]
     notes = {n["code"]: n for n in json.loads((out / "analysis.json").read_text())["partial_data"]}
     assert notes["raised_steps"]["message"].startswith("1 rank-step ended by an exception (rank 0 step 3) left out")
+
+
+ASKS_FOR_TWO = """\
+import torch.distributed as dist
+
+dist.init_process_group("gloo", world_size=2, rank=0)  # as Lightning's devices=2 does, under --nproc 1
+print("joined")
+"""
+
+
+@pytest.mark.slow
+def test_a_process_group_of_more_ranks_than_were_started_fails_at_once_with_the_fix(tmp_path: Path) -> None:
+    # Before: the rank waited in the rendezvous for a rank that never starts, silently, until killed.
+    (tmp_path / "train.py").write_text(ASKS_FOR_TWO)
+    started = time.monotonic()
+    result = _meshscope("run", "--nproc", "1", "--out", str(tmp_path / "out"), "--", "python", "train.py", cwd=tmp_path)
+    assert time.monotonic() - started < 100  # torch's own rendezvous would wait 30 minutes
+    assert result.returncode == 1, result.stderr
+    assert "joined" not in result.stdout
+    assert "asks init_process_group for world_size=2: it would wait for ranks that never start" in result.stderr
+    assert (
+        "meshscope run: fix: the script's process group has 2 ranks: run it with meshscope run --nproc 2 (with "
+        "Lightning, devices x num_nodes must equal --nproc)"
+    ) in result.stderr
+
+
+def test_the_fix_for_a_process_group_of_another_size_names_the_count() -> None:
+    from meshscope.local.tails import fix_for  # noqa: PLC0415
+
+    assert fix_for("RuntimeError: ... asks init_process_group for world_size=4: it would ...", python=None) == (
+        "the script's process group has 4 ranks: run it with meshscope run --nproc 4 (with Lightning, devices x "
+        "num_nodes must equal --nproc)"
+    )

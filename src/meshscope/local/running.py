@@ -288,6 +288,48 @@ def _keep_process_groups() -> None:
     dist.destroy_process_group = destroy_process_group
 
 
+def _refuse_another_world_size() -> None:
+    """Make ``init_process_group`` in this rank refuse a ``world_size`` other than the ranks ``meshscope run`` started.
+
+    A script that asks for more ranks than were started waits in the rendezvous for ones that never come, with no
+    word (Lightning's ``devices=2`` under ``--nproc 1``: "MEMBER: 1/2", then nothing); one that asks for fewer fails
+    somewhere inside its framework. Either way the fix is ``--nproc``. Only in the process the launcher started: a
+    script's own children (``torch.multiprocessing`` with the fork start method) take their world from it.
+    """
+    try:
+        import torch.distributed as dist  # noqa: PLC0415
+        from torch.distributed import distributed_c10d  # noqa: PLC0415
+    except ImportError:
+        return
+    original = distributed_c10d.init_process_group
+    if getattr(original, "__meshscope_world__", False):
+        return
+    launched = os.getpid()
+
+    @functools.wraps(original)
+    def init_process_group(*args: Any, **kwargs: Any) -> Any:  # noqa: ANN401 - forwards torch's own
+        asked = kwargs.get("world_size", args[3] if len(args) > 3 else -1)  # world_size is its 4th parameter
+        started = os.environ.get("WORLD_SIZE", "")
+        if (
+            os.getpid() == launched
+            and isinstance(asked, int)
+            and asked > 0
+            and started.isdigit()
+            and asked != int(started)
+        ):
+            raise RuntimeError(
+                f"meshscope run started {started} rank{'' if started == '1' else 's'} (--nproc {started}), but the "
+                f"script asks init_process_group for world_size={asked}: it would wait for ranks that never start. "
+                f"Run it with --nproc {asked} (Lightning: devices x num_nodes must equal --nproc; devices='auto' "
+                "takes the launcher's)"
+            )
+        return original(*args, **kwargs)
+
+    init_process_group.__meshscope_world__ = True  # type: ignore[attr-defined]
+    distributed_c10d.init_process_group = init_process_group
+    dist.init_process_group = init_process_group
+
+
 def _run_as_main(code: types.CodeType, path: str | None) -> None:
     """Run ``code`` as ``python path`` (or ``python -c``) would: in a ``__main__`` module that outlives it."""
     main = types.ModuleType("__main__")
@@ -311,6 +353,7 @@ def _run_in_child(kind: str, target: str, args: list[str], env: dict[str, str]) 
 
         torch.set_num_threads(max(1, int(env.get("OMP_NUM_THREADS", "1"))))
         _keep_process_groups()
+        _refuse_another_world_size()
     code = 0
     try:
         if kind == "script":

@@ -133,7 +133,7 @@ def fix_for(tail: str, *, python: str | None) -> str | None:
     """
     found = _NO_MODULE.findall(tail)
     if not found:
-        return _spawned_twice(tail) or _terminated_at_exit(tail)
+        return _another_world_size(tail) or _spawned_twice(tail) or _terminated_at_exit(tail)
     module = found[-1]
     where = f"the interpreter {python}" if python else "the ranks' interpreter"
     if module == "torch":
@@ -147,6 +147,21 @@ def fix_for(tail: str, *, python: str | None) -> str | None:
             "interpreter)"
         )
     return f"{where} has no module {module!r}: install it there, or pass the full path of an interpreter that has it"
+
+
+_WORLD_ASKED = re.compile(r"asks init_process_group for world_size=(\d+)")
+
+
+def _another_world_size(tail: str) -> str | None:
+    """The fix for a script whose process group wants more or fewer ranks than were started."""
+    found = _WORLD_ASKED.findall(tail)
+    if not found:
+        return None
+    asked = found[-1]
+    return (
+        f"the script's process group has {asked} ranks: run it with meshscope run --nproc {asked} (with Lightning, "
+        "devices x num_nodes must equal --nproc)"
+    )
 
 
 def _spawned_twice(tail: str) -> str | None:
