@@ -947,9 +947,11 @@ def straggler_gap_us(rs: RankSteps) -> tuple[float, int]:
     """The job's straggler gap, µs per step, and the rank index it is of: the live metrics' definition.
 
     Per rank its mean own time per step (:func:`own_time_us`); per pipeline stage, the largest of them minus the
-    stage's median (stages do different work, so a rank is compared with its stage's); the gap is the largest over
-    stages. ``job:meshscope_straggler_gap_seconds:max_rate5m`` computes the same from the sidecars' counters (a rate
-    over steps is a mean), so ``meshscope analyze`` and the dashboard agree. A mean, not a median: a rank that
+    stage's median rank's (:func:`~meshscope.analysis.grouping.median_rank_value`: a rank's own figure, the lower
+    middle of an even count; stages do different work, so a rank is compared with its stage's); the gap is the
+    largest over stages. ``job:meshscope_straggler_gap_seconds:max_rate5m`` computes it from the sidecars' counters
+    (a rate over steps is a mean), with PromQL's interpolated median: on an even count of ranks in a stage it reads
+    the gap against the mean of the two middle ones (half the gap on 2 ranks). A mean, not a median: a rank that
     stalls one step in five makes the others wait in those steps, and the gap says so.
     """
     own = grouped_mean(rs.rank_index, own_time_us(rs), rs.n_ranks)
@@ -957,7 +959,7 @@ def straggler_gap_us(rs: RankSteps) -> tuple[float, int]:
     gaps = np.zeros_like(own)
     for p in np.unique(stage).tolist():
         mine = stage == p
-        gaps[mine] = own[mine] - np.median(own[mine])
+        gaps[mine] = own[mine] - median_rank_value(own[mine])
     slowest = int(np.argmax(gaps))
     return float(gaps[slowest]), slowest
 
