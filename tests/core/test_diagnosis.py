@@ -21,6 +21,7 @@ from meshscope.analysis.diagnosis import (
     STRAGGLER_EXPLAINS,
     STRAGGLER_MIN_EXCESS,
     Finding,
+    cadence,
     diagnose,
     severity_for,
 )
@@ -546,7 +547,11 @@ def test_a_transient_straggler_in_a_pair_is_named_where_its_slow_steps_recur(
     f = only(found, "straggler")
     assert [s.rank for s in f.suspects] == [0]
     assert f.evidence["steps_slow"] == len(slow_steps)
-    assert f"in {len(slow_steps)} of its 20 steps" in f.message
+    # A recurring cost says its period and its steps (an evaluation or a save every N steps on one rank)
+    period = slow_steps[1] - slow_steps[0]
+    listed = {4: "0, 5, 10 and 15", 7: "1, 4, 7, 10, 13, …, 19"}[len(slow_steps)]  # six at most
+    assert f"in {len(slow_steps)} of its 20 steps, every {period} steps (steps {listed})" in f.message, f.message
+    assert f.evidence["period_steps"] == period
     # Its excess is over its one peer (not over the pair's mean, which would halve it), amortised over the 20 steps.
     compute = Job().compute_us
     assert f.evidence["excess_seconds"] * 1e6 == pytest.approx((factor - 1) * compute * len(slow_steps) / 20, rel=0.1)
@@ -1093,6 +1098,31 @@ def test_slow_nvlink_domain_is_named_as_a_whole() -> None:
     assert f.evidence["slowdown_ratio"] == pytest.approx(3.0, rel=0.01)
 
 
+@pytest.mark.parametrize(
+    ("steps", "expected"),
+    [
+        ((4, 9, 14, 19, 24), (5, (4, 9, 14, 19, 24))),
+        # noise adds a step off the cadence; one period's step is missed: still every 5 steps
+        ((4, 9, 11, 19, 24, 29), (5, (4, 9, 19, 24, 29))),
+        ((3, 4, 5, 6), None),  # a burst
+        ((2, 9, 30), None),  # one gap of 7, one of 21: most of the cadence's steps missing
+        ((1, 2, 7, 8, 20), None),  # two short bursts and a stray step
+        ((5, 10), None),  # two steps are no cadence yet
+    ],
+    ids=["exact", "noise-and-a-miss", "burst", "sparse", "scattered", "two"],
+)
+def test_the_cadence_of_slow_steps(steps: tuple[int, ...], expected: tuple[int, tuple[int, ...]] | None) -> None:
+    assert cadence(steps) == expected
+
+
+def test_scattered_slow_steps_are_listed_without_a_period() -> None:
+    # Rank 5 slow in steps 1, 2 and 6 of 8 (gaps 1 and 4: no cadence): the finding lists them.
+    slow = {(5, s): 1.6 for s in (1, 2, 6)}
+    f = only(findings(Job(noise=0.0, steps=8, slow_in_step=slow)), "straggler")
+    assert "in 3 of its 8 steps (steps 1, 2 and 6): " in f.message, f.message
+    assert f.evidence["period_steps"] is None
+
+
 def test_transient_straggler_is_amortised_over_its_steps() -> None:
     # Rank 5 computes 1.6x as long in one step of four: 12 ms more in that step, 3 ms per step amortised.
     assert findings(Job(noise=0.0)) == ()
@@ -1429,6 +1459,7 @@ def test_a_persistent_straggler_finding_in_full() -> None:
         "slow_ranks_on_node": 1,
         "ranks_on_node": 4,
         "steps_slow": 4,
+        "period_steps": None,
         "share_of_step": share,
     }
     assert_evidence(f.evidence, expected)
@@ -2061,7 +2092,7 @@ def test_a_rank_slow_in_two_steps_of_four_is_a_transient_one() -> None:
     # 2 of 4 steps is under 75 %: transient, 12 ms over 4 steps, 3 ms per step.
     slow = {(5, k): 1.3 for k in range(2)}
     f = only(findings(Job(slow_in_step=slow, noise=0.0)), "straggler")
-    assert f.message.startswith("rank 5 on node-1 is slow in compute in 2 of its 4 steps: 26.00 ms per slow step")
+    assert f.message.startswith("rank 5 on node-1 is slow in compute in 2 of its 4 steps (steps 0 and 1): 26.00 ms")
     assert f.evidence["excess_seconds"] == pytest.approx(0.003, rel=2e-3)
 
 

@@ -193,7 +193,8 @@ def test_a_rank_slow_every_few_steps_is_named_as_a_transient_straggler(tmp_path:
     steps = run.analysis["steps"]["count"]
     # 19 or 20 of the 99 analysed steps are paused; on a busy host a few more can pass the bar as well
     assert 15 <= f["evidence"]["steps_slow"] < steps // 2, f["message"]
-    assert f"in {f['evidence']['steps_slow']} of its {steps} steps" in f["message"]
+    assert f"in {f['evidence']['steps_slow']} of its {steps} steps, every 5 steps (steps " in f["message"]
+    assert f["evidence"]["period_steps"] == 5
     # About 40 ms a slow step (less what the host took from it), and the table's sync-wait figure is the cost.
     assert 0.02 <= f["evidence"]["phase_seconds"] <= 0.06
     wait = _row(run, "comm.dp.sync_wait")

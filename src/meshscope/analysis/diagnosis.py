@@ -597,6 +597,8 @@ class _Slow:
     """Steps it was slow in."""
     persistent: bool = True
     """Slow in (nearly) every step (:func:`_persistent`), not in a few (:func:`_transient`)."""
+    slow_steps: tuple[int, ...] = ()
+    """A transient straggler's slow steps (step numbers, ascending); empty for a persistent one."""
 
 
 def _stage_sizes(rs: RankSteps) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
@@ -910,8 +912,68 @@ def _transient(ctx: _Context, phase: str, *, exclude: dict[int, _Slow]) -> dict[
             float(np.median(peers[mine])),
             int(mine.size),
             persistent=False,
+            slow_steps=tuple(sorted(int(x) for x in rs.steps[rs.step_index[mine]])),
         )
     return out
+
+
+CADENCE_MIN_STEPS = 3
+"""A transient straggler's slow steps are called periodic from this many on one cadence ..."""
+CADENCE_SHARE = 0.75
+"""... when at least this share of its slow steps lie on it (noise adds a few others) and the cadence's own steps
+are at least this share of those it spans (one missed is still a cadence)."""
+STEPS_LISTED = 6
+"""Slow steps a finding lists; more are elided."""
+
+
+def cadence(steps: tuple[int, ...]) -> tuple[int, tuple[int, ...]] | None:
+    """``(period, the steps on it)`` where most of ``steps`` (ascending) recur every ``period`` steps.
+
+    An evaluation, a log flush or a save every N steps on one rank; ``None`` where they do not (bursts, scattered
+    noise).
+
+    The period is the commonest gap between consecutive slow steps (at least 2: consecutive steps are a burst); the
+    steps on it are those of the commonest residue modulo the period.
+    """
+    if len(steps) < CADENCE_MIN_STEPS:
+        return None
+    gaps = np.diff(np.asarray(steps, dtype=np.int64))
+    gaps = gaps[gaps >= 2]
+    if gaps.size == 0:
+        return None
+    values, counts = np.unique(gaps, return_counts=True)
+    period = int(values[np.argmax(counts)])
+    residues, hits = np.unique(np.asarray(steps, dtype=np.int64) % period, return_counts=True)
+    residue = int(residues[np.argmax(hits)])
+    on = tuple(s for s in steps if s % period == residue)
+    spanned = (on[-1] - on[0]) // period + 1
+    if len(on) < CADENCE_MIN_STEPS or len(on) < CADENCE_SHARE * len(steps) or len(on) < CADENCE_SHARE * spanned:
+        return None
+    return period, on
+
+
+def _steps_text(steps: tuple[int, ...]) -> str:
+    """``3, 8 and 13``; ``3, 8, 13, …, 98`` past :data:`STEPS_LISTED`."""
+    text = [str(s) for s in steps]
+    if len(text) > STEPS_LISTED:
+        return ", ".join([*text[: STEPS_LISTED - 1], "…", text[-1]])
+    return text[0] if len(text) == 1 else ", ".join(text[:-1]) + " and " + text[-1]
+
+
+def _when_slow(top: _Slow, total_steps: int) -> str:
+    """`` in 20 of its 99 steps, every 5 steps (steps 4, 9, …, 99)``; empty for a rank slow in every step."""
+    if top.steps >= total_steps:
+        return ""
+    when = f" in {top.steps} of its {total_steps} steps"
+    if len(top.slow_steps) < 2:
+        return when
+    found = cadence(top.slow_steps)
+    if found is None:
+        return f"{when} (steps {_steps_text(top.slow_steps)})"
+    period, on = found
+    others = top.steps - len(on)
+    also = f"; and {others} other{'s' * (others > 1)}" if others else ""
+    return f"{when}, every {period} steps (steps {_steps_text(on)}{also})"
 
 
 def _stretches(step_index: NDArray[np.intp], who: NDArray[np.intp], n_ranks: int) -> NDArray[np.int64]:
@@ -984,7 +1046,7 @@ def _straggler_finding(ctx: _Context, slow: list[_Slow]) -> Finding:
     work = "" if top.phase != COMPUTE or tokens is None else f" with the same work ({tokens:,.0f} tokens)"
     work += _host_time_left_out(ctx, top)
     total_steps = int(rs.steps_per_rank[i])
-    when = "" if top.steps >= total_steps else f" in {top.steps} of its {total_steps} steps"
+    when = _when_slow(top, total_steps)
     message = (
         f"{who} slow in {phase_word}{when}: {human_seconds(top.phase_us / 1e6)} per {'slow ' * bool(when)}step vs "
         f"{human_seconds(top.peer_us / 1e6)} on the rest of its stage{relative}{work}; "
@@ -1013,6 +1075,7 @@ def _straggler_finding(ctx: _Context, slow: list[_Slow]) -> Finding:
         "slow_ranks_on_node": len(slow),
         "ranks_on_node": on_node,
         "steps_slow": top.steps,
+        "period_steps": None if (found := cadence(top.slow_steps)) is None else found[0],
         "share_of_step": share,
     }
     return Finding(
