@@ -1053,6 +1053,8 @@ def _moe_job(rank: int, world: int) -> dict[str, object]:
     if os.environ.get("REGISTER_EP", "1") == "1":
         ep_group = dist.new_group(list(range(world)))
         tracker.register_groups({"ep": ep_group})
+    elif os.environ["REGISTER_EP"] == "world":  # the world group registered as the ep group it also is
+        tracker.register_groups({"ep": dist.group.WORLD})
     hot = int(os.environ["HOT_RANK"])
     tokens, hidden = 256, 16
     generator = torch.Generator().manual_seed(rank)
@@ -1104,11 +1106,12 @@ def test_a_hot_expert_is_an_expert_imbalance_of_its_rank_and_a_balanced_router_i
 
 
 @pytest.mark.slow
-def test_all_to_alls_on_a_group_that_is_both_dp_and_ep_are_the_expert_dispatch(fork_job) -> None:
-    # dp=4,ep=4 on 4 ranks: the world group is the dp group and the ep group. Unregistered, its all-reduce is the
-    # dense gradients' (dp) and its all-to-alls the experts' tokens (ep); before, all of it was dp, and a hot expert's
-    # rank was a straggler "with the same work".
-    job = fork_job(_moe_job, 4, env={"MESHSCOPE_LAYOUT": "dp=4,ep=4", "HOT_RANK": "3", "REGISTER_EP": "0"})
+@pytest.mark.parametrize("register", ["0", "world"], ids=["unregistered", "registered-as-ep"])
+def test_all_to_alls_on_a_group_that_is_both_dp_and_ep_are_the_expert_dispatch(fork_job, register: str) -> None:
+    # dp=4,ep=4 on 4 ranks: the world group is the dp group and the ep group. Its all-reduce is the dense gradients'
+    # (dp) and its all-to-alls the experts' tokens (ep); before, unregistered, all of it was dp, and a hot expert's
+    # rank was a straggler "with the same work"; registered as ep, the dense all-reduce was ep traffic.
+    job = fork_job(_moe_job, 4, env={"MESHSCOPE_LAYOUT": "dp=4,ep=4", "HOT_RANK": "3", "REGISTER_EP": register})
     assert all(r["counters"]["hook_errors"] == 0 for r in job.results)
     records = read_lines(job.records_path)
     ops = {(iv["axis"], iv["op"], iv["group"]) for rec in records for iv in rec["intervals"] if iv.get("axis")}

@@ -133,15 +133,19 @@ def dispatch_group_id(info: GroupInfo) -> str:
 
 
 def dispatch_axis_of(layout: ParallelLayout, axis: MeshAxis, ranks: Sequence[int]) -> MeshAxis | None:
-    """:attr:`GroupInfo.dispatch_axis` of a group inferred as ``axis``: ep where the group is dp's and ep's alike."""
-    if axis is not MeshAxis.DP or layout.ep < 2:
+    """:attr:`GroupInfo.dispatch_axis` of a group of ``axis`` (inferred or registered, dp or ep).
+
+    ep where the layout makes the group dp's and ep's alike (ep carved out of all of dp); ``None`` otherwise.
+    """
+    if axis not in {MeshAxis.DP, MeshAxis.EP} or layout.ep < 2 or not ranks:
         return None
     members = sorted(int(r) for r in ranks)
     try:
         ep_group = layout.group_of(members[0], MeshAxis.EP)
+        dp_group = layout.group_of(members[0], MeshAxis.DP)
     except LayoutError:
         return None
-    return MeshAxis.EP if sorted(ep_group) == members else None
+    return MeshAxis.EP if sorted(ep_group) == members == sorted(dp_group) else None
 
 
 def infer_from_layout(layout: ParallelLayout, ranks: Sequence[int]) -> tuple[str, MeshAxis] | None:

@@ -42,6 +42,7 @@ from meshscope.sdk.groups import (
     sub_group_name,
 )
 from meshscope.sdk.steps import END, HANDLE, ISSUED, START, WAIT, OpMeta
+from meshscope.topology import MeshAxis
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
@@ -54,7 +55,6 @@ if TYPE_CHECKING:
     from meshscope.sdk.clocks import CudaClock, Mark
     from meshscope.sdk.settings import TrackerSettings
     from meshscope.sdk.steps import StepState
-    from meshscope.topology import MeshAxis
 
 log = logging.getLogger("meshscope.sdk")
 _perf_ns = time.perf_counter_ns
@@ -328,6 +328,13 @@ class Operations:
         dispatch = None
         if registered is not None:
             name, axis = registered
+            layout = self.settings.layout
+            if layout is not None and axis is not None and len(ranks) > 1:
+                dispatch = dispatch_axis_of(layout, axis, ranks)
+                if dispatch is not None and axis is MeshAxis.EP:
+                    # Registered as ep while the layout makes it dp's group too (ep carved out of all of dp): the
+                    # dense gradients' all-reduce on it is dp's, its all-to-alls the experts' dispatch.
+                    name, axis = MeshAxis.DP.value, MeshAxis.DP
         else:
             desc = str(getattr(pg, "group_desc", "") or "")
             axis = axis_of_name(desc) if desc else None
