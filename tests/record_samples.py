@@ -70,7 +70,7 @@ def make_record(rank: int = 0, step: int = 0, *, job: str = "demo", **overrides)
         "gpu_util": 0.97,
         "user_step": step % 2,
         "gap_before_us": 2_500,
-        "between_steps": BetweenSteps(checkpoint_us=1_500, eval_us=500),
+        "between_steps": BetweenSteps(checkpoint_us=1_500, eval_us=500, comm_us=300),
         "runqueue_wait_us": 700,
         "on_cpu_us": 90_000,
         "compute_runqueue_wait_us": 500,

@@ -116,7 +116,7 @@ def test_loop_fields_read_as_columns_with_minus_one_for_unknown(tmp_path):
             1,
             user_step=0,
             gap_before_us=180_000,
-            between_steps=BetweenSteps(checkpoint_us=150_000),
+            between_steps=BetweenSteps(checkpoint_us=150_000, comm_us=20_000),
             runqueue_wait_us=0,
             compute_runqueue_wait_us=0,
         ),
@@ -143,7 +143,7 @@ def test_loop_fields_read_as_columns_with_minus_one_for_unknown(tmp_path):
     assert (lines[1]["compute_runqueue_wait_us"], lines[2]["compute_runqueue_wait_us"]) == (0, 30_999)
     assert lines[2]["on_cpu_us"] == 0
     assert lines[1]["runqueue_wait_us"] == 0
-    assert lines[1]["between_steps"] == {"checkpoint": 150_000}
+    assert lines[1]["between_steps"] == {"checkpoint": 150_000, "comm": 20_000}  # comm: inside the kinds
     assert lines[2]["between_steps"] == {}
     for table in (read_table(path), RecordTable.from_records(records)):
         s = table.steps
@@ -157,6 +157,7 @@ def test_loop_fields_read_as_columns_with_minus_one_for_unknown(tmp_path):
         assert s.between_us[1, checkpoint] == 150_000
         assert s.between_us[1].sum() == 150_000
         assert s.between_us.tolist()[2] == [0] * len(BETWEEN_KINDS)
+        assert s.between_comm_us.tolist() == [-1, 20_000, 0]
         assert table.to_records() == tuple(records)
     assert read_records(path).records == tuple(records)
     write_records(tmp_path / "again.jsonl", read_table(path))  # the table writer writes the same lines
@@ -189,6 +190,7 @@ _RANGE, _TYPE = ParseCode.VALUE_OUT_OF_RANGE, ParseCode.WRONG_TYPE
             "compute_runqueue_wait_us = 500 must come with runqueue_wait_us and be at most it",
         ),
         ({"between_steps": {"checkpoint": -2}}, _RANGE, "between_steps: checkpoint = -2 is below 0"),
+        ({"between_steps": {"comm": -1}}, _RANGE, "between_steps: comm = -1 is below 0"),
         ({"between_steps": [1]}, _TYPE, "between_steps = '[1]' (list); expected a JSON object"),
         ({"raised": ""}, _RANGE, "raised = '' (str); expected a non-empty string"),
         ({"raised": 7}, _TYPE, "raised = 7 (int); expected a non-empty string"),
@@ -207,6 +209,7 @@ _RANGE, _TYPE = ParseCode.VALUE_OUT_OF_RANGE, ParseCode.WRONG_TYPE
         "in-compute-above-total",
         "in-compute-without-total",
         "between-negative",
+        "between-comm-negative",
         "between-list",
         "raised-empty",
         "raised-int",
@@ -312,6 +315,7 @@ def test_from_arrays_builds_the_same_table_as_from_records():
             user_step=[0, 0],
             gap_before_us=[2_500] * 2,
             between_us=[[0, 0, 0, 1_500, 500]] * 2,
+            between_comm_us=[300] * 2,
             runqueue_wait_us=[700] * 2,
             on_cpu_us=[90_000] * 2,
             compute_runqueue_wait_us=[500] * 2,

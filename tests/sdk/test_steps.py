@@ -17,6 +17,7 @@ from meshscope import records
 from meshscope.records import BetweenSteps, _parse_record
 from meshscope.sdk.clocks import HostClock
 from meshscope.sdk.steps import (
+    BETWEEN_COMM,
     BETWEEN_KINDS,
     MAX_RAISED_CHARS,
     WAIT,
@@ -183,8 +184,8 @@ def _random_step(rng: random.Random) -> StepState:
         st.raised = rng.choice(["RuntimeError", "torch.OutOfMemoryError", 'odd "name" ✓'])
     if rng.random() < 0.7:
         st.gap_ns = rng.randint(0, 10**9)
-        kinds = ["data", "compute", "optimizer", "checkpoint", "eval"]
-        st.between_ns = {k: rng.randint(0, 3000) for k in rng.sample(kinds, rng.randint(0, 5))}
+        kinds = ["data", "compute", "optimizer", "checkpoint", "eval", "comm"]
+        st.between_ns = {k: rng.randint(0, 3000) for k in rng.sample(kinds, rng.randint(0, 6))}
     return st
 
 
@@ -212,6 +213,7 @@ def test_the_encoded_record_is_the_json_of_the_reference_record(clock: HostClock
 
 def test_the_sdk_writes_the_between_steps_kinds_of_the_schema() -> None:
     assert BETWEEN_KINDS == records.BETWEEN_KINDS
+    assert BETWEEN_COMM == records.BETWEEN_COMM
     assert MAX_RAISED_CHARS == records.MAX_RAISED_CHARS
 
 

@@ -43,6 +43,7 @@ from meshscope.records.parsing import _parse_record, record_to_json
 from meshscope.records.reading import default_workers, read_records, read_table
 from meshscope.records.schema import (
     AXIS_CODE,
+    BETWEEN_COMM,
     BETWEEN_KINDS,
     COMM_CODE,
     COMPUTE_CODE,
@@ -80,6 +81,7 @@ from meshscope.records.writing import write_records
 
 __all__ = [
     "AXIS_CODE",
+    "BETWEEN_COMM",
     "BETWEEN_KINDS",
     "COMM_CODE",
     "COMPUTE_CODE",

@@ -41,6 +41,7 @@ from meshscope.records.memory import mapped_empty
 from meshscope.records.parsing import _parse_record, record_to_json
 from meshscope.records.schema import (
     AXIS_CODE,
+    BETWEEN_COMM,
     BETWEEN_KINDS,
     COMM_CODE,
     COMPUTE_CODE,
@@ -114,6 +115,8 @@ class BetweenFields(msgspec.Struct, frozen=True, omit_defaults=True, gc=False):
     optimizer: int | None = None
     checkpoint: int | None = None
     eval: int | None = None
+    comm: int | None = None
+    """Time blocked in collectives between the steps (``BETWEEN_COMM``: inside the kinds, not one of them)."""
 
 
 # One type per interval kind, told apart by ``kind`` (a tagged union, decoded in C): each declares only the fields
@@ -202,6 +205,7 @@ _node_of, _domain_of, _tier_of = attrgetter("node"), attrgetter("nvlink_domain")
 _gpu_of, _util_of, _stats_of = attrgetter("gpu"), attrgetter("gpu_util"), attrgetter("stats")
 _user_step_of, _gap_of, _between_of = attrgetter("user_step"), attrgetter("gap_before_us"), attrgetter("between_steps")
 _between_kinds_of = attrgetter(*BETWEEN_KINDS)
+_between_comm_of = attrgetter(BETWEEN_COMM)
 _runqueue_of, _on_cpu_of = attrgetter("runqueue_wait_us"), attrgetter("on_cpu_us")
 _in_compute_of, _attempt_of = attrgetter("compute_runqueue_wait_us"), attrgetter("attempt_start_us")
 _raised_of = attrgetter("raised")
@@ -315,6 +319,17 @@ def _between_columns(values: list[BetweenFields | None]) -> NDArray[np.int64]:
     missing = np.fromiter(map(_is_none, values), dtype=bool, count=n)
     col[missing] = UNKNOWN
     return col
+
+
+def _between_comm_column(values: list[BetweenFields | None]) -> NDArray[np.int64]:
+    """``between_steps.comm`` per row: -1 where the record has no ``between_steps``, 0 where it leaves ``comm`` out.
+
+    Raises:
+        _SlowPathError: for a negative value (which would read as "unknown").
+    """
+    if values.count(None) == len(values):
+        return np.full(len(values), UNKNOWN, dtype=np.int64)
+    return _optional_ints([None if v is None else (_between_comm_of(v) or 0) for v in values])
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -525,7 +540,8 @@ class _TableBuilder:
             "gpu_util": util,
             "user_step": _optional_ints(map(_user_step_of, lines)),
             "gap_before_us": _optional_ints(map(_gap_of, lines)),
-            "between_us": _between_columns(list(map(_between_of, lines))),
+            "between_us": _between_columns(between := list(map(_between_of, lines))),
+            "between_comm_us": _between_comm_column(between),
             "runqueue_wait_us": _optional_ints(map(_runqueue_of, lines)),
             "on_cpu_us": _optional_ints(map(_on_cpu_of, lines)),
             "compute_runqueue_wait_us": _optional_ints(map(_in_compute_of, lines)),

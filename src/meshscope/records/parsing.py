@@ -15,6 +15,7 @@ from typing import Any
 from meshscope.errors import ParseCode, ParseError
 from meshscope.records.schema import (
     AXIS_CODE,
+    BETWEEN_COMM,
     BETWEEN_KINDS,
     KIND_CODE,
     OP_CODE,
@@ -228,7 +229,9 @@ def _parse_record(obj: object, where: str) -> StepRecord:
     if between_obj is not None:
         bo = _object(between_obj, where, "between_steps")
         bw = f"{where}: between_steps"
-        between = BetweenSteps(**{f"{k}_us": _int(bo, k, bw, required=False, minimum=0) or 0 for k in BETWEEN_KINDS})
+        between = BetweenSteps(
+            **{f"{k}_us": _int(bo, k, bw, required=False, minimum=0) or 0 for k in (*BETWEEN_KINDS, BETWEEN_COMM)}
+        )
     try:
         return StepRecord(
             job=job,

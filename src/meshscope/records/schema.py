@@ -85,6 +85,9 @@ BETWEEN_KINDS: tuple[str, ...] = ("data", "compute", "optimizer", "checkpoint", 
 """Keys of a record's ``between_steps`` in code order (``StepColumns.between_us`` columns): what a rank measured
 between its previous step and this one. ``compute`` holds the compute phases (forward, backward, recompute, compute)."""
 
+BETWEEN_COMM = "comm"
+"""The ``between_steps`` key of the time blocked in collectives between the steps (not a kind: inside them)."""
+
 COMPUTE_CODE = KIND_CODE["compute"]
 COMM_CODE = KIND_CODE["comm"]
 P2P_CODE = KIND_CODE["p2p"]
@@ -226,10 +229,18 @@ class BetweenSteps:
     """Checkpoint save or load outside a step."""
     eval_us: int = 0
     """Evaluation (``tracker.phase("eval")``) outside a step."""
+    comm_us: int = 0
+    """Of the gap, the time the training thread was blocked in collectives (on the host clock; key ``comm``): an
+    evaluation's metric all-reduce or gather, a barrier, waiting for a peer that is still busy. Not a kind: it lies
+    inside the kinds above or the unlabelled rest, and is not added to them (:meth:`total_us`). On a GPU an NCCL
+    collective does not block the host, so only what blocks it is counted (its wait shows in a later sync)."""
 
     def as_dict(self) -> dict[str, int]:
-        """The non-zero kinds as the ``between_steps`` object on disk (keys of :data:`BETWEEN_KINDS`)."""
-        return {k: v for k in BETWEEN_KINDS if (v := getattr(self, f"{k}_us"))}
+        """The non-zero kinds (keys of :data:`BETWEEN_KINDS`) and ``comm`` as the ``between_steps`` object on disk."""
+        out = {k: v for k in BETWEEN_KINDS if (v := getattr(self, f"{k}_us"))}
+        if self.comm_us:
+            out[BETWEEN_COMM] = self.comm_us
+        return out
 
     def total_us(self) -> int:
         """Sum over the kinds, microseconds."""
@@ -336,7 +347,7 @@ class StepRecord:
                 code=ParseCode.VALUE_OUT_OF_RANGE,
             )
         if self.between_steps is not None:
-            for k in BETWEEN_KINDS:
+            for k in (*BETWEEN_KINDS, BETWEEN_COMM):
                 value = getattr(self.between_steps, f"{k}_us")
                 if value < 0:
                     raise ParseError(f"between_steps.{k} = {value} is below 0", code=ParseCode.VALUE_OUT_OF_RANGE)

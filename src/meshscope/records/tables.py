@@ -101,6 +101,10 @@ class StepColumns:
     """Shape ``(rows, 5)``, columns in :data:`~meshscope.records.schema.BETWEEN_KINDS` order (data, compute,
     optimizer, checkpoint, eval): microseconds of each kind measured in that gap; -1 where the record has no
     ``between_steps``, 0 for a kind it leaves out."""
+    between_comm_us: NDArray[np.int64]
+    """Microseconds of that gap the rank was blocked in collectives (``between_steps.comm``: inside the kinds, not
+    added to them); -1 where the record has no ``between_steps`` (or came packed by an older writer), 0 where it
+    leaves ``comm`` out."""
     runqueue_wait_us: NDArray[np.int64]
     """Microseconds the step's training thread waited for a CPU (run delay), or -1 (not measured)."""
     on_cpu_us: NDArray[np.int64]
@@ -138,6 +142,7 @@ class StepColumns:
         user_step: ArrayLike | None = None,
         gap_before_us: ArrayLike | None = None,
         between_us: ArrayLike | None = None,
+        between_comm_us: ArrayLike | None = None,
         runqueue_wait_us: ArrayLike | None = None,
         on_cpu_us: ArrayLike | None = None,
         compute_runqueue_wait_us: ArrayLike | None = None,
@@ -185,6 +190,7 @@ class StepColumns:
             user_step=_column(user_step, n, i64, UNKNOWN, "user_step"),
             gap_before_us=_column(gap_before_us, n, i64, UNKNOWN, "gap_before_us"),
             between_us=np.ascontiguousarray(b),
+            between_comm_us=_column(between_comm_us, n, i64, UNKNOWN, "between_comm_us"),
             runqueue_wait_us=_column(runqueue_wait_us, n, i64, UNKNOWN, "runqueue_wait_us"),
             on_cpu_us=_column(on_cpu_us, n, i64, UNKNOWN, "on_cpu_us"),
             compute_runqueue_wait_us=_column(compute_runqueue_wait_us, n, i64, UNKNOWN, "compute_runqueue_wait_us"),
@@ -463,6 +469,7 @@ def _table_of_records(records: Iterable[StepRecord], *, notes: tuple[Note, ...])
                 "user_step",
                 "gap_before_us",
                 "between_us",
+                "between_comm_us",
                 "runqueue_wait_us",
                 "on_cpu_us",
                 "compute_runqueue_wait_us",
@@ -502,6 +509,7 @@ def _table_of_records(records: Iterable[StepRecord], *, notes: tuple[Note, ...])
         rows["between_us"].append(
             _NO_BETWEEN if between is None else [getattr(between, f"{k}_us") for k in BETWEEN_KINDS]
         )
+        rows["between_comm_us"].append(UNKNOWN if between is None else between.comm_us)
         for iv in rec.intervals:
             net = iv.kind in {IntervalKind.COMM, IntervalKind.P2P}
             ivs["row"].append(i)
@@ -618,7 +626,10 @@ def _row_record(table: RecordTable, i: int, intervals: list[Interval]) -> StepRe
         gap_before_us=_opt_int(s.gap_before_us[i]),
         between_steps=None
         if s.between_us[i, 0] < 0
-        else BetweenSteps(**{f"{k}_us": int(s.between_us[i, j]) for j, k in enumerate(BETWEEN_KINDS)}),
+        else BetweenSteps(
+            **{f"{k}_us": int(s.between_us[i, j]) for j, k in enumerate(BETWEEN_KINDS)},
+            comm_us=max(0, int(s.between_comm_us[i])),
+        ),
         runqueue_wait_us=_opt_int(s.runqueue_wait_us[i]),
         on_cpu_us=_opt_int(s.on_cpu_us[i]),
         compute_runqueue_wait_us=_opt_int(s.compute_runqueue_wait_us[i]),
@@ -684,6 +695,7 @@ def _validate_table(t: RecordTable) -> NDArray[np.intp]:  # noqa: C901, PLR0912,
         "peak_memory_bytes",
         "user_step",
         "gap_before_us",
+        "between_comm_us",
         "runqueue_wait_us",
         "on_cpu_us",
         "compute_runqueue_wait_us",
@@ -753,6 +765,7 @@ def _validate_table(t: RecordTable) -> NDArray[np.intp]:  # noqa: C901, PLR0912,
         "peak_memory_bytes",
         "user_step",
         "gap_before_us",
+        "between_comm_us",
         "runqueue_wait_us",
         "on_cpu_us",
         "compute_runqueue_wait_us",
@@ -784,6 +797,14 @@ def _validate_table(t: RecordTable) -> NDArray[np.intp]:  # noqa: C901, PLR0912,
         raise ParseError(
             f"{t.where_row(bad)}: between_us = {s.between_us[bad].tolist()} must be all -1 (not measured) or all "
             f">= 0, kinds {BETWEEN_KINDS}",
+            code=ParseCode.VALUE_OUT_OF_RANGE,
+        )
+    # between_comm_us: a part of between_steps, measured only with it (-1 beside it: an older writer's)
+    bad = _first((s.between_comm_us >= 0) & ~given[:, 0])
+    if bad is not None:
+        raise ParseError(
+            f"{t.where_row(bad)}: between_comm_us = {int(s.between_comm_us[bad])} where between_us is not measured "
+            "(all -1): it is a part of between_steps, -1 without it",
             code=ParseCode.VALUE_OUT_OF_RANGE,
         )
     _check_unique_rank_steps(t)

@@ -193,7 +193,7 @@ def _table_lines(table: RecordTable) -> Iterator[list[_LineOut]]:
             _optional(s.gpu_util[rows], ~np.isnan(s.gpu_util[rows])),
             _optional(s.user_step[rows], s.user_step[rows] >= 0),
             _optional(s.gap_before_us[rows], s.gap_before_us[rows] >= 0),
-            _chunk_between(s.between_us[rows]),
+            _chunk_between(s.between_us[rows], s.between_comm_us[rows]),
             _optional(s.runqueue_wait_us[rows], s.runqueue_wait_us[rows] >= 0),
             _optional(s.on_cpu_us[rows], s.on_cpu_us[rows] >= 0),
             _optional(s.compute_runqueue_wait_us[rows], s.compute_runqueue_wait_us[rows] >= 0),
@@ -277,14 +277,14 @@ def _chunk_intervals(iv: Any, sel: NDArray[np.intp], groups: tuple[str, ...]) ->
     )
 
 
-def _chunk_between(between: NDArray[np.int64]) -> list[BetweenFields | None]:
+def _chunk_between(between: NDArray[np.int64], comm: NDArray[np.int64]) -> list[BetweenFields | None]:
     """Each row's ``between_steps`` (zero kinds left out, as ``BetweenSteps.as_dict``), ``None`` for a row without."""
     given = between[:, 0] >= 0
     if not given.any():
         return [None] * len(between)
     return [
-        BetweenFields(**{k: v for k, v in zip(BETWEEN_KINDS, row, strict=True) if v}) if has else None
-        for row, has in zip(between.tolist(), given.tolist(), strict=True)
+        BetweenFields(**{k: v for k, v in zip(BETWEEN_KINDS, row, strict=True) if v}, comm=c or None) if has else None
+        for row, c, has in zip(between.tolist(), comm.tolist(), given.tolist(), strict=True)
     ]
 
 

@@ -149,6 +149,9 @@ class Operations:
         """How a completion callback marks an operation's end (the CUDA clock's event recorder on GPU)."""
         self.unattributed = 0
         """Operations on groups that map to no axis (or receives from any source): counted, not recorded."""
+        self.between_comm_ns = 0
+        """Host ns the step thread spent blocked in collectives' waits while no step was open (an evaluation's metric
+        all-reduce, a barrier): the next record's ``between_steps["comm"]`` (the tracker takes and resets it)."""
         self.step_thread = threading.get_ident()
         """The thread that runs the steps (the tracker sets it when a step opens)."""
         self.background = 0
@@ -436,6 +439,8 @@ class Operations:
         rank was blocked from its issue to now, as in a synchronous call whose ``Work.wait`` returned now.
         """
         st = self.step or self.held
+        if st is None and not self.on_device and not self.elsewhere():  # host marks: blocked since its issue
+            self.between_comm_ns += _perf_ns() - m0
         recorded = len(st.ops) if st is not None else 0
         self.on_collective(pg, op, lambda _args, _size: nbytes, (), None, m0, completion=False)
         if st is not None and len(st.ops) > recorded:
@@ -500,6 +505,8 @@ class Operations:
         st = self.step or self.held
         if st is not None:
             st.windows.append((m0, m1))
+        else:
+            self.between_comm_ns += t1 - t0
 
     def on_tensor_wait(self, tensor: Tensor | None, t0: int, m0: Mark) -> None:
         """A functional ``wait_tensor`` that started at ``t0`` / ``m0`` returned now."""
@@ -528,6 +535,8 @@ class Operations:
         st = self.step or self.held
         if st is not None:
             st.windows.append((m0, m1))
+        else:
+            self.between_comm_ns += t1 - t0
 
     def _forget_outputs(self, rec: list[Any]) -> None:
         """Drop a functional collective's outputs (held since issue) and their lookup entries."""

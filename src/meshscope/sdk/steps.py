@@ -34,6 +34,9 @@ DEVICE_KINDS: Final = frozenset({"compute", OPTIMIZER})
 BETWEEN_KINDS: Final = ("data", "compute", "optimizer", "checkpoint", "eval")
 """Keys of a record's ``between_steps``, in the order written (``meshscope.records.BETWEEN_KINDS``; a test holds the
 two equal, the SDK must not import the records package)."""
+BETWEEN_COMM: Final = "comm"
+"""The ``between_steps`` key of the time blocked in collectives between two steps (``meshscope.records.BETWEEN_COMM``:
+inside the kinds, not one of them)."""
 MAX_RAISED_CHARS: Final = 200
 """Longest ``raised`` a record may carry (``meshscope.records.MAX_RAISED_CHARS``; a test holds the two equal)."""
 
@@ -176,9 +179,12 @@ class StepState:
 
 
 def between_us(between_ns: Mapping[str, int]) -> dict[str, int]:
-    """A step's ``between_steps``: whole µs per kind in :data:`BETWEEN_KINDS` order, kinds under 1 µs left out."""
+    """A step's ``between_steps``: whole µs per kind (:data:`BETWEEN_KINDS` order, then :data:`BETWEEN_COMM`).
+
+    Values under 1 µs are left out.
+    """
     out = {}
-    for kind in BETWEEN_KINDS:
+    for kind in (*BETWEEN_KINDS, BETWEEN_COMM):
         us = between_ns.get(kind, 0) // 1000
         if us > 0:
             out[kind] = us

@@ -51,6 +51,7 @@ from meshscope.sdk.groups import axis_of_name
 from meshscope.sdk.measurements import Measurements
 from meshscope.sdk.operations import Operations
 from meshscope.sdk.steps import (
+    BETWEEN_COMM,
     COMPUTE,
     DEVICE_KINDS,
     END,
@@ -1070,7 +1071,10 @@ class Tracker:
         if self._prev_end_ns is not None:
             st.gap_ns = max(0, st.start_ns - self._prev_end_ns)
             st.between_ns = self._between_ns
+            if self._ops.between_comm_ns:
+                st.between_ns[BETWEEN_COMM] = self._ops.between_comm_ns
         self._between_ns = {}
+        self._ops.between_comm_ns = 0
         held = self._held_stats
         if held is not None:
             st.tokens, st.sequences, st.longest, st.work = held.tokens, held.sequences, held.longest, held.work
