@@ -177,7 +177,7 @@ def test_the_straggler_gap_is_a_mean_within_a_pipeline_stage_against_its_median_
 def test_the_time_between_steps_is_summed_up_for_the_median_rank_and_said() -> None:
     """Every step of 10 ms is followed by 5 ms between steps on rank 0 (3 ms of it an evaluation) and 7 ms on rank 1
     (3 ms eval, 2 ms a save): no step's breakdown holds it. The median rank (the lower of two: rank 0) spends 5 ms per
-    step there, half as much again as its step."""
+    step there, half as much again as its step, 1 ms of it (in its evaluation) waiting in a collective."""
     records = []
     for step in range(4):
         t0 = step * 20 * MS
@@ -185,7 +185,9 @@ def test_the_time_between_steps_is_summed_up_for_the_median_rank_and_said() -> N
             gap, between = None, None
             if step:
                 gap = (5 if rank == 0 else 7) * MS
-                between = BetweenSteps(eval_us=3 * MS, checkpoint_us=0 if rank == 0 else 2 * MS)
+                between = BetweenSteps(
+                    eval_us=3 * MS, checkpoint_us=0 if rank == 0 else 2 * MS, comm_us=MS if rank == 0 else 0
+                )
             records.append(
                 StepRecord(
                     job="gaps",
@@ -203,8 +205,10 @@ def test_the_time_between_steps_is_summed_up_for_the_median_rank_and_said() -> N
     a = analyze(RecordTable.from_records(records))
     assert a.summary.between_steps_seconds == pytest.approx(0.005)
     assert a.summary.between_steps_kinds_seconds == pytest.approx({"eval": 0.003, "unlabelled": 0.002})
+    assert a.summary.between_steps_comm_seconds == pytest.approx(0.001)
     assert (
-        "  between steps: 5.00 ms per step at the median rank (eval 3.00 ms, unlabelled 2.00 ms), 50.0 % on top of "
+        "  between steps: 5.00 ms per step at the median rank (eval 3.00 ms, unlabelled 2.00 ms; 1.00 ms of it blocked "
+        "in collectives), 50.0 % on top of "
         "the median step: outside every step, so not in the table above"
     ) in render_analysis(a).splitlines()
     assert analyze(straggler_table()).summary.between_steps_seconds is None  # records without the gap fields
@@ -264,6 +268,7 @@ def test_to_dict_has_exactly_the_documented_keys() -> None:
         "reported_gpu_util",
         "between_steps_seconds",
         "between_steps_kinds_seconds",
+        "between_steps_comm_seconds",
     }
     assert set(d["rows"][0]) == {
         "category",

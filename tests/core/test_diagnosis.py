@@ -1187,15 +1187,25 @@ def test_median_of_others_is_numpys_median_without_the_element(n_groups: int) ->
 
 
 def _between_steps_table(
-    *, gaps_known: bool = True, pause_us: int = 1000, unlabelled_steps: tuple[int, ...] = (), label: str = "eval"
+    *,
+    gaps_known: bool = True,
+    pause_us: int = 1000,
+    unlabelled_steps: tuple[int, ...] = (),
+    label: str = "eval",
+    synced: bool | None = None,
 ) -> RecordTable:
     """4 ranks, dp 4, 6 steps: compute 20 ms, then one all-reduce (3 ms once the last member arrives). Before steps
     2 and 4, rank 0 spends 100 ms between steps (90 ms of it ``label``: an evaluation, a checkpoint), so it starts
     them late and the others wait for it in the all-reduce. ``pause_us``: the time every rank spends between two
     steps otherwise; ``unlabelled_steps``: steps whose gap is measured but not what it was spent on (``between_us``
-    unknown)."""
+    unknown).
+
+    ``synced``: every rank evaluates there, rank 0 for 100 ms, the others for 10 ms, and its metric all-reduce makes
+    them wait 90 ms for rank 0 inside their evaluation, between the steps: all start the step together, nobody waits
+    in it. ``True``: the records say how long each rank was blocked in collectives between the steps
+    (``between_steps.comm``); ``False``: they do not (an older writer: -1)."""
     ms = 1000
-    rows: dict[str, list] = {k: [] for k in ("rank", "step", "start", "end", "gap", "between")}
+    rows: dict[str, list] = {k: [] for k in ("rank", "step", "start", "end", "gap", "between", "comm")}
     iv: dict[str, list] = {k: [] for k in ("row", "kind", "start", "end", "axis", "op", "group", "seq", "size")}
     t, prev_end = 0, None
     for k in range(6):
@@ -1203,7 +1213,7 @@ def _between_steps_table(
         last = t + late + 20 * ms
         end = last + 3 * ms
         for r in range(4):
-            start = t + (late if r == 0 else 0)
+            start = t + (late if r == 0 or synced is not None else 0)
             row = len(rows["rank"])
             rows["rank"].append(r)
             rows["step"].append(k)
@@ -1212,8 +1222,12 @@ def _between_steps_table(
             rows["gap"].append(-1 if prev_end is None or not gaps_known else start - prev_end)
             labelled = [0] * len(BETWEEN_KINDS)
             labelled[BETWEEN_KINDS.index(label)] = 90 * ms if (r == 0 and late) else 0
+            if synced is not None and late:
+                labelled[BETWEEN_KINDS.index(label)] = 100 * ms  # rank 0's own; the others' 10 ms and 90 ms waiting
             unknown = prev_end is None or not gaps_known or (r == 0 and k in unlabelled_steps)
             rows["between"].append([-1] * 5 if unknown else labelled)
+            blocked = 90 * ms if (synced and late and r != 0) else 0
+            rows["comm"].append(-1 if unknown or synced is False else blocked)
             for kind, s0, e0 in (("compute", start, start + 20 * ms), ("comm", start + 20 * ms, end)):
                 iv["row"].append(row)
                 iv["kind"].append(KIND_CODE[kind])
@@ -1239,6 +1253,7 @@ def _between_steps_table(
             nvlink_domain=[0] * n,
             gap_before_us=rows["gap"],
             between_us=rows["between"],
+            between_comm_us=rows["comm"],
         ),
         intervals=IntervalColumns.build(
             row=iv["row"],
@@ -1886,6 +1901,7 @@ def test_a_between_steps_finding_in_full() -> None:
             "rank": 0,
             "gap_seconds": 0.101,
             "peer_gap_seconds": 0.001,
+            "peer_wait_between_steps_seconds": 0.0,
             "steps_with_long_gap": 2,
             "steps": 6,
             "amortised_excess_seconds_per_step": 0.1 / 3,
@@ -1896,6 +1912,28 @@ def test_a_between_steps_finding_in_full() -> None:
     )
     assert f.severity is Severity.ERROR
     assert [(s.rank, s.node) for s in f.suspects] == [(0, "node-0")]
+
+
+def test_a_rank_slow_in_an_evaluation_every_rank_runs_between_steps_is_named() -> None:
+    # Every rank evaluates before steps 2 and 4, rank 0 for 100 ms, the others for 10 ms, then wait 90 ms for it in
+    # the metric all-reduce, all inside their evaluation (Lightning's validation with sync_dist, a Trainer's
+    # evaluation gathering its predictions): every rank's gap is 101 ms and nobody waits inside a step. Without the
+    # time each rank was blocked in collectives there, nothing tells the slow rank from the waiting ones.
+    assert [f.code for f in analyze(_between_steps_table(synced=False)).findings] == []
+    f = only(analyze(_between_steps_table(synced=True)).findings, "between-steps")
+    # rank 0's own 101 ms against the others' 101 - 90 = 11 ms: 90 ms late twice in 6 steps, 30 ms per step
+    # amortised, of the 23 ms median step (every rank-step: 20 ms compute, 3 ms all-reduce)
+    assert f.message == (
+        "rank 0 on node-0 spends 101.00 ms between steps before 2 of its 6 steps (eval 100.00 ms, unlabelled "
+        "1.00 ms) where the other ranks spend 11.00 ms of their own and wait for it 90.00 ms in collectives between "
+        "the steps (an evaluation's metric all-reduce or gather, a barrier): that time is outside every step, so no "
+        "step's breakdown shows it; it costs about 30.00 ms per step (130.4 % of the step, amortised); run eval, "
+        "checkpoints and logging inside a step (a tracker phase) to see them in the table, and make them "
+        "asynchronous or less frequent to stop the others waiting"
+    )
+    assert f.evidence["peer_wait_between_steps_seconds"] == pytest.approx(0.09)
+    assert f.cost_seconds_per_step == pytest.approx(0.03)
+    assert [s.rank for s in f.suspects] == [0]
 
 
 def test_an_imbalance_nobody_waits_for_costs_its_compute_excess() -> None:

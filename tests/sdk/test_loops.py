@@ -1354,3 +1354,55 @@ def test_a_step_left_by_an_exception_says_so_and_the_analysis_leaves_it_out(fork
     assert sorted({r.step for r in table.to_records()}) == [0, 1, 2, 4, 5]
     (note,) = [n for n in analyze(table).to_dict()["partial_data"] if n["code"] == "raised_steps"]
     assert note["message"].startswith("2 rank-steps ended by an exception (rank 0 step 3, rank 1 step 3) left out")
+
+
+def _loop_with_a_synced_evaluation(rank: int, world: int) -> dict[str, object]:
+    """A DDP loop that evaluates on every rank before every third step, outside the steps, and all-reduces the
+    metric there (Lightning's validation with ``sync_dist``, a Trainer's gathered predictions): rank 1 evaluates for
+    80 ms, rank 0 for 5 ms, then waits for rank 1 in the all-reduce. Sleeps: the time is the loop's, not the host's."""
+    import torch  # noqa: PLC0415 - the forked rank's torch, pre-imported by conftest
+    import torch.distributed as dist  # noqa: PLC0415
+    from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: N817, PLC0415
+
+    tracker = sdk.tracker_from_env()
+    torch.manual_seed(0)
+    model = DDP(torch.nn.Linear(16, 16))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for i in range(13):
+        if i and i % 3 == 0:
+            with tracker.phase("eval"), torch.no_grad():
+                time.sleep(0.08 if rank == 1 else 0.005)
+                metric = model(torch.ones(4, 16)).sum().reshape(1)
+                dist.all_reduce(metric)
+        with tracker.step(i):
+            time.sleep(0.01)
+            loss = model(torch.randn(4, 16)).sum()
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+    counters = tracker.counters().as_dict()
+    tracker.close()
+    return {"counters": counters}
+
+
+@pytest.mark.slow
+def test_a_rank_slow_in_an_evaluation_every_rank_runs_between_steps_is_named(fork_job) -> None:
+    # Every rank's gap before an evaluated step is ~80 ms: rank 1's own, rank 0's mostly waiting for rank 1 in the
+    # metric all-reduce, between the steps, where no step's collective is. The records say how long each rank was
+    # blocked in collectives there (between_steps.comm); before, nothing told the slow rank from the waiting one.
+    job = fork_job(_loop_with_a_synced_evaluation, 2)
+    assert all(r["counters"]["hook_errors"] == 0 for r in job.results)
+    records = read_table(job.records_path).to_records()
+    evaluated = {(r.rank, r.step): r.between_steps for r in records if r.step in (3, 6, 9, 12)}
+    assert all(b is not None and b.eval_us >= b.comm_us for b in evaluated.values())  # inside the evaluation
+    # rank 0 waits ~75 ms for rank 1 there (less what the host took from it); a host that holds rank 0 off its core
+    # for longer than rank 1's evaluation can turn one step's roles around, not most
+    waits = [(evaluated[0, k].comm_us, evaluated[1, k].comm_us) for k in (3, 6, 9, 12)]
+    assert sum(w0 >= 60 * MS and w1 < 20 * MS for w0, w1 in waits) >= 3, evaluated
+    assert all(r.between_steps is None or r.between_steps.comm_us < 20 * MS for r in records if r.step % 3)
+    findings = analyze(read_table(job.records_path, skip_steps=1)).findings
+    (f,) = [f for f in findings if f.code == "between-steps"]
+    assert [s.rank for s in f.suspects] == [1], f.message
+    assert "in collectives between the steps" in f.message
+    assert 0.06 <= f.evidence["peer_wait_between_steps_seconds"] <= 0.1
+    assert "straggler" not in [x.code for x in findings]

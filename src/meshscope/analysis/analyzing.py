@@ -376,6 +376,9 @@ def _between_steps_lines(s: Mapping[str, Any]) -> list[str]:
         return []
     kinds = s.get("between_steps_kinds_seconds") or {}
     parts = ", ".join(f"{kind} {human_seconds(v)}" for kind, v in sorted(kinds.items(), key=lambda kv: -kv[1]))
+    comm = s.get("between_steps_comm_seconds")
+    if comm and comm >= BETWEEN_STEPS_SAID_SHARE * step:
+        parts += f"; {human_seconds(comm)} of it blocked in collectives"
     return [
         (
             f"  between steps: {human_seconds(between)} per step at the median rank ({parts}), "

@@ -917,6 +917,9 @@ class Summary:
     between_steps_kinds_seconds: dict[str, float] | None = None
     """That rank's mean per step by ``between_steps`` kind (``eval``, ``checkpoint``, ...; the rest ``unlabelled``),
     kinds with no time left out."""
+    between_steps_comm_seconds: float | None = None
+    """Of that rank's time between steps, its mean per step blocked in collectives there (``between_steps.comm``:
+    inside the kinds, waiting for peers in an evaluation's all-reduce, a barrier); ``None`` when unmeasured."""
 
     def to_dict(self) -> dict[str, Any]:
         """JSON form (docs/cost-table.md)."""
@@ -932,6 +935,7 @@ class Summary:
             "reported_gpu_util": self.reported_gpu_util,
             "between_steps_seconds": self.between_steps_seconds,
             "between_steps_kinds_seconds": self.between_steps_kinds_seconds,
+            "between_steps_comm_seconds": self.between_steps_comm_seconds,
         }
 
 
@@ -1019,7 +1023,13 @@ def _between_steps(rs: RankSteps) -> dict[str, Any]:
     rest = max(float(per_rank[median]) - labelled, 0.0)
     if rest > 0:
         kinds["unlabelled"] = rest / 1e6
-    return {"between_steps_seconds": float(per_rank[median]) / 1e6, "between_steps_kinds_seconds": kinds}
+    comm = s.between_comm_us[mine]
+    comm_s = float(comm[comm >= 0].sum()) / counts[median] / 1e6 if (comm >= 0).any() else None
+    return {
+        "between_steps_seconds": float(per_rank[median]) / 1e6,
+        "between_steps_kinds_seconds": kinds,
+        "between_steps_comm_seconds": comm_s,
+    }
 
 
 # ====================================================================== expected vs measured

@@ -1690,61 +1690,70 @@ def _bubble(ctx: _Context, *, plan: Plan | None, explained_seconds: float) -> li
 def _between_steps(ctx: _Context) -> list[Finding]:
     """A rank that spends much longer than its peers between two steps (eval, checkpoint, logging outside a step).
 
-    That time is in no step's breakdown, but the other ranks wait for the rank in their next collective: the cost
-    table charges it, and only this finding says why. Per rank-step, the time since the rank's previous step ended
-    (``gap_before_us``) against the median of the same step's ranks; rank-steps above the cost floor and
-    :data:`NOISE_SIGMAS` x the gaps' spread, amortised over the rank's steps, must stand out from the ranks' median
-    by :data:`TRANSIENT_MIN_SHARE` of the step and :data:`STEP_JITTER_SIGMAS` x the run's jitter, at most half of
-    the ranks (a whole job that pauses between steps waits for nobody). Its cost is that amortised lateness.
+    That time is in no step's breakdown, but the other ranks wait for the rank, in their next collective or in the
+    collectives they run between the steps too (an evaluation's metric all-reduce on every rank, a barrier): the
+    cost table charges the first, and only this finding says why. Per rank-step, the rank's own time since its
+    previous step ended (``gap_before_us`` less the time it was blocked in collectives there, ``between_steps.comm``:
+    a rank waiting for a slow peer's evaluation is not slow itself) against the median of the same step's other
+    ranks; rank-steps above the cost floor and :data:`NOISE_SIGMAS` x the gaps' spread, amortised over the rank's
+    steps, must stand out from the median rank's by :data:`TRANSIENT_MIN_SHARE` of the step and
+    :data:`STEP_JITTER_SIGMAS` x the run's jitter, at most half of the ranks (a whole job that pauses between steps
+    waits for nobody). Its cost is that amortised lateness.
     """
     rs = ctx.rs
     s = rs.breakdown.table.steps
+    blocked = np.clip(s.between_comm_us, 0, None)  # -1: not measured, none taken out
+    own = np.where(s.gap_before_us >= 0, s.gap_before_us - np.minimum(blocked, np.clip(s.gap_before_us, 0, None)), -1)
     # a gap that holds a save is checkpoint-stall's (the slowest saver, amortised): one finding per cause
-    gap = np.where(between_checkpoint_us(rs) > 0, -1, s.gap_before_us).astype(np.float64)
+    gap = np.where(between_checkpoint_us(rs) > 0, -1, own).astype(np.float64)
     known = gap >= 0
-    if np.count_nonzero(known) < 2:
+    if np.count_nonzero(known) < 2:  # one rank-step has nobody to be compared with
         return []
-    typical = grouped_median(rs.step_index[known], gap[known], rs.n_steps)[rs.step_index]
-    excess = np.where(known, gap - typical, 0.0)
-    floor = max(MIN_COST_SHARE * ctx.step_us, NOISE_SIGMAS * _robust_sigma(excess[known]))
-    long = known & (excess >= floor)
+    typical = np.full(gap.shape, np.nan)
+    typical[known] = median_of_others(rs.step_index[known], gap[known], rs.n_steps)
+    compared = known & np.isfinite(typical)
+    excess = np.where(compared, gap - np.nan_to_num(typical), 0.0)
+    floor = max(MIN_COST_SHARE * ctx.step_us, NOISE_SIGMAS * _robust_sigma(excess[compared]))
+    long = compared & (excess >= floor)
     if not long.any():
         return []
     amortised = np.bincount(rs.rank_index[long], weights=excess[long], minlength=rs.n_ranks) / rs.steps_per_rank
     # As for transient stragglers: it must cost a share of the step, stand out from the other ranks' own gaps, and
     # exceed the run's step-to-step jitter (a scheduler hiccup on shared cores is one long gap on a random rank).
+    # The spread is the other ranks' (those under the bar): of two ranks, the robust spread of both is half their gap,
+    # which 6 of them never exceed; a pair is held to the bar a transient straggler of a pair is held to instead.
     bar = max(TRANSIENT_MIN_SHARE * ctx.step_us, STEP_JITTER_SIGMAS * ctx.step_jitter_us)
-    stands_out = amortised - np.median(amortised) >= max(bar, NOISE_SIGMAS * _robust_sigma(amortised))
+    if rs.n_ranks == 2:  # a pair
+        bar = max(bar, PAIR_TRANSIENT_MIN_SHARE * ctx.step_us)
+    over = amortised - median_rank_value(amortised)
+    above = over >= bar
+    stands_out = above & (over >= NOISE_SIGMAS * _robust_sigma(amortised[~above]))
     ranks = np.flatnonzero(stands_out)
     if ranks.size == 0 or 2 * ranks.size > rs.n_ranks:
         return []
     findings = []
+    peer_blocked = median_of_others(rs.step_index, blocked.astype(np.float64), rs.n_steps)
     for i in ranks[np.argsort(-amortised[ranks])][:MAX_STRAGGLER_FINDINGS].tolist():
         mine = long & (rs.rank_index == i)
         # What it costs: how late its long gaps made it, amortised (the others wait that long in their next
-        # collective); the sync wait the table charges it may hold other waits too, and is quoted beside.
+        # collective, or in their own collectives between the steps); the sync wait the table charges it may hold
+        # other waits too, and is quoted beside.
         caused = wait_caused(rs, i, int(np.argmax(rs.caused_per_step_us[i])))
         cost_s = float(amortised[i]) / 1e6
         share = ctx.share(cost_s)
-        between = s.between_us[mine].astype(np.float64)
-        labelled = between >= 0
-        parts = []
-        for k, kind in enumerate(BETWEEN_KINDS):
-            values = np.where(labelled[:, k], between[:, k], 0.0)
-            if values.any():
-                parts.append(f"{kind} {human_seconds(float(np.median(values)) / 1e6)}")
-        rest = gap[mine] - np.where(labelled, between, 0.0).sum(axis=1)
-        parts.append(f"unlabelled {human_seconds(float(np.median(rest)) / 1e6)}")
-        gap_s = float(np.median(gap[mine])) / 1e6
+        full = s.gap_before_us[mine].astype(np.float64)  # as measured, its own time blocked there included
+        gap_s = float(np.median(full)) / 1e6
         peers_s = float(np.median(typical[mine])) / 1e6
+        peers_wait_s = float(np.median(np.nan_to_num(peer_blocked[mine]))) / 1e6
+        # the others wait between the steps too where their collectives there hold most of its lateness
+        there = peers_wait_s >= STRAGGLER_EXPLAINS * float(np.median(excess[mine])) / 1e6
         n_long, total = int(np.count_nonzero(mine)), int(rs.steps_per_rank[i])
         message = (
             f"{ctx.where(i)} spends {human_seconds(gap_s)} between steps before {n_long} of its {total} steps "
-            f"({', '.join(parts)}) where the other ranks spend {human_seconds(peers_s)}: that time is outside every "
-            f"step, so no step's breakdown shows it, but the others wait for it in their next collective; "
+            f"({', '.join(_gap_parts(s.between_us[mine], full))}) {_peers_between(peers_s, peers_wait_s, there)}"
+            f"it costs about {human_seconds(cost_s)} per step ({percent(share)} of the step, amortised)"
         )
-        message += f"it costs about {human_seconds(cost_s)} per step ({percent(share)} of the step, amortised)"
-        if caused is not None:
+        if caused is not None and not there:  # where they waited between the steps, the table holds none of it
             message += f"; the cost table: {caused.sentence()}"
         message += (
             "; run eval, checkpoints and logging inside a step (a tracker phase) to see them in the table, and make "
@@ -1759,6 +1768,7 @@ def _between_steps(ctx: _Context) -> list[Finding]:
                     "rank": int(rs.ranks[i]),
                     "gap_seconds": gap_s,
                     "peer_gap_seconds": peers_s,
+                    "peer_wait_between_steps_seconds": peers_wait_s,
                     "steps_with_long_gap": n_long,
                     "steps": total,
                     "amortised_excess_seconds_per_step": float(amortised[i]) / 1e6,
@@ -1771,6 +1781,34 @@ def _between_steps(ctx: _Context) -> list[Finding]:
             )
         )
     return findings
+
+
+def _gap_parts(between_us: NDArray[np.int64], gap_us: NDArray[np.float64]) -> list[str]:
+    """``eval 90.00 ms``, ..., ``unlabelled 11.00 ms``: each kind's median over the gaps, and the rest's."""
+    between = between_us.astype(np.float64)
+    labelled = between >= 0
+    parts = []
+    for k, kind in enumerate(BETWEEN_KINDS):
+        values = np.where(labelled[:, k], between[:, k], 0.0)
+        if values.any():
+            parts.append(f"{kind} {human_seconds(float(np.median(values)) / 1e6)}")
+    rest = np.clip(gap_us - np.where(labelled, between, 0.0).sum(axis=1), 0, None)
+    parts.append(f"unlabelled {human_seconds(float(np.median(rest)) / 1e6)}")
+    return parts
+
+
+def _peers_between(peers_s: float, peers_wait_s: float, there: bool) -> str:  # noqa: FBT001 - a sentence's two forms
+    """Where the other ranks wait for a rank late out of the time between steps: in collectives there, or next."""
+    if there:
+        return (
+            f"where the other ranks spend {human_seconds(peers_s)} of their own and wait for it "
+            f"{human_seconds(peers_wait_s)} in collectives between the steps (an evaluation's metric all-reduce or "
+            "gather, a barrier): that time is outside every step, so no step's breakdown shows it; "
+        )
+    return (
+        f"where the other ranks spend {human_seconds(peers_s)}: that time is outside every step, so no step's "
+        "breakdown shows it, but the others wait for it in their next collective; "
+    )
 
 
 def _data_starved(ctx: _Context) -> list[Finding]:
