@@ -230,3 +230,78 @@ def test_lightning_s_work_between_micro_batches_is_no_data_wait(fork_job, tmp_pa
         data_us = sum(iv.end_us - iv.start_us for iv in rec.intervals if iv.kind is IntervalKind.DATA)
         assert data_us < 60_000, (rec.rank, rec.step, data_us)  # each step holds ACCUM fetches, not the sleeps
     assert "data-loader-starved" not in [f.code for f in analyze(table).findings]
+
+
+def _slow_validation_job(rank: int, world: int, out: str) -> dict[str, object]:
+    """20 steps of a DDP Lightning job validating every 5 (2 batches, ``sync_dist`` logging, no checkpoint): rank 1
+    spends 60 ms more in each validation batch. Sleeps: the time is the job's, not the host's."""
+    import lightning as L  # noqa: N812, PLC0415 - Lightning's own idiom
+    import torch  # noqa: PLC0415
+    from torch import nn  # noqa: PLC0415
+    from torch.utils.data import DataLoader, TensorDataset  # noqa: PLC0415
+
+    from meshscope.sdk.lightning import MeshscopeCallback  # noqa: PLC0415
+
+    class Regression(L.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = nn.Linear(16, 1)
+
+        def training_step(self, batch: list[torch.Tensor], batch_idx: int) -> torch.Tensor:
+            time.sleep(0.01)
+            x, y = batch
+            return nn.functional.mse_loss(self.net(x), y)
+
+        def validation_step(self, batch: list[torch.Tensor], batch_idx: int) -> None:
+            time.sleep(0.06 if self.global_rank == 1 else 0.0)
+            x, y = batch
+            self.log("val_loss", nn.functional.mse_loss(self.net(x), y), sync_dist=True)
+
+        def configure_optimizers(self) -> torch.optim.Optimizer:
+            return torch.optim.SGD(self.parameters(), lr=0.01)
+
+    generator = torch.Generator().manual_seed(0)
+    data = TensorDataset(torch.randn(512, 16, generator=generator), torch.randn(512, 1, generator=generator))
+    callback = MeshscopeCallback()
+    trainer = L.Trainer(
+        accelerator="cpu",
+        devices=world,
+        strategy="ddp",
+        max_steps=20,
+        val_check_interval=5,
+        limit_val_batches=2,
+        num_sanity_val_steps=0,
+        default_root_dir=out,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=False,
+        logger=False,
+        callbacks=[callback],
+    )
+    trainer.fit(Regression(), DataLoader(data, batch_size=8), DataLoader(data, batch_size=8))
+    counters = callback.tracker.counters().as_dict()
+    callback.tracker.close()
+    return {"counters": counters}
+
+
+@pytest.mark.slow
+def test_a_rank_slow_only_in_validation_is_named_between_steps(fork_job, tmp_path: Path) -> None:
+    # Lightning validates between two steps on every rank, fetching the validation loader's batches (held as a
+    # possible next step's fetch, then let go) and all-reducing the logged metric: rank 0 waits there for rank 1's
+    # slower validation, every gap is equally long and no step holds the wait. Before: no finding.
+    job = fork_job(
+        lambda rank, world: _slow_validation_job(rank, world, str(tmp_path / "lightning")),
+        2,
+        init=False,
+        timeout_s=180.0,
+    )
+    assert all(r["counters"]["hook_errors"] == 0 for r in job.results)
+    table = read_table(job.records_path)
+    validated = [r for r in table.to_records() if r.between_steps is not None and r.between_steps.eval_us > 0]
+    assert sorted({r.step for r in validated}) == [5, 10, 15]
+    waited = [r.between_steps.comm_us for r in validated if r.rank == 0 and r.between_steps is not None]
+    assert sum(w >= 80_000 for w in waited) >= 2, waited  # ~120 ms for rank 1's two batches, less the host's share
+    findings = analyze(read_table(job.records_path, skip_steps=1)).findings
+    (f,) = [f for f in findings if f.code == "between-steps"]
+    assert [s.rank for s in f.suspects] == [1], f.message
+    assert "in collectives between the steps" in f.message

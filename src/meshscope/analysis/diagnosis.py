@@ -1756,8 +1756,11 @@ def _between_steps(ctx: _Context) -> list[Finding]:
         if caused is not None and not there:  # where they waited between the steps, the table holds none of it
             message += f"; the cost table: {caused.sentence()}"
         message += (
-            "; run eval, checkpoints and logging inside a step (a tracker phase) to see them in the table, and make "
-            "them asynchronous or less frequent to stop the others waiting"
+            "; give every rank the same evaluation work (as many batches, as long) or evaluate less often to stop the "
+            "others waiting"
+            if there
+            else "; run eval, checkpoints and logging inside a step (a tracker phase) to see them in the table, and "
+            "make them asynchronous or less frequent to stop the others waiting"
         )
         findings.append(
             Finding(

@@ -152,6 +152,9 @@ class Operations:
         self.between_comm_ns = 0
         """Host ns the step thread spent blocked in collectives' waits while no step was open (an evaluation's metric
         all-reduce, a barrier): the next record's ``between_steps["comm"]`` (the tracker takes and resets it)."""
+        self.held_comm_ns = 0
+        """The same while a fetch is held for the next step (:attr:`held`): that step's if the fetch is (its start is
+        the fetch's), time between steps if it is released as no step's (a validation loader's)."""
         self.step_thread = threading.get_ident()
         """The thread that runs the steps (the tracker sets it when a step opens)."""
         self.background = 0
@@ -438,9 +441,9 @@ class Operations:
         ``dist._broadcast_coalesced`` (DDP's buffer broadcast before every forward): c10d waits for it in C++, so the
         rank was blocked from its issue to now, as in a synchronous call whose ``Work.wait`` returned now.
         """
+        if self.step is None and not self.on_device and not self.elsewhere():  # host marks: blocked since its issue
+            self._blocked_between(_perf_ns() - m0)
         st = self.step or self.held
-        if st is None and not self.on_device and not self.elsewhere():  # host marks: blocked since its issue
-            self.between_comm_ns += _perf_ns() - m0
         recorded = len(st.ops) if st is not None else 0
         self.on_collective(pg, op, lambda _args, _size: nbytes, (), None, m0, completion=False)
         if st is not None and len(st.ops) > recorded:
@@ -505,8 +508,15 @@ class Operations:
         st = self.step or self.held
         if st is not None:
             st.windows.append((m0, m1))
+        if self.step is None:
+            self._blocked_between(t1 - t0)
+
+    def _blocked_between(self, ns: int) -> None:
+        """The step thread was blocked ``ns`` in a collective while no step was open."""
+        if self.held is None:
+            self.between_comm_ns += ns
         else:
-            self.between_comm_ns += t1 - t0
+            self.held_comm_ns += ns
 
     def on_tensor_wait(self, tensor: Tensor | None, t0: int, m0: Mark) -> None:
         """A functional ``wait_tensor`` that started at ``t0`` / ``m0`` returned now."""
@@ -535,8 +545,8 @@ class Operations:
         st = self.step or self.held
         if st is not None:
             st.windows.append((m0, m1))
-        else:
-            self.between_comm_ns += t1 - t0
+        if self.step is None:
+            self._blocked_between(t1 - t0)
 
     def _forget_outputs(self, rec: list[Any]) -> None:
         """Drop a functional collective's outputs (held since issue) and their lookup entries."""

@@ -1093,6 +1093,7 @@ class Tracker:
             carried.append(self._carried)
             self._carried = None
         held = self._ops.held
+        self._ops.held_comm_ns = 0  # blocked inside the held fetch: in this step, which starts where the fetch did
         if held is not None:  # and what a held fetch issued (the Trainer's gather of the batch's token count)
             self._ops.held = None
             carried.append((held.ops, held.windows, held.attention))
@@ -1380,6 +1381,8 @@ class Tracker:
         self._fetch_ns = self._fetch_from = None
         self._held_stats = None
         held, self._ops.held = self._ops.held, None
+        self._ops.between_comm_ns += self._ops.held_comm_ns  # blocked in collectives between steps, then
+        self._ops.held_comm_ns = 0
         if held is not None:  # its operations were no step's either
             self._ops.release(held)
 
