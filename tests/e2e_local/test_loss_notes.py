@@ -52,3 +52,38 @@ def test_a_failed_rank_and_lost_goodbyes() -> None:
 def test_a_run_without_records_says_so(capsys) -> None:
     assert report_run(_outcome({r: _receipt(0) for r in range(4)})) == EXIT_NO_ANALYSIS
     assert "no step records to analyse" in capsys.readouterr().out
+
+
+def _after(after_us: int, kinds: dict[str, int], *, step_us: float = 20_000) -> RankReceipt:
+    return RankReceipt(
+        records=5,
+        hello=True,
+        closed=True,
+        counters={},
+        measurements={},
+        after_last_step_us=after_us,
+        after_last_step=kinds,
+        median_step_us=step_us,
+    )
+
+
+def test_what_ran_after_the_last_step_is_noted_on_the_rank_whose_own_time_it_was() -> None:
+    # Rank 0 saves for 600 ms after the loop; the others wait for it at a barrier, 598 ms blocked in collectives:
+    # the rank named is the one whose own time it was, not the one that waited longest.
+    ranks = {
+        0: _after(604_000, {"checkpoint": 600_000}),
+        **{r: _after(605_000 + r, {"comm": 598_000}) for r in (1, 2, 3)},
+    }
+    (note,) = loss_notes(_outcome(ranks))
+    assert (note.code, note.count) == ("after_last_step", 1)
+    assert note.message == (
+        "rank 0 ran 604.00 ms after the last step before the tracker closed (checkpoint 600.00 ms, unlabelled "
+        "4.00 ms); the other ranks up to 605.00 ms, 598.00 ms of it waiting in collectives: a final save, evaluation "
+        "or test after the loop is in no step's record and not in the table"
+    )
+    # under one median step (or 50 ms) it is the loop's ordinary end: nothing said
+    quiet = {r: _after(15_000, {}) for r in range(4)}
+    assert loss_notes(_outcome(quiet)) == []
+    assert loss_notes(_outcome({r: _after(40_000, {}, step_us=10_000) for r in range(4)})) == []
+    slow = {r: _after(900_000, {}, step_us=2e6) for r in range(4)}  # 0.9 s after steps of 2 s: no more than a step
+    assert loss_notes(_outcome(slow)) == []

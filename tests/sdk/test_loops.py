@@ -521,6 +521,29 @@ def test_gap_before_us_is_the_time_between_two_steps(listener) -> None:
         assert rec.between_steps.total_us() == 0  # nothing labelled in the gap
 
 
+def test_the_close_message_says_what_ran_after_the_last_step(listener) -> None:
+    # A final save after the loop: no next step carries it, so the tracker's goodbye does (meshscope run notes it).
+    from meshscope.sdk.transport import decode  # noqa: PLC0415
+
+    sock, path = listener
+    tracker = _tracker(path)
+    for i in range(2):
+        with tracker.step(i):
+            _body(tracker)
+    with tracker.phase("checkpoint"):
+        time.sleep(0.06)
+    time.sleep(0.02)
+    tracker.close()
+    messages = []
+    with contextlib.suppress(BlockingIOError):
+        while True:
+            messages.append(decode(sock.recv(1 << 22)))
+    (close,) = [m for m in messages if m.get("event") == "close"]
+    assert 80 * MS <= close["after_last_step_us"] < 80 * MS + SLACK_US
+    assert set(close["after_last_step"]) == {"checkpoint"}
+    assert 60 * MS <= close["after_last_step"]["checkpoint"] <= close["after_last_step_us"] - 20 * MS
+
+
 def test_phases_between_steps_are_timed_into_the_next_record(listener) -> None:
     sock, path = listener
     tracker = _tracker(path)

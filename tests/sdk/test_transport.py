@@ -223,3 +223,31 @@ def test_a_rank_running_as_another_user_than_the_collector_can_send(tmp_path: Pa
         collector.stop()
     if os.geteuid() == 0:
         assert [json.loads(line)["rank"] for line in out.read_text().splitlines()] == [7]
+
+
+def test_a_close_message_tells_what_ran_after_the_last_step(tmp_path: Path) -> None:
+    sock = socket_path("a", tmp_path)
+    collector = RecordCollector([sock], tmp_path / "records.jsonl")
+    close = {"schema": "meshscope.sdk/1", "event": "close", "counters": {}}
+    try:
+        collector.handle(
+            encode({**close, "rank": 0, "after_last_step_us": 600_000, "after_last_step": {"checkpoint": 590_000}})
+        )
+        collector.handle(
+            encode(
+                {
+                    **close,
+                    "rank": 1,
+                    "after_last_step_us": 601_000,
+                    "after_last_step": {"comm": 598_000, "eval": -4, "x": "y"},
+                }
+            )
+        )
+        collector.handle(
+            encode({**close, "rank": 2, "after_last_step_us": -1, "after_last_step": {"checkpoint": 5}})
+        )  # garbage
+        collector.handle(encode({**close, "rank": 3}))  # an older SDK, or no step ended
+    finally:
+        collector.stop()
+    got = [(collector.ranks[r].after_last_step_us, collector.ranks[r].after_last_step) for r in range(4)]
+    assert got == [(600_000, {"checkpoint": 590_000}), (601_000, {"comm": 598_000}), (None, {}), (None, {})]

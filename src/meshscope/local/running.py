@@ -31,6 +31,7 @@ import select
 import shutil
 import signal
 import socket
+import statistics
 import sys
 import tempfile
 import threading
@@ -823,6 +824,9 @@ def _outcome(
                 closed=t.closed,
                 counters=dict(t.counters),
                 measurements=t.measurements,
+                after_last_step_us=t.after_last_step_us,
+                after_last_step=dict(t.after_last_step),
+                median_step_us=statistics.median(t.step_times_us) if t.step_times_us else None,
             )
             for rank, t in collector.ranks.items()
         },
@@ -1127,6 +1131,8 @@ def _write_collector_report(
                 "closed": t.closed,
                 "counters": t.counters,
                 "process_group_size": t.process_group_size,
+                "after_last_step_us": t.after_last_step_us,
+                "after_last_step": t.after_last_step,
             }
             for rank, t in sorted(collector.ranks.items())
         },
@@ -1155,6 +1161,12 @@ class RankReceipt:
     """The rank's latest SDK counters (``records_dropped`` ...)."""
     measurements: dict[str, Any]
     """Its latest ``measurements`` message (job description, model state, activations)."""
+    after_last_step_us: int | None = None
+    """From its close: microseconds from the end of its last step to the close; ``None``: not said."""
+    after_last_step: dict[str, int] = field(default_factory=dict)
+    """What of that time its phases timed, microseconds per ``between_steps`` key."""
+    median_step_us: float | None = None
+    """The median of its received records' step times (``None``: none received)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

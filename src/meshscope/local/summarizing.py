@@ -18,18 +18,20 @@ from __future__ import annotations
 
 import json
 import shlex
+import statistics
 import sys
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from meshscope.analysis import analyze, render_analysis
 from meshscope.errors import MeshscopeError
+from meshscope.formatting import human_seconds
 from meshscope.local.comparisons import compare_run
 from meshscope.local.emulation import TinyJob, emulated_assumptions, tiny_job_spec
 from meshscope.local.running import EXIT_NO_ANALYSIS
 from meshscope.plan import plan_job
 from meshscope.progress import command_progress
-from meshscope.records import Note, RecordTable, read_records
+from meshscope.records import BETWEEN_COMM, Note, RecordTable, read_records
 from meshscope.reports import trace_steps, write_report, write_trace
 
 if TYPE_CHECKING:
@@ -123,6 +125,8 @@ def loss_notes(outcome: RunOutcome) -> list[Note]:
                 message=f"{errors} failures inside meshscope's hooks (training unaffected; see the ranks' logs)",
             )
         )
+    if (after := after_last_step_note(outcome)) is not None:
+        notes.append(after)
     if outcome.unreadable_datagrams:
         notes.append(
             Note(
@@ -132,6 +136,51 @@ def loss_notes(outcome: RunOutcome) -> list[Note]:
             )
         )
     return notes
+
+
+AFTER_LAST_STEP_SAID_S = 0.05
+"""The time a rank ran after its last step is said from this many seconds (and one median step) up."""
+
+
+def after_last_step_note(outcome: RunOutcome) -> Note | None:
+    """The ``after_last_step`` note: what ranks ran between their last step and their tracker's close.
+
+    A final save, evaluation or test after the loop is in no record (there is no next step to carry it, as the time
+    between steps is carried); said where the longest is at least one median step and :data:`AFTER_LAST_STEP_SAID_S`,
+    from the ranks' close messages (an SDK that does not say leaves it out).
+    """
+    after = {r: t.after_last_step_us for r, t in outcome.ranks.items() if t.after_last_step_us is not None}
+    if not after:
+        return None
+    blocked = {r: outcome.ranks[r].after_last_step.get(BETWEEN_COMM, 0) for r in after}
+    own = {r: after[r] - min(blocked[r], after[r]) for r in after}  # waiting for a peer's save is not one's own
+    steps = [t.median_step_us for t in outcome.ranks.values() if t.median_step_us is not None]
+    bar_us = max(AFTER_LAST_STEP_SAID_S * 1e6, statistics.median(steps) if steps else 0.0)
+    long = sorted((r for r in after if own[r] >= bar_us), key=lambda r: -own[r])
+    if not long:
+        return None
+    worst = long[0]
+    labelled = {k: v for k, v in outcome.ranks[worst].after_last_step.items() if k != BETWEEN_COMM and v}
+    parts = [f"{k} {human_seconds(v / 1e6)}" for k, v in sorted(labelled.items(), key=lambda kv: -kv[1])]
+    if (rest := after[worst] - sum(labelled.values())) > 0:
+        parts.append(f"unlabelled {human_seconds(rest / 1e6)}")
+    others = [r for r in after if r not in long]
+    rest_said = ""
+    if others:
+        waited = max(blocked[r] for r in others)
+        rest_said = f"; the other ranks up to {human_seconds(max(after[r] for r in others) / 1e6)}"
+        if waited >= bar_us:
+            rest_said += f", {human_seconds(waited / 1e6)} of it waiting in collectives"
+    who = f"rank {worst}" if len(long) == 1 else f"{len(long)} ranks (longest: rank {worst})"
+    return Note(
+        code="after_last_step",
+        count=len(long),
+        message=(
+            f"{who} ran {human_seconds(after[worst] / 1e6)} after the last step before the tracker closed "
+            f"({', '.join(parts)}){rest_said}: a final save, evaluation or test after the loop is in no step's "
+            "record and not in the table"
+        ),
+    )
 
 
 def _short_list(ranks: Sequence[int]) -> str:

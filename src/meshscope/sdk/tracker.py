@@ -62,6 +62,7 @@ from meshscope.sdk.steps import (
     SchedStat,
     StepIntervals,
     StepState,
+    between_us,
     encode_record,
 )
 from meshscope.sdk.transport import CONTROL_SCHEMA, RECORD_SCHEMA, open_sender
@@ -931,10 +932,11 @@ class Tracker:
                 self._send_measurements()
         except Exception as exc:  # noqa: BLE001
             self.fault("close", exc)
+        after = self._after_last_step()
         with contextlib.suppress(Exception):
             if not self._ops.identity_known:
                 self._ops.take_identity()  # a process group still up at close, never seen at a step
-            self._send_control("close", process_group_size=self._ops.group_size)
+            self._send_control("close", process_group_size=self._ops.group_size, **after)
         with contextlib.suppress(Exception):
             self._capture.uninstall()
         for handle in self._optimizer_hooks:
@@ -943,6 +945,27 @@ class Tracker:
         self._sender.close()
         self._rss.close()
         self._sched.close()
+
+    def _after_last_step(self) -> dict[str, Any]:
+        """The close message's ``after_last_step_us`` and ``after_last_step``.
+
+        The time since the last step ended (host clock), and what of it phases timed, per ``between_steps`` key
+        (``comm`` as there): a final save or evaluation after the loop is in no record. Empty where no step ended.
+        """
+        try:
+            if self._prev_end_ns is None or self._ops.step is not None:
+                return {}
+            now = time.perf_counter_ns()
+            timed = dict(self._between_ns)
+            for between, _, _, a, b in self._pre_step:  # a fetch held for a step that never came
+                timed[between] = timed.get(between, 0) + (b - a)
+            blocked = self._ops.between_comm_ns + self._ops.held_comm_ns
+            if blocked:
+                timed[BETWEEN_COMM] = blocked
+            return {"after_last_step_us": max(0, now - self._prev_end_ns) // 1000, "after_last_step": between_us(timed)}
+        except Exception as exc:  # noqa: BLE001 - never raises
+            self.fault("close", exc)
+            return {}
 
     @property
     def in_step(self) -> bool:

@@ -39,7 +39,7 @@ import threading
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any, Protocol
+from typing import IO, TYPE_CHECKING, Any, Protocol, TypeGuard
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
@@ -353,6 +353,12 @@ class RankTally:
     process_group_size: int | None = None
     """From the rank's ``close``: the size of the default process group it joined; ``None``: it never joined one, or
     it did not say (no close, or an older SDK)."""
+    after_last_step_us: int | None = None
+    """From the rank's ``close``: microseconds from the end of its last step to the close (a final save, evaluation
+    or test after the loop: in no record); ``None``: not said (no step ended, no close, or an older SDK)."""
+    after_last_step: dict[str, int] = field(default_factory=dict)
+    """What of that time the rank's phases timed, microseconds per ``between_steps`` key (``checkpoint``, ``eval``,
+    ..., ``comm``)."""
 
 
 def _tally_control(tally: RankTally, msg: dict[str, Any]) -> None:
@@ -363,12 +369,22 @@ def _tally_control(tally: RankTally, msg: dict[str, Any]) -> None:
     size = msg.get("process_group_size")
     if event == "close" and isinstance(size, int) and not isinstance(size, bool):
         tally.process_group_size = size
+    after, kinds = msg.get("after_last_step_us"), msg.get("after_last_step")
+    if event == "close" and _whole(after):
+        tally.after_last_step_us = after
+        if isinstance(kinds, dict):  # garbage is skipped, never fatal
+            tally.after_last_step = {str(k): v for k, v in kinds.items() if _whole(v)}
     pid = msg.get("pid")
     if event == "hello" and isinstance(pid, int) and not isinstance(pid, bool):
         tally.pid = pid
     measured = msg.get("measurements")
     if event == "measurements" and isinstance(measured, dict):
         tally.measurements = measured
+
+
+def _whole(value: object) -> TypeGuard[int]:
+    """Whether a message's value is a whole number >= 0 (a bool is not)."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 SOCKET_MODE = 0o666
