@@ -972,6 +972,27 @@ def test_a_registered_mesh_in_another_rank_order_than_the_layout_gives_the_recor
     assert "layout_order_mismatch" not in {n.code for n in analyze(read_table(job.records_path)).partial_data}
 
 
+def test_a_registered_mesh_is_the_layout_where_the_launcher_only_assumed_one(fork_job) -> None:
+    # meshscope run without --layout passes dp=NPROC as a default (MESHSCOPE_LAYOUT_IMPLIED=1). Before: every rank
+    # warned that the mesh placed it elsewhere than "the layout dp=4" and told the user to fix an order= of a layout
+    # they never gave, and the mesh's dp group was recorded as dp:0~1 (its id clashed with the world group's).
+    env = {"MESHSCOPE_LAYOUT": "dp=4", "MESHSCOPE_LAYOUT_IMPLIED": "1", "REGISTER_MESH": "1"}
+    job = fork_job(_mesh_in_its_own_order_job, 4, env=env)
+    assert all(result["counters"]["hook_errors"] == 0 for result in job.results)
+    assert [m for result in job.results for m in result["said"]] == []  # nothing to fix
+    records = read_lines(job.records_path)
+    assert len(records) == 8
+    for rec in records:
+        assert (rec["coord"]["dp"], rec["coord"]["pp"]) == (rec["rank"] // 2, rec["rank"] % 2)
+        groups = {(iv["axis"], iv["op"], iv["group"]) for iv in rec["intervals"] if iv.get("axis")}
+        dp = f"dp:{rec['rank'] % 2}"  # the mesh's dp groups: {0, 2} and {1, 3}
+        peer = rec["rank"] + 1 if rec["rank"] % 2 == 0 else rec["rank"] - 1
+        src, dst = (rec["rank"], peer) if rec["rank"] % 2 == 0 else (peer, rec["rank"])
+        op = "send" if rec["rank"] % 2 == 0 else "recv"
+        assert groups == {("dp", "all_reduce", dp), ("pp", op, f"pp:{src}-{dst}")}, groups
+    assert "layout_order_mismatch" not in {n.code for n in analyze(read_table(job.records_path)).partial_data}
+
+
 def _expert_mesh_job(rank: int, world: int) -> dict[str, object]:
     # An MoE script's mesh: its dp dim is the expert-data-parallel one (4 ranks as 2 x 2, ep inside dp).
     from torch.distributed.device_mesh import init_device_mesh  # noqa: PLC0415

@@ -10,6 +10,7 @@ import shlex
 import subprocess
 import sys
 from collections import Counter, defaultdict
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -69,7 +70,9 @@ def test_run_settings_from_the_command_line() -> None:
     assert s.command == ("python", "train.py")
     assert s.layout == ParallelLayout(dp=2, tp=2)
     assert s.job == "local"
-    assert settings_from_args(_args()).layout == ParallelLayout(dp=4)
+    assert s.layout_given
+    implied = settings_from_args(_args())
+    assert (implied.layout, implied.layout_given) == (ParallelLayout(dp=4), False)  # a mesh the ranks register wins
     with pytest.raises(RunError, match="needs a command"):
         settings_from_args(_args(command=["--"]))
     with pytest.raises(LayoutError, match="does not divide the world size 4"):
@@ -138,6 +141,9 @@ def test_every_rank_gets_torchrun_and_meshscope_environment(tmp_path: Path) -> N
     }
     assert env["MESHSCOPE_JOB"] == "j"
     assert env["MESHSCOPE_COLLECTOR"] == "unix:/tmp/c6.sock"
+    assert env["MESHSCOPE_LAYOUT_IMPLIED"] == "0"  # the user's layout
+    default = rank_env(replace(settings, layout_given=False), 6, port=1234, collector="c", placement=placement)
+    assert default["MESHSCOPE_LAYOUT_IMPLIED"] == "1"
     assert (env["MESHSCOPE_NODE"], env["MESHSCOPE_NVLINK_DOMAIN"]) == ("node-1", "nvl-1")
     assert parse_layout(env["MESHSCOPE_LAYOUT"], world_size=8) == layout
     assert layout_text(ParallelLayout(dp=4, ep=2, vpp=1)) == "dp=4,tp=1,pp=1,cp=1,ep=2"

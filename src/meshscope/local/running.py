@@ -49,6 +49,7 @@ from meshscope.sdk import (
     ENV_DISABLE,
     ENV_JOB,
     ENV_LAYOUT,
+    ENV_LAYOUT_IMPLIED,
     ENV_NETWORK_TIER,
     ENV_NODE,
     ENV_NVLINK_DOMAIN,
@@ -93,6 +94,9 @@ class RunSettings:
     """The training command, e.g. ``("python", "train.py", "--steps", "10")``."""
     layout: ParallelLayout
     """Layout passed to the ranks as ``MESHSCOPE_LAYOUT``."""
+    layout_given: bool = True
+    """Whether the user gave it (``--layout``, a spec's); ``False``: the default, data parallelism over every rank,
+    which the ranks' registered DeviceMesh replaces (``MESHSCOPE_LAYOUT_IMPLIED``)."""
     out_dir: Path
     """Where ``records.jsonl`` and ``collector.json`` go."""
     job: str = "local"
@@ -453,6 +457,7 @@ def rank_env(settings: RunSettings, rank: int, *, port: int, collector: str, pla
             "MASTER_PORT": str(port),
             ENV_JOB: settings.job,
             ENV_LAYOUT: layout_text(settings.layout),
+            ENV_LAYOUT_IMPLIED: "0" if settings.layout_given else "1",
             ENV_COLLECTOR: f"unix:{collector}",
             ENV_NODE: placement.node_name(node),
             ENV_NVLINK_DOMAIN: f"nvl-{int(placement.domain_of_node[node])}",
@@ -1119,6 +1124,7 @@ def _write_collector_report(
         "job": settings.job,
         "nproc": settings.nproc,
         "layout": layout_text(settings.layout),
+        "layout_given": settings.layout_given,
         "command": list(settings.command),
         "wall_seconds": round(wall_s, 3),
         "records": collector.lines,
@@ -1314,6 +1320,7 @@ def settings_from_args(args: argparse.Namespace) -> RunSettings:
             )
     else:
         layout = parse_layout("", world_size=args.nproc)
+    given = bool(args.layout) or spec is not None
     if args.gpus_per_node is not None and (args.gpus_per_node < 1 or args.nproc % args.gpus_per_node):
         raise RunError(f"--gpus-per-node {args.gpus_per_node} does not divide --nproc {args.nproc}")
     job = args.job or (spec.name if spec is not None else "local")
@@ -1322,6 +1329,7 @@ def settings_from_args(args: argparse.Namespace) -> RunSettings:
         nproc=args.nproc,
         command=tuple(command),
         layout=layout,
+        layout_given=given,
         out_dir=out,
         job=job,
         spec=spec,

@@ -224,6 +224,17 @@ class Operations:
         except Exception as exc:  # noqa: BLE001
             self.fault("register_groups", exc)
 
+    def relayout(self, settings: TrackerSettings) -> None:
+        """Take ``settings`` with another layout: every group is resolved again under it.
+
+        Its name, axis and id: a group resolved under the old layout kept an id that clashed with a namesake of the
+        new one (a mesh's dp group beside the world group the old layout made dp's: ``dp:0~1``).
+        """
+        self.settings = settings
+        self._groups.clear()
+        self._by_name.clear()
+        self._p2p.clear()
+
     def _group_of_pg(self, pg: ProcessGroup) -> _Group:
         group = self._groups.get(id(pg))
         if group is not None and group.pg is pg:

@@ -26,6 +26,9 @@ ENV_JOB = "MESHSCOPE_JOB"
 """Job name written into every record."""
 ENV_LAYOUT = "MESHSCOPE_LAYOUT"
 """Parallel layout as ``dp=2,tp=2,pp=2`` (the ``--layout`` syntax of :func:`meshscope.topology.layout.parse_layout`)."""
+ENV_LAYOUT_IMPLIED = "MESHSCOPE_LAYOUT_IMPLIED"
+"""``1``: ``MESHSCOPE_LAYOUT`` is a launcher's default (``meshscope run`` without ``--layout``: data parallelism over
+every rank), not the user's: a registered DeviceMesh whose dims are axes replaces it without a word of difference."""
 ENV_COLLECTOR = "MESHSCOPE_COLLECTOR"
 """Where records go: ``unix:/path/to/socket`` or ``unix:@abstract-name`` (see ``docs/sdk.md``)."""
 ENV_NODE = "MESHSCOPE_NODE"
@@ -57,6 +60,9 @@ class TrackerSettings:
     """Job name (``MESHSCOPE_JOB``)."""
     layout: ParallelLayout | None = None
     """Parallel layout (``MESHSCOPE_LAYOUT``); ``None``: coords come from a registered DeviceMesh, else dp=rank."""
+    layout_implied: bool = False
+    """The layout is a launcher's default, not the user's (``MESHSCOPE_LAYOUT_IMPLIED=1``): a registered DeviceMesh
+    whose dims are axes and span the world takes its place (:meth:`~meshscope.sdk.Tracker.register_mesh`)."""
     collector: str | None = None
     """Collector address (``MESHSCOPE_COLLECTOR``); ``None``: records are built, counted and dropped."""
     node: str = field(default_factory=lambda: socket.gethostname() or "node-0")
@@ -96,6 +102,7 @@ class TrackerSettings:
             local_rank=local_rank,
             job=env.get(ENV_JOB, "").strip() or DEFAULT_JOB,
             layout=layout,
+            layout_implied=layout is not None and env.get(ENV_LAYOUT_IMPLIED, "").strip().lower() in _TRUE,
             collector=env.get(ENV_COLLECTOR, "").strip() or None,
             node=env.get(ENV_NODE, "").strip() or socket.gethostname() or "node-0",
             nvlink_domain=env.get(ENV_NVLINK_DOMAIN, "").strip() or None,

@@ -38,6 +38,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import logging
+import math
 import operator
 import os
 import sys
@@ -624,6 +625,8 @@ class Tracker:
         if layout is None or not any(n in axes for n in names):
             return
         placed = _mesh_positions(ranks, len(names))
+        if s.layout_implied and self._adopt_the_mesh(names, placed):
+            return
         if "dp" in names and "ep" in names:
             self._follow_an_expert_mesh(layout, names, placed)
             return
@@ -643,7 +646,8 @@ class Tracker:
         if fitting is not None and all(
             fitting.coord(rank).as_dict()[n] == i for rank, where in placed for n, i in zip(names, where, strict=True)
         ):
-            self._ops.settings = self.settings = replace(s, layout=fitting)
+            self.settings = replace(s, layout=fitting)
+            self._ops.relayout(self.settings)
             fix = f"the records take the mesh's rank order; give --layout {layout_text(fitting)} to state it"
         else:
             self._mesh_wins = True
@@ -660,6 +664,33 @@ class Tracker:
             ", ".join(f"{n}={said[n]}" for n, _ in named),
             fix,
         )
+
+    def _adopt_the_mesh(self, names: tuple[str, ...], placed: list[tuple[int, tuple[int, ...]]]) -> bool:
+        """Where the layout is a launcher's default (``meshscope run`` without ``--layout``), the mesh's is the job's.
+
+        A mesh whose dims are all axes (``("dp", "tp")``; ep beside dp is left to the layout's rules) and hold every
+        rank of the world defines the layout, in its rank order; every rank decides alike and says it once. The
+        default, data parallelism over the world, put a 2 x 2 mesh's rank 1 at dp=1 and told the user to fix an
+        ``order=`` of a layout they never gave.
+        """
+        s = self._ops.settings
+        shape = _mesh_shape(placed, len(names))
+        axes = {a.value for a in AXES}
+        if not set(names) <= axes or "ep" in names or math.prod(shape) != s.world_size:
+            return False
+        try:
+            degrees = ParallelLayout(**dict(zip(names, shape, strict=True)))  # type: ignore[arg-type]
+        except (ValueError, TypeError):
+            return False
+        adopted = _layout_in_mesh_order(degrees, names, shape)
+        if adopted is None or any(
+            adopted.coord(rank).as_dict()[n] != i for rank, where in placed for n, i in zip(names, where, strict=True)
+        ):
+            return False
+        self.settings = replace(s, layout=adopted, layout_implied=False)
+        self._ops.relayout(self.settings)
+        log.info("meshscope: no layout was given: the registered DeviceMesh's is the job's, %s", layout_text(adopted))
+        return True
 
     def _follow_an_expert_mesh(
         self, layout: ParallelLayout, names: tuple[str, ...], placed: list[tuple[int, tuple[int, ...]]]
