@@ -661,6 +661,22 @@ def test_a_program_that_dies_inside_an_open_step_marks_it_raised(tmp_path: Path,
     assert notes["raised_steps"]["message"].startswith("1 rank-step ended by an exception (rank 0 step 3) left out")
 
 
+@pytest.mark.slow
+def test_a_program_that_dies_in_its_first_step_is_told_so_not_an_empty_input(tmp_path: Path) -> None:
+    # Before: "no step records to analyse (the input is empty); fix: fix the script's tracker calls", where the
+    # records held the step the exception cut short and the tracker calls were right.
+    (tmp_path / "train.py").write_text(DIES_IN_A_STEP.replace("if i == 3:", "if i == 0:"))
+    out = tmp_path / "out"
+    result = _meshscope("run", "--nproc", "1", "--out", str(out), "--", "python", "train.py", cwd=tmp_path)
+    assert result.returncode == 1, result.stderr
+    assert (
+        "no step records to analyse, every one was cut short: 1 rank-step ended by an exception (rank 0 step 0) left "
+        "out: cut short where the training loop raised"
+    ) in result.stderr, result.stderr[-3000:]
+    assert "fix: the exception the script raised (the ranks' output above)" in result.stderr
+    assert "the input is empty" not in result.stderr
+
+
 ASKS_FOR_TWO = """\
 import torch.distributed as dist
 

@@ -42,6 +42,7 @@ from meshscope.errors import ParseCode, ParseError
 from meshscope.formatting import human_bytes, human_seconds, percent, render_table
 from meshscope.plan import PlanAssumptions, plan_job
 from meshscope.progress import NO_PROGRESS
+from meshscope.records import RAISED_STEPS
 from meshscope.topology import AXES, EMULATED_GPU, Link
 
 if TYPE_CHECKING:
@@ -170,6 +171,11 @@ def analyze(
         PlanError: if the spec cannot be planned.
     """
     if table.n_rows == 0:
+        cut = next((n for n in table.notes if n.code == RAISED_STEPS), None)
+        if cut is not None:  # every record there was is a step an exception cut short
+            raise ParseError(
+                f"no step records to analyse, every one was cut short: {cut.message}", code=ParseCode.INVALID
+            )
         raise ParseError("no step records to analyse (the input is empty)", code=ParseCode.INVALID)
     if spec is not None:
         check_records_match_layout(table, spec.layout, origin=f"spec {spec.name!r}")

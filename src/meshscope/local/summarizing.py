@@ -319,7 +319,9 @@ def report_run(outcome: RunOutcome) -> int:
 def _no_analysis(outcome: RunOutcome, what: str, exc: Exception) -> None:
     """One line: what failed, the error, the fix, and where the records are."""
     text = str(exc)
-    if "appears twice" in text:  # a repeated (rank, step) is read as a restart: this is a collective's seq
+    if "every one was cut short" in text:
+        fix = "the exception the script raised (the ranks' output above)"
+    elif "appears twice" in text:  # a repeated (rank, step) is read as a restart: this is a collective's seq
         fix = (
             "a collective's seq counts its group's collectives over the whole run: where two runs' records share a "
             "file, give each its own; otherwise fix the script's tracker calls (docs/sdk.md)"
