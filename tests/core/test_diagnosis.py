@@ -1754,8 +1754,9 @@ def test_a_data_imbalance_finding_in_full() -> None:
     assert f.message == (
         "step time follows the busiest rank's work: in 4 of 4 steps a rank with more work computes 40.0 % longer "
         "than its stage peers with the usual work; worst is rank 4 on node-1 (5,734 tokens vs a median 4,096, "
-        "longest sequence 2,867 vs 2,048, attention work 1.96x the median, 4 steps); rank 4 on node-1 makes its dp "
-        "group dp:0 wait 8.20 ms per step (24.60 ms of GPU time over 3 waiting ranks), 24.9 % of the step"
+        "longest sequence 2,867 vs 2,048, attention work 1.96x the median, 4 steps, of dp replica 2: ranks 4 and 5 "
+        "get its batch); rank 4 on node-1 makes its dp group dp:0 wait 8.20 ms per step (24.60 ms of GPU time over 3 "
+        "waiting ranks), 24.9 % of the step"
     )
     work = 2 * 2048.0**2
     assert_evidence(
@@ -1781,7 +1782,8 @@ def test_a_data_imbalance_finding_in_full() -> None:
         },
     )
     assert f.severity is Severity.ERROR
-    assert [(s.rank, s.node, s.group) for s in f.suspects] == [(4, "node-1", None)]
+    # the replica: its tp rank gets the same batch
+    assert [(s.rank, s.node, s.group) for s in f.suspects] == [(4, "node-1", None), (5, "node-1", None)]
 
 
 def test_an_imbalance_in_attention_work_alone_is_an_imbalance() -> None:
@@ -2284,7 +2286,7 @@ def test_an_imbalance_whose_peers_carry_no_tokens_quotes_no_tokens() -> None:
     busy = np.isin(s.rank, [4, 5])
     stats = {"tokens": np.where(busy, 4096, 0), "longest_sequence": np.full(t.n_rows, 2048)}
     f = only(analyze(replace(t, steps=replace(s, **stats))).findings, "data-imbalance")
-    assert "(longest sequence 2,048 vs 2,048, attention work 1.96x the median, 4 steps)" in f.message
+    assert "(longest sequence 2,048 vs 2,048, attention work 1.96x the median, 4 steps, of dp replica" in f.message
     assert (f.evidence["tokens"], f.evidence["median_tokens"]) == (4096.0, 0.0)  # 0 is a count, quoted as one
     # Tokens not recorded at all (-1): none quoted.
     stats["tokens"] = np.full(t.n_rows, -1)

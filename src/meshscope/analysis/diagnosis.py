@@ -1127,6 +1127,11 @@ def _imbalance(ctx: _Context) -> list[Finding]:
     (tokens, peer_tokens), (longest, peer_longest), (work, peer_work) = work_of.tokens, work_of.longest, work_of.work
     steps_hit = int(np.unique(rs.step_index[flagged]).size)
     routing = work_of.routed_only
+    replica = [] if routing else _heavy_replica(rs, i, flagged)
+    of_replica = ""
+    if len(replica) > 1:  # tp and cp ranks of one data-parallel replica get the same batch
+        dp = int(rs.coord_of_rank[i, AXES.index("dp")])
+        of_replica = f", of dp replica {dp}: ranks {_ranks_text([int(rs.ranks[r]) for r in replica])} get its batch"
     message = (
         (
             f"step time follows the router: in {steps_hit} of {rs.n_steps} steps a rank whose experts get more of "
@@ -1137,7 +1142,7 @@ def _imbalance(ctx: _Context) -> list[Finding]:
         else (
             f"step time follows the busiest rank's work: in {steps_hit} of {rs.n_steps} steps a rank with more work "
             f"computes {percent(float(np.median(rel[flagged])))} longer than its stage peers with the usual work; "
-            f"worst is {ctx.where(i)} ({', '.join(work_of.parts) or ctx.work_name}, {mine.size} steps); "
+            f"worst is {ctx.where(i)} ({', '.join(work_of.parts) or ctx.work_name}, {mine.size} steps{of_replica}); "
         )
     )
     if caused is None:
@@ -1169,10 +1174,21 @@ def _imbalance(ctx: _Context) -> list[Finding]:
             severity=severity_for(share),
             message=message,
             evidence=evidence,
-            suspects=(ctx.suspect(i),),
+            suspects=(ctx.suspect(i), *(ctx.suspect(r) for r in replica if r != i)),
             cost_seconds_per_step=cost_s,
         )
     ]
+
+
+def _heavy_replica(rs: RankSteps, i: int, flagged: NDArray[np.intp]) -> list[int]:
+    """Rank ``i`` and the others of its data-parallel replica that computed more in a flagged rank-step too.
+
+    A replica is a dp coordinate: its tp, cp and pp ranks get the same batch. Rank indexes, ``i`` first.
+    """
+    dp = rs.coord_of_rank[:, AXES.index("dp")]
+    heavy = np.unique(rs.rank_index[flagged])
+    same = heavy[dp[heavy] == dp[i]]
+    return [i, *(int(r) for r in same if r != i)]
 
 
 _Pair = tuple[float | None, float | None]
