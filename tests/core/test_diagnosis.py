@@ -2342,3 +2342,20 @@ def test_the_delay_a_root_cause_explains_is_its_excess_or_its_cost(evidence, cos
         code="x", severity=Severity.INFO, message="", evidence=evidence, suspects=(), cost_seconds_per_step=cost
     )
     assert _delay_seconds(f) == pytest.approx(delay)
+
+
+def test_a_sync_wait_row_whose_late_rank_varies_names_no_suspect_to_chase() -> None:
+    # Two ranks late in turn by 6 ms (rank 0 in steps 0 and 2, rank 1 in 1 and 3): each caused 3 ms a step. Before,
+    # the row said "rank 0 ... makes its dp group dp:0 wait 3.00 ms per step", which read as blame on a clean run.
+    job = Job(tp=1, dp=2, gpus_per_node=2, noise=0.0, slow_in_step={(0, 0): 1.3, (1, 1): 1.3, (0, 2): 1.3, (1, 3): 1.3})
+    (row,) = [r for r in analyze(job.table()).rows if r.category == "comm.dp.sync_wait"]
+    assert row.suspect is not None
+    assert row.suspect.message == (
+        "spread over ranks (the last to arrive varies): median rank 3.00 ms caused per step, the most rank 0 on node-0 "
+        "3.00 ms"
+    )
+    # one rank late every time is named
+    job = Job(tp=1, dp=2, gpus_per_node=2, noise=0.0, slow_in_step={(1, s): 1.3 for s in range(4)})
+    (row,) = [r for r in analyze(job.table()).rows if r.category == "comm.dp.sync_wait"]
+    assert row.suspect is not None
+    assert row.suspect.message.startswith("rank 1 on node-0 makes its dp group dp:0 wait 6.00 ms per step")

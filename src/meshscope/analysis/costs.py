@@ -875,12 +875,29 @@ def _distinct_members(rs: RankSteps, groups: NDArray[np.integer[Any]]) -> int:
     return int(np.unique(table.steps.rank[rows]).size)
 
 
+WAIT_SPREAD = 1.5
+"""A sync-wait row's top rank that caused at most this x the median rank's charge is no suspect to chase: the last
+rank to arrive varies from step to step (noise, shared cores), and the row says so rather than name it."""
+
+
 def _wait_suspect(rs: RankSteps, axis: int) -> Suspect | None:
     """The rank that caused most of ``axis``' sync wait, the group it made wait most, and how long per step."""
-    top = int(np.argmax(rs.caused_per_step_us[:, axis]))
+    charged = rs.caused_per_step_us[:, axis]
+    top = int(np.argmax(charged))
     caused = wait_caused(rs, top, axis)
     if caused is None:
         return None
+    median_us = median_rank_value(charged)
+    if float(charged[top]) <= WAIT_SPREAD * median_us:
+        return Suspect(
+            rank=caused.rank,
+            node=caused.node,
+            group=caused.group,
+            message=(
+                f"spread over ranks (the last to arrive varies): median rank {human_seconds(median_us / 1e6)} caused "
+                f"per step, the most rank {caused.rank} on {caused.node} {human_seconds(float(charged[top]) / 1e6)}"
+            ),
+        )
     return Suspect(rank=caused.rank, node=caused.node, group=caused.group, message=caused.sentence())
 
 
