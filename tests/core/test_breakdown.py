@@ -197,6 +197,23 @@ def test_without_a_bandwidth_a_p2p_transfer_is_measured_against_its_other_end():
     assert_sums_exact(b)
 
 
+def test_a_send_waited_on_at_the_end_of_the_step_moved_bytes_only_until_its_receive_had_them():
+    # The interleaved 1F1B schedule waits its sends' handles at the end of the step. Rank 1 sends at 10 ms (waited
+    # at 40 ms); rank 0's receive, posted at 5 ms, has the bytes at 12 ms. Rank 1 then idles in a receive from
+    # 20 ms until rank 0 sends at 38 ms (done at 40 ms). Rank 1's 30 ms without compute: its send moved bytes
+    # 10-12 ms and its receive 38-40 ms, the rest it waited for the other stage. Before, the send's 30 ms was
+    # transfer and the bubble 0 (a clean interleaved run: pp transfer 45 ms a step, bubble 0).
+    r0 = [
+        rec(0, [recv(5 * MS, 12 * MS, peer=1), compute(12 * MS, 38 * MS), send(38 * MS, 40 * MS, peer=1)], end=40 * MS)
+    ]
+    r1 = [rec(1, [compute(0, 10 * MS), send(10 * MS, 40 * MS), recv(20 * MS, 40 * MS)], end=40 * MS)]
+    b = break_down(RecordTable.from_records([*r0, *r1]), align_clocks=False)
+    got = rows(b)
+    assert got[1, 0][PP_XFER] + got[1, 0][BUBBLE] == 30 * MS
+    assert got[1, 0][PP_XFER] <= 4 * MS, got[1, 0]
+    assert_sums_exact(b)
+
+
 def test_p2p_bandwidth_by_link_and_per_interval_array():
     # Rank 0 receives from rank 1 (same NVLink domain: 100 B/µs) and from rank 2 (other domain: 10 B/µs).
     r0 = rec(0, [recv(0, 100, size=1000, peer=1), recv(100, 300, size=1000, peer=2)], end=300, nvlink_domain="a")

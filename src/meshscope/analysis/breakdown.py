@@ -649,10 +649,13 @@ def _p2p_measured_us(
 
     The k-th send from rank A to rank B in a step is received by B's k-th receive from A in that step. Bytes can move
     only once both are posted: an end's transfer is from the later of the two posts to its own completion (on clocks
-    aligned across nodes), at most its own length; before that it waits for the other stage (bubble). An end that
-    completed before the other was posted (a send handed off eagerly) is transfer whole. Where no spec
-    gives the link rate, this splits what a rate would; before, the whole exposed time was bubble and the pp rows
-    were partial data.
+    aligned across nodes), at most its own length; before that it waits for the other stage (bubble). A send's
+    transfer ends no later than its receive's completion: the bytes have arrived, and a send waited on later (the
+    interleaved 1F1B schedule waits its sends' handles at the end of the step) was no transfer after that; its idle
+    time there was the receives' it was waiting in (bubble: 45 ms of a clean interleaved run's step read as pp
+    transfer, the bubble 0). An end that completed before the other was posted (a send handed off eagerly) is
+    transfer whole. Where no spec gives the link rate, this splits what a rate would; before, the whole exposed time
+    was bubble and the pp rows were partial data.
     """
     iv, st = table.intervals, table.steps
     rows = iv.row[idx]
@@ -679,9 +682,11 @@ def _p2p_measured_us(
     paired[a] = paired[b] = True
     measured = np.zeros(idx.size, dtype=np.int64)
     for mine, other in ((a, b), (b, a)):
+        # a send moves bytes until its receive has them at the latest
+        done = np.where(sends[mine], np.minimum(end[mine], np.maximum(end[other], start[mine])), end[mine])
         # an end that completed before the other was posted (a send handed off eagerly) waited for no one
-        began = np.where(start[other] < end[mine], np.maximum(start[mine], start[other]), start[mine])
-        measured[mine] = np.clip(end[mine] - began, 0, end[mine] - start[mine])
+        began = np.where(start[other] < done, np.maximum(start[mine], start[other]), start[mine])
+        measured[mine] = np.clip(done - began, 0, end[mine] - start[mine])
     return measured, paired
 
 
