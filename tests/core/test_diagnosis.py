@@ -1021,6 +1021,9 @@ def test_a_whole_pipeline_stage_computing_slower_is_named_with_what_the_others_w
     assert f.suspects[0].rank in slow
     assert f.evidence["planned"] == 1
     assert 1.7 <= f.evidence["pace_ratio"] <= 2.2  # its compute 2x, its exposed communication and optimizer as before
+    # in words (was "1.93x over what the plan expects of each")
+    ratio = f"{f.evidence['pace_ratio']:.2f}x as slow as stage {f.evidence['next_stage']} against what the plan expects"
+    assert ratio in f.message, f.message
     # what it costs: its own time beyond what it would take at the next stage's pace, or beyond the slowest other
     # stage's (the pipeline would then wait for that one)
     plan = plan_job(spec)

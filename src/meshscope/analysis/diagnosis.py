@@ -1614,12 +1614,14 @@ def _slow_stage(ctx: _Context, *, plan: Plan | None, stragglers: Sequence[Findin
     worst = int(members[top][np.argmax(own[members[top]])])
     ratio = float(pace[top] / pace[runner])
     basis = (
-        "what the plan expects of each" if planned else "each other (no plan to say how uneven the stages should be)"
+        f"{ratio:.2f}x as slow as stage {other} against what the plan expects of each"
+        if planned
+        else f"{ratio:.2f}x as long (no plan to say how uneven the stages should be)"
     )
     message = (
         f"pipeline stage {stage} is slower than the other stages, which wait for it: {ctx.where(worst)} takes "
         f"{human_seconds(float(measured[top]) / 1e6)} per step in compute, optimizer and host work against "
-        f"{human_seconds(float(measured[runner]) / 1e6)} on stage {other}'s slowest rank, {ratio:.2f}x over {basis}; "
+        f"{human_seconds(float(measured[runner]) / 1e6)} on stage {other}'s slowest rank, {basis}; "
         f"the other stages wait about {human_seconds(cost_us / 1e6)} per step for it ({percent(share)} of the step): "
         f"look at stage {stage}'s ranks, or move layers off it (Megatron-LM: --decoder-first-pipeline-num-layers / "
         "--decoder-last-pipeline-num-layers; torch.distributed.pipelining: the split points)"
