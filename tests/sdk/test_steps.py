@@ -330,3 +330,38 @@ def test_run_delay_read_from_another_thread_is_unknown() -> None:
     assert seen == [None, -1]  # never another thread's numbers, by either read
     assert first[1] <= delay.run_delay() <= delay.read()[1]  # type: ignore[index] # the same counter, read on
     delay.close()
+
+
+def test_the_last_ddp_bucket_ends_where_the_reducers_wait_ended() -> None:
+    # DDP's reducer waits for its buckets at the end of backward; the backend reports a bucket's completion on its
+    # own thread. Where the step thread wakes later than the last completion (a host that holds it off its core),
+    # that time was in no interval: "outside phases and collectives", once a transient straggler. The last bucket
+    # now ends where the wait did; an earlier bucket keeps its completion; none ends after the wait.
+    from meshscope.sdk.operations import _DdpWait  # noqa: PLC0415 - the rule itself, without a backward pass
+    from meshscope.sdk.steps import END  # noqa: PLC0415
+
+    class Sink:
+        def __init__(self) -> None:
+            self.now = 0
+
+        def mark_end(self) -> int:
+            return self.now
+
+        def device_mark(self, host_ns: int) -> int:
+            return host_ns
+
+        def fault(self, where: str, exc: BaseException) -> None:
+            raise AssertionError(where) from exc
+
+    sink = Sink()
+    first = [3_000, 3_500, None, 7, 2_000, None, 3_000, None]  # issued at 3.0, completed at 3.5
+    last = [3_600, 4_818, None, 8, 2_000, None, 3_600, None]  # completed at 4.818
+    late = [3_700, None, None, 9, 2_000, None, 3_700, None]  # not completed by the wait's end: it ends there
+    wait = _DdpWait(sink, [first, last], lambda fn: None)
+    wait.start(3_900)
+    sink.now = 9_175
+    wait.finished()
+    assert (first[END], last[END], wait.window) == (3_500, 9_175, [3_900, 9_175])
+    wait = _DdpWait(sink, [first, late], lambda fn: None)
+    wait.finished()
+    assert (first[END], late[END]) == (3_500, 9_175)

@@ -692,14 +692,25 @@ class _DdpWait:
             self.sink.fault("ddp wait start", exc)
 
     def finished(self) -> None:
-        """Autograd final callback, right after the reducer's wait: no bucket's reduction ends later."""
+        """Autograd final callback, right after the reducer's wait: no bucket's reduction ends later.
+
+        The last bucket to complete ends here: the step thread was blocked in the reducer's wait until now, and a
+        wake-up the host delays after the backend's completion (host marks; 4.3 ms in 3 of 29 steps of a compiled
+        DDP model on 2 shared cores) was time in no interval, "outside phases and collectives", and once a
+        transient straggler. Device marks keep the completion: there the wait's end is the host's, not the GPU's.
+        """
         try:
             end = self.sink.mark_end()
             self.window[1] = end
+            last: list[Any] | None = None
             for rec in self.ops:
                 e = rec[END]
                 if e is None or (type(e) is int and type(end) is int and e > end):
                     rec[END] = end
+                if type(rec[END]) is int and (last is None or rec[END] >= last[END]):
+                    last = rec
+            if last is not None and type(end) is int:
+                last[END] = end
         except Exception as exc:  # noqa: BLE001
             self.sink.fault("ddp wait end", exc)
 
