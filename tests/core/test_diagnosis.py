@@ -1035,6 +1035,9 @@ def test_a_whole_pipeline_stage_computing_slower_is_named_with_what_the_others_w
     bubble = next(r for r in analysis.rows if r.category == "bubble")
     assert bubble.suspect is not None
     assert bubble.suspect.rank in slow  # the table agrees on whom the others wait for
+    # its own time is the step less its waits: its transfers in it, where the finding's work leaves them out
+    assert f"the other stages wait for pipeline stage {stage}: rank {bubble.suspect.rank} on " in bubble.suspect.message
+    assert "per step of its own time (the step less its waits: its transfers in it)" in bubble.suspect.message
 
 
 def test_a_straggler_in_a_pipeline_stage_is_named_as_itself_not_as_its_stage() -> None:

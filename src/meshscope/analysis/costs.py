@@ -756,8 +756,8 @@ def _bubble_suspect(rs: RankSteps) -> Suspect | None:
         group=rs.group_name(index, AXES.index("pp")),
         message=(
             f"the other stages wait for pipeline stage {stage}: rank {rank} on {node} takes "
-            f"{human_seconds(top / 1e6)} per step of its own time (not waiting for others), the other stages' "
-            f"slowest ranks {human_seconds(rest / 1e6)}"
+            f"{human_seconds(top / 1e6)} per step of its own time (the step less its waits: its transfers in it), "
+            f"the other stages' slowest ranks {human_seconds(rest / 1e6)}"
         ),
     )
 
