@@ -43,7 +43,7 @@ from meshscope.topology.hardware import CATALOGUE, GpuSpec, default_hardware
 from meshscope.topology.layout import ParallelLayout
 
 H100 = CATALOGUE["H100"]
-PEAK, MAMF, HBM = 989e12, 0.801, 3350e9
+PEAK, CEILING, HBM = 989e12, 0.632, 3350e9
 BW = HBM * 0.8  # achievable HBM bandwidth at the default hbm_efficiency 0.8
 MEMORY_BOUND = replace(H100, name="memory-bound", bf16_flops_per_s=1e30, fp8_flops_per_s=1e30)
 DEFAULT = PlanAssumptions()
@@ -166,11 +166,11 @@ def test_causal_attention_halves_the_core_flops_and_full_attention_does_not(caus
 def test_eager_core_runs_at_the_gemm_ceiling_and_streams_the_scores(dropout, score_bytes):
     # Unfused, tp 2: a/t = 8 heads of T x s = 512 x 512 scores, written, read by softmax, written, read by AV:
     # 4·8·512·512·2 bytes = 16,777,216; x1.75 with dropout (its mask and output) = 29,360,128 (docs/planner.md).
-    # FLOPs (causal) 268,435,456 at peak x MAMF, plus the bytes at HBM x 0.8: both terms add up.
+    # FLOPs (causal) 268,435,456 at peak x the GEMM ceiling, plus the bytes at HBM x 0.8: both terms add up.
     model = gqa(dropout=dropout)
     core = kernels_of(model, layout=ParallelLayout(tp=2), attention=AttentionImpl.EAGER).classes[OpClass.ATTENTION_CORE]
     assert core.forward_bytes == pytest.approx(score_bytes)
-    assert core.forward_seconds == pytest.approx(268_435_456 / (PEAK * MAMF) + score_bytes / BW)
+    assert core.forward_seconds == pytest.approx(268_435_456 / (PEAK * CEILING) + score_bytes / BW)
 
 
 # ---------------------------------------------------------------------------------------------------- GEMMs

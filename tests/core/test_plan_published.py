@@ -14,14 +14,16 @@ import yaml
 
 from meshscope.jobs.loading import spec_from_manifest
 from meshscope.plan import PlanAssumptions, assumptions_from_mapping, flops_in_convention, plan_job
+from meshscope.topology.hardware import CATALOGUE
 
 RUNS = yaml.safe_load(
     (Path(__file__).resolve().parents[1] / "data" / "published_runs" / "runs.yaml").read_text(encoding="utf-8")
 )["runs"]
 MARGIN = 0.02
 # |ours / published - 1| measured with the roofline + NCCL model, in the order of runs.yaml.
-MEASURED = [0.039, 0.072, 0.046, 0.075, 0.054, 0.089, 0.032, 0.041, 0.302, 0.285, 0.213]
-FLAT_MEASURED_MEAN = 0.137
+MEASURED = [0.039, 0.072, 0.046, 0.075, 0.054, 0.089, 0.032, 0.041, 0.093, 0.089, 0.102]
+MEASURED += [0.001, 0.016, 0.020, 0.024, 0.015]  # NVIDIA's DGX H100 rows; the first sets the H100 GEMM ceiling
+FLAT_MEASURED_MEAN = 0.136
 """Mean |error| of the flat model (compute_efficiency 0.5, bandwidth-only collectives) on the same runs, each with its
 own software assumptions (runs.yaml)."""
 
@@ -50,7 +52,7 @@ def test_the_new_model_beats_the_flat_one_on_average():
     new = sum(abs(_error(r)) for r in RUNS) / len(RUNS)
     flat = sum(abs(_error(r, PlanAssumptions(compute_efficiency=0.5, nccl_latency=False))) for r in RUNS) / len(RUNS)
     assert flat == pytest.approx(FLAT_MEASURED_MEAN, abs=0.005)
-    assert new <= 0.113 + MARGIN
+    assert new <= 0.050 + MARGIN
     assert new < flat
 
 
@@ -86,7 +88,7 @@ def test_the_two_llama3_8k_rows_miss_by_the_same_factor():
 
 def test_llama3_table4_is_read_in_the_one_count_under_which_its_rows_agree():
     # Table 4 does not say how it counts FLOPs. Its 128K row (cp 16, attention 40 % of the work) tells: in the
-    # planner's causal count the three rows miss alike (+30.2, +28.5, +21.3 %); read as 6·N·D (the paper's §1 total)
+    # planner's causal count the three rows miss alike (+9.3, +8.9, +10.2 %); read as 6·N·D (the paper's §1 total)
     # the 128K row turns to -27 %, with full s^2 attention to +70 % (tests/data/published_runs/README.md). This fails
     # where a change of the model makes another count fit the three rows better: then the rows' reading is to be
     # argued again.
@@ -95,3 +97,25 @@ def test_llama3_table4_is_read_in_the_one_count_under_which_its_rows_agree():
     assert spread["causal"] < 0.12
     assert spread["causal"] < spread["6nd"] / 3
     assert spread["causal"] < spread["korthikanti"] / 3
+
+
+def test_the_h100_gemm_ceiling_is_what_nvidias_reference_run_sustained():
+    # The catalogue's H100 ceiling is not a microbenchmark's (MAMF 0.801, the fastest of 100 iterations): planned at
+    # it, NVIDIA's own DGX H100 runs of Llama 3.1 405B (NeMo 24.09) came out 22-25 % too fast, and so did Meta's
+    # (Table 4, 21-30 %). It is the ceiling under which the recipe's reference configuration (576 GPUs) takes its
+    # published 17.20 s; Meta's rows are the held-out check. This fails where the catalogue, or a change of the model
+    # around it, leaves that derivation.
+    reference = next(r for r in RUNS if r["source"] == "nvidia-dgxc-llama31-405b-2409")
+    spec = spec_from_manifest(reference["manifest"])
+
+    def step_seconds(ceiling: float) -> float:
+        base = PlanAssumptions(gemm_efficiency=ceiling)
+        assumptions = assumptions_from_mapping(reference["assumptions"], base=base, origin=reference["name"])
+        return plan_job(spec, assumptions=assumptions).expected_step_time.total_seconds
+
+    low, high = 0.4, 0.9
+    for _ in range(30):
+        middle = (low + high) / 2
+        low, high = (middle, high) if step_seconds(middle) > reference["published_iteration_seconds"] else (low, middle)
+    assert CATALOGUE["H100"].matmul_achievable_fraction == pytest.approx(low, abs=0.001)
+    assert CATALOGUE["H200"].matmul_achievable_fraction == CATALOGUE["H100"].matmul_achievable_fraction

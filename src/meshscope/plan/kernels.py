@@ -6,10 +6,11 @@ the cross entropy) far below. Each class of operation of a transformer block is 
 the GPU's dense peak and HBM bandwidth (the hardware catalogue):
 
 * **GEMMs by shape** (QKV, attention output, MLP up / down, router, routed experts as one grouped GEMM, the logits):
-  ``max(FLOPs / (peak x ceiling x quantization), bytes / (HBM x hbm_efficiency))``, where ``ceiling`` is the best a
-  well-shaped GEMM reaches on that GPU (MAMF) and ``quantization`` is the useful fraction of the work the GPU does:
-  output tiles of ``tile_m x tile_n`` (tile quantization) run one per SM per wave, ``ceil(tiles / SMs)`` waves (wave
-  quantization), so a GEMM of ``M x N`` does ``waves x SMs x tile_m x tile_n`` of work for ``M x N`` of output
+  ``max(FLOPs / (peak x ceiling x quantization), bytes / (HBM x hbm_efficiency))``, where ``ceiling`` is what a
+  well-shaped GEMM sustains on that GPU (the catalogue's) and ``quantization`` is the useful fraction of the work the
+  GPU does: output tiles of ``tile_m x tile_n`` (tile quantization) run one per SM per wave, ``ceil(tiles / SMs)``
+  waves (wave quantization), so a GEMM of ``M x N`` does ``waves x SMs x tile_m x tile_n`` of work for ``M x N`` of
+  output
   (NVIDIA *Matrix Multiplication Background User's Guide*). The library's best tile is taken. Backward is the two
   GEMMs of the gradient: the data gradient (``M x K`` out, reduction over ``N``) and the weight gradient
   (``K x N`` out, reduction over ``M``).
