@@ -30,6 +30,13 @@ class Run:
     def findings(self) -> list[dict[str, Any]]:
         return self.analysis["findings"]
 
+    def shown(self) -> str:
+        """For an assertion's message: the findings, then the end of what meshscope printed (the cost table and its
+        notes), so that a detection that failed once on a loaded machine says why (the run's directory is gone by
+        the time a CI log is read)."""
+        messages = "\n".join(f["message"] for f in self.findings) or "(no finding)"
+        return f"findings:\n{messages}\n--- meshscope printed (end):\n{self.out[-4000:]}"
+
     def losses(self) -> list[float]:
         return json.loads((self.out_dir / "losses.json").read_text())["losses"]
 

@@ -95,7 +95,7 @@ def test_a_clean_run_of_a_real_script_yields_no_finding(tmp_path: Path, job: str
 def test_a_straggler_in_a_real_script_is_named_alone(tmp_path: Path, job: str) -> None:
     run = run_script(tmp_path / "out", job, *RUN_LENGTH[job], "--straggler", "1:2")
     stragglers = [f for f in run.findings if f["code"] == "straggler"]
-    assert len(stragglers) == 1, [f["message"] for f in run.findings]
+    assert len(stragglers) == 1, run.shown()
     f = stragglers[0]
     assert [s["rank"] for s in f["suspects"]] == [1], f["message"]
     wait = _row(run, "comm.dp.sync_wait")
@@ -111,7 +111,7 @@ def test_a_straggler_in_a_real_script_is_named_alone(tmp_path: Path, job: str) -
 def test_an_imbalance_in_a_real_script_is_named_with_the_tables_cost(tmp_path: Path, job: str) -> None:
     run = run_script(tmp_path / "out", job, *RUN_LENGTH[job], "--imbalance", "1:3")
     found = [f for f in run.findings if f["code"] == "data-imbalance"]
-    assert len(found) == 1, [f["message"] for f in run.findings]
+    assert len(found) == 1, run.shown()
     f = found[0]
     assert f["suspects"][0]["rank"] == 1
     assert "straggler" not in _codes(run)
@@ -133,7 +133,7 @@ def test_a_rank_on_a_slow_disk_is_named_slow_in_data_loading(tmp_path: Path, loa
     plain = ("--plain-loader",) if loader == "plain" else ()
     run = run_script(tmp_path / "out", "ddp-tutorial", *RUN_LENGTH["ddp-tutorial"], *plain, "--slow-disk", "1:20")
     stragglers = [f for f in run.findings if f["code"] == "straggler"]
-    assert len(stragglers) == 1, [f["message"] for f in run.findings]
+    assert len(stragglers) == 1, run.shown()
     f = stragglers[0]
     assert [s["rank"] for s in f["suspects"]] == [1], f["message"]
     assert f["evidence"]["phase_is_data"] == 1, f["message"]
@@ -156,7 +156,7 @@ def test_a_rank_slow_on_its_cpu_is_named(tmp_path: Path, job: str) -> None:
     # peer's, runs at most ~20 % slower, caches cold after the spin), so the extra time is the rank's own.
     run = run_script(tmp_path / "out", job, *RUN_LENGTH[job], "--busy", "1:2")
     stragglers = [f for f in run.findings if f["code"] == "straggler"]
-    assert len(stragglers) == 1, [f["message"] for f in run.findings]
+    assert len(stragglers) == 1, run.shown()
     f = stragglers[0]
     assert [s["rank"] for s in f["suspects"]] == [1], f["message"]
     assert f["evidence"]["phase_is_compute"] == 1
@@ -186,7 +186,7 @@ def test_a_rank_slow_every_few_steps_is_named_as_a_transient_straggler(tmp_path:
     # between ranks to stand out from: named as a transient one because its slow steps recur between normal ones.
     run = run_script(tmp_path / "out", "fsdp2", *RUN_LENGTH["fsdp2"], "--pause", "1:40", "--pause-every", "5")
     stragglers = [f for f in run.findings if f["code"] == "straggler"]
-    assert len(stragglers) == 1, [f["message"] for f in run.findings]
+    assert len(stragglers) == 1, run.shown()
     f = stragglers[0]
     assert [s["rank"] for s in f["suspects"]] == [1], f["message"]
     assert f["evidence"]["phase_is_other"] == 1, f["message"]
