@@ -10,7 +10,7 @@ import pytest
 from meshscope.analysis import Breakdown, analyze, break_down
 from meshscope.analysis.chains import host_delay_us, own_shares, paying_rows, received_from_rows, waited_for_rows
 from meshscope.jobs.loading import load_spec_text
-from meshscope.records import Interval, RecordTable, StepRecord, read_records
+from meshscope.records import BetweenSteps, Interval, RecordTable, StepRecord, read_records
 from meshscope.simulation import Noise, Straggler, simulate
 from meshscope.topology import AXES
 from meshscope.topology.layout import RankCoord
@@ -327,6 +327,54 @@ def test_a_rank_the_scheduler_kept_off_a_cpu_does_not_pay_for_the_wait_it_made()
     assert bd.wait_host_us.sum() == 0
 
 
+def _log_flush_between_steps(*, comm_between_us: int = 0) -> RecordTable:
+    """Two ranks, 8 steps of 20 ms (compute, then a dp all-reduce). Rank 0 flushes a log for 50 ms after its
+    ``end_step()`` before steps 3 and 6 and starts them late; rank 1 waits 50 ms for it in their all-reduce. Run
+    delay 1 ms a step on both threads, rank 0 0.5 ms more in the late steps and the steps before (a busy host).
+
+    ``comm_between_us``: of rank 1's gap before steps 3 and 6, time blocked in a collective (a barrier it waited in)."""
+    records = []
+    t = 0
+    for step in range(8):
+        late = 50_000 if step in (3, 6) else 0
+        for rank in (0, 1):
+            start = t + (late if rank == 0 else 0)
+            gap = None if step == 0 else (1_000 + (late if rank == 0 else comm_between_us if late else 0))
+            between = None if step == 0 or rank == 0 or not late else BetweenSteps(comm_us=comm_between_us)
+            records.append(
+                StepRecord(
+                    job="t", step=step, rank=rank, coord=RankCoord(dp=rank, tp=0, pp=0, cp=0, ep=0), node="node-0",
+                    start_us=start, end_us=t + late + 20_000, gap_before_us=gap, between_steps=between,
+                    runqueue_wait_us=1_000 + (500 if rank == 0 and step in (2, 3, 5, 6) else 0),
+                    intervals=(
+                        Interval(kind="compute", start_us=start, end_us=start + 15_000, phase="backward"),
+                        Interval(kind="comm", start_us=start + 15_000, end_us=t + late + 20_000, axis="dp",
+                                 op="all_reduce", group="dp:0", seq=step, group_size=2, size_bytes=1 << 20),
+                    ),
+                )
+            )  # fmt: skip
+        t += late + 21_000
+    return RecordTable.from_records(records)
+
+
+def test_a_late_start_its_own_time_between_steps_made_is_the_ranks_not_the_hosts() -> None:
+    # Rank 0's log flush between steps made it start steps 3 and 6 late. Passed to its step before (as a long end of
+    # that step would be), whose own time matched its peer's while its thread waited a little longer for a CPU, the
+    # whole charge was the host's and the dp row named nobody (a 2-rank DDP loop logging after end_step(), a
+    # new-user trial beside a busy host: 3.64 of 6.4 ms a step kept as the host's).
+    bd = break_down(_log_flush_between_steps(), align_clocks=False)
+    dp = AXES.index("dp")
+    caused = bd.wait_caused_us[:, dp].sum()
+    assert caused == pytest.approx(2 * 50_000, rel=0.05)
+    rank0 = bd.table.steps.rank == 0
+    # Its extra 0.5 ms of run delay in the late steps is the host's part of a 50 ms lateness: 1 % of it.
+    assert bd.wait_paid_us[rank0, dp].sum() == pytest.approx(caused, rel=0.02)
+    assert bd.wait_host_us.sum() == pytest.approx(caused - bd.wait_paid_us[rank0, dp].sum())
+    # A rank whose gap was time blocked in a collective there (it waited) is not made late by it.
+    bd = break_down(_log_flush_between_steps(comm_between_us=50_000), align_clocks=False)
+    assert bd.wait_paid_us[rank0, dp].sum() == pytest.approx(bd.wait_caused_us[:, dp].sum(), rel=0.02)
+
+
 def test_on_a_gpu_the_late_rank_pays_whatever_its_thread_waited_for() -> None:
     # A kernel runs whether or not the thread that launched it has a core: nothing is the host's.
     bd = break_down(_late_rank_0(runqueue_us=6_000, gpu=0), align_clocks=False)
@@ -400,6 +448,9 @@ def test_a_rank_that_started_late_passes_the_charge_to_its_step_before() -> None
     # Not in the records: no rank-step pays.
     assert _late_start(previous=-1) == [-1, -1, 2]
     # ... unless its own time between the two steps, above its peer's, explains the late start (the peers' median of
-    # two is their mean: 5 µs late against it, a gap 10 µs above rank 1's is 5 above the median)
+    # two is their mean: 5 µs late against it, a gap 10 µs above rank 1's is 5 above the median): then it is its own,
+    # whether or not the records hold its step before (a log flush after end_step() delays no step before it)
     assert _late_start(previous=-1, gap=1.0 + 10.0) == [1, 1, 2]
+    assert _late_start(previous=2, gap=1.0 + 10.0) == [1, 1, 2]
     assert _late_start(previous=-1, gap=1.0 + 4.0) == [-1, -1, 2]
+    assert _late_start(previous=2, gap=1.0 + 4.0) == [2, 2, 2]

@@ -1113,6 +1113,9 @@ def _paying(  # noqa: PLR0917 - private, one caller
     previous = np.full(table.n_rows, -1, dtype=np.int64)
     follows = (s.rank[order][1:] == s.rank[order][:-1]) & (step_index[order][1:] == step_index[order][:-1] + 1)
     previous[order[1:][follows]] = order[:-1][follows]
+    # The rank's own time between the steps: its time blocked in collectives there (waiting for a peer) is not.
+    gap = s.gap_before_us.astype(np.float64)
+    gap = np.where(gap >= 0, gap - np.minimum(np.clip(s.between_comm_us, 0, None), np.clip(gap, 0, None)), -1.0)
     pay = paying_rows(
         peer_key=key,
         step_us=step_us,
@@ -1122,13 +1125,13 @@ def _paying(  # noqa: PLR0917 - private, one caller
         received_from=received_from_rows(table, step_index),
         start_us=(s.start_us - clock.offset_us[s.node]).astype(np.float64),
         previous=previous,
-        gap_before_us=s.gap_before_us.astype(np.float64),
+        gap_before_us=gap,
     )
     if not table.host_timed_with_runqueue:
         return pay, np.ones(table.n_rows, dtype=np.float64)
     own_us = step_us - bubble_us - sync_wait_us.sum(axis=1)
     host_us = host_delay_us(peer_key=key, own_us=own_us, runqueue_us=s.runqueue_wait_us.astype(np.float64))
-    return pay, own_shares(peer_key=key, own_us=own_us, host_us=host_us)
+    return pay, own_shares(peer_key=key, own_us=own_us, host_us=host_us, gap_before_us=gap)
 
 
 def _last_arrivals(

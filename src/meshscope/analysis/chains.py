@@ -18,12 +18,13 @@ The rule, per rank-step (its peers: the rank-steps of the same step and pipeline
 * chains are followed to their end (pointer jumping, a handful of rounds even at 16,384 ranks); a rank-step in a
   cycle of waits keeps its own charge.
 
-A rank-step can also be late because it **started** its step late (its own step before ran long at its end, after
-the step's last collective; or its time between the two steps): its excess start (against the same peers, on one
-clock) above both excesses, and at least the floor, passes the charge to the same rank's step before. Where the
-records do not hold that step (the first recorded step: ``meshscope run`` leaves out the warm-up, a window of a
-longer run starts mid-run) the charge is no rank-step's (``-1``): the lateness came from before the records,
-unless the rank's own time between the two steps (``gap_before_us``, above its peers') explains it.
+A rank-step can also be late because it **started** its step late: its excess start (against the same peers, on one
+clock) above both excesses, and at least the floor. Where the rank's own time between the two steps
+(``gap_before_us``, less its time blocked in collectives there, above its peers') explains the late start (a log
+flush, an evaluation or a save after ``end_step()``), the lateness is the rank-step's own. Otherwise its step before
+ran long at its end, after that step's last collective, and the charge passes to the same rank's step before; where
+the records do not hold that step (the first recorded step: ``meshscope run`` leaves out the warm-up, a window of a
+longer run starts mid-run) it is no rank-step's (``-1``): the lateness came from before the records.
 
 On a run timed on the host (no GPU: its phases are wall times of the training thread), a rank-step can also be late
 because the scheduler kept its thread off a CPU longer than its peers' (foreign load, more ranks than cores): that
@@ -140,8 +141,8 @@ def paying_rows(
         start_us: its start on one clock for all nodes; with ``previous``, a rank-step late because it *started*
             late passes the charge to what made it start late (module docstring).
         previous: the same rank's rank-step of the step before, -1 where the records do not hold it.
-        gap_before_us: the time since the rank's step before ended (-1 unknown): where the step before is not in the
-            records, a late start that this gap explains stays the rank-step's own.
+        gap_before_us: the rank's own time since its step before ended (-1 unknown; its time blocked in collectives
+            there taken out): a late start that this gap explains stays the rank-step's own.
 
     Returns:
         The paying rank-step of each rank-step; -1 where no rank-step in the records pays (the lateness came from
@@ -175,9 +176,9 @@ def paying_rows(
             known = gap_before_us >= 0
             gap = np.where(known, gap_before_us, 0.0)
             typical = grouped_median(peer_key[known], gap[known], n_groups)[peer_key] if known.any() else gap
-            # its own time between steps, just before this step, made it start late: in the records, its own
+            # its own time between steps, just before this step, made it start late: its own
             explained = known & (gap - typical >= excess_start)
-            before = np.where((previous < 0) & explained, own, previous)
+            before = np.where(explained, own, previous)
         pay = np.where(late, np.where(before >= 0, before, nobody), pay)
     pay = np.append(pay, nobody)
     for _ in range(_MAX_ROUNDS):
@@ -224,22 +225,32 @@ def own_shares(
     peer_key: NDArray[np.int64],
     own_us: NDArray[np.float64],
     host_us: NDArray[np.float64],
+    gap_before_us: NDArray[np.float64] | None = None,
 ) -> NDArray[np.float64]:
     """Per rank-step, the share (0-1) of its lateness that its own work made; the rest is the host's scheduler.
 
-    Its lateness is its excess own time over its peers' median; the host's part (:func:`host_delay_us`) comes out of
-    it first: ``1 - host / excess_own``; 0 when the host's part covers it (or it had no excess own time and still
-    waited for a CPU longer than its peers: its lateness was the scheduler's); 1 when the host's part is 0.
+    Its lateness is its excess own time over its peers' median, plus its own time between the steps just before it
+    beyond theirs (a late start the rank's own log flush or evaluation made); the host's part (:func:`host_delay_us`,
+    the run delay inside the step) comes out of it first: ``1 - host / lateness``; 0 when the host's part covers it
+    (or it was not late and still waited for a CPU longer than its peers: its lateness was the scheduler's); 1 when
+    the host's part is 0.
 
     Args:
         peer_key: each rank-step's (step, pipeline stage) group, dense codes.
         own_us: its own time (step time minus sync wait and pipeline bubble).
         host_us: :func:`host_delay_us`.
+        gap_before_us: its own time since its step before ended (-1 unknown), as :func:`paying_rows` takes it.
     """
     if own_us.size == 0:
         return np.ones(0, dtype=np.float64)
     n_groups = int(peer_key.max()) + 1
     excess_own = own_us - grouped_median(peer_key, own_us, n_groups)[peer_key]
+    if gap_before_us is not None:
+        known = gap_before_us >= 0
+        if known.any():
+            gap = np.where(known, gap_before_us, 0.0)
+            typical = grouped_median(peer_key[known], gap[known], n_groups)[peer_key]
+            excess_own = excess_own + np.where(known, np.clip(gap - typical, 0.0, None), 0.0)
     with np.errstate(invalid="ignore", divide="ignore"):
         share = np.where(excess_own > host_us, 1.0 - host_us / excess_own, 0.0)
     return np.where(host_us > 0, share, 1.0)

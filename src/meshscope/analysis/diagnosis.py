@@ -1714,9 +1714,11 @@ def _between_steps(ctx: _Context) -> list[Finding]:
     previous step ended (``gap_before_us`` less the time it was blocked in collectives there, ``between_steps.comm``:
     a rank waiting for a slow peer's evaluation is not slow itself) against the median of the same step's other
     ranks; rank-steps above the cost floor and :data:`NOISE_SIGMAS` x the gaps' spread, amortised over the rank's
-    steps, must stand out from the median rank's by :data:`TRANSIENT_MIN_SHARE` of the step and
-    :data:`STEP_JITTER_SIGMAS` x the run's jitter, at most half of the ranks (a whole job that pauses between steps
-    waits for nobody). Its cost is that amortised lateness.
+    steps, must stand out from the median rank's by :data:`TRANSIENT_MIN_SHARE` of the step (a pair:
+    :data:`PAIR_TRANSIENT_MIN_SHARE`) and, unless its long gaps recur in :data:`PAIR_MIN_STRETCHES` separate stretches
+    (and number :data:`CONTENDED_MIN_SLOW_STEPS` at least on a contended run), by :data:`STEP_JITTER_SIGMAS` x the
+    run's jitter; at most half of the ranks (a whole job that pauses between steps waits for nobody). Its cost is
+    that amortised lateness.
     """
     rs = ctx.rs
     s = rs.breakdown.table.steps
@@ -1736,15 +1738,20 @@ def _between_steps(ctx: _Context) -> list[Finding]:
     if not long.any():
         return []
     amortised = np.bincount(rs.rank_index[long], weights=excess[long], minlength=rs.n_ranks) / rs.steps_per_rank
-    # As for transient stragglers: it must cost a share of the step, stand out from the other ranks' own gaps, and
-    # exceed the run's step-to-step jitter (a scheduler hiccup on shared cores is one long gap on a random rank).
+    # As for transient stragglers: it must cost a share of the step and stand out from the other ranks' own gaps; and
+    # it must exceed the run's step-to-step jitter (a scheduler hiccup on shared cores is one long gap on a random
+    # rank) unless its long gaps recur, apart, as a log flush or an evaluation every N steps does (a burst is the
+    # host's; an amortised cost held to the per-step jitter missed a 50 ms flush every 10 steps on a 25 ms step).
     # The spread is the other ranks' (those under the bar): of two ranks, the robust spread of both is half their gap,
     # which 6 of them never exceed; a pair is held to the bar a transient straggler of a pair is held to instead.
-    bar = max(TRANSIENT_MIN_SHARE * ctx.step_us, STEP_JITTER_SIGMAS * ctx.step_jitter_us)
+    bar = TRANSIENT_MIN_SHARE * ctx.step_us
     if rs.n_ranks == 2:  # a pair
         bar = max(bar, PAIR_TRANSIENT_MIN_SHARE * ctx.step_us)
     over = amortised - median_rank_value(amortised)
-    above = over >= bar
+    recurring = _stretches(rs.step_index[long], rs.rank_index[long], rs.n_ranks) >= PAIR_MIN_STRETCHES
+    if ctx.contention is not None:
+        recurring &= np.bincount(rs.rank_index[long], minlength=rs.n_ranks) >= CONTENDED_MIN_SLOW_STEPS
+    above = (over >= bar) & (recurring | (over >= STEP_JITTER_SIGMAS * ctx.step_jitter_us))
     stands_out = above & (over >= NOISE_SIGMAS * _robust_sigma(amortised[~above]))
     ranks = np.flatnonzero(stands_out)
     if ranks.size == 0 or 2 * ranks.size > rs.n_ranks:
@@ -1805,14 +1812,14 @@ def _between_steps(ctx: _Context) -> list[Finding]:
 
 
 def _gap_parts(between_us: NDArray[np.int64], gap_us: NDArray[np.float64]) -> list[str]:
-    """``eval 90.00 ms``, ..., ``unlabelled 11.00 ms``: each kind's median over the gaps, and the rest's."""
+    """``eval 90.00 ms``, ..., ``unlabelled 11.00 ms``: each kind's median over the gaps (if above 0), the rest's."""
     between = between_us.astype(np.float64)
     labelled = between >= 0
     parts = []
     for k, kind in enumerate(BETWEEN_KINDS):
-        values = np.where(labelled[:, k], between[:, k], 0.0)
-        if values.any():
-            parts.append(f"{kind} {human_seconds(float(np.median(values)) / 1e6)}")
+        typical = float(np.median(np.where(labelled[:, k], between[:, k], 0.0)))
+        if typical > 0:  # a kind in one long gap of nine is not what they are spent on ("data 0 s")
+            parts.append(f"{kind} {human_seconds(typical / 1e6)}")
     rest = np.clip(gap_us - np.where(labelled, between, 0.0).sum(axis=1), 0, None)
     parts.append(f"unlabelled {human_seconds(float(np.median(rest)) / 1e6)}")
     return parts
