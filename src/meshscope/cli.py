@@ -289,7 +289,11 @@ def _run_arguments(run: argparse.ArgumentParser) -> None:
     run.add_argument("--nproc", type=int, required=True, help="ranks to launch (the world size)")
     run.add_argument("--layout", help="parallel layout, e.g. dp=2,tp=2,pp=2 (default: the spec's, else dp=NPROC)")
     run.add_argument("--spec", help="TrainingJob manifest the run stands for (layout, hardware, model)")
-    run.add_argument("--out", help="output directory (default: ./meshscope-run-<time>)")
+    run.add_argument(
+        "--out",
+        help="output directory (default: ./meshscope-run-<time>; an earlier run's files there are moved to "
+        "OUT/earlier/<time>/)",
+    )
     run.add_argument("--job", help="job name written into the records (default: the spec's name, else 'local')")
     run.add_argument(
         "--launcher",

@@ -26,6 +26,7 @@ from meshscope.local.running import (
     _monitor,
     _no_record_fix,
     _RankProcess,
+    keep_earlier_run,
     resolve_python,
     run_job,
 )
@@ -708,3 +709,42 @@ def test_the_fix_for_a_process_group_of_another_size_names_the_count() -> None:
         "the script's process group has 4 ranks: run it with meshscope run --nproc 4 (with Lightning, devices x "
         "num_nodes must equal --nproc)"
     )
+
+
+def test_an_earlier_run_in_the_same_out_is_kept_aside_not_overwritten(tmp_path: Path) -> None:
+    # A crashed run and its resumed run given the same --out: the second overwrote the first's records.jsonl and
+    # left the first's ranks' stderr beside its own, without a word.
+    out = tmp_path / "out"
+    out.mkdir()
+    assert keep_earlier_run(out) is None
+    (out / "records.jsonl").write_text("first\n")
+    (out / "ranks").mkdir()
+    (out / "ranks" / "rank-1.stderr").write_text("Traceback ...\n")
+    (out / "ckpt.pt").write_text("the script's own")
+    os.utime(out / "records.jsonl", (1_700_000_000, 1_700_000_000))
+    kept = keep_earlier_run(out)
+    assert kept == out / "earlier" / "20231114T221320Z"
+    assert (kept / "records.jsonl").read_text() == "first\n"
+    assert (kept / "ranks" / "rank-1.stderr").is_file()
+    assert not (out / "records.jsonl").exists()
+    assert not (out / "ranks").exists()
+    assert (out / "ckpt.pt").is_file()  # not meshscope's: left where the script put it
+    # A second earlier run of the same second gets its own folder.
+    (out / "records.jsonl").write_text("second\n")
+    os.utime(out / "records.jsonl", (1_700_000_000, 1_700_000_000))
+    again = keep_earlier_run(out)
+    assert again == out / "earlier" / "20231114T221320Z-2"
+    assert (again / "records.jsonl").read_text() == "second\n"
+
+
+@pytest.mark.slow
+def test_meshscope_run_says_where_the_earlier_runs_files_went(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    script = "import sys; print('ran', file=sys.stderr)"
+    first = _meshscope("run", "--nproc", "1", "--out", str(out), "--", "python", "-c", script, cwd=tmp_path)
+    assert (out / "collector.json").is_file(), first.stderr[-2000:]
+    second = _meshscope("run", "--nproc", "1", "--out", str(out), "--", "python", "-c", script, cwd=tmp_path)
+    (kept,) = (out / "earlier").iterdir()
+    assert f"meshscope run: {out} held an earlier run: its files are kept in {kept}" in second.stderr
+    assert (kept / "collector.json").is_file()
+    assert (out / "collector.json").is_file()  # the second run's own

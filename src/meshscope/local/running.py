@@ -76,6 +76,19 @@ Launcher = Literal["auto", "fork", "exec"]
 EXIT_NO_ANALYSIS = 4
 """``meshscope run``'s exit code when every rank exited 0 but no analysis could be written (no step records, records
 that cannot be read or analysed); the records stay in ``OUT/records.jsonl``."""
+RUN_FILES = (
+    "records.jsonl",
+    "collector.json",
+    "measurements.json",
+    "analysis.json",
+    "plan.json",
+    "report.html",
+    "trace.json",
+    "ranks",
+)
+"""What a run writes into ``OUT`` (:func:`keep_earlier_run` moves an earlier run's aside; the script's files stay)."""
+EARLIER_RUNS = "earlier"
+"""``OUT/earlier/<UTC time>/``: where an earlier run's files in the same ``OUT`` are kept."""
 BARE_PYTHONS = frozenset({"python", "python3"})
 """Command names that mean "a python": they run under meshscope's own interpreter (``sys.executable``)."""
 
@@ -711,6 +724,9 @@ def run_job(
     settings = replace(settings, command=command)
     cpu = capacity if capacity is not None else measure_capacity()
     settings.out_dir.mkdir(parents=True, exist_ok=True)
+    kept = keep_earlier_run(settings.out_dir)
+    if kept is not None:
+        _say(f"{settings.out_dir} held an earlier run: its files are kept in {kept}")
     records_path = settings.out_dir / "records.jsonl"
     sock_dir = Path(tempfile.mkdtemp(prefix="meshscope-"))
     paths = [sock_dir / f"rank-{r}.sock" for r in range(settings.nproc)]
@@ -1048,6 +1064,39 @@ def _write_run_files(  # noqa: PLR0917 - private, one caller
     """``OUT/collector.json``, ``OUT/measurements.json`` and the ranks' stderr tails."""
     _write_collector_report(settings, collector, procs, wall_s, cpu)
     _write_tails(settings.out_dir, tails)
+
+
+def keep_earlier_run(out_dir: Path) -> Path | None:
+    """Move an earlier run's files in ``out_dir`` (:data:`RUN_FILES`) to ``out_dir/earlier/<UTC time>/``.
+
+    A crashed run and its resumed run, or two tries of one script, given the same ``--out``: the second would
+    overwrite the first's records and leave its ranks' stderr beside its own. The time is the earlier records'
+    (their file's modification), so the folders sort by run.
+
+    Returns:
+        The folder the files went to; ``None`` where ``out_dir`` held none.
+
+    Raises:
+        RunError: when they cannot be moved (the run would overwrite them).
+    """
+    found = [out_dir / name for name in RUN_FILES if (out_dir / name).exists()]
+    if not found:
+        return None
+    anchor = out_dir / "records.jsonl" if (out_dir / "records.jsonl").exists() else found[0]
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(anchor.stat().st_mtime))
+    target = out_dir / EARLIER_RUNS / stamp
+    suffix = 1
+    while target.exists():
+        suffix += 1
+        target = out_dir / EARLIER_RUNS / f"{stamp}-{suffix}"
+    try:
+        target.mkdir(parents=True)
+        for path in found:
+            path.rename(target / path.name)
+    except OSError as exc:
+        msg = f"--out {out_dir} holds an earlier run that cannot be moved to {target} ({exc}); give another --out"
+        raise RunError(msg) from exc
+    return target
 
 
 def _write_tails(out_dir: Path, tails: StderrTails) -> None:
