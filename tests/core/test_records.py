@@ -531,6 +531,29 @@ def test_a_restarted_jobs_records_are_read_as_its_last_attempt(tmp_path):
     assert "earlier_attempts" in {n["code"] for n in analyze(read_table(paths)).to_dict()["partial_data"]}
 
 
+def test_a_step_an_earlier_attempt_died_in_is_not_noted_in_the_attempt_read(tmp_path):
+    # Attempt 1 died in rank 0's step 4 (marked raised); attempt 2 resumed at step 3 and ran its step 4 cleanly. The
+    # last attempt's analysis said "rank 0 step 4 ... left out: cut short" of a step it holds and analyses.
+    later = 60_000_000
+    paths = []
+    for rank in (0, 1):
+        first = _attempt(rank, range(5), first_seq=0, shift_us=0)
+        if rank == 0:
+            first[4]["raised"] = "RuntimeError"
+        lines = first + _attempt(rank, range(3, 9), first_seq=0, shift_us=later)
+        paths.append(write_lines(tmp_path / f"rank-{rank:05d}.jsonl", lines))
+    for table in (
+        read_table(paths),
+        table_from_lines([line for p in paths for line in p.read_bytes().splitlines()], where="x"),
+    ):
+        assert (0, 4) in set(zip(table.steps.rank.tolist(), table.steps.step.tolist(), strict=True))
+        assert [n.code for n in table.notes] == ["earlier_attempts"]
+    # The attempt that died, read as such, says so.
+    first = read_table(paths, attempt=1)
+    (note,) = [n for n in first.notes if n.code == RAISED_STEPS]
+    assert "(rank 0 step 4)" in note.message
+
+
 def test_a_repeated_sequence_number_without_a_restart_is_still_refused(tmp_path):
     # Steps go up, but one collective's seq repeats: not a restart, a broken record; the error stands.
     lines = _attempt(0, range(2), first_seq=0, shift_us=0) + _attempt(1, range(2), first_seq=0, shift_us=0)

@@ -899,14 +899,13 @@ def _table_of(
     duplicate (the readers' rule before the field existed: records whose steps go back without colliding are read
     as they are).
     """
-    raw, cut = _without_raised(raw)
-    if cut is not None:
-        notes = (*notes, cut)
+    # The attempt first, then its rank-steps that raised: a step an earlier attempt died in is not this one's.
     kept, note = _last_attempts(raw, source_files, steps_back=False, attempt=attempt)
+    clean, cut = _without_raised(kept)
     try:
         table = _validated_table(
-            _without_first_steps(kept, skip_steps),
-            notes=notes if note is None else (*notes, note),
+            _without_first_steps(clean, skip_steps),
+            notes=tuple(n for n in (*notes, cut, note) if n is not None),
             source_files=source_files,
         )
     except ParseError as exc:
@@ -915,8 +914,11 @@ def _table_of(
         again, note = _last_attempts(raw, source_files, steps_back=True, attempt=attempt)
         if note is None or again.rows["rank"].shape[0] == kept.rows["rank"].shape[0]:
             raise
+        again, cut = _without_raised(again)
         return _validated_table(
-            _without_first_steps(again, skip_steps), notes=(*notes, note), source_files=source_files
+            _without_first_steps(again, skip_steps),
+            notes=tuple(n for n in (*notes, cut, note) if n is not None),
+            source_files=source_files,
         )
     if note is None and attempt not in (None, 1, -1):  # the records hold one attempt
         ranks = raw.rows["rank"]
