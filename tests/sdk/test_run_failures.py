@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -588,8 +589,10 @@ def test_a_stop_signal_stops_every_rank_and_keeps_what_they_sent(tmp_path: Path,
     assert run.returncode == 128 + sig, stderr[-2000:]
     name = signal.Signals(sig).name
     assert f"meshscope run: stopped by {name}; stopped 2 ranks; what they sent is in {out / 'records.jsonl'}" in stderr
+    assert f"(meshscope analyze {out} analyses it)" in stderr
     collector = json.loads((out / "collector.json").read_text())
     assert collector["ranks"]
+    assert collector["ended_by"] == f"stopped by {name}"
     assert sum(1 for line in (out / "records.jsonl").read_text().splitlines() if line.strip()) == 2
 
 
@@ -748,3 +751,29 @@ def test_meshscope_run_says_where_the_earlier_runs_files_went(tmp_path: Path) ->
     assert f"meshscope run: {out} held an earlier run: its files are kept in {kept}" in second.stderr
     assert (kept / "collector.json").is_file()
     assert (out / "collector.json").is_file()  # the second run's own
+
+
+@pytest.mark.parametrize(
+    ("launch", "said"),
+    [
+        ({"ended_by": "interrupted"}, "the run ended early (interrupted)"),
+        ({"ended_by": "rank 1 was killed by signal 9 (SIGKILL)"}, "(rank 1 was killed by signal 9 (SIGKILL))"),
+        ({"exit_codes": {"0": -15, "1": 0}}, "(ranks exited with rank 0: -15)"),  # written before ended_by
+        ({"ended_by": None, "exit_codes": {"0": 0, "1": 0}}, None),
+    ],
+    ids=["interrupted", "rank-failed", "older-file", "completed"],
+)
+def test_records_of_a_run_that_ended_early_say_so_when_analysed_again(
+    tmp_path: Path, launch: dict, said: str | None
+) -> None:
+    # Ctrl-C'd or killed, then `meshscope analyze OUT`: the records read as a complete run.
+    shutil.copy(DATA / "dp8_straggler" / "records.jsonl", tmp_path / "records.jsonl")
+    (tmp_path / "collector.json").write_text(json.dumps({"cpu": {}, **launch}))
+    done = _meshscope("analyze", str(tmp_path), "--json", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    notes = {n["code"]: n["message"] for n in json.loads(done.stdout)["partial_data"]}
+    if said is None:
+        assert "run_ended_early" not in notes
+    else:
+        assert said in notes["run_ended_early"]
+        assert notes["run_ended_early"].endswith(f"({tmp_path / 'collector.json'})")

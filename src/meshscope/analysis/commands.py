@@ -15,7 +15,7 @@ import sys
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -170,21 +170,27 @@ def _records_files(records: Sequence[str], error: type[MeshscopeError]) -> list[
 def _launches(paths: Sequence[Path]) -> tuple[bool, list[Note]]:
     """What ``meshscope run`` measured about the launch of these records: its ``collector.json`` beside them.
 
-    Returns whether every file was a local run's (one host clock), and the CPU contention note of a run whose ranks
-    outnumbered their cores: it keeps saying so when its records are analysed again (``meshscope analyze
-    OUT/records.jsonl``, ``meshscope report``). A missing or unreadable file is no launch of ours.
+    Returns whether every file was a local run's (one host clock), the CPU contention note of a run whose ranks
+    outnumbered their cores, and the note of a run that ended early (interrupted, stopped, a rank failed): they keep
+    saying so when its records are analysed again (``meshscope analyze OUT``, ``meshscope report``). A missing or
+    unreadable file is no launch of ours.
     """
     notes = []
+    ended: list[Note] = []
     local = 0
     folders = sorted({p.resolve().parent for p in paths})
     for where in folders:
         try:
-            cpu = json.loads((where / "collector.json").read_text()).get("cpu", {})
+            launch = json.loads((where / "collector.json").read_text())
+            cpu = launch.get("cpu", {})
             oversubscribed, ranks, cores = cpu.get("oversubscribed"), cpu.get("ranks"), cpu.get("cores")
             foreign = cpu.get("foreign_fraction")
         except (OSError, ValueError, AttributeError):
             continue
         local += 1
+        cut = _ended_early(launch)
+        if cut is not None:
+            ended.append(Note(code=RUN_ENDED_EARLY, count=1, message=f"{cut} ({where / 'collector.json'})"))
         if not (isinstance(ranks, int) and isinstance(cores, int | float)):
             continue
         source = f"from {where / 'collector.json'}"
@@ -201,7 +207,32 @@ def _launches(paths: Sequence[Path]) -> tuple[bool, list[Note]]:
         else:
             continue
         notes.append(Note(code=CPU_CONTENTION, count=ranks, message=message))
-    return local == len(folders) == 1, notes[:1]
+    return local == len(folders) == 1, notes[:1] + ended[:1]
+
+
+RUN_ENDED_EARLY = "run_ended_early"
+"""Note code: the ``meshscope run`` that wrote these records ended before its ranks did (its ``collector.json``)."""
+
+
+def _ended_early(launch: dict[str, Any]) -> str | None:
+    """How the run a ``collector.json`` describes ended early, as a sentence; ``None`` where every rank exited 0.
+
+    ``ended_by`` says it (``interrupted``, ``stopped by SIGTERM``, ``rank 1 was killed by signal 9 (SIGKILL)``); a file
+    written before the field existed says it only in its ranks' exit codes.
+    """
+    how = launch.get("ended_by")
+    if not isinstance(how, str):
+        codes = launch.get("exit_codes")
+        if not isinstance(codes, dict):
+            return None
+        bad = {r: c for r, c in codes.items() if isinstance(c, int) and c != 0}
+        if not bad:
+            return None
+        how = "ranks exited with " + ", ".join(f"rank {r}: {c}" for r, c in sorted(bad.items(), key=lambda x: x[0]))
+    return (
+        f"the run ended early ({how}): its records stop there, and the steps the ranks were in when it stopped "
+        "are missing"
+    )
 
 
 def analyze_command(args: argparse.Namespace) -> int:

@@ -745,10 +745,17 @@ def run_job(
         sock_dir.rmdir()
     wall_s = time.monotonic() - started
     use = meter.finish(procs)
-    _write_run_files(settings, collector, procs, wall_s, use, tails)
+    how = None
     if interrupted is not None:
         how = "interrupted" if interrupted == signal.SIGINT else f"stopped by {signal.Signals(interrupted).name}"
-        _say(f"{how}; stopped {len(procs)} ranks; what they sent is in {records_path}")
+    elif failed is not None:
+        how = f"rank {failed.rank} {failed.describe()}"
+    _write_run_files(settings, collector, procs, wall_s, use, tails, ended_by=how)
+    if interrupted is not None:
+        _say(
+            f"{how}; stopped {len(procs)} ranks; what they sent is in {records_path} (meshscope analyze "
+            f"{settings.out_dir} analyses it)"
+        )
         return 128 + int(interrupted)
     _say_end(settings, stopped, failed, collector, use, wall_s)
     _explain_failure(settings, procs=procs, failed=failed, collector=collector, tails=tails, python=python)
@@ -1060,9 +1067,11 @@ def _write_run_files(  # noqa: PLR0917 - private, one caller
     wall_s: float,
     cpu: CpuUse,
     tails: StderrTails,
+    *,
+    ended_by: str | None,
 ) -> None:
     """``OUT/collector.json``, ``OUT/measurements.json`` and the ranks' stderr tails."""
-    _write_collector_report(settings, collector, procs, wall_s, cpu)
+    _write_collector_report(settings, collector, procs, wall_s, cpu, ended_by=ended_by)
     _write_tails(settings.out_dir, tails)
 
 
@@ -1167,7 +1176,13 @@ def _say_background(collector: RecordCollector) -> None:
 
 
 def _write_collector_report(
-    settings: RunSettings, collector: RecordCollector, procs: list[_RankProcess], wall_s: float, cpu: CpuUse
+    settings: RunSettings,
+    collector: RecordCollector,
+    procs: list[_RankProcess],
+    wall_s: float,
+    cpu: CpuUse,
+    *,
+    ended_by: str | None,
 ) -> None:
     report = {
         "job": settings.job,
@@ -1179,6 +1194,7 @@ def _write_collector_report(
         "records": collector.lines,
         "unreadable_datagrams": collector.garbage,
         "exit_codes": {str(p.rank): p.code for p in procs},
+        "ended_by": ended_by,
         "cpu": cpu.to_dict(),
         "ranks": {
             str(rank): {
