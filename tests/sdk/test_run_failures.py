@@ -269,7 +269,9 @@ def test_step_numbers_that_start_over_are_analysed_as_the_last_attempt_and_said(
     notes = {n["code"]: n for n in json.loads((tmp_path / "analysis.json").read_text())["partial_data"]}
     assert notes["earlier_attempts"]["count"] == 16  # steps 0 and 1 of the first attempt, 8 ranks
     assert "the records hold 1 restart (8 ranks began again" in notes["earlier_attempts"]["message"]
-    assert "PARTIAL DATA" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "PARTIAL DATA (1 note, listed at the end)\n" in out  # a note that marks no row points at none
+    assert "(partial data)" not in out
 
 
 def test_a_report_that_raises_a_meshscope_error_exits_non_zero_in_one_line(

@@ -142,7 +142,17 @@ def test_a_file_destination_appends_each_ranks_records_as_a_collector_writes_the
     assert len(path.read_text().splitlines()) == 3
 
 
-@pytest.mark.parametrize("where", ["relative/dir", "/proc/meshscope-cannot-write-here"])
+def test_a_relative_file_destination_is_the_working_directorys(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # `MESHSCOPE_COLLECTOR=file:recs torchrun ...` as typed: every record was dropped ("must be an absolute path").
+    monkeypatch.chdir(tmp_path)
+    sender = open_sender("file:recs", lambda: 0)
+    monkeypatch.chdir("/")  # a script that changes directory later still writes where the user looks
+    assert sender.send_record(_sdk_bytes({"schema": "meshscope.step/1", "rank": 0}, {}))
+    sender.close()
+    assert (tmp_path / "recs" / "rank-00000.jsonl").is_file()
+
+
+@pytest.mark.parametrize("where", ["/proc/meshscope-cannot-write-here"])
 def test_a_file_destination_that_cannot_be_written_drops_and_counts_never_raises(where: str) -> None:
     sender = open_sender(f"file:{where}", lambda: 0)
     assert not sender.send_record(_sdk_bytes({"schema": "meshscope.step/1", "rank": 0}, {}))

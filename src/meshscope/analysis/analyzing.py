@@ -422,7 +422,9 @@ def render_analysis_dict(data: Mapping[str, Any]) -> str:
     out.extend(f"WARM-UP: {n['message']}" for n in warm_up)
     if partial:
         n = len(partial)
-        out.append(f"PARTIAL DATA ({n} note{'' if n == 1 else 's'}, listed at the end): rows marked '(partial data)'")
+        marked = any(str(r["label"]).endswith("(partial data)") for r in data["rows"])
+        rows = ": rows marked '(partial data)'" if marked else ""  # a note of what was left out may mark none
+        out.append(f"PARTIAL DATA ({n} note{'' if n == 1 else 's'}, listed at the end){rows}")
     findings = data["findings"]
     if findings:
         lines = [f"\nFindings ({len(findings)}, most costly first)"]

@@ -886,7 +886,8 @@ def _say_end(  # noqa: PLR0917 - private, one caller
 ) -> None:
     """The lines that end a run: the failed rank, what was received, the CPU the ranks used."""
     if failed is not None:
-        _say(f"rank {failed.rank} {failed.describe()}" + (f"; stopped the other {stopped} ranks" if stopped else ""))
+        others = "" if not stopped else f"; stopped the other {stopped} rank{'' if stopped == 1 else 's'}"
+        _say(f"rank {failed.rank} {failed.describe()}{others}")
     _say(_received_line(collector, settings.nproc, wall_s, failed=failed is not None))
     if use.usage():
         _say(use.usage() + (f"; {use.foreign()}" if use.foreign() else ""))

@@ -226,13 +226,12 @@ class RecordFile:
         self.dropped = 0
         self.oversize = 0
         self.last_error: str | None = None
-        self._directory = Path(directory)
+        # A relative directory is the rank's working directory's, taken now (``file:recs`` as typed beside torchrun):
+        # a script that changes directory later still writes where the user looks.
+        self._directory = Path(directory).absolute()
         self._rank = rank
         self._file: IO[bytes] | None = None
         self._closed = False
-        if not self._directory.is_absolute():
-            self.last_error = f"{FILE_SCHEME}{directory}: the directory must be an absolute path"
-            log.warning("meshscope: records will be dropped: %s", self.last_error)
 
     @property
     def path(self) -> Path | None:
