@@ -423,8 +423,8 @@ def render_analysis_dict(data: Mapping[str, Any]) -> str:
     if partial:
         n = len(partial)
         marked = any(str(r["label"]).endswith("(partial data)") for r in data["rows"])
-        rows = ": rows marked '(partial data)'" if marked else ""  # a note of what was left out may mark none
-        out.append(f"PARTIAL DATA ({n} note{'' if n == 1 else 's'}, listed at the end){rows}")
+        pointer = ": rows marked '(partial data)'" if marked else ""  # a note of what was left out may mark none
+        out.append(f"PARTIAL DATA ({n} note{'' if n == 1 else 's'}, listed at the end){pointer}")
     findings = data["findings"]
     if findings:
         lines = [f"\nFindings ({len(findings)}, most costly first)"]
