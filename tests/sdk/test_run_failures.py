@@ -306,7 +306,7 @@ def test_the_cores_are_the_affinity_capped_by_the_tightest_cgroup_quota(tmp_path
     assert note is not None
     assert (note.code, note.count) == ("cpu_contention", 8)
     assert note.message.startswith("8 ranks on 2 CPU cores (cgroup quota; 8 in the affinity mask): timings include")
-    assert "used 15.0 CPU-s of the 20.0 the cores offered in 10.0 s (75%)" in note.message
+    assert "used 15.0 CPU-s of the 20.0 the cores offered in the 10.0 s they ran (75%)" in note.message
 
 
 PROC_STAT = """cpu  900 10 300 5000 40 5 6 0 7 0

@@ -134,7 +134,8 @@ class CpuUse:
     capacity: CpuCapacity
     """The cores they could run on."""
     wall_s: float
-    """Seconds from launch to the last exit."""
+    """Seconds the ranks ran: from the launch (after the fork launcher's import of torch, which the run's
+    ``records ... in N s`` line includes) to the last exit."""
     cpu_s: float | None = None
     """User + system CPU seconds of the ranks (rusage of each, ``None`` where it could not be read)."""
     machine_busy_s: float | None = None
@@ -184,13 +185,14 @@ class CpuUse:
         return text + ": timings include CPU contention" if self.oversubscribed else text
 
     def usage(self) -> str:
-        """``the ranks used 35.2 CPU-s of the 40.0 the cores offered in 20.0 s (88 %)``, or ``''`` unmeasured."""
+        """``the ranks used 35.2 CPU-s of the 40.0 the cores offered in the 20.0 s they ran (88 %)``, or ``''``."""
         busy = self.busy_fraction
         if busy is None or self.cpu_s is None:
             return ""
         offered = self.wall_s * self.capacity.cores
         return (
-            f"the ranks used {self.cpu_s:.1f} CPU-s of the {offered:.1f} the cores offered in {self.wall_s:.1f} s "
+            f"the ranks used {self.cpu_s:.1f} CPU-s of the {offered:.1f} the cores offered in the {self.wall_s:.1f} s "
+            "they ran "
             f"({busy:.0%})"
         )
 

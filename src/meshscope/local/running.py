@@ -1137,7 +1137,10 @@ def _received_line(collector: RecordCollector, nproc: int, wall_s: float, *, fai
     silent = sum(1 for r in range(nproc) if r not in collector.ranks)
     beyond = sorted(r for r in collector.ranks if r >= nproc)
     heard = f"{len(collector.ranks)} ranks" if beyond else f"{len(collector.ranks)} of {nproc} ranks"
-    parts = [f"{collector.lines} records from {heard} in {wall_s:.1f} s", f"{_dropped(collector)} dropped"]
+    parts = [
+        f"{collector.lines} records from {heard} in {wall_s:.1f} s (start-up included)",
+        f"{_dropped(collector)} dropped",
+    ]
     if collector.garbage:
         parts.append(f"{collector.garbage} unreadable datagrams skipped")
     if silent:
