@@ -49,7 +49,8 @@ def test_a_stage_1_straggler_pays_for_the_dp_wait_that_stage_0_ranks_arrive_late
     row = next(r for r in analysis.rows if r.category == "comm.dp.sync_wait")
     assert row.suspect is not None
     assert row.suspect.rank == slow
-    assert "through ranks that arrived last because they waited for it" in row.suspect.message
+    assert "; some of it through rank " in row.suspect.message
+    assert f", last to arrive only because it had waited for rank {slow}" in row.suspect.message
     straggler = next(f for f in analysis.findings if f.code == "straggler")
     assert [s.rank for s in straggler.suspects] == [slow]
     # The finding quotes the table's own sentence for the axis it was costliest on (all members' wait summed).

@@ -814,7 +814,8 @@ class WaitCaused:
         through = (
             ""
             if self.through_rank is None
-            else f"; through ranks that arrived last because they waited for it, e.g. rank {self.through_rank}"
+            else f"; some of it through rank {self.through_rank}, last to arrive only because it had waited for rank "
+            f"{self.rank}"
         )
         once = ""
         if self.one_step is not None:
