@@ -100,6 +100,9 @@ def main() -> None:
                 loss.backward()
             with tracker.phase("optimizer"):
                 optimizer.step()
+            if faults.logs_between_steps:  # logging after the step, as docs/sdk.md §1.5 lays a loop out
+                tracker.end_step()
+                faults.flush_log()
         if rank == 0:
             with tracker.phase("checkpoint"):
                 torch.save(model.module.state_dict(), checkpoint)

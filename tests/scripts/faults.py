@@ -11,7 +11,9 @@ metric, a host-device sync between the forward and the backward pass), where the
 (once a step, in all three scripts);
 with ``--pause-every N``, only in every N-th step (an evaluation or a log flush every N steps: a transient straggler).
 ``--slow-disk RANK:MS`` makes every batch that rank reads take MS milliseconds more (a slow disk or a starved loader):
-the scripts call :meth:`Faults.read` where they read a batch.
+the scripts call :meth:`Faults.read` where they read a batch. ``--log-flush RANK:MS`` makes that rank flush a log for
+MS milliseconds every ``--log-every`` steps between two steps, after ``tracker.end_step()`` as docs/sdk.md §1.5 lays a
+loop out (the DDP tutorial-style script calls :meth:`Faults.flush_log` there).
 """
 
 from __future__ import annotations
@@ -44,6 +46,8 @@ def add_fault_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--busy", default="", help="RANK:FACTOR, that rank's passes take FACTOR x as long, spinning")
     p.add_argument("--pause-every", type=int, default=1, help="N: --pause in every N-th step only (from the N-th)")
     p.add_argument("--slow-disk", default="", help="RANK:MS, every batch that rank reads takes MS ms more")
+    p.add_argument("--log-flush", default="", help="RANK:MS, that rank flushes a log for MS ms between steps")
+    p.add_argument("--log-every", type=int, default=1, help="N: --log-flush after every N-th step only")
 
 
 class Faults:
@@ -61,7 +65,11 @@ class Faults:
         self.pause_every = max(1, args.pause_every)
         disk = rank_factor(args.slow_disk, "--slow-disk")
         self.read_s = disk[1] / 1e3 if disk and disk[0] == rank else 0.0
-        self._pauses = 0
+        flush = rank_factor(args.log_flush, "--log-flush")
+        self.logs_between_steps = flush is not None  # every rank's loop ends its steps alike
+        self.flush_s = flush[1] / 1e3 if flush and flush[0] == rank else 0.0
+        self.log_every = max(1, args.log_every)
+        self._pauses = self._flushes = 0
 
     def batch(self, rows: int) -> int:
         """This rank's rows for a batch of ``rows``."""
@@ -85,6 +93,13 @@ class Faults:
         self._pauses += 1
         if self.pause_s > 0 and self._pauses % self.pause_every == 0:
             time.sleep(self.pause_s)
+
+    def flush_log(self) -> None:
+        """Sleep this rank's ``--log-flush`` after every ``--log-every``-th step (where the script calls it, between
+        steps)."""
+        self._flushes += 1
+        if self.flush_s > 0 and self._flushes % self.log_every == 0:
+            time.sleep(self.flush_s)
 
     def read(self) -> None:
         """Sleep this rank's ``--slow-disk`` (where the script reads a batch)."""
