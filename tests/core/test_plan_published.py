@@ -21,9 +21,9 @@ RUNS = yaml.safe_load(
 )["runs"]
 MARGIN = 0.02
 # |ours / published - 1| measured with the roofline + NCCL model, in the order of runs.yaml.
-MEASURED = [0.039, 0.072, 0.046, 0.075, 0.054, 0.089, 0.032, 0.041, 0.093, 0.089, 0.102]
+MEASURED = [0.039, 0.072, 0.046, 0.075, 0.054, 0.089, 0.032, 0.041, 0.056, 0.054, 0.080]
 MEASURED += [0.001, 0.016, 0.020, 0.024, 0.015]  # NVIDIA's DGX H100 rows; the first sets the H100 GEMM ceiling
-FLAT_MEASURED_MEAN = 0.136
+FLAT_MEASURED_MEAN = 0.141
 """Mean |error| of the flat model (compute_efficiency 0.5, bandwidth-only collectives) on the same runs, each with its
 own software assumptions (runs.yaml)."""
 
@@ -88,8 +88,8 @@ def test_the_two_llama3_8k_rows_miss_by_the_same_factor():
 
 def test_llama3_table4_is_read_in_the_one_count_under_which_its_rows_agree():
     # Table 4 does not say how it counts FLOPs. Its 128K row (cp 16, attention 40 % of the work) tells: in the
-    # planner's causal count the three rows miss alike (+9.3, +8.9, +10.2 %); read as 6·N·D (the paper's §1 total)
-    # the 128K row turns to -27 %, with full s^2 attention to +70 % (tests/data/published_runs/README.md). This fails
+    # planner's causal count the three rows miss alike (+5.6, +5.4, +8.0 %); read as 6·N·D (the paper's §1 total)
+    # the 128K row turns to -35 %, with full s^2 attention to +51 % (tests/data/published_runs/README.md). This fails
     # where a change of the model makes another count fit the three rows better: then the rows' reading is to be
     # argued again.
     spread = {c: max(e) - min(e) for c in ("causal", "6nd", "korthikanti") for e in [_llama3_table4(c)]}

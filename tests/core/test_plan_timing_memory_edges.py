@@ -17,13 +17,14 @@ from meshscope.jobs.models import MLAConfig, ModelConfig, MoEConfig
 from meshscope.jobs.spec import (
     AttentionImpl,
     CpCommType,
+    JobSpec,
     ParallelismConfig,
     PipelineSchedule,
     Precision,
     Recompute,
     TrainingConfig,
 )
-from meshscope.plan import PlanAssumptions, planning
+from meshscope.plan import PlanAssumptions, plan_job, planning
 from meshscope.plan.kernels import OpClass, stage_kernels
 from meshscope.plan.memory import (
     ModelStateBytes,
@@ -45,6 +46,7 @@ from meshscope.plan.timing import (
     bubble_fraction,
     contended,
     cpu_contention,
+    grad_accumulation_seconds,
     optimizer_seconds,
     peak_flops_per_s,
     stage_compute,
@@ -252,6 +254,61 @@ def test_optimizer_hbm_efficiency_overrides_hbm_efficiency():
     per = StateBytesPerParam(weights=2.0, gradients=4.0, optimizer=12.0)
     got = optimizer_seconds(_state(1e9), per, H100, PlanAssumptions(optimizer_hbm_efficiency=0.5, hbm_efficiency=0.8))
     assert got == pytest.approx(34e9 / (H100_HBM * 0.5))
+
+
+UNFUSED = PlanAssumptions(grad_accumulation_fusion=False)
+
+
+@pytest.mark.parametrize(
+    ("per", "grad_bytes", "per_element"),
+    [
+        # bf16 weights, fp32 buffer: read the fresh 2-byte gradient, read and write the 4-byte buffer = 10 bytes
+        (StateBytesPerParam(weights=2.0, gradients=4.0, optimizer=12.0), 4.0, 10.0),
+        # bf16 buffer (grad_reduce_bytes 2): 2 + 2 + 2
+        (StateBytesPerParam(weights=2.0, gradients=2.0, optimizer=16.0), 2.0, 6.0),
+        # fp32 training: 4 + 4 + 4
+        (StateBytesPerParam(weights=4.0, gradients=4.0, optimizer=8.0, weights_are_main=True), 4.0, 12.0),
+    ],
+    ids=["bf16-fp32-buffer", "bf16-buffer", "fp32"],
+)
+def test_unfused_gradient_accumulation_streams_the_fresh_gradient_and_the_buffer(per, grad_bytes, per_element):
+    # 1e9 gradient elements held (the buffer's bytes ÷ its element size), at 0.8 x 3.35 TB/s
+    state = ModelStateBytes(weights_bytes=0.0, gradients_bytes=1e9 * grad_bytes, optimizer_bytes=0.0, updated_params=0)
+    got = grad_accumulation_seconds(state, per, H100, UNFUSED)
+    assert got == pytest.approx(1e9 * per_element / (H100_HBM * 0.8))
+    assert grad_accumulation_seconds(state, per, H100, PlanAssumptions()) == 0.0
+
+
+@pytest.mark.parametrize(("m", "zero_stage", "dp"), [(1, 0, 1), (4, 0, 1), (4, 1, 2), (4, 2, 2)])
+def test_unfused_gradient_accumulation_adds_a_pass_per_micro_batch_to_backward(m, zero_stage, dp):
+    # Per micro-batch, one pass over the gradient buffer this GPU holds: all of the stage's parameters, or their
+    # 1/dp shard where ZeRO-2 reduce-scatters every micro-batch; nothing in forward.
+    hardware = dataclasses.replace(H100, gpus_per_node=dp, nvlink_domain_gpus=dp)
+    spec = JobSpec(
+        name="accumulate",
+        model=tiny(layers=4),
+        parallelism=ParallelismConfig(layout=ParallelLayout(dp=dp)),
+        training=training(global_batch_size=dp * m, zero_stage=zero_stage),
+        hardware=hardware,
+    )
+    fused, unfused = plan_job(spec), plan_job(spec, assumptions=UNFUSED)
+    (a,), (b,) = fused.stages, unfused.stages
+    held = b.params.total / (dp if zero_stage >= 2 else 1)
+    per_pass = held * 10.0 / (H100_HBM * 0.8)
+    assert b.forward_seconds_per_microbatch == a.forward_seconds_per_microbatch
+    assert b.backward_seconds_per_microbatch - a.backward_seconds_per_microbatch == pytest.approx(per_pass, rel=1e-9)
+    assert unfused.expected_step_time.compute_seconds - fused.expected_step_time.compute_seconds == pytest.approx(
+        m * per_pass, rel=1e-9
+    )
+    # the plan's compute classes show it as a bytes-bound row of its own, and still add up to the compute
+    (row,) = [c for c in unfused.compute_classes if c.op == "grad_accumulation (unfused)"]
+    assert (row.seconds_per_step, row.bytes_per_step, row.efficiency) == pytest.approx(
+        (m * per_pass, m * held * 10.0, None)
+    )
+    assert all(c.op != row.op for c in fused.compute_classes)
+    assert sum(c.seconds_per_step for c in unfused.compute_classes) - sum(
+        c.seconds_per_step for c in fused.compute_classes
+    ) == pytest.approx(m * per_pass, rel=1e-9)
 
 
 # ---------------------------------------------------------------------------------------------------- stage compute

@@ -200,6 +200,14 @@ class PlanAssumptions:
     is on, and gathers with ``gather_split_1d_tensor``): set it to plan runs of that code, such as Korthikanti et al.
     2022. Megatron-core sends the full tensor unless sequence parallelism already shards it, so the default is
     ``False``."""
+    grad_accumulation_fusion: bool = True
+    """Whether each micro-batch's weight gradients are added to the main-gradient buffer inside the weight-gradient
+    GEMM (Megatron-core's ``gradient_accumulation_fusion``, on by default with Transformer Engine or apex: the GEMM
+    writes the buffer, no extra pass). ``False``: a separate memory-bound pass per micro-batch over every parameter
+    on the GPU, as PyTorch's autograd (``AccumulateGrad``) does under DDP and FSDP and Megatron's
+    ``--no-gradient-accumulation-fusion``: it reads the fresh gradient (the weight's bytes) and reads and writes the
+    buffer (``grad_reduce_bytes`` each; the first micro-batch of a step only writes it), at ``hbm_efficiency``,
+    counted in backward compute."""
     bubble_warning_fraction: float = 0.10
     """Pipeline bubble, as a fraction of compute, above which the plan reports ``bubble-large``."""
 
@@ -375,7 +383,13 @@ OVERLAP_FIELDS: Final = (
 """Assumptions that are overlap fractions in [0, 1]."""
 NCCL_FIELDS: Final = ("ring_ll", "ring_ll128", "ring_simple", "tree_ll", "tree_ll128", "tree_simple")
 """Assumptions that are :class:`NcclProtocolCosts`."""
-_BOOLEANS: Final = ("causal_attention", "nccl_latency", "pp_scatter_gather", "cpu_compute")
+_BOOLEANS: Final = (
+    "causal_attention",
+    "nccl_latency",
+    "pp_scatter_gather",
+    "grad_accumulation_fusion",
+    "cpu_compute",
+)
 SYNC_WAIT_AXIS_FIELDS: Final = {
     "dp": "dp_sync_wait_per_collective_seconds",
     "tp": "tp_sync_wait_per_collective_seconds",

@@ -397,6 +397,9 @@ def _stage_kernels(
 
 FLAT: str = "all (flat compute_efficiency)"
 """The one class a plan under the flat model reports."""
+GRAD_ACCUMULATION: str = "grad_accumulation (unfused)"
+"""The pass that adds each micro-batch's gradients into the main-gradient buffer, without gradient-accumulation
+fusion (``PlanAssumptions.grad_accumulation_fusion``): bytes-bound."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -433,6 +436,7 @@ def compute_classes(
     peak_flops_per_s: float,
     flat_efficiency: float | None,
     hardware_flops_per_microbatch: float,
+    grad_accumulation: tuple[float, float] = (0.0, 0.0),
 ) -> tuple[ComputeClass, ...]:
     """Per-step cost of every operation class of one stage, largest first (one :data:`FLAT` row under the flat model).
 
@@ -442,24 +446,38 @@ def compute_classes(
         peak_flops_per_s: the GPU's dense peak at the training precision.
         flat_efficiency: ``compute_efficiency`` of the flat model.
         hardware_flops_per_microbatch: the stage's hardware FLOPs of one micro-batch (the flat row's FLOPs).
+        grad_accumulation: ``(HBM bytes, seconds)`` of one micro-batch's unfused gradient accumulation: a
+            :data:`GRAD_ACCUMULATION` row where its seconds are above 0.
 
     Returns:
         The classes.
     """
     m = micro_batches
+    out = []
+    accumulation_bytes, accumulation_seconds = grad_accumulation
+    if accumulation_seconds > 0:
+        out.append(
+            ComputeClass(
+                op=GRAD_ACCUMULATION,
+                flops_per_step=0.0,
+                seconds_per_step=m * accumulation_seconds,
+                bytes_per_step=m * accumulation_bytes,
+                efficiency=None,
+            )
+        )
     if kernels is None:
         efficiency = flat_efficiency or 1.0
         flops = m * hardware_flops_per_microbatch
-        return (
+        out.append(
             ComputeClass(
                 op=FLAT,
                 flops_per_step=flops,
                 seconds_per_step=flops / (peak_flops_per_s * efficiency),
                 bytes_per_step=0.0,
                 efficiency=efficiency,
-            ),
+            )
         )
-    out = []
+        return tuple(sorted(out, key=lambda c: -c.seconds_per_step))
     for op in OpClass:
         if op not in kernels.classes:
             continue

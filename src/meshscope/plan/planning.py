@@ -9,7 +9,7 @@ GPU each) and on vectorised group spans, never per rank: a 16,384-GPU plan takes
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from meshscope.errors import PlanError
@@ -37,6 +37,8 @@ from meshscope.plan.timing import (
     ExpectedStepTime,
     bubble_fraction,
     contended,
+    grad_accumulation_bytes,
+    grad_accumulation_seconds,
     optimizer_seconds,
     peak_flops_per_s,
     stage_compute,
@@ -48,7 +50,9 @@ if TYPE_CHECKING:
 
     from meshscope.jobs import JobSpec, PipelineSchedule, TrainingConfig
     from meshscope.plan.kernels import ComputeClass, StageKernels
-    from meshscope.topology import GroupSpan, ParallelLayout
+    from meshscope.plan.memory import StateBytesPerParam
+    from meshscope.plan.timing import StageCompute
+    from meshscope.topology import GroupSpan, HardwareConfig, ParallelLayout
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -86,6 +90,9 @@ class StagePlan:
     compute_basis: tuple[int, float, float | None, float] = (1, 1.0, None, 0.0)
     """``(micro-batches, peak FLOP/s, flat efficiency, hardware FLOPs per micro-batch)``: what
     :attr:`compute_classes` needs besides ``kernels``."""
+    grad_accumulation: tuple[float, float] = (0.0, 0.0)
+    """``(HBM bytes, seconds)`` of one micro-batch's unfused gradient accumulation on this GPU, part of
+    ``backward_seconds_per_microbatch`` (0 when the weight-gradient GEMMs accumulate, the default)."""
 
     @property
     def compute_classes(self) -> tuple[ComputeClass, ...]:
@@ -97,6 +104,7 @@ class StagePlan:
             peak_flops_per_s=peak,
             flat_efficiency=flat,
             hardware_flops_per_microbatch=hardware_flops,
+            grad_accumulation=self.grad_accumulation,
         )
 
     @property
@@ -272,6 +280,24 @@ def _bubble_seconds(paths: Sequence[float], fraction: float) -> float:
     return fraction / (len(paths) - 1) * (sum(paths) - max(paths))
 
 
+def _with_grad_accumulation(
+    compute: StageCompute,
+    state: ModelStateBytes,
+    per_param: StateBytesPerParam,
+    hardware: HardwareConfig,
+    assumptions: PlanAssumptions,
+) -> tuple[StageCompute, tuple[float, float]]:
+    """``compute`` with the unfused gradient accumulation in its backward, and that pass's ``(bytes, seconds)``."""
+    seconds = grad_accumulation_seconds(state, per_param, hardware, assumptions) * assumptions.cpu_compute_time_scale
+    if seconds <= 0:
+        return compute, (0.0, 0.0)
+    backward = compute.backward_seconds_per_microbatch + seconds
+    return replace(compute, backward_seconds_per_microbatch=backward), (
+        grad_accumulation_bytes(state, per_param, assumptions),
+        seconds,
+    )
+
+
 def plan_job(
     spec: JobSpec,
     *,
@@ -338,16 +364,22 @@ def plan_job(
         activations = stage_activations(
             model, parallelism, training, pp_rank=r, layer_indices=indices, micro_batches=m, schedule=schedule
         )
-        compute = stage_compute(
-            model,
-            layout,
-            training,
+        compute, accumulation = _with_grad_accumulation(
+            stage_compute(
+                model,
+                layout,
+                training,
+                hardware,
+                assumptions,
+                pp_rank=r,
+                layer_indices=indices,
+                micro_batches=m,
+                sequence_parallel=parallelism.sequence_parallel,
+            ),
+            state,
+            per_param,
             hardware,
             assumptions,
-            pp_rank=r,
-            layer_indices=indices,
-            micro_batches=m,
-            sequence_parallel=parallelism.sequence_parallel,
         )
         collectives = stage_collectives(
             model,
@@ -361,16 +393,15 @@ def plan_job(
             params=params,
             compute=compute,
         )
-        drafts.append(
-            (r, params, memory_breakdown(state, activations), activations, compute, collectives, state, resting)
-        )
+        memory = memory_breakdown(state, activations)
+        drafts.append((r, params, memory, activations, compute, collectives, state, resting, accumulation))
 
     fraction = bubble
     peak = peak_flops_per_s(hardware, training.precision)
     paths = [d[4].compute_seconds_per_step + _in_path_seconds(d[5], assumptions) for d in drafts]
     bubble_seconds = _bubble_seconds(paths, fraction)
     stages = []
-    for r, params, memory, activations, compute, collectives, state, resting in drafts:
+    for r, params, memory, activations, compute, collectives, state, resting, accumulation in drafts:
         exposed = {a.value: 0.0 for a in layout.enabled_axes}
         sync: dict[str, float] = {}
         for c in collectives:
@@ -406,6 +437,7 @@ def plan_job(
                 step_time=step_time,
                 kernels=compute.kernels,
                 compute_basis=(m, peak, assumptions.compute_efficiency, compute.hardware_flops_per_microbatch),
+                grad_accumulation=accumulation,
             )
         )
     critical = max(stages, key=lambda s: (s.step_time.total_seconds, -s.pp_rank))

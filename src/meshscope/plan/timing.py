@@ -21,6 +21,8 @@ Conventions (docs/planner.md, "Expected step time"):
 * bubble: ``(pp - 1)/m`` (1F1B, GPipe) or ``(pp - 1)/(m·vpp)`` (interleaved) of a stage's compute and exposed
   in-path (tp, cp, ep) communication (what a micro-batch's forward and backward take), for unequal stages that of
   the stages the slowest one waits on (``planning._bubble_seconds``);
+* gradient accumulation: none when the weight-gradient GEMMs accumulate (the default); otherwise a pass per
+  micro-batch over the gradient buffer, in backward (:func:`grad_accumulation_seconds`);
 * optimizer: bytes the Adam step streams through HBM ÷ (HBM bandwidth x ``hbm_efficiency``);
 * data wait and host overhead: the assumptions' ``data_wait_seconds`` and ``host_overhead_seconds`` (0 unless a run
   was calibrated: no formula gives them);
@@ -292,6 +294,32 @@ def optimizer_seconds(
     efficiency = assumptions.optimizer_hbm_efficiency
     efficiency = assumptions.hbm_efficiency if efficiency is None else efficiency
     return traffic / (hardware.gpu.hbm_bandwidth_bytes_per_s * efficiency)
+
+
+def grad_accumulation_bytes(
+    state: ModelStateBytes, per_param: StateBytesPerParam, assumptions: PlanAssumptions
+) -> float:
+    """HBM bytes of one micro-batch's unfused gradient accumulation on one GPU (0 when fused, the default).
+
+    Without ``grad_accumulation_fusion`` every micro-batch's backward ends with a separate pass that adds the fresh
+    gradients into the main-gradient buffer (Megatron's ``param.main_grad.add_(param.grad)`` under
+    ``--no-gradient-accumulation-fusion``; autograd's ``AccumulateGrad`` under DDP and FSDP): per element of the
+    buffer it reads the fresh gradient (the weight's bytes) and reads and writes the buffer (``grad_reduce_bytes``
+    each): 10 bytes for bf16 weights and fp32 gradients. The buffer is what the GPU holds of gradients at its peak
+    (whole, or its shard where ZeRO-2/3 reduce every micro-batch).
+    """
+    if assumptions.grad_accumulation_fusion or per_param.gradients <= 0:
+        return 0.0
+    elements = state.gradients_bytes / per_param.gradients
+    return elements * (per_param.weights + 2.0 * per_param.gradients)
+
+
+def grad_accumulation_seconds(
+    state: ModelStateBytes, per_param: StateBytesPerParam, hardware: HardwareConfig, assumptions: PlanAssumptions
+) -> float:
+    """Seconds of :func:`grad_accumulation_bytes`: memory-bound, at ``hbm_efficiency`` of HBM bandwidth."""
+    traffic = grad_accumulation_bytes(state, per_param, assumptions)
+    return traffic / (hardware.gpu.hbm_bandwidth_bytes_per_s * assumptions.hbm_efficiency)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
