@@ -100,7 +100,14 @@ _MEASURED_TIMES: dict[str, st.SearchStrategy[object]] = {
 def _valid_value(name: str) -> st.SearchStrategy[object]:
     if name in NCCL_FIELDS:
         return _NCCL
-    if name in ("causal_attention", "nccl_latency", "pp_scatter_gather", "grad_accumulation_fusion", "cpu_compute"):
+    if name in (
+        "causal_attention",
+        "nccl_latency",
+        "pp_scatter_gather",
+        "grad_accumulation_fusion",
+        "fp8_attention",
+        "cpu_compute",
+    ):
         return st.booleans()
     if name == "gemm_tiles":
         side = st.sampled_from([64, 128, 256])

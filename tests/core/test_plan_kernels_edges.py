@@ -44,6 +44,7 @@ from meshscope.topology.layout import ParallelLayout
 
 H100 = CATALOGUE["H100"]
 PEAK, CEILING, HBM = 989e12, 0.632, 3350e9
+FP8_PEAK = 1979e12
 BW = HBM * 0.8  # achievable HBM bandwidth at the default hbm_efficiency 0.8
 MEMORY_BOUND = replace(H100, name="memory-bound", bf16_flops_per_s=1e30, fp8_flops_per_s=1e30)
 DEFAULT = PlanAssumptions()
@@ -200,6 +201,28 @@ def test_fp32_training_doubles_gemm_and_activation_bytes_and_fp8_halves_only_the
         assert fp8[op].forward_bytes == pytest.approx(bf16[op].forward_bytes / 2), op
     for op in (OpClass.ELEMENTWISE, OpClass.ATTENTION_CORE):
         assert fp8[op].forward_bytes == pytest.approx(bf16[op].forward_bytes), op
+
+
+@pytest.mark.parametrize("attention", [AttentionImpl.FLASH, AttentionImpl.EAGER], ids=["flash", "eager"])
+def test_fp8_training_runs_the_attention_core_at_the_bf16_peak_unless_fp8_attention(attention):
+    # Transformer Engine's FP8 recipe casts the linear layers' GEMMs, not the attention core (fp8_dpa off by
+    # default): its compute stays at the BF16 peak. With fp8_attention it runs at the FP8 peak (1,979 TF/s).
+    # Eager attention streams its scores at the same bytes in both precisions, so only its compute term halves.
+    model = gqa(seq_length=8192)  # long enough for the fused core to be compute-bound
+    bf16 = kernels_of(model, precision=Precision.BF16, attention=attention).classes[OpClass.ATTENTION_CORE]
+    fp8 = kernels_of(model, precision=Precision.FP8, attention=attention).classes[OpClass.ATTENTION_CORE]
+    both = replace(DEFAULT, fp8_attention=True)
+    fp8_core = kernels_of(model, precision=Precision.FP8, attention=attention, assumptions=both)
+    core = fp8_core.classes[OpClass.ATTENTION_CORE]
+    assert fp8.forward_seconds == pytest.approx(bf16.forward_seconds)
+    flops = bf16.forward_flops
+    if attention is AttentionImpl.FLASH:
+        assert bf16.forward_seconds == pytest.approx(flops / (PEAK * 0.55), rel=1e-3)
+        assert core.forward_seconds == pytest.approx(flops / (FP8_PEAK * 0.55), rel=1e-3)
+    else:
+        # its two GEMMs at the GEMM ceiling of the precision they run at: BF16's 0.632, FP8's 0.533
+        streamed = bf16.forward_seconds - flops / (PEAK * CEILING)
+        assert core.forward_seconds == pytest.approx(flops / (FP8_PEAK * 0.533) + streamed, rel=1e-3)
 
 
 def test_a_one_token_micro_batch_is_a_one_row_gemm():

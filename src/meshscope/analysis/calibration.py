@@ -651,7 +651,8 @@ def _fit_compute(
         return math.sqrt(lo * hi)
 
     g = solve(target)
-    default = base.gemm_efficiency if base.gemm_efficiency is not None else spec.hardware.gpu.matmul_achievable_fraction
+    gpu_ceiling = spec.hardware.gpu.matmul_ceiling(spec.training.precision.value)
+    default = base.gemm_efficiency if base.gemm_efficiency is not None else gpu_ceiling
     at_one = planned_mean(1.0)
     if g >= 1.0 and at_one > high_t:
         # Even GEMMs at the spec's peak leave the plan slower than the run: its memory-bound classes at the spec's HBM

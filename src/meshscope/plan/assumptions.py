@@ -200,6 +200,10 @@ class PlanAssumptions:
     is on, and gathers with ``gather_split_1d_tensor``): set it to plan runs of that code, such as Korthikanti et al.
     2022. Megatron-core sends the full tensor unless sequence parallelism already shards it, so the default is
     ``False``."""
+    fp8_attention: bool = False
+    """Whether FP8 training runs the attention core (``QK^T``, softmax, ``AV``) in FP8 too. Default ``False``: it runs
+    at the BF16 peak, as Transformer Engine does unless its recipe sets ``fp8_dpa`` (``DelayedScaling``'s default is
+    off; NeMo's and Megatron's FP8 recipes cast the linear layers' GEMMs only)."""
     grad_accumulation_fusion: bool = True
     """Whether each micro-batch's weight gradients are added to the main-gradient buffer inside the weight-gradient
     GEMM (Megatron-core's ``gradient_accumulation_fusion``, on by default with Transformer Engine or apex: the GEMM
@@ -388,6 +392,7 @@ _BOOLEANS: Final = (
     "nccl_latency",
     "pp_scatter_gather",
     "grad_accumulation_fusion",
+    "fp8_attention",
     "cpu_compute",
 )
 SYNC_WAIT_AXIS_FIELDS: Final = {

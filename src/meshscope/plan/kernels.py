@@ -7,16 +7,16 @@ the GPU's dense peak and HBM bandwidth (the hardware catalogue):
 
 * **GEMMs by shape** (QKV, attention output, MLP up / down, router, routed experts as one grouped GEMM, the logits):
   ``max(FLOPs / (peak x ceiling x quantization), bytes / (HBM x hbm_efficiency))``, where ``ceiling`` is what a
-  well-shaped GEMM sustains on that GPU (the catalogue's) and ``quantization`` is the useful fraction of the work the
-  GPU does: output tiles of ``tile_m x tile_n`` (tile quantization) run one per SM per wave, ``ceil(tiles / SMs)``
-  waves (wave quantization), so a GEMM of ``M x N`` does ``waves x SMs x tile_m x tile_n`` of work for ``M x N`` of
-  output
-  (NVIDIA *Matrix Multiplication Background User's Guide*). The library's best tile is taken. Backward is the two
-  GEMMs of the gradient: the data gradient (``M x K`` out, reduction over ``N``) and the weight gradient
-  (``K x N`` out, reduction over ``M``).
+  well-shaped GEMM sustains on that GPU at the precision (the catalogue's) and ``quantization`` is the useful
+  fraction of the work the GPU does: output tiles of ``tile_m x tile_n`` (tile quantization) run one per SM per
+  wave, ``ceil(tiles / SMs)`` waves (wave quantization), so a GEMM of ``M x N`` does ``waves x SMs x tile_m x
+  tile_n`` of work for ``M x N`` of output (NVIDIA *Matrix Multiplication Background User's Guide*). The library's
+  best tile is taken. Backward is the two GEMMs of the gradient: the data gradient (``M x K`` out, reduction over
+  ``N``) and the weight gradient (``K x N`` out, reduction over ``M``).
 * **Attention core** (``QK^T``, softmax, ``AV``, fused): model FLOPs ÷ (peak x ``attention_efficiency``), or the
   bytes of Q, K, V and the output if slower; backward twice the forward. Unfused (``attention: eager``) it runs at the
-  GEMM ceiling and streams the ``s^2`` scores through HBM.
+  GEMM ceiling and streams the ``s^2`` scores through HBM. Under FP8 training it runs at the BF16 peak and ceiling
+  unless ``fp8_attention`` (Transformer Engine's FP8 recipes cast the linear layers only).
 * **Element-wise and norms** (bytes-bound, no FLOPs counted): two norms, two residual adds, rotary embedding of Q
   and K, the MLP activation, dropout, the MoE permutation and, on the last stage, the final norm and the fp32 cross
   entropy over the vocabulary; each a read and a write of its tensor, backward twice the forward (own derivation,
@@ -120,6 +120,28 @@ class Machine:
         return self.gpu.peak_flops_per_s(self.precision)
 
     @property
+    def attention_precision(self) -> str:
+        """Precision the attention core runs at.
+
+        BF16 under FP8 training unless ``fp8_attention`` (Transformer Engine's ``DelayedScaling(fp8_dpa=False)``
+        default: FP8 recipes cast the linear layers' inputs, not attention's).
+        """
+        if self.precision == "fp8" and not self.assumptions.fp8_attention:
+            return "bf16"
+        return self.precision
+
+    @property
+    def attention_peak_flops_per_s(self) -> float:
+        """Dense peak at :attr:`attention_precision`."""
+        return self.gpu.peak_flops_per_s(self.attention_precision)
+
+    @property
+    def attention_gemm_ceiling(self) -> float:
+        """GEMM ceiling at :attr:`attention_precision` (what unfused attention's two GEMMs reach)."""
+        ceiling = self.assumptions.gemm_efficiency
+        return ceiling if ceiling is not None else self.gpu.matmul_ceiling(self.attention_precision)
+
+    @property
     def hbm_bytes_per_s(self) -> float:
         """Achievable HBM bandwidth."""
         return self.gpu.hbm_bandwidth_bytes_per_s * self.assumptions.hbm_efficiency
@@ -128,7 +150,7 @@ class Machine:
     def gemm_ceiling(self) -> float:
         """Best fraction of peak a GEMM reaches."""
         ceiling = self.assumptions.gemm_efficiency
-        return ceiling if ceiling is not None else self.gpu.matmul_achievable_fraction
+        return ceiling if ceiling is not None else self.gpu.matmul_ceiling(self.precision)
 
     @property
     def activation_bytes(self) -> float:
@@ -208,7 +230,7 @@ def _attention(
         core_width, core_tensors = 2 * a * d / t, (2 * a + 2 * g) * d / t
     # Attention core: 2·T·s·width FLOPs forward (QK^T and AV), halved for a causal mask.
     core_flops = 2.0 * tokens * s * core_width * (0.5 if machine.assumptions.causal_attention else 1.0)
-    peak, element = machine.peak_flops_per_s, machine.activation_bytes
+    peak, element = machine.attention_peak_flops_per_s, machine.activation_bytes
     if attention is AttentionImpl.FLASH:
         core_bytes = tokens * core_tensors * element
         core = max(core_flops / (peak * machine.assumptions.attention_efficiency), core_bytes / machine.hbm_bytes_per_s)
@@ -216,7 +238,7 @@ def _attention(
         # Scores and probabilities (s_l x s per head) written, read by softmax, written, read by AV (and dropout's
         # mask and output with dropout).
         core_bytes = 4.0 * model.attention_heads / t * tokens * s * element * (1.75 if model.dropout else 1.0)
-        core = core_flops / (peak * machine.gemm_ceiling) + core_bytes / machine.hbm_bytes_per_s
+        core = core_flops / (peak * machine.attention_gemm_ceiling) + core_bytes / machine.hbm_bytes_per_s
     out[OpClass.ATTENTION_CORE] = ClassTime(
         forward_flops=core_flops, forward_seconds=core, backward_seconds=2.0 * core, forward_bytes=core_bytes
     )
