@@ -196,11 +196,16 @@ def test_a_rank_slow_every_few_steps_is_named_as_a_transient_straggler(tmp_path:
     assert 15 <= f["evidence"]["steps_slow"] < steps // 2, f["message"]
     assert f"in {f['evidence']['steps_slow']} of its {steps} steps, every 5 steps (steps " in f["message"]
     assert f["evidence"]["period_steps"] == 5
-    # About 40 ms a slow step (less what the host took from it), and the table's sync-wait figure is the cost.
+    # About 40 ms a slow step (less what the host took from it). Its cost is what its slow steps made its peer wait
+    # beyond its other steps: about the 40 ms pauses amortised, at most the table's charge, which on a busy host also
+    # holds the waits noise made it cause in its other steps (16.4 ms a step for 6.8 injected, before).
     assert 0.02 <= f["evidence"]["phase_seconds"] <= 0.06
     wait = _row(run, "comm.dp.sync_wait")
     assert wait["suspect"]["rank"] == 1
-    assert f["evidence"]["cost_seconds_per_step"] == f["evidence"]["wait_per_member_seconds_per_step"]
+    cost = f["evidence"]["cost_seconds_per_step"]
+    assert cost <= f["evidence"]["wait_per_member_seconds_per_step"]
+    injected = 0.04 * f["evidence"]["steps_slow"] / steps
+    assert 0.5 * injected <= cost <= 1.8 * injected, run.shown()
 
 
 def _run_spawning(out: Path, *, nproc: int) -> Run:
