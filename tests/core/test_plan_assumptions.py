@@ -97,17 +97,13 @@ _MEASURED_TIMES: dict[str, st.SearchStrategy[object]] = {
 """Valid values of the measured-time assumptions: per-step waits, per-axis sync waits, CPU contention."""
 
 
+DEFAULTS = PlanAssumptions()
+
+
 def _valid_value(name: str) -> st.SearchStrategy[object]:
     if name in NCCL_FIELDS:
         return _NCCL
-    if name in (
-        "causal_attention",
-        "nccl_latency",
-        "pp_scatter_gather",
-        "grad_accumulation_fusion",
-        "fp8_attention",
-        "cpu_compute",
-    ):
+    if isinstance(getattr(DEFAULTS, name), bool):  # the switches: causal_attention, fp8_attention, ...
         return st.booleans()
     if name == "gemm_tiles":
         side = st.sampled_from([64, 128, 256])
