@@ -42,6 +42,7 @@ from meshscope.records import (
     StepColumns,
     StepRecord,
     read_records,
+    read_table,
 )
 from meshscope.simulation import Noise, Straggler, simulate
 from meshscope.topology.layout import AXES, ParallelLayout, RankCoord
@@ -397,6 +398,23 @@ def _analysed_as_meshscope_run_does(name: str) -> Analysis:
     return analyze(
         RecordTable.from_records([r for r in records if r.step != warmup], notes=records.notes), one_clock=True
     )
+
+
+def test_a_steady_straggler_on_a_run_whose_steps_jitter_more_than_it_costs_is_named() -> None:
+    # A real Trainer run of 2 ranks beside two CPU burners (tests/data/trainer_slow_disk_burners): rank 1 loads every
+    # batch 78 ms slower in each of its 9 steps, while contention makes the steps range from 0.5 to 1.5 s. Its cost
+    # (181 ms a step) is under 1.5 standard errors of that jitter, but its excess is 52 standard errors of its own
+    # steps' spread: named (before: no finding at all).
+    result = analyze(read_table(DATA / "trainer_slow_disk_burners" / "records.jsonl.gz", skip_steps=1))
+    assert any(n.code == "cpu_contention" for n in result.partial_data)
+    (f,) = result.findings
+    assert f.code == "straggler"
+    assert [s.rank for s in f.suspects] == [1]
+    assert f.evidence["phase_is_data"] == 1
+    assert f.evidence["phase_seconds"] == pytest.approx(0.0795, rel=0.01)
+    assert f.evidence["peer_median_seconds"] == pytest.approx(0.0011, rel=0.05)
+    assert "slow in data loading: 79.47 ms per step vs 1.07 ms on the rest of its stage" in f.message
+    assert "data-loader-starved" not in [x.code for x in result.findings]
 
 
 def test_one_slow_step_on_a_contended_host_is_not_a_transient_straggler() -> None:

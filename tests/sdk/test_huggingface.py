@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 from meshscope import sdk
-from meshscope.analysis import analyze
+from meshscope.analysis import analyze, render_analysis
 from meshscope.records import IntervalKind, read_table
 from meshscope.sdk.huggingface import MeshscopeCallback
 from runs import listener_records, records_by_rank
@@ -160,7 +160,9 @@ def test_a_trainer_rank_with_a_slow_loader_is_a_straggler_in_data_loading_not_a_
     analysis = analyze(read_table(job.records_path, skip_steps=1))
     codes = [f.code for f in analysis.findings]
     assert "data-loader-starved" not in codes
-    (straggler,) = [f for f in analysis.findings if f.code == "straggler"]
+    stragglers = [f for f in analysis.findings if f.code == "straggler"]
+    assert len(stragglers) == 1, render_analysis(analysis)
+    (straggler,) = stragglers
     assert [s.rank for s in straggler.suspects] == [1]
     assert "slow in data loading" in straggler.message
     wait = next(row for row in analysis.rows if row.category == "comm.dp.sync_wait")

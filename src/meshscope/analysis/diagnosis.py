@@ -105,6 +105,13 @@ PERSISTENT_MIN_SHARE = 0.05
 """... or, for a persistent straggler, this share of the step and that many standard errors of its median cost (the
 jitter ÷ √steps): slow in (nearly) every step, it is no noise, and at 5 % of every step (the warning severity) it is
 worth chasing even on a run whose steps jitter more than it costs."""
+STEADY_SIGMAS = 20.0
+"""... or, for a persistent straggler on a run whose steps jitter more than that, its median excess stands this many
+standard errors of its own steps' excess above the rest (the robust spread of its per-step excess ÷ √steps): a
+Trainer rank reading every sample 20 ms slower from its disk, 78 ms a step in each of 9 steps against its peer's 1 ms
+(52 standard errors), beside CPU burners whose contention made the steps range from 0.5 to 1.5 s (jitter 675 ms: the
+bar 338 ms against its 181 ms) went unnamed (tests/data/trainer_slow_disk_burners); a rank slower only by the host's
+noise moves with it from step to step and stays far under."""
 MINORITY_TIE = 0.8
 """Suspects beyond the fewer-than-half of a stage that may be named: when the first left out is at least this x as
 slow as the last kept, the stage splits into halves nobody can tell apart, and none is named."""
@@ -599,6 +606,9 @@ class _Slow:
     """Slow in (nearly) every step (:func:`_persistent`), not in a few (:func:`_transient`)."""
     slow_steps: tuple[int, ...] = ()
     """A transient straggler's slow steps (step numbers, ascending); empty for a persistent one."""
+    steady_sigmas: float = 0.0
+    """A persistent straggler's median excess in standard errors of its own steps' excess (their robust spread ÷
+    √steps): how surely it is slower step by step, whatever the run's step time does; 0 for a transient one."""
 
 
 def _stage_sizes(rs: RankSteps) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
@@ -760,7 +770,11 @@ def _resolved(ctx: _Context, cost_us: float, slow: _Slow) -> bool:
         return cost_us > 0
     averaged = bar / math.sqrt(max(ctx.rs.n_steps, 1))
     if slow.persistent:
-        return cost_us >= max(PERSISTENT_MIN_SHARE * ctx.step_us, averaged)
+        if cost_us < PERSISTENT_MIN_SHARE * ctx.step_us:
+            return False
+        # The run's step jitter cannot hide a slowness the rank shows step by step: a median excess of
+        # STEADY_SIGMAS standard errors of its own steps' excess is no noise, however much the steps vary.
+        return cost_us >= averaged or slow.steady_sigmas >= STEADY_SIGMAS
     spikes = (slow.phase_us - slow.peer_us) * math.sqrt(slow.steps) >= NOISE_SIGMAS * ctx.step_jitter_us
     return spikes and cost_us >= max(TRANSIENT_MIN_SHARE * ctx.step_us, averaged)
 
@@ -848,7 +862,10 @@ def _persistent(ctx: _Context, phase: str) -> list[_Slow]:
         relative = CONTENDED_MIN_EXCESS if ctx.contention is not None else STRAGGLER_MIN_EXCESS
         if over < max(floor, spread, jitter, relative * rest) or above < STRAGGLER_CONSISTENCY:
             continue
-        out.append(_Slow(i, phase, over, rest + over, rest, int(np.count_nonzero(mine))))
+        steps = int(np.count_nonzero(mine))
+        own_error = _robust_sigma(gap[mine]) / math.sqrt(steps)
+        steady = over / own_error if own_error > 0 else math.inf
+        out.append(_Slow(i, phase, over, rest + over, rest, steps, steady_sigmas=steady))
     return out
 
 
