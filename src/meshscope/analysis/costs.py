@@ -974,10 +974,10 @@ def straggler_gap_us(rs: RankSteps) -> tuple[float, int]:
     Per rank its mean own time per step (:func:`own_time_us`); per pipeline stage, the largest of them minus the
     stage's median rank's (:func:`~meshscope.analysis.grouping.median_rank_value`: a rank's own figure, the lower
     middle of an even count; stages do different work, so a rank is compared with its stage's); the gap is the
-    largest over stages. ``job:meshscope_straggler_gap_seconds:max_rate5m`` computes it from the sidecars' counters
-    (a rate over steps is a mean), with PromQL's interpolated median: on an even count of ranks in a stage it reads
-    the gap against the mean of the two middle ones (half the gap on 2 ranks). A mean, not a median: a rank that
-    stalls one step in five makes the others wait in those steps, and the gap says so.
+    largest over stages. ``job:meshscope_straggler_gap_seconds:max_rate5m`` computes the same from the sidecars'
+    counters (a rate over steps is a mean; the median rank as the largest own time at or under PromQL's interpolated
+    median). A mean, not a median: a rank that stalls one step in five makes the others wait in those steps, and the
+    gap says so.
     """
     own = grouped_mean(rs.rank_index, own_time_us(rs), rs.n_ranks)
     stage = rs.coord_of_rank[:, AXES.index(MeshAxis.PP)]
