@@ -710,7 +710,10 @@ def _node_findings(ctx: _Context, best: dict[int, _Slow]) -> list[Finding]:
         cost_us = f.cost_seconds_per_step * 1e6
         i = members[0].rank_index
         explained_us = max(members[0].excess_us, _phases_excess_us(ctx, i, suspects))
-        beyond_us = cost_us - _charged_by_chance_us(ctx, i, cost_us) - _host_took_us(ctx, i)
+        # a transient one's cost of its slow steps alone holds no charge its ordinary steps took by chance
+        by_chance = f.evidence["slow_steps_wait_per_member_seconds_per_step"] is None
+        chance_us = _charged_by_chance_us(ctx, i, cost_us) if by_chance else 0.0
+        beyond_us = cost_us - chance_us - _host_took_us(ctx, i)
         if _resolved(ctx, cost_us, members[0]) and explained_us >= STRAGGLER_EXPLAINS * beyond_us:
             findings.append(f)
     return findings
