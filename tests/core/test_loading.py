@@ -510,6 +510,12 @@ ERRORS: list[tuple[str, dict[str, Any], str, list[str]]] = [
         ["sequenceParallel"],
     ),
     (
+        "fp8-param-gather-needs-fp8",
+        {"training": {"globalBatchSize": 512, "fp8ParamGather": True}},
+        "spec.training.fp8ParamGather",
+        ["needs precision: fp8, got precision: bf16"],
+    ),
+    (
         "distributed-optimizer-and-zero",
         {"training": {"globalBatchSize": 512, "distributedOptimizer": True, "zeroStage": 2}},
         "spec.training.zeroStage",

@@ -12,7 +12,7 @@ import pytest
 
 from builders import gpt_model
 from meshscope.jobs.models import ModelConfig, MoEConfig, PositionEmbedding
-from meshscope.jobs.spec import CpCommType, JobSpec, ParallelismConfig, PipelineSchedule, TrainingConfig
+from meshscope.jobs.spec import CpCommType, JobSpec, ParallelismConfig, PipelineSchedule, Precision, TrainingConfig
 from meshscope.plan import CollectiveOp, CollectivePlan, Plan, PlanAssumptions, plan_job
 from meshscope.topology.hardware import default_hardware
 from meshscope.topology.layout import ParallelLayout
@@ -327,6 +327,46 @@ def test_distributed_optimizer_reduce_scatters_grads_and_gathers_bf16_weights():
     ag = only(plan, axis="dp", op=CollectiveOp.ALL_GATHER)
     assert rs.bytes_per_gpu_per_step == pytest.approx((d - 1) / d * P_LLAMA * 4)
     assert ag.bytes_per_gpu_per_step == pytest.approx((d - 1) / d * P_LLAMA * 2)
+
+
+def test_fp8_param_gather_gathers_the_layers_gemm_weights_at_one_byte():
+    # Megatron-core's --fp8-param-gather: Transformer Engine's GEMM weights are FP8 tensors and the distributed
+    # optimizer all-gathers them so; the embedding, output layer and norms stay bf16. Gradients are unchanged.
+    d = 16
+    gemm = 2 * (2 * H * A * D + 2 * H * G * D + 3 * H * F)  # llama()'s two layers' projections
+    rest = P_LLAMA - gemm  # 4 norms, the final norm, embedding, output layer
+    plan = plan_job(
+        job(
+            llama(),
+            ParallelLayout(dp=d),
+            global_batch_size=d,
+            distributed_optimizer=True,
+            precision=Precision.FP8,
+            fp8_param_gather=True,
+        )
+    )
+    ag = only(plan, axis="dp", op=CollectiveOp.ALL_GATHER)
+    rs = only(plan, axis="dp", op=CollectiveOp.REDUCE_SCATTER)
+    assert ag.message_bytes == gemm * 1 + rest * 2
+    assert rs.message_bytes == P_LLAMA * 4
+    # ZeRO-3: each layer unit's projections at 1 byte, its two norms at 2; the root unit (embedding, final norm,
+    # output layer) at 2.
+    t, m = 2, 1
+    zero3 = plan_job(
+        job(
+            llama(),
+            ParallelLayout(tp=t, dp=d // t),
+            global_batch_size=d // t,
+            zero_stage=3,
+            precision=Precision.FP8,
+            fp8_param_gather=True,
+        )
+    )
+    layer = only(zero3, axis="dp", op=CollectiveOp.ALL_GATHER, purpose="per layer (forward)")
+    assert layer.message_bytes == (2 * H * A * D + 2 * H * G * D + 3 * H * F) // t * 1 + 2 * H * 2
+    root = only(zero3, axis="dp", op=CollectiveOp.ALL_GATHER, purpose="root unit")
+    assert root.message_bytes == (V * H // t + H + V * H // t) * 2
+    assert root.count_per_step == m
 
 
 def test_zero2_reduce_scatters_gradients_every_micro_batch_and_gathers_weights_once():

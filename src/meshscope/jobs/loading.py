@@ -97,7 +97,7 @@ SECTION_KEYS: Final[Mapping[str, tuple[str, ...]]] = {
     ),
     "spec.training": _keys(
         "microBatchSize globalBatchSize precision recompute attention distributedOptimizer zeroStage dpShard "
-        "pipelineSchedule gradReduceDtype overlapGradReduce overlapParamGather tpCommOverlap"
+        "pipelineSchedule gradReduceDtype overlapGradReduce overlapParamGather tpCommOverlap fp8ParamGather"
     ),
     "spec.hardware": _keys(
         "gpu bf16Tflops fp8Tflops hbmGiB hbmBandwidthGBps nvlinkGBpsPerDirection nicGbpsPerGpu nodes gpusPerNode "
@@ -905,6 +905,7 @@ def _training(sec: _Section, parallelism: ParallelismConfig) -> TrainingConfig:
         ("overlapGradReduce", "overlap_grad_reduce"),
         ("overlapParamGather", "overlap_param_gather"),
         ("tpCommOverlap", "tp_comm_overlap"),
+        ("fp8ParamGather", "fp8_param_gather"),
     ):
         if (flag := sec.boolean(key)) is not None:
             changes[attr] = flag
@@ -917,20 +918,31 @@ def _training(sec: _Section, parallelism: ParallelismConfig) -> TrainingConfig:
         grad_reduce_bytes=GRAD_REDUCE_BYTES[grad_dtype],
         **changes,
     )
+    _check_training(training, parallelism)
+    return training
+
+
+def _check_training(training: TrainingConfig, parallelism: ParallelismConfig) -> None:
+    """Settings of ``training`` that contradict each other or the parallelism."""
     if training.distributed_optimizer and training.zero_stage:
         raise SpecError(
             "spec.training.zeroStage",
             f"distributedOptimizer and zeroStage ({training.zero_stage}) both shard training state over dp; use "
             f"one of them (Megatron's distributed optimizer is ZeRO stage 1)",
         )
-    _check_dp_shard(training, layout.dp)
+    _check_dp_shard(training, parallelism.layout.dp)
     if training.tp_comm_overlap and not parallelism.sequence_parallel:
         raise SpecError(
             "spec.training.tpCommOverlap",
             "tpCommOverlap overlaps the reduce-scatter/all-gather of sequence parallelism with GEMMs and needs "
             "parallelism.sequenceParallel (Megatron-core requires it); set sequenceParallel or drop tpCommOverlap",
         )
-    return training
+    if training.fp8_param_gather and training.precision is not Precision.FP8:
+        raise SpecError(
+            "spec.training.fp8ParamGather",
+            f"fp8ParamGather keeps the GEMM weights in FP8 and needs precision: fp8, got precision: "
+            f"{training.precision.value}; set precision: fp8 or drop fp8ParamGather",
+        )
 
 
 def _check_dp_shard(training: TrainingConfig, dp: int) -> None:

@@ -125,6 +125,10 @@ class TrainingConfig:
     """Whether the distributed optimizer's parameter all-gather overlaps the next forward pass."""
     tp_comm_overlap: bool = False
     """Whether tensor-parallel collectives overlap GEMMs (Transformer Engine userbuffers)."""
+    fp8_param_gather: bool = False
+    """FP8 training keeps the transformer layers' GEMM weights in FP8 and all-gathers them so (Megatron-core's
+    ``--fp8-param-gather``, NeMo's ``fp8_params``): the data-parallel weight all-gather moves 1 byte per such weight
+    instead of 2. Needs ``precision: fp8``."""
 
     def micro_batches(self, dp: int) -> int:
         """Micro-batches per pipeline per step: ``m = B / (b * dp)``."""

@@ -12,7 +12,8 @@ Conventions (docs/planner.md, "Collectives"; reference/planner.md §1.4, §1.7):
 * Bytes each GPU moves per instance = ``S`` x bus factor: ``2(n-1)/n`` all-reduce, ``(n-1)/n`` reduce-scatter,
   all-gather and all-to-all, 1 send/recv (nccl-tests ``doc/PERFORMANCE.md``).
 * Activations travel at 2 bytes per element (4 in fp32 training), also under fp8; gradients at
-  ``grad_reduce_bytes``; parameter all-gathers at the weight's bytes.
+  ``grad_reduce_bytes``; parameter all-gathers at the weight's bytes (the layers' GEMM weights at 1 byte under
+  ``fp8_param_gather``).
 * ``flops_per_byte`` is per axis, as in reference §1.7: the model FLOPs per step on that GPU that the axis' traffic
   could hide behind (TP and CP: the stage's transformer layers; EP: its routed experts; PP and DP: everything the
   stage computes) ÷ all bytes that axis moves per GPU per step. It is compared with the link budget, peak FLOP/s ÷
@@ -38,6 +39,7 @@ from meshscope.jobs import CpCommType, PositionEmbedding, layer_params, output_p
 from meshscope.plan.memory import (
     activation_element_bytes,
     attention_widths_per_gpu,
+    gathered_weight_bytes,
     sharding_stage,
     state_bytes_per_param,
 )
@@ -897,13 +899,21 @@ def _dp_drafts(
             (CollectiveOp.ALL_GATHER, "weights", per.weights, 1, gather, _FIRST_FORWARD),
         ],
     }
+    # the GEMM weights of each group's parameters: what fp8_param_gather gathers in FP8
+    gemm = {"dp-cp": params.tp_sharded, "edp": params.experts}
+
+    def message(group: str, n_params: int, op: CollectiveOp, bytes_per_param: float) -> int:
+        if op is CollectiveOp.ALL_GATHER:
+            return math.ceil(gathered_weight_bytes(training, gemm_weights=gemm[group], other=n_params - gemm[group]))
+        return math.ceil(n_params * bytes_per_param)
+
     drafts = [
         _Draft(
             axis=MeshAxis.DP,
             group=group,
             op=op,
             purpose=f"{kind} {what}",
-            message_bytes=math.ceil(n_params * bytes_per_param),
+            message_bytes=message(group, n_params, op, bytes_per_param),
             count_per_step=count,
             overlap_fraction=overlap,
             window=window,
@@ -972,7 +982,8 @@ def _zero3_drafts(
     Routed experts form the same per-layer units over the expert-data-parallel group. Messages are the units'
     parameters on this GPU (after tp/ep sharding) at the weight's and the gradient's bytes; FSDP2 pads each
     parameter's first dimension to a multiple of the shard count, which the planner does not (it does not know the
-    tensor shapes).
+    tensor shapes). Under ``fp8_param_gather`` a unit's GEMM weights are gathered at 1 byte each (Megatron-FSDP's
+    FP8 parameter gather).
     """
     per = state_bytes_per_param(training)
     m = micro_batches
@@ -980,18 +991,20 @@ def _zero3_drafts(
     grad = assumptions.dp_grad_reduce_overlap if training.overlap_grad_reduce else 0.0
     gather = assumptions.dp_param_gather_overlap if training.overlap_param_gather else 0.0
     expert_shards = layout.expert_tp * layout.ep
-    # (group, kind, layer kind) -> (unit parameters on this GPU, units on the stage); dense and MoE layers differ
+    # (group, kind, layer kind) -> (unit parameters on this GPU, of them GEMM weights, units on the stage); dense and
+    # MoE layers differ
     units: dict[tuple[str, str, str], list[int]] = {}
     in_layers = 0
     for layer in layer_indices:
         lp = layer_params(model, layer)
-        dense = math.ceil(lp.tp_sharded / layout.tp) + lp.replicated
+        gemm = math.ceil(lp.tp_sharded / layout.tp)
+        dense = gemm + lp.replicated
         in_layers += dense
         layer_kind = "MoE layer" if model.is_moe_layer(layer) else "layer"
-        units.setdefault(("dp-cp", "dense", layer_kind), [dense, 0])[1] += 1
+        units.setdefault(("dp-cp", "dense", layer_kind), [dense, gemm, 0])[2] += 1
         if lp.routed_experts:
             experts = math.ceil(lp.routed_experts / expert_shards)
-            units.setdefault(("edp", "routed-expert", layer_kind), [experts, 0])[1] += 1
+            units.setdefault(("edp", "routed-expert", layer_kind), [experts, experts, 0])[2] += 1
     root = params.dense - in_layers
     drafts: list[_Draft] = []
 
@@ -1010,8 +1023,9 @@ def _zero3_drafts(
         )
 
     gather_op, reduce_op = CollectiveOp.ALL_GATHER, CollectiveOp.REDUCE_SCATTER
-    for (group, kind, layer_kind), (n_params, n) in units.items():
-        weights, grads = n_params * per.weights, n_params * per.gradients
+    for (group, kind, layer_kind), (n_params, gemm, n) in units.items():
+        weights = gathered_weight_bytes(training, gemm_weights=gemm, other=n_params - gemm)
+        grads = n_params * per.gradients
         if pipelined:
             what = f"{kind} weights per {layer_kind} (before every forward, and before the first backward after one)"
             add(group, gather_op, what, size=weights, count=(m + 1) * n, window=_STAGE)

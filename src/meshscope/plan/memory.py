@@ -231,6 +231,19 @@ def state_bytes_per_param(training: TrainingConfig) -> StateBytesPerParam:
     return StateBytesPerParam(weights=2.0, gradients=grads, optimizer=12.0 + main_grad_copy)
 
 
+def gathered_weight_bytes(training: TrainingConfig, *, gemm_weights: float, other: float) -> float:
+    """Bytes a data-parallel all-gather of weights moves for ``gemm_weights`` GEMM weights and ``other`` parameters.
+
+    Every weight at the model weight's bytes (:func:`state_bytes_per_param`), except under ``fp8_param_gather``:
+    the transformer layers' GEMM weights (attention and MLP projections, routed experts) are then kept and gathered
+    in FP8, 1 byte each, while embeddings, the output layer and norms stay 16-bit (Megatron-core's
+    ``--fp8-param-gather``: Transformer Engine's FP8 modules hold their weights as FP8 tensors; the output layer and
+    the embedding are not Transformer Engine GEMMs).
+    """
+    weight = state_bytes_per_param(training).weights
+    return (1.0 if training.fp8_param_gather else weight) * gemm_weights + weight * other
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ModelStateBytes:
     """Weights, gradients and optimizer state of one GPU, bytes."""
