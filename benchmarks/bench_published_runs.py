@@ -8,38 +8,30 @@ docs/planner.md ("Checks against published runs"). Run: ``.venv/bin/python bench
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
-import yaml
+from meshscope.plan import PlanAssumptions
 
-from meshscope.jobs import spec_from_manifest
-from meshscope.plan import PlanAssumptions, assumptions_from_mapping, flops_in_convention, plan_job
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from published_runs import (  # tests/ is put on the path above
+    RUNS,
+    ceiling_groups,
+    least_largest_error_ceiling,
+    leave_one_out_errors,
+    tflops_per_gpu,
+)
 
-RUNS = Path(__file__).resolve().parents[1] / "tests" / "data" / "published_runs" / "runs.yaml"
 FLAT = PlanAssumptions(compute_efficiency=0.5, nccl_latency=False)
 
 
-def tflops(run: dict, assumptions: PlanAssumptions | None) -> tuple[float, float]:
-    """``(ours, published)`` TFLOP/s per GPU of ``run``, with the run's own ``assumptions`` (the software it ran)."""
-    assumptions = assumptions_from_mapping(run.get("assumptions", {}), base=assumptions, origin=run["name"])
-    spec = spec_from_manifest(run["manifest"])
-    plan = plan_job(spec, assumptions=assumptions)
-    tokens = spec.training.global_batch_size * spec.model.seq_length
-    flops = flops_in_convention(plan.flops, run["flops_convention"], params=plan.total_params, tokens=tokens)
-    ours = flops / (plan.expected_step_time.total_seconds * plan.world_size) / 1e12
-    if "published_iteration_seconds" in run:
-        return ours, flops / (run["published_iteration_seconds"] * plan.world_size) / 1e12
-    return ours, float(run["published_tflops_per_gpu"])
-
-
 def main() -> None:
-    runs = yaml.safe_load(RUNS.read_text(encoding="utf-8"))["runs"]
     print("| run | published TFLOP/s/GPU | ours | error | flat model | flat error |")
     print("|---|---|---|---|---|---|")
     errors: dict[str, list[float]] = {"new": [], "flat": [], "new, held out": []}
-    for run in runs:
-        ours, published = tflops(run, None)
-        flat, _ = tflops(run, FLAT)
+    for run in RUNS:
+        ours, published = tflops_per_gpu(run)
+        flat, _ = tflops_per_gpu(run, FLAT)
         errors["new"].append(ours / published - 1)
         errors["flat"].append(flat / published - 1)
         if "sets_ceiling" not in run:  # the rows a GPU's ceiling was fitted to are no check of it
@@ -54,6 +46,13 @@ def main() -> None:
             f"{name}: mean |error| {100 * mean:.1f} %, max |error| {100 * max(abs(e) for e in errs):.1f} % "
             f"({len(errs)} rows)"
         )
+    print("\nceilings fitted to published runs (least largest |error| over them); each run's error at the ceiling")
+    print("fitted without it (leave-one-out):")
+    for tag, runs in ceiling_groups().items():
+        fitted = least_largest_error_ceiling(runs)
+        out = leave_one_out_errors(runs)
+        shown = ", ".join(f"{100 * e:+.1f} %" for e in out) if out else "none: the only run"
+        print(f"  {tag}: {fitted:.3f} over {len(runs)} run(s); leave-one-out {shown}")
 
 
 if __name__ == "__main__":
