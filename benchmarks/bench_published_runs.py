@@ -49,8 +49,8 @@ def main() -> None:
     print("\nceilings fitted to published runs (least largest |error| over them); each run's error at the ceiling")
     print("fitted without it (leave-one-out):")
     for tag, runs in ceiling_groups().items():
-        fitted = least_largest_error_ceiling(runs)
-        out = leave_one_out_errors(runs)
+        fitted = least_largest_error_ceiling(runs, tag)
+        out = leave_one_out_errors(runs, tag)
         shown = ", ".join(f"{100 * e:+.1f} %" for e in out) if out else "none: the only run"
         print(f"  {tag}: {fitted:.3f} over {len(runs)} run(s); leave-one-out {shown}")
 

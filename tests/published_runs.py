@@ -5,12 +5,14 @@ Shared by ``tests/core/test_plan_published.py`` and ``benchmarks/bench_published
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import yaml
 
 from meshscope.jobs.loading import spec_from_manifest
 from meshscope.plan import PlanAssumptions, assumptions_from_mapping, flops_in_convention, plan_job
+from meshscope.topology.hardware import CATALOGUE
 
 RUNS: list[dict] = yaml.safe_load(
     (Path(__file__).resolve().parent / "data" / "published_runs" / "runs.yaml").read_text(encoding="utf-8")
@@ -43,17 +45,32 @@ def error(run: dict, assumptions: PlanAssumptions | None = None) -> float:
     return ours / published - 1
 
 
-def least_largest_error_ceiling(runs: list[dict]) -> float:
-    """The GEMM ceiling under which the largest |error| over ``runs`` is least (the exact fit of one run).
+def _catalogue_with(tag: str, value: float) -> None:
+    """Put ``value`` in the catalogue as the ceiling ``tag`` (``"<GPU> <precision>"``), nothing else changed."""
+    gpu, precision = tag.split()
+    field = "fp8_matmul_achievable_fraction" if precision == "fp8" else "matmul_achievable_fraction"
+    CATALOGUE[gpu] = replace(_ORIGINAL[gpu], **{field: value})
+
+
+_ORIGINAL = dict(CATALOGUE)
+
+
+def least_largest_error_ceiling(runs: list[dict], tag: str) -> float:
+    """The catalogue ceiling ``tag`` under which the largest |error| over ``runs`` is least (one run: its exact fit).
 
     Every run's error grows with the ceiling (a faster GEMM, a shorter step), so the least largest |error| is where
-    the most positive and the most negative error are equal and opposite: bisected on their sum.
+    the most positive and the most negative error are equal and opposite: bisected on their sum. Only that ceiling
+    moves while it runs (an FP8 run's output layer keeps the BF16 one), and the catalogue is restored after.
     """
     low, high = 0.3, 0.95
-    for _ in range(20):
-        middle = (low + high) / 2
-        errors = [error(r, PlanAssumptions(gemm_efficiency=middle)) for r in runs]
-        low, high = (middle, high) if max(errors) + min(errors) < 0 else (low, middle)
+    try:
+        for _ in range(20):
+            middle = (low + high) / 2
+            _catalogue_with(tag, middle)
+            errors = [error(r) for r in runs]
+            low, high = (middle, high) if max(errors) + min(errors) < 0 else (low, middle)
+    finally:
+        CATALOGUE.update(_ORIGINAL)
     return low
 
 
@@ -66,10 +83,13 @@ def ceiling_groups() -> dict[str, list[dict]]:
     return groups
 
 
-def leave_one_out_errors(runs: list[dict]) -> list[float]:
-    """Each run's error at the ceiling fitted to the others (none where it is the only one)."""
-    return [
-        error(r, PlanAssumptions(gemm_efficiency=least_largest_error_ceiling(runs[:i] + runs[i + 1 :])))
-        for i, r in enumerate(runs)
-        if len(runs) > 1
-    ]
+def leave_one_out_errors(runs: list[dict], tag: str) -> list[float]:
+    """Each run's error at the ceiling ``tag`` fitted to the others (none where it is the only one)."""
+    out = []
+    try:
+        for i, run in enumerate(runs if len(runs) > 1 else []):
+            _catalogue_with(tag, least_largest_error_ceiling(runs[:i] + runs[i + 1 :], tag))
+            out.append(error(run))
+    finally:
+        CATALOGUE.update(_ORIGINAL)
+    return out

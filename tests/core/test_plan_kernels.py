@@ -15,7 +15,7 @@ from meshscope.topology.hardware import CATALOGUE, default_hardware
 from meshscope.topology.layout import ParallelLayout
 
 H100 = CATALOGUE["H100"]
-PEAK, CEILING, SMS, HBM = 989e12, 0.632, 132, 3350e9
+PEAK, CEILING, SMS, HBM = 989e12, 0.620, 132, 3350e9
 """H100 SXM: dense BF16 peak, GEMM ceiling (the catalogue's, what NVIDIA's published DGX H100 run sustained), SMs, HBM."""
 DEFAULT = PlanAssumptions()
 

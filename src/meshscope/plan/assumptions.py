@@ -113,7 +113,7 @@ class PlanAssumptions:
     is a sleep of FLOPs ÷ peak). Megatron's 2024 H100 table reaches 0.41-0.48 MFU end to end."""
     gemm_efficiency: float | None = None
     """Ceiling of a GEMM's compute time as a fraction of the dense peak, 0-1, before tile and wave quantization.
-    ``None`` (default): the GPU's ``matmul_achievable_fraction`` from the hardware catalogue (0.632 on H100 SXM, what
+    ``None`` (default): the GPU's ``matmul_achievable_fraction`` from the hardware catalogue (0.620 on H100 SXM, what
     NVIDIA's published DGX H100 run of Llama 3.1 405B sustained; 0.824 on A100 SXM, what cuBLAS sustains on normally
     distributed inputs)."""
     gemm_tiles: tuple[tuple[int, int], ...] = GEMM_TILES

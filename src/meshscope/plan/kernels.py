@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import TYPE_CHECKING
 
@@ -129,6 +129,15 @@ class Machine:
         if self.precision == "fp8" and not self.assumptions.fp8_attention:
             return "bf16"
         return self.precision
+
+    @property
+    def output_layer(self) -> Machine:
+        """The machine the output layer's GEMM (the logits) runs on: BF16 under FP8 training.
+
+        Megatron-core's output layer is ``tensor_parallel.ColumnParallelLinear``, not a Transformer Engine module,
+        so the FP8 autocast of the transformer layers does not reach it (``megatron/core/models/gpt/gpt_model.py``).
+        """
+        return replace(self, precision="bf16") if self.precision == "fp8" else self
 
     @property
     def attention_peak_flops_per_s(self) -> float:
@@ -297,7 +306,7 @@ def _logits_classes(model: ModelConfig, shape: _Shape, machine: Machine) -> dict
     """Output layer of one micro-batch on one GPU: the GEMM, the final norm and the fp32 cross entropy."""
     t, tokens, h = shape.tp, shape.tokens, model.hidden_size
     sp = t if shape.sp else 1
-    logits = _gemm(tokens, model.vocab_size / t, h, machine)
+    logits = _gemm(tokens, model.vocab_size / t, h, machine.output_layer)
     # Final norm (read + write) and the vocabulary-parallel cross entropy on fp32 logits: upcast, max, exp-sum and
     # the saved softmax (three passes of 4 bytes).
     nbytes = 2.0 * tokens * h / sp * machine.activation_bytes + 3.0 * tokens * model.vocab_size / t * 4.0
