@@ -340,3 +340,23 @@ def test_the_bubble_includes_the_micro_batches_in_path_communication():
         per_stage.append(t.compute_seconds + tp)
     assert plan.expected_step_time.bubble_seconds == pytest.approx(0.25 * min(per_stage), rel=1e-12)
     assert plan.expected_step_time.bubble_seconds > 0.25 * min(s.step_time.compute_seconds for s in plan.stages)
+
+
+def test_predict_says_where_it_extrapolates_from_a_run_without_contention_to_shared_cores(dp4):
+    # From dp=2 on 2 cores (a core for each rank, κ 1) to dp=4 (κ 2): the model stretches by 2 what a run without
+    # contention cannot say grows faster (gloo's transfers and sync waits once ranks are time-sliced): the prediction
+    # says so, in its text and its JSON. From the contended dp=4 run back to dp=2 it does not.
+    spec2, result2 = simulated("dp=2")
+    c2 = calibrate(result2.table, spec2, base=BASE, emulated=True)
+    assert c2.assumptions.cpu_contention_at_fit == pytest.approx(1.0)
+    up = predict(c2, tiny("dp=4"))
+    assert up.contention_extrapolated() == (pytest.approx(1.0), pytest.approx(2.0))
+    assert "CPU contention extrapolated: the measured run had a core for every busy rank (κ 1)" in up.render()
+    assert up.to_dict()["cpu_contention_extrapolated"] == {"measured": pytest.approx(1.0), "target": pytest.approx(2.0)}
+    _, _, c4 = dp4
+    down = predict(c4, tiny("dp=2"))
+    assert down.contention_extrapolated() is None
+    assert "extrapolated" not in down.render()
+    assert down.to_dict()["cpu_contention_extrapolated"] is None
+    same = predict(c2, spec2)  # dp=2 again: κ 1
+    assert same.contention_extrapolated() is None

@@ -18,6 +18,7 @@ from meshscope.errors import PlanError
 from meshscope.formatting import human_bytes, human_seconds, render_table
 from meshscope.plan import (
     SYNC_WAIT_AXIS_FIELDS,
+    cpu_contention,
     host_tokens_scale,
     host_tp_scale,
     micro_batch_tokens_per_rank,
@@ -160,6 +161,9 @@ class Prediction:
             "not_calibrated": list(self.not_calibrated()),
             "host_tokens_scale": None if (found := self.host_tokens()) is None else found[2],
             "host_tp_scale": None if (tp := self.host_tp()) is None else tp[2],
+            "cpu_contention_extrapolated": None
+            if (k := self.contention_extrapolated()) is None
+            else {"measured": k[0], "target": k[1]},
             "calibrated_step_seconds": c.plan.expected_step_time.total_seconds,
             "assumptions": c.overrides,
         }  # fmt: skip
@@ -211,6 +215,30 @@ class Prediction:
             f"dispatch: host_tp_factor {a.host_tp_factor:.3g}, a testbed constant the run cannot fit)"
         )
 
+    def contention_extrapolated(self) -> tuple[float, float] | None:
+        """Where the measured run had a core for every busy rank and the target shares them: (κ measured, κ target).
+
+        The model stretches the host time, the collectives and their sync wait by the ratio of the two contentions
+        (docs/predict.md, "CPU contention"); a run without contention cannot tell how gloo's transfers and waits grow
+        once ranks are time-sliced (on the 2-core testbed, from κ 1 to 2: transfers x4.2 and sync wait x6.2 against
+        the model's x2). ``None`` without a CPU testbed (``cpu_cores`` unset) or where the measured run was contended.
+        """
+        a = self.calibration.assumptions
+        if a.cpu_cores is None or a.cpu_contention_at_fit > 1.0:
+            return None
+        kappa = cpu_contention(self.spec.world_size, self.plan.bubble_fraction, a.cpu_cores)
+        return None if kappa <= 1.0 else (a.cpu_contention_at_fit, kappa)
+
+    def _contention_line(self, found: tuple[float, float]) -> str:
+        measured, target = found
+        return (
+            f"CPU contention extrapolated: the measured run had a core for every busy rank (κ {measured:.3g}), "
+            f"the target shares them (κ {target:.3g}); the host time and the collectives are stretched by "
+            f"{target / measured:.3g}, but a run without contention cannot tell how gloo's transfers and sync waits "
+            "grow once ranks are time-sliced (on a 2-core machine they grew 4-6x from κ 1 to 2: docs/predict.md): "
+            "expect its exposed communication under-predicted; calibrate from a contended run of the same cores"
+        )
+
     def _not_calibrated_line(self) -> str:
         return (
             f"not calibrated: {', '.join(self.not_calibrated())}: the measured run had no such collectives, so their "
@@ -248,6 +276,7 @@ class Prediction:
             *([self._not_calibrated_line()] if self.not_calibrated() else []),
             *([self._host_tokens_line(found)] if (found := self.host_tokens()) is not None else []),
             *([self._host_tp_line(tp)] if (tp := self.host_tp()) is not None else []),
+            *([self._contention_line(k)] if (k := self.contention_extrapolated()) is not None else []),
             (
                 "calibration residual on the measured layout: calibrated plan "
                 f"{human_seconds(c.plan.expected_step_time.total_seconds)} vs measured "
