@@ -45,14 +45,15 @@ def error(run: dict, assumptions: PlanAssumptions | None = None) -> float:
     return ours / published - 1
 
 
+_ORIGINAL = dict(CATALOGUE)
+"""The catalogue as the code has it: what every fit starts from and puts back."""
+
+
 def _catalogue_with(tag: str, value: float) -> None:
     """Put ``value`` in the catalogue as the ceiling ``tag`` (``"<GPU> <precision>"``), nothing else changed."""
     gpu, precision = tag.split()
     field = "fp8_matmul_achievable_fraction" if precision == "fp8" else "matmul_achievable_fraction"
     CATALOGUE[gpu] = replace(_ORIGINAL[gpu], **{field: value})
-
-
-_ORIGINAL = dict(CATALOGUE)
 
 
 def least_largest_error_ceiling(runs: list[dict], tag: str) -> float:
