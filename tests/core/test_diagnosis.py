@@ -417,6 +417,33 @@ def test_a_steady_straggler_on_a_run_whose_steps_jitter_more_than_it_costs_is_na
     assert "data-loader-starved" not in [x.code for x in result.findings]
 
 
+def test_a_slow_loader_keeps_its_time_when_its_rank_waited_for_a_cpu_elsewhere() -> None:
+    # A real Trainer run of 2 ranks beside six spinning processes (tests/data/trainer_slow_loader_runqueue): rank 1's
+    # dataset sleeps 20 ms a sample (80 ms a step); the training threads waited for a CPU 56 % of the median step,
+    # rank 1's up to 306 ms a step more than rank 0's, in its optimizer step and its compute, not in its fetches.
+    # Each record says how long its fetches waited for a CPU (data_runqueue_wait_us): rank 1's data loading keeps
+    # its time, less what its fetches waited beyond its peer's, and it is named.
+    records = read_records(DATA / "trainer_slow_loader_runqueue" / "records.jsonl")
+    warmup = min(r.step for r in records)
+    kept = [r for r in records if r.step != warmup]
+    result = analyze(RecordTable.from_records(kept, notes=records.notes), one_clock=True)
+    assert any(n.code == "cpu_contention" for n in result.partial_data)
+    (f,) = result.findings
+    assert (f.code, [s.rank for s in f.suspects]) == ("straggler", [1])
+    assert f.evidence["phase_is_data"] == 1
+    s = result.rank_steps.breakdown.table.steps
+    data = result.rank_steps.us("data")
+    # Its data loading as the finding holds it: the measured time less what its fetches waited for a CPU beyond its
+    # peer's (0-10 ms) and what a slower core could add to its peer's loading (1-13 ms): over 90 % of it.
+    measured = float(np.median(data[s.rank == 1]))
+    assert 0.9 * measured <= f.evidence["phase_seconds"] * 1e6 <= measured
+    assert f.evidence["peer_median_seconds"] * 1e6 == pytest.approx(float(np.median(data[s.rank == 0])), rel=0.2)
+    # Without the field, the rank's whole extra host time came out of its data loading: 0-25 ms left in 3 of its
+    # 9 steps, and no finding named it.
+    blind = [replace(r, data_runqueue_wait_us=None) for r in kept]
+    assert analyze(RecordTable.from_records(blind, notes=records.notes), one_clock=True).findings == ()
+
+
 def test_one_slow_step_on_a_contended_host_is_not_a_transient_straggler() -> None:
     # A real clean 4-rank DDP-tutorial run beside two burners (tests/data/clean_ddp_tutorial_contended): rank 0 took
     # 2x its peers' compute in one step of 11 (8 % of the step amortised); every timing includes CPU contention.

@@ -110,6 +110,7 @@ def test_loop_fields_read_as_columns_with_minus_one_for_unknown(tmp_path):
             runqueue_wait_us=None,
             on_cpu_us=None,
             compute_runqueue_wait_us=None,
+            data_runqueue_wait_us=None,
         ),
         make_record(
             0,
@@ -119,6 +120,7 @@ def test_loop_fields_read_as_columns_with_minus_one_for_unknown(tmp_path):
             between_steps=BetweenSteps(checkpoint_us=150_000, comm_us=20_000),
             runqueue_wait_us=0,
             compute_runqueue_wait_us=0,
+            data_runqueue_wait_us=0,
         ),
         make_record(
             0,
@@ -129,6 +131,7 @@ def test_loop_fields_read_as_columns_with_minus_one_for_unknown(tmp_path):
             runqueue_wait_us=31_000,
             on_cpu_us=0,
             compute_runqueue_wait_us=30_999,
+            data_runqueue_wait_us=1,
         ),
     ]
     path = tmp_path / "loop.jsonl"
@@ -140,6 +143,8 @@ def test_loop_fields_read_as_columns_with_minus_one_for_unknown(tmp_path):
     assert "runqueue_wait_us" not in lines[0]
     assert "on_cpu_us" not in lines[0]
     assert "compute_runqueue_wait_us" not in lines[0]
+    assert "data_runqueue_wait_us" not in lines[0]
+    assert (lines[1]["data_runqueue_wait_us"], lines[2]["data_runqueue_wait_us"]) == (0, 1)
     assert (lines[1]["compute_runqueue_wait_us"], lines[2]["compute_runqueue_wait_us"]) == (0, 30_999)
     assert lines[2]["on_cpu_us"] == 0
     assert lines[1]["runqueue_wait_us"] == 0
@@ -152,6 +157,7 @@ def test_loop_fields_read_as_columns_with_minus_one_for_unknown(tmp_path):
         assert s.runqueue_wait_us.tolist() == [-1, 0, 31_000]
         assert s.on_cpu_us.tolist() == [-1, 90_000, 0]
         assert s.compute_runqueue_wait_us.tolist() == [-1, 0, 30_999]
+        assert s.data_runqueue_wait_us.tolist() == [-1, 0, 1]
         checkpoint = BETWEEN_KINDS.index("checkpoint")
         assert s.between_us.tolist()[0] == [-1] * len(BETWEEN_KINDS)
         assert s.between_us[1, checkpoint] == 150_000
@@ -177,6 +183,12 @@ _RANGE, _TYPE = ParseCode.VALUE_OUT_OF_RANGE, ParseCode.WRONG_TYPE
         ({"runqueue_wait_us": "7"}, _TYPE, "runqueue_wait_us = '7' (str); expected a whole number"),
         ({"on_cpu_us": -1}, _RANGE, "on_cpu_us = -1 is below 0"),
         ({"compute_runqueue_wait_us": -1}, _RANGE, "compute_runqueue_wait_us = -1 is below 0"),
+        ({"data_runqueue_wait_us": -1}, _RANGE, "data_runqueue_wait_us = -1 is below 0"),
+        (
+            {"data_runqueue_wait_us": 701},
+            _RANGE,
+            "data_runqueue_wait_us = 701 must come with runqueue_wait_us and be at most it (runqueue_wait_us = 700",
+        ),
         ({"attempt_start_us": -1}, _RANGE, "attempt_start_us = -1 is below 0"),
         ({"attempt_start_us": 2.5}, _TYPE, "attempt_start_us = 2.5 (float); expected a whole number"),
         (
@@ -204,6 +216,8 @@ _RANGE, _TYPE = ParseCode.VALUE_OUT_OF_RANGE, ParseCode.WRONG_TYPE
         "runqueue-str",
         "on-cpu-negative",
         "in-compute-negative",
+        "in-data-negative",
+        "in-data-above-total",
         "attempt-negative",
         "attempt-float",
         "in-compute-above-total",
@@ -319,6 +333,7 @@ def test_from_arrays_builds_the_same_table_as_from_records():
             runqueue_wait_us=[700] * 2,
             on_cpu_us=[90_000] * 2,
             compute_runqueue_wait_us=[500] * 2,
+            data_runqueue_wait_us=[150] * 2,
             attempt_start_us=[1_699_999_990_000_000, 1_699_999_990_000_001],
         ),
         intervals=IntervalColumns.build(

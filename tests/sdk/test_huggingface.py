@@ -149,9 +149,9 @@ def test_a_trainer_rank_with_a_slow_loader_is_a_straggler_in_data_loading_not_a_
     # loader. Before, that gather was not recorded and its wait was the healthy rank's data wait: a job-wide
     # "data loader starves the job" naming rank 0, advising more loader workers. 50 ms a sample (200 ms a step): in
     # a CI run whose training threads waited for a CPU 40 % of the median step (other tests beside it), 20 ms a
-    # sample (80 ms a step) was not named: the detector takes a rank's whole extra host time (its run-queue wait and
-    # its extra CPU time beyond its peer's, 40-85 ms a step there) out of a phase the records do not time on the CPU,
-    # which left its data loading under the bar in 4 of 9 steps (the records: the twenty-fifth session's note).
+    # sample (80 ms a step) was not named: the detector took a rank's whole extra host time out of its data loading,
+    # which the records did not time on the CPU then. They do now (data_runqueue_wait_us; a run of this test at 20
+    # ms a sample beside six spinners: tests/data/trainer_slow_loader_runqueue); the margin stays.
     job = fork_job(
         lambda rank, world: _trainer_job(
             rank, world, str(tmp_path / "trainer"), "no", compiled=False, slow_rank=1, steps=10

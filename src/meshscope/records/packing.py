@@ -6,13 +6,13 @@ operator's deep tier pays it for every interval of every rank of a job in one pr
 decoding is spread over every node and the operator only checks and copies (:func:`unpack_columns`, then
 :func:`~meshscope.records.building.table_from_columns`). Packed columns take about 40 % of the bytes of the lines.
 
-The format, ``meshscope.columns/6`` (media type :data:`PACKED_MEDIA_TYPE`): one line of JSON (the header: schema,
+The format, ``meshscope.columns/7`` (media type :data:`PACKED_MEDIA_TYPE`): one line of JSON (the header: schema,
 job, the step numbers held, the name tables, and every column's part, name, dtype and shape, in the order of
 :data:`LAYOUT`), a newline, then every column's bytes back to back, little-endian, C order. A change of the columns
 is a new schema version; a reader reads the versions before its own too (``meshscope.columns/1``: without
 ``on_cpu_us``, ``meshscope.columns/2``: without ``compute_runqueue_wait_us``, ``meshscope.columns/3``: without
 ``attempt_start_us``, ``meshscope.columns/4``: without ``raised``, ``meshscope.columns/5``: without
-``between_comm_us``, read as unknown), so that an operator
+``between_comm_us``, ``meshscope.columns/6``: without ``data_runqueue_wait_us``, read as unknown), so that an operator
 reads the sidecars of pods started before it was upgraded.
 
 Packed bytes are input like any other: this module must not trust them. :func:`unpack_columns` checks the header,
@@ -40,7 +40,7 @@ if TYPE_CHECKING:
 
     from numpy.typing import NDArray
 
-PACKED_SCHEMA = "meshscope.columns/6"
+PACKED_SCHEMA = "meshscope.columns/7"
 """The header's ``schema``: the version of the column layout."""
 PACKED_MEDIA_TYPE = "application/vnd.meshscope.columns"
 """HTTP media type of packed columns (``Accept`` it to get them from a sidecar's ``/v1/steps``)."""
@@ -66,21 +66,30 @@ _LACKS: dict[str, tuple[tuple[str, str], ...]] = {
         ("rows", "attempt_start_us"),
         ("rows", "raised"),
         ("rows", "between_comm_us"),
+        ("rows", "data_runqueue_wait_us"),
     ),
     "meshscope.columns/2": (
         ("rows", "compute_runqueue_wait_us"),
         ("rows", "attempt_start_us"),
         ("rows", "raised"),
         ("rows", "between_comm_us"),
+        ("rows", "data_runqueue_wait_us"),
     ),
-    "meshscope.columns/3": (("rows", "attempt_start_us"), ("rows", "raised"), ("rows", "between_comm_us")),
-    "meshscope.columns/4": (("rows", "raised"), ("rows", "between_comm_us")),
-    "meshscope.columns/5": (("rows", "between_comm_us"),),
+    "meshscope.columns/3": (
+        ("rows", "attempt_start_us"),
+        ("rows", "raised"),
+        ("rows", "between_comm_us"),
+        ("rows", "data_runqueue_wait_us"),
+    ),
+    "meshscope.columns/4": (("rows", "raised"), ("rows", "between_comm_us"), ("rows", "data_runqueue_wait_us")),
+    "meshscope.columns/5": (("rows", "between_comm_us"), ("rows", "data_runqueue_wait_us")),
+    "meshscope.columns/6": (("rows", "data_runqueue_wait_us"),),
 }
 """The columns each older version lacks (read as unknown, -1; for ``raised``, a step that ended normally):
 ``on_cpu_us`` came with ``meshscope.columns/2``, ``compute_runqueue_wait_us`` with ``meshscope.columns/3``,
 ``attempt_start_us`` with ``meshscope.columns/4``, ``raised`` (1 where the step ended by an exception, else 0) with
-``meshscope.columns/5``, ``between_comm_us`` with ``meshscope.columns/6``."""
+``meshscope.columns/5``, ``between_comm_us`` with ``meshscope.columns/6``, ``data_runqueue_wait_us`` with
+``meshscope.columns/7``."""
 _LAYOUTS = {
     PACKED_SCHEMA: LAYOUT,
     **{schema: tuple(c for c in LAYOUT if (c[0], c[1]) not in added) for schema, added in _LACKS.items()},

@@ -222,6 +222,7 @@ def _parse_record(obj: object, where: str) -> StepRecord:
     runqueue_wait_us = _int(d, "runqueue_wait_us", where, required=False, minimum=0)
     on_cpu_us = _int(d, "on_cpu_us", where, required=False, minimum=0)
     compute_runqueue_wait_us = _int(d, "compute_runqueue_wait_us", where, required=False, minimum=0)
+    data_runqueue_wait_us = _int(d, "data_runqueue_wait_us", where, required=False, minimum=0)
     attempt_start_us = _int(d, "attempt_start_us", where, required=False, minimum=0)
     raised = _str(d, "raised", where, required=False)
     between_obj = d.get("between_steps")
@@ -253,6 +254,7 @@ def _parse_record(obj: object, where: str) -> StepRecord:
             runqueue_wait_us=runqueue_wait_us,
             on_cpu_us=on_cpu_us,
             compute_runqueue_wait_us=compute_runqueue_wait_us,
+            data_runqueue_wait_us=data_runqueue_wait_us,
             attempt_start_us=attempt_start_us,
             raised=raised,
         )
@@ -304,20 +306,17 @@ def record_to_json(record: StepRecord) -> dict[str, Any]:
     }
     if stats:
         out["stats"] = stats
-    if record.gpu_util is not None:
-        out["gpu_util"] = record.gpu_util
-    if record.user_step is not None:
-        out["user_step"] = record.user_step
-    if record.gap_before_us is not None:
-        out["gap_before_us"] = record.gap_before_us
-    if record.between_steps is not None:
-        out["between_steps"] = record.between_steps.as_dict()
-    if record.runqueue_wait_us is not None:
-        out["runqueue_wait_us"] = record.runqueue_wait_us
-    if record.on_cpu_us is not None:
-        out["on_cpu_us"] = record.on_cpu_us
-    if record.compute_runqueue_wait_us is not None:
-        out["compute_runqueue_wait_us"] = record.compute_runqueue_wait_us
-    if record.raised is not None:
-        out["raised"] = record.raised
+    between = record.between_steps
+    tail = {
+        "gpu_util": record.gpu_util,
+        "user_step": record.user_step,
+        "gap_before_us": record.gap_before_us,
+        "between_steps": None if between is None else between.as_dict(),
+        "runqueue_wait_us": record.runqueue_wait_us,
+        "on_cpu_us": record.on_cpu_us,
+        "compute_runqueue_wait_us": record.compute_runqueue_wait_us,
+        "data_runqueue_wait_us": record.data_runqueue_wait_us,
+        "raised": record.raised,
+    }
+    out.update({k: v for k, v in tail.items() if v is not None})
     return out

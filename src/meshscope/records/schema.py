@@ -258,6 +258,7 @@ _NON_NEGATIVE = (
     "runqueue_wait_us",
     "on_cpu_us",
     "compute_runqueue_wait_us",
+    "data_runqueue_wait_us",
     "attempt_start_us",
 )
 """The record's whole-number fields that are at least 0 where given."""
@@ -313,6 +314,11 @@ class StepRecord:
     training compute phase, also its time outside phases), microseconds: with it a rank's compute less the time it
     waited for a CPU compares like for like with its peers'. At most ``runqueue_wait_us``, and only with it; ``None``
     when not measured."""
+    data_runqueue_wait_us: int | None = None
+    """The part of ``runqueue_wait_us`` that fell in the step's data loading (its ``data`` phases: fetches timed in
+    it, a fetch held for it before it opened included), microseconds: a loader slow while off a CPU (a slow disk, a
+    remote store) waits little for one, a rank whose loading only waited for a CPU more than its peers' is the
+    host's. At most ``runqueue_wait_us``, and only with it; ``None`` when not measured."""
     attempt_start_us: int | None = None
     """When the process that wrote the record began tracking (its tracker's start, host-clock microseconds): one
     value per attempt of the rank. A job restarted or resumed into the same records starts a new process, whose
@@ -368,14 +374,18 @@ class StepRecord:
             )
 
     def _check_run_delay(self) -> None:
-        """``compute_runqueue_wait_us`` is a part of ``runqueue_wait_us``: only with it, and at most it."""
-        in_compute, total = self.compute_runqueue_wait_us, self.runqueue_wait_us
-        if in_compute is not None and (total is None or in_compute > total):
-            raise ParseError(
-                f"compute_runqueue_wait_us = {in_compute} must come with runqueue_wait_us and be at most it "
-                f"(runqueue_wait_us = {total}): it is the part of the step's run delay in its compute",
-                code=ParseCode.VALUE_OUT_OF_RANGE,
-            )
+        """The run delay in compute and in data loading: parts of ``runqueue_wait_us``, only with it, at most it."""
+        total = self.runqueue_wait_us
+        for name, part, where in (
+            ("compute_runqueue_wait_us", self.compute_runqueue_wait_us, "compute"),
+            ("data_runqueue_wait_us", self.data_runqueue_wait_us, "data loading"),
+        ):
+            if part is not None and (total is None or part > total):
+                raise ParseError(
+                    f"{name} = {part} must come with runqueue_wait_us and be at most it "
+                    f"(runqueue_wait_us = {total}): it is the part of the step's run delay in its {where}",
+                    code=ParseCode.VALUE_OUT_OF_RANGE,
+                )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

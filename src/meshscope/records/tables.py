@@ -111,6 +111,8 @@ class StepColumns:
     """Microseconds the step's training thread ran on a CPU, or -1 (not measured)."""
     compute_runqueue_wait_us: NDArray[np.int64]
     """The part of ``runqueue_wait_us`` in the step's compute, microseconds, or -1 (not measured)."""
+    data_runqueue_wait_us: NDArray[np.int64]
+    """The part of ``runqueue_wait_us`` in the step's data loading, microseconds, or -1 (not measured)."""
     attempt_start_us: NDArray[np.int64]
     """When the process that wrote the row began tracking (host-clock microseconds): one value per attempt of the
     rank, or -1 (the writer does not say)."""
@@ -146,6 +148,7 @@ class StepColumns:
         runqueue_wait_us: ArrayLike | None = None,
         on_cpu_us: ArrayLike | None = None,
         compute_runqueue_wait_us: ArrayLike | None = None,
+        data_runqueue_wait_us: ArrayLike | None = None,
         attempt_start_us: ArrayLike | None = None,
         source_file: ArrayLike | None = None,
         source_line: ArrayLike | None = None,
@@ -194,6 +197,7 @@ class StepColumns:
             runqueue_wait_us=_column(runqueue_wait_us, n, i64, UNKNOWN, "runqueue_wait_us"),
             on_cpu_us=_column(on_cpu_us, n, i64, UNKNOWN, "on_cpu_us"),
             compute_runqueue_wait_us=_column(compute_runqueue_wait_us, n, i64, UNKNOWN, "compute_runqueue_wait_us"),
+            data_runqueue_wait_us=_column(data_runqueue_wait_us, n, i64, UNKNOWN, "data_runqueue_wait_us"),
             attempt_start_us=_column(attempt_start_us, n, i64, UNKNOWN, "attempt_start_us"),
             source_file=_column(source_file, n, i32, UNKNOWN, "source_file"),
             source_line=_column(source_line, n, i64, UNKNOWN, "source_line"),
@@ -473,6 +477,7 @@ def _table_of_records(records: Iterable[StepRecord], *, notes: tuple[Note, ...])
                 "runqueue_wait_us",
                 "on_cpu_us",
                 "compute_runqueue_wait_us",
+                "data_runqueue_wait_us",
                 "attempt_start_us",
             )
         }
@@ -504,6 +509,8 @@ def _table_of_records(records: Iterable[StepRecord], *, notes: tuple[Note, ...])
         rows["on_cpu_us"].append(UNKNOWN if rec.on_cpu_us is None else rec.on_cpu_us)
         in_compute = rec.compute_runqueue_wait_us
         rows["compute_runqueue_wait_us"].append(UNKNOWN if in_compute is None else in_compute)
+        in_data = rec.data_runqueue_wait_us
+        rows["data_runqueue_wait_us"].append(UNKNOWN if in_data is None else in_data)
         rows["attempt_start_us"].append(UNKNOWN if rec.attempt_start_us is None else rec.attempt_start_us)
         between = rec.between_steps
         rows["between_us"].append(
@@ -633,6 +640,7 @@ def _row_record(table: RecordTable, i: int, intervals: list[Interval]) -> StepRe
         runqueue_wait_us=_opt_int(s.runqueue_wait_us[i]),
         on_cpu_us=_opt_int(s.on_cpu_us[i]),
         compute_runqueue_wait_us=_opt_int(s.compute_runqueue_wait_us[i]),
+        data_runqueue_wait_us=_opt_int(s.data_runqueue_wait_us[i]),
         attempt_start_us=_opt_int(s.attempt_start_us[i]),
     )
 
@@ -699,6 +707,7 @@ def _validate_table(t: RecordTable) -> NDArray[np.intp]:  # noqa: C901, PLR0912,
         "runqueue_wait_us",
         "on_cpu_us",
         "compute_runqueue_wait_us",
+        "data_runqueue_wait_us",
         "attempt_start_us",
         "source_file",
         "source_line",
@@ -769,6 +778,7 @@ def _validate_table(t: RecordTable) -> NDArray[np.intp]:  # noqa: C901, PLR0912,
         "runqueue_wait_us",
         "on_cpu_us",
         "compute_runqueue_wait_us",
+        "data_runqueue_wait_us",
         "attempt_start_us",
     ):
         col = getattr(s, name)
@@ -778,16 +788,17 @@ def _validate_table(t: RecordTable) -> NDArray[np.intp]:  # noqa: C901, PLR0912,
                 f"{t.where_row(bad)}: {name} = {int(col[bad])} is below 0 (-1 means unknown)",
                 code=ParseCode.VALUE_OUT_OF_RANGE,
             )
-    # compute_runqueue_wait_us: a part of runqueue_wait_us, only with it
-    in_compute = s.compute_runqueue_wait_us
-    bad = _first((in_compute >= 0) & ((s.runqueue_wait_us < 0) | (in_compute > s.runqueue_wait_us)))
-    if bad is not None:
-        raise ParseError(
-            f"{t.where_row(bad)}: compute_runqueue_wait_us = {int(in_compute[bad])} must come with runqueue_wait_us "
-            f"and be at most it (runqueue_wait_us = {int(s.runqueue_wait_us[bad])}; -1 means unknown): it is the "
-            "part of the step's run delay in its compute",
-            code=ParseCode.VALUE_OUT_OF_RANGE,
-        )
+    # compute_runqueue_wait_us, data_runqueue_wait_us: parts of runqueue_wait_us, only with it
+    for name, where in (("compute_runqueue_wait_us", "compute"), ("data_runqueue_wait_us", "data loading")):
+        part = getattr(s, name)
+        bad = _first((part >= 0) & ((s.runqueue_wait_us < 0) | (part > s.runqueue_wait_us)))
+        if bad is not None:
+            raise ParseError(
+                f"{t.where_row(bad)}: {name} = {int(part[bad])} must come with runqueue_wait_us and be at most it "
+                f"(runqueue_wait_us = {int(s.runqueue_wait_us[bad])}; -1 means unknown): it is the part of the "
+                f"step's run delay in its {where}",
+                code=ParseCode.VALUE_OUT_OF_RANGE,
+            )
     # between_us: a row is all -1 (not measured) or every kind >= 0
     given = s.between_us >= 0
     below = np.any(s.between_us < UNKNOWN, axis=1)

@@ -144,6 +144,7 @@ class _LineOut(msgspec.Struct, kw_only=True, omit_defaults=True, gc=False):
     runqueue_wait_us: int | None = None
     on_cpu_us: int | None = None
     compute_runqueue_wait_us: int | None = None
+    data_runqueue_wait_us: int | None = None
 
 
 def _named(codes: NDArray[Any], names: Iterable[str]) -> list[str | None]:
@@ -197,6 +198,7 @@ def _table_lines(table: RecordTable) -> Iterator[list[_LineOut]]:
             _optional(s.runqueue_wait_us[rows], s.runqueue_wait_us[rows] >= 0),
             _optional(s.on_cpu_us[rows], s.on_cpu_us[rows] >= 0),
             _optional(s.compute_runqueue_wait_us[rows], s.compute_runqueue_wait_us[rows] >= 0),
+            _optional(s.data_runqueue_wait_us[rows], s.data_runqueue_wait_us[rows] >= 0),
             strict=True,
         )
         yield [
@@ -222,6 +224,7 @@ def _table_lines(table: RecordTable) -> Iterator[list[_LineOut]]:
                 runqueue_wait_us=runqueue,
                 on_cpu_us=on_cpu,
                 compute_runqueue_wait_us=in_compute,
+                data_runqueue_wait_us=in_data,
             )
             for (
                 step,
@@ -243,6 +246,7 @@ def _table_lines(table: RecordTable) -> Iterator[list[_LineOut]]:
                 runqueue,
                 on_cpu,
                 in_compute,
+                in_data,
             ) in columns
         ]
 

@@ -397,7 +397,13 @@ def _step_slice(table: RecordTable, bd: Breakdown, row: int, shift: int) -> _Sli
     args: dict[str, Any] = {"step": int(s.step[row]), "step_us": int(s.end_us[row] - s.start_us[row])}
     # the loop's own number (per-epoch counts) where the SDK renumbered; the training thread's time waiting for a
     # CPU, and on one
-    for name in ("user_step", "runqueue_wait_us", "on_cpu_us", "compute_runqueue_wait_us"):
+    for name in (
+        "user_step",
+        "runqueue_wait_us",
+        "on_cpu_us",
+        "compute_runqueue_wait_us",
+        "data_runqueue_wait_us",
+    ):
         value = int(getattr(s, name)[row])
         if value >= 0:
             args[name] = value

@@ -29,6 +29,7 @@ MERGE_GAP_US: Final = 20
 """Blocked windows closer than this many µs are merged (the Python between two waits is not compute)."""
 OPTIMIZER: Final = "optimizer"
 COMPUTE: Final = "compute"
+DATA: Final = "data"
 DEVICE_KINDS: Final = frozenset({"compute", OPTIMIZER})
 """Interval kinds whose marks are device marks and from which blocked windows are cut."""
 BETWEEN_KINDS: Final = ("data", "compute", "optimizer", "checkpoint", "eval")
@@ -107,6 +108,7 @@ class StepState:
         "attention",
         "between_ns",
         "compute_rq_ns",
+        "data_rq_ns",
         "declared_compute",
         "end_mark",
         "end_ns",
@@ -176,6 +178,8 @@ class StepState:
         the kernels run whether or not the launching thread has a core)."""
         self.compute_rq_ns = 0
         """The part of :attr:`phased_rq_ns` in its compute phases, ns."""
+        self.data_rq_ns = 0
+        """The part of :attr:`phased_rq_ns` in its ``data`` phases (its fetches), ns."""
 
 
 def between_us(between_ns: Mapping[str, int]) -> dict[str, int]:
@@ -241,6 +245,18 @@ def compute_runqueue_wait_us(st: StepState) -> int | None:
         return None
     inside = st.compute_rq_ns if _computes(st) else st.compute_rq_ns + max(0, total - phased)
     return min(max(inside, 0), total) // 1000
+
+
+def data_runqueue_wait_us(st: StepState) -> int | None:
+    """The record's ``data_runqueue_wait_us``: the part of the step's run delay in its data loading, µs.
+
+    The run delay in its ``data`` phases (the fetches timed in it, a held one included); at most the step's own run
+    delay; ``None`` where either is unknown.
+    """
+    total = st.runqueue_wait_ns
+    if total is None or st.phased_rq_ns is None:
+        return None
+    return min(max(st.data_rq_ns, 0), total) // 1000
 
 
 def implicit_compute(
@@ -448,6 +464,8 @@ def build_record(
         record["runqueue_wait_us"] = st.runqueue_wait_ns // 1000
     if (in_compute := compute_runqueue_wait_us(st)) is not None:
         record["compute_runqueue_wait_us"] = in_compute
+    if (in_data := data_runqueue_wait_us(st)) is not None:
+        record["data_runqueue_wait_us"] = in_data
     if st.on_cpu_ns is not None:
         record["on_cpu_us"] = st.on_cpu_ns // 1000
     if st.raised is not None:
@@ -528,6 +546,8 @@ def encode_record(st: StepState, p: StepIntervals, *, header: RecordHeader, sdk:
         loop += f',"runqueue_wait_us":{st.runqueue_wait_ns // 1000}'
     if (in_compute := compute_runqueue_wait_us(st)) is not None:
         loop += f',"compute_runqueue_wait_us":{in_compute}'
+    if (in_data := data_runqueue_wait_us(st)) is not None:
+        loop += f',"data_runqueue_wait_us":{in_data}'
     if st.on_cpu_ns is not None:
         loop += f',"on_cpu_us":{st.on_cpu_ns // 1000}'
     if st.raised is not None:
