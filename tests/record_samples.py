@@ -75,6 +75,7 @@ def make_record(rank: int = 0, step: int = 0, *, job: str = "demo", **overrides)
         "on_cpu_us": 90_000,
         "compute_runqueue_wait_us": 500,
         "data_runqueue_wait_us": 150,
+        "optimizer_runqueue_wait_us": 50,
     }
     fields.update(overrides)
     return StepRecord(**fields)

@@ -309,16 +309,25 @@ def test_straggler_in_compute() -> None:
 
 
 def host_timed(
-    job: Job, runqueue_us: dict[int, float], *, base_us: float = 0.0, on_cpu_us: dict[int, float] | None = None
+    job: Job,
+    runqueue_us: dict[int, float],
+    *,
+    base_us: float = 0.0,
+    on_cpu_us: dict[int, float] | None = None,
+    optimizer_runqueue_us: dict[int, float] | None = None,
 ) -> RecordTable:
     """``job``'s table as a CPU run records it: no GPU, and each rank-step's run delay (``base_us`` + the rank's);
-    with ``on_cpu_us``, each rank-step's time on a CPU (21 ms, its compute and optimizer step, + the rank's)."""
+    with ``on_cpu_us``, each rank-step's time on a CPU (21 ms, its compute and optimizer step, + the rank's); with
+    ``optimizer_runqueue_us``, the part of the run delay in its optimizer step (the rank's, 0 for the others)."""
     t = job.table()
     delay = base_us + np.array([runqueue_us.get(int(r), 0.0) for r in t.steps.rank])
     steps = replace(t.steps, gpu_util=np.full(t.n_rows, np.nan), runqueue_wait_us=np.rint(delay).astype(np.int64))
     if on_cpu_us is not None:
         on_cpu = 21_000 + np.array([on_cpu_us.get(int(r), 0.0) for r in t.steps.rank])
         steps = replace(steps, on_cpu_us=np.rint(on_cpu).astype(np.int64))
+    if optimizer_runqueue_us is not None:
+        in_optimizer = np.array([optimizer_runqueue_us.get(int(r), 0.0) for r in t.steps.rank])
+        steps = replace(steps, optimizer_runqueue_wait_us=np.rint(in_optimizer).astype(np.int64))
     return replace(t, steps=steps)
 
 
@@ -364,6 +373,23 @@ def test_a_rank_slow_while_on_a_slower_cpu_is_no_straggler() -> None:
         # Without the time on a CPU to show it, the same rank is named (slow in compute and in its optimizer step).
         found = analyze(host_timed(slower_core, {}, **host, on_cpu_us={})).findings
         assert only(found, "straggler").suspects[0].rank == 5
+
+
+def test_an_optimizer_step_slow_only_by_waiting_for_a_cpu_is_no_slower_core() -> None:
+    # Rank 5 computes 1.4x as long with 8 ms more on a CPU (more work of its own), and its optimizer step took 1.4x
+    # as long as its peers' (0.4 ms more) only because its thread waited that long for a CPU in it. Read as measured,
+    # the optimizer step says its core is 1.4x slower, which explains all of its extra time on a CPU: no finding.
+    # Where the records say how long each optimizer step waited for a CPU (optimizer_runqueue_wait_us), the witness
+    # is compared less that wait: the same work at its peers' speed, so the extra CPU time is the rank's own; named.
+    job = Job(slow={5: 1.4}, slow_optimizer={5: 1.4})
+    waited = {5: 400.0}
+    assert analyze(host_timed(job, waited, on_cpu_us={5: 8_000})).findings == ()
+    told = host_timed(job, waited, on_cpu_us={5: 8_000}, optimizer_runqueue_us=waited)
+    f = only(analyze(told).findings, "straggler")
+    assert f.suspects[0].rank == 5
+    assert f.evidence["phase_is_compute"] == 1
+    # Its optimizer step 1.4x as long while on a CPU (no wait in it): its core is slower, as before. Not named.
+    assert analyze(host_timed(job, {}, on_cpu_us={5: 8_400}, optimizer_runqueue_us={})).findings == ()
 
 
 def test_a_straggler_waiting_for_a_cpu_in_proportion_is_still_named() -> None:

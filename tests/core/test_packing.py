@@ -26,11 +26,11 @@ from meshscope.records import (
 from meshscope.records.packing import LAYOUT
 from record_samples import _outcome, _records_one_field_changed, good_json, write_lines
 
-ROW_BYTES = 269
+ROW_BYTES = 277
 """One rank-step's columns, counted by hand from the layout below: rank, step, start_us, end_us 4 x 8; coord 5 x 8;
 node, nvlink_domain, network_tier, gpu 4 x 4; gpu_util 8; tokens, sequences, longest_sequence, attention_work,
 attention_us, peak_memory_bytes 6 x 8; user_step, gap_before_us 2 x 8; between_us 5 x 8; between_comm_us 8; runqueue_wait_us,
-on_cpu_us, compute_runqueue_wait_us, data_runqueue_wait_us, attempt_start_us 5 x 8; source_file 4; source_line 8;
+on_cpu_us, compute_runqueue_wait_us, data_runqueue_wait_us, optimizer_runqueue_wait_us, attempt_start_us 6 x 8; source_file 4; source_line 8;
 n_intervals 8; raised 1."""
 INTERVAL_BYTES = 52
 """One interval's: kind 1, start_us and end_us 2 x 8, phase, axis, op 3 x 1, group 4, seq and size_bytes 2 x 8,
@@ -74,6 +74,7 @@ def test_the_layout_is_the_schema_version() -> None:
         ("rows", "on_cpu_us", "<i8", ()),
         ("rows", "compute_runqueue_wait_us", "<i8", ()),
         ("rows", "data_runqueue_wait_us", "<i8", ()),
+        ("rows", "optimizer_runqueue_wait_us", "<i8", ()),
         ("rows", "attempt_start_us", "<i8", ()),
         ("rows", "source_file", "<i4", ()),
         ("rows", "source_line", "<i8", ()),
@@ -118,23 +119,34 @@ def test_packed_lines_read_back_as_the_table_of_the_lines() -> None:
                 "raised",
                 "between_comm_us",
                 "data_runqueue_wait_us",
+                "optimizer_runqueue_wait_us",
             ),
         ),
         (
             "meshscope.columns/2",
-            ("compute_runqueue_wait_us", "attempt_start_us", "raised", "between_comm_us", "data_runqueue_wait_us"),
+            (
+                "compute_runqueue_wait_us",
+                "attempt_start_us",
+                "raised",
+                "between_comm_us",
+                "data_runqueue_wait_us",
+                "optimizer_runqueue_wait_us",
+            ),
         ),
-        ("meshscope.columns/3", ("attempt_start_us", "raised", "between_comm_us", "data_runqueue_wait_us")),
-        ("meshscope.columns/4", ("raised", "between_comm_us", "data_runqueue_wait_us")),
-        ("meshscope.columns/5", ("between_comm_us", "data_runqueue_wait_us")),
-        ("meshscope.columns/6", ("data_runqueue_wait_us",)),
+        (
+            "meshscope.columns/3",
+            ("attempt_start_us", "raised", "between_comm_us", "data_runqueue_wait_us", "optimizer_runqueue_wait_us"),
+        ),
+        ("meshscope.columns/4", ("raised", "between_comm_us", "data_runqueue_wait_us", "optimizer_runqueue_wait_us")),
+        ("meshscope.columns/5", ("between_comm_us", "data_runqueue_wait_us", "optimizer_runqueue_wait_us")),
+        ("meshscope.columns/6", ("data_runqueue_wait_us", "optimizer_runqueue_wait_us")),
     ],
 )
 def test_the_versions_before_read_with_the_newer_columns_unknown(schema: str, lacks: tuple[str, ...]) -> None:
     # A sidecar of a pod started before the operator's upgrade packs an older version: the same columns without the
     # ones added since (on_cpu_us in /2, compute_runqueue_wait_us in /3, attempt_start_us in /4, raised in /5,
-    # between_comm_us in /6: between_steps.comm, data_runqueue_wait_us in /7). Made here from a /7 message by cutting
-    # them.
+    # between_comm_us in /6: between_steps.comm, data_runqueue_wait_us and optimizer_runqueue_wait_us in /7). Made
+    # here from a /7 message by cutting them.
     lines = _lines(_objs())
     data = pack_lines(lines, where="a")[0]
     end = data.index(b"\n")
@@ -159,7 +171,7 @@ def test_the_versions_before_read_with_the_newer_columns_unknown(schema: str, la
     without = [json.dumps(o).encode() + b"\n" for o in objs]
     assert table.to_records() == table_from_lines(without).to_records()
     n = len(header["columns"])
-    with pytest.raises(ParseError, match=rf"{n} columns; meshscope\.columns/7 has 40") as info:  # not /7's layout
+    with pytest.raises(ParseError, match=rf"{n} columns; meshscope\.columns/7 has 41") as info:  # not /7's layout
         unpack_columns(_with_header(old, schema="meshscope.columns/7"), where="a")
     assert info.value.code == ParseCode.BAD_SHAPE
 
@@ -278,7 +290,7 @@ def _with_column(data: bytes, name: str, change) -> bytes:
         (
             lambda d: _with_header(d, columns=json.loads(d[: d.index(b"\n")])["columns"][:-1]),
             ParseCode.BAD_SHAPE,
-            "39 columns; meshscope.columns/7 has 40",
+            "40 columns; meshscope.columns/7 has 41",
         ),
         (
             lambda d: _with_header(

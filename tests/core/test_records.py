@@ -111,6 +111,7 @@ def test_loop_fields_read_as_columns_with_minus_one_for_unknown(tmp_path):
             on_cpu_us=None,
             compute_runqueue_wait_us=None,
             data_runqueue_wait_us=None,
+            optimizer_runqueue_wait_us=None,
         ),
         make_record(
             0,
@@ -121,6 +122,7 @@ def test_loop_fields_read_as_columns_with_minus_one_for_unknown(tmp_path):
             runqueue_wait_us=0,
             compute_runqueue_wait_us=0,
             data_runqueue_wait_us=0,
+            optimizer_runqueue_wait_us=0,
         ),
         make_record(
             0,
@@ -132,6 +134,7 @@ def test_loop_fields_read_as_columns_with_minus_one_for_unknown(tmp_path):
             on_cpu_us=0,
             compute_runqueue_wait_us=30_999,
             data_runqueue_wait_us=1,
+            optimizer_runqueue_wait_us=2,
         ),
     ]
     path = tmp_path / "loop.jsonl"
@@ -144,7 +147,9 @@ def test_loop_fields_read_as_columns_with_minus_one_for_unknown(tmp_path):
     assert "on_cpu_us" not in lines[0]
     assert "compute_runqueue_wait_us" not in lines[0]
     assert "data_runqueue_wait_us" not in lines[0]
+    assert "optimizer_runqueue_wait_us" not in lines[0]
     assert (lines[1]["data_runqueue_wait_us"], lines[2]["data_runqueue_wait_us"]) == (0, 1)
+    assert (lines[1]["optimizer_runqueue_wait_us"], lines[2]["optimizer_runqueue_wait_us"]) == (0, 2)
     assert (lines[1]["compute_runqueue_wait_us"], lines[2]["compute_runqueue_wait_us"]) == (0, 30_999)
     assert lines[2]["on_cpu_us"] == 0
     assert lines[1]["runqueue_wait_us"] == 0
@@ -158,6 +163,7 @@ def test_loop_fields_read_as_columns_with_minus_one_for_unknown(tmp_path):
         assert s.on_cpu_us.tolist() == [-1, 90_000, 0]
         assert s.compute_runqueue_wait_us.tolist() == [-1, 0, 30_999]
         assert s.data_runqueue_wait_us.tolist() == [-1, 0, 1]
+        assert s.optimizer_runqueue_wait_us.tolist() == [-1, 0, 2]
         checkpoint = BETWEEN_KINDS.index("checkpoint")
         assert s.between_us.tolist()[0] == [-1] * len(BETWEEN_KINDS)
         assert s.between_us[1, checkpoint] == 150_000
@@ -189,6 +195,12 @@ _RANGE, _TYPE = ParseCode.VALUE_OUT_OF_RANGE, ParseCode.WRONG_TYPE
             _RANGE,
             "data_runqueue_wait_us = 701 must come with runqueue_wait_us and be at most it (runqueue_wait_us = 700",
         ),
+        ({"optimizer_runqueue_wait_us": -1}, _RANGE, "optimizer_runqueue_wait_us = -1 is below 0"),
+        (
+            {"optimizer_runqueue_wait_us": 701},
+            _RANGE,
+            "optimizer_runqueue_wait_us = 701 must come with runqueue_wait_us and be at most it",
+        ),
         ({"attempt_start_us": -1}, _RANGE, "attempt_start_us = -1 is below 0"),
         ({"attempt_start_us": 2.5}, _TYPE, "attempt_start_us = 2.5 (float); expected a whole number"),
         (
@@ -218,6 +230,8 @@ _RANGE, _TYPE = ParseCode.VALUE_OUT_OF_RANGE, ParseCode.WRONG_TYPE
         "in-compute-negative",
         "in-data-negative",
         "in-data-above-total",
+        "in-optimizer-negative",
+        "in-optimizer-above-total",
         "attempt-negative",
         "attempt-float",
         "in-compute-above-total",
@@ -334,6 +348,7 @@ def test_from_arrays_builds_the_same_table_as_from_records():
             on_cpu_us=[90_000] * 2,
             compute_runqueue_wait_us=[500] * 2,
             data_runqueue_wait_us=[150] * 2,
+            optimizer_runqueue_wait_us=[50] * 2,
             attempt_start_us=[1_699_999_990_000_000, 1_699_999_990_000_001],
         ),
         intervals=IntervalColumns.build(

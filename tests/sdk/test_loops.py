@@ -744,8 +744,8 @@ class ScriptedLoader:
 
 def test_the_run_delay_in_compute_and_in_fetches_is_told_from_the_rest_of_the_step(listener) -> None:
     # Every way a loop marks (or does not mark) its compute: what the record says waited for a CPU in compute is the
-    # wait the test put inside compute, in data loading the wait the test put in its fetches, and the step's total is
-    # all of it, fetches held for the step included.
+    # wait the test put inside compute, in data loading and the optimizer step the waits the test put in its fetches
+    # and its optimizer phase, and the step's total is all of it, fetches held for the step included.
     sock, path = listener
     tracker = _tracker(path)
     sched = ScriptedSched()
@@ -781,16 +781,19 @@ def test_the_run_delay_in_compute_and_in_fetches_is_told_from_the_rest_of_the_st
         sched.wait(5)
     tracker.close()
     recs = {r.step: r for r in _records(sock)}
-    got = {n: (r.runqueue_wait_us, r.compute_runqueue_wait_us, r.data_runqueue_wait_us) for n, r in recs.items()}
-    assert got == {  # (the step's, in compute, in its fetches)
-        0: (10 * MS, 5 * MS, 0),
-        1: (7 * MS, 5 * MS, 2 * MS),
-        2: (5 * MS, 5 * MS, 0),
-        3: (6 * MS, 3 * MS, 1 * MS),  # the fetch held for it before it opened
-        4: (6 * MS, 3 * MS, 1 * MS),  # fetched while step 3 was open: moved to this step with its run delay
-        5: (6 * MS, 3 * MS, 1 * MS),
-        6: (6 * MS, 5 * MS, 1 * MS),
-        7: (6 * MS, 5 * MS, 1 * MS),
+    got = {
+        n: (r.runqueue_wait_us, r.compute_runqueue_wait_us, r.data_runqueue_wait_us, r.optimizer_runqueue_wait_us)
+        for n, r in recs.items()
+    }
+    assert got == {  # (the step's, in compute, in its fetches, in its optimizer step)
+        0: (10 * MS, 5 * MS, 0, 1 * MS),
+        1: (7 * MS, 5 * MS, 2 * MS, 0),
+        2: (5 * MS, 5 * MS, 0, 0),
+        3: (6 * MS, 3 * MS, 1 * MS, 0),  # the fetch held for it before it opened
+        4: (6 * MS, 3 * MS, 1 * MS, 0),  # fetched while step 3 was open: moved to this step with its run delay
+        5: (6 * MS, 3 * MS, 1 * MS, 0),
+        6: (6 * MS, 5 * MS, 1 * MS, 0),
+        7: (6 * MS, 5 * MS, 1 * MS, 0),
     }
     assert tracker.counters().hook_errors == 0
 

@@ -341,10 +341,10 @@ class _Context:
     """Per rank-step of such a run whose every record has ``compute_runqueue_wait_us`` (its run delay in its compute):
     its compute less that wait (:func:`_own_compute_us`), µs, compared so for every rank alike (:meth:`reference_us`);
     ``None`` otherwise."""
-    data_host_excess_us: NDArray[np.float64] | None = None
-    """Per rank-step of such a run whose every record has ``data_runqueue_wait_us`` (its run delay in its fetches):
-    what the host took from its data loading beyond its peers' (:func:`_data_host_excess_us`), µs; ``None``
-    otherwise."""
+    phase_host_excess_us: dict[str, NDArray[np.float64]] = field(default_factory=dict)
+    """Per phase (data loading, the optimizer step) of such a run whose every record says how long the thread waited
+    for a CPU in it (``data_runqueue_wait_us``, ``optimizer_runqueue_wait_us``): per rank-step, what the host took from
+    that phase beyond its peers' (:func:`_phase_host_excess_us`), µs."""
 
     def contention_clause(self) -> str:
         """What every timing finding of a contended run must say."""
@@ -380,18 +380,18 @@ class _Context:
                 work_ratio = ratio if work_ratio is None else np.maximum(work_ratio, ratio)
                 work_name = work_name or name
         contention = next((n for n in notes if n.code == CPU_CONTENTION), None) or runqueue_contention(rs)
-        excess = core = in_compute = own_compute = in_data = None
+        excess = core = own_compute = None
+        by_phase: dict[str, NDArray[np.float64]] = {}
         if rs.breakdown.table.host_timed_with_runqueue:
-            in_compute_col = rs.breakdown.table.steps.compute_runqueue_wait_us
-            if bool((in_compute_col >= 0).all()):
-                in_compute = in_compute_col.astype(np.float64)
-                own_compute = _own_compute_us(rs, in_compute)
-            excess, core, slowdown = _host_excess_us(rs, key, n_groups, in_compute)
-            in_data_col = rs.breakdown.table.steps.data_runqueue_wait_us
-            if bool((in_data_col >= 0).all()):
-                in_data = _data_host_excess_us(
-                    rs, key, n_groups, in_data_col.astype(np.float64), core=core, slowdown=slowdown
-                )
+            waits = _phase_runqueue_waits(rs)
+            if COMPUTE in waits:
+                own_compute = _own_compute_us(rs, waits[COMPUTE])
+            excess, core, slowdown = _host_excess_us(rs, key, n_groups, waits)
+            by_phase = {
+                phase: _phase_host_excess_us(rs, key, n_groups, phase, waits[phase], core=core, slowdown=slowdown)
+                for phase in (DATA, OPTIMIZER)
+                if phase in waits
+            }
         return cls(
             rs=rs,
             step_us=rs.median_step_us,
@@ -404,7 +404,7 @@ class _Context:
             host_excess_us=excess,
             core_excess_us=core,
             own_compute_us=own_compute,
-            data_host_excess_us=in_data,
+            phase_host_excess_us=by_phase,
         )
 
     def phase_us(self, phase: str) -> NDArray[np.float64]:
@@ -412,22 +412,22 @@ class _Context:
 
         Compute, where the records say how long each rank waited for a CPU in it (:attr:`own_compute_us`): less
         that wait, as its peers' (:meth:`reference_us`), and less what its slower core explains
-        (:attr:`core_excess_us`). Data loading, where the records say how long each rank waited for a CPU in its
-        fetches: less what the host took there (:attr:`data_host_excess_us`). Any other phase, and those without
-        that: less the host's excess (:attr:`host_excess_us`) whole, at most down to 0: the records do not say in
-        which of them the thread waited for a CPU (or ran slower on one), so this is the least the rank's own work
-        can have taken. Its peers are compared as measured there, the most theirs can have taken: a rank is named
-        only where it is slower than the peers on both bounds. Taking the excess out of the peers too made a peer
-        that waited for a core in its compute look faster in its optimizer step, and its partner a straggler there.
+        (:attr:`core_excess_us`). Data loading and the optimizer step, where the records say how long each rank
+        waited for a CPU in them: less what the host took there (:attr:`phase_host_excess_us`). Any other phase, and
+        those without that: less the host's excess (:attr:`host_excess_us`) whole, at most down to 0: the records
+        do not say in which of them the thread waited for a CPU (or ran slower on one), so this is the least the
+        rank's own work can have taken. Its peers are compared as measured there, the most theirs can have taken:
+        a rank is named only where it is slower than the peers on both bounds. Taking the excess out of the peers
+        too made a peer that waited for a core in its compute look faster in its optimizer step, and its partner a
+        straggler there.
         """
         values = self.rs.us(phase)
         if self.host_excess_us is None:
             return values
         if phase == COMPUTE and self.own_compute_us is not None and self.core_excess_us is not None:
             return np.maximum(self.own_compute_us - self.core_excess_us, 0.0)
-        if phase == DATA and self.data_host_excess_us is not None:
-            return np.maximum(values - self.data_host_excess_us, 0.0)
-        return np.maximum(values - self.host_excess_us, 0.0)
+        took = self.phase_host_excess_us.get(phase, self.host_excess_us)
+        return np.maximum(values - took, 0.0)
 
     def reference_us(self, phase: str) -> NDArray[np.float64]:
         """A phase's µs per rank-step as the peers a rank is compared with took it (:meth:`phase_us`).
@@ -454,15 +454,30 @@ class _Context:
         return f"rank {int(self.rs.ranks[rank_index])} on {self.rs.node_name(rank_index)}"
 
 
+_PHASE_RUNQUEUE_COLUMNS = {
+    COMPUTE: "compute_runqueue_wait_us",
+    DATA: "data_runqueue_wait_us",
+    OPTIMIZER: "optimizer_runqueue_wait_us",
+}
+"""The record fields that say how long a host-timed rank-step's thread waited for a CPU in a phase."""
+
+
+def _phase_runqueue_waits(rs: RankSteps) -> dict[str, NDArray[np.float64]]:
+    """Per phase whose run delay every record gives (:data:`_PHASE_RUNQUEUE_COLUMNS`): it per rank-step, µs."""
+    s = rs.breakdown.table.steps
+    columns = {phase: getattr(s, name) for phase, name in _PHASE_RUNQUEUE_COLUMNS.items()}
+    return {phase: col.astype(np.float64) for phase, col in columns.items() if bool((col >= 0).all())}
+
+
 def _host_excess_us(
-    rs: RankSteps, key: NDArray[np.int64], n_groups: int, in_compute: NDArray[np.float64] | None
+    rs: RankSteps, key: NDArray[np.int64], n_groups: int, waits: dict[str, NDArray[np.float64]]
 ) -> tuple[NDArray[np.float64], NDArray[np.float64], NDArray[np.float64]]:
     """Per rank-step of a host-timed run: the time the host took from it beyond its (step, stage) peers', µs.
 
     Returns the whole of it, its slower core's part (below), and that core's slowdown (``r - 1``, 0 for a core no
-    slower than its peers': :func:`_core_slowdown`). ``in_compute``: the run delay in each rank-step's
-    compute, where the records say (``compute_runqueue_wait_us``): compute is compared less it, so only the
-    run delay outside compute counts here.
+    slower than its peers': :func:`_core_slowdown`). ``waits``: the run delay in each rank-step's phases, where the
+    records say (:func:`_phase_runqueue_waits`): compute is compared less its own, so only the run delay outside
+    compute counts here, and the optimizer step, the witness of a slower core, less its own.
 
     Its run delay beyond the median of its peers' (the others of its group: in a group of two, a median with itself
     in it would leave it half its own excess). Only a wait beyond the peers' is taken out: a rank the scheduler
@@ -487,8 +502,8 @@ def _host_excess_us(
     """
     s = rs.breakdown.table.steps
     rq = s.runqueue_wait_us.astype(np.float64)
-    if in_compute is not None:
-        rq = np.maximum(rq - in_compute, 0.0)
+    if COMPUTE in waits:
+        rq = np.maximum(rq - waits[COMPUTE], 0.0)
     excess = np.nan_to_num(np.maximum(rq - median_of_others(key, rq, n_groups), 0.0))
     core = np.zeros_like(excess)
     slowdown = np.zeros_like(excess)
@@ -496,36 +511,38 @@ def _host_excess_us(
         on_cpu = s.on_cpu_us.astype(np.float64)
         peers = median_of_others(key, on_cpu, n_groups)
         beyond = np.nan_to_num(np.maximum(on_cpu - peers, 0.0))
-        slowdown = _core_slowdown(rs, _optimizer_ratio(rs, key, n_groups))[rs.rank_index]
+        slowdown = _core_slowdown(rs, _optimizer_ratio(rs, key, n_groups, waits.get(OPTIMIZER)))[rs.rank_index]
         core = np.minimum(beyond, np.nan_to_num(slowdown * peers))
     return excess + core, core, slowdown
 
 
-def _data_host_excess_us(
+def _phase_host_excess_us(
     rs: RankSteps,
     key: NDArray[np.int64],
     n_groups: int,
-    in_data: NDArray[np.float64],
+    phase: str,
+    in_phase: NDArray[np.float64],
     *,
     core: NDArray[np.float64],
     slowdown: NDArray[np.float64],
 ) -> NDArray[np.float64]:
-    """Per rank-step of a host-timed run: what the host took from its data loading beyond its peers', µs.
+    """Per rank-step of a host-timed run: what the host took from one of its phases beyond its peers', µs.
 
-    ``in_data``: the run delay the SDK read across its fetches (``data_runqueue_wait_us``). Its run delay there beyond
-    the median of its (step, stage) peers' (the others of its group), plus as much of its slower core's part of the
-    step (``core``, :func:`_host_excess_us`) as the same fetches would take longer on that core: ``slowdown`` x its
-    peers' data loading, the most of it that can have run on a CPU. A loader slow while off a CPU (a slow disk, a
-    remote store: asleep in the fetch) waited for none, and keeps its time; a rank whose fetches waited for a CPU
-    longer than its peers' is the host's there. Before, a rank's whole extra host time, wherever in the step it fell,
-    came out of its data loading: in a run whose training threads waited for a CPU 58 % of the median step (three
-    spinning processes per core), rank 1 of a 2-rank Trainer job whose loader slept 80 ms a step kept 0-46 ms of
-    it in 3 of 9 steps (its optimizer step waited 50-150 ms longer for a core than its peer's), and no finding named
-    it.
+    ``in_phase``: the run delay the SDK read across the phase (``data_runqueue_wait_us``,
+    ``optimizer_runqueue_wait_us``). Its run delay there beyond the median of its (step, stage) peers' (the others of
+    its group), plus as much of its slower core's part of the step (``core``, :func:`_host_excess_us`) as the same
+    work would take longer on that core: ``slowdown`` x its peers' time in the phase, the most of it that can have
+    run on a CPU. A loader slow while off a CPU (a slow disk, a remote store: asleep in the fetch) waited for none,
+    and keeps its time; a rank whose fetches waited for a CPU longer than its peers' is the host's there. Before, a
+    rank's whole extra host time, wherever in the step it fell, came out of each of these phases: in a run whose
+    training threads waited for a CPU 56 % of the median step (six spinning processes on two cores), rank 1 of a
+    2-rank Trainer job whose loader slept 80 ms a step lost up to 306 ms a step more than its peer to the host,
+    most of it in its optimizer step; taken out of its data loading, that left 0-25 ms of it in 3 of 9 steps, and
+    no finding named it (tests/data/trainer_slow_loader_runqueue).
     """
-    data = rs.us(DATA)
-    waited = np.nan_to_num(np.maximum(in_data - median_of_others(key, in_data, n_groups), 0.0))
-    slower = np.nan_to_num(slowdown * median_of_others(key, data, n_groups))
+    took = rs.us(phase)
+    waited = np.nan_to_num(np.maximum(in_phase - median_of_others(key, in_phase, n_groups), 0.0))
+    slower = np.nan_to_num(slowdown * median_of_others(key, took, n_groups))
     return waited + np.minimum(core, slower)
 
 
@@ -589,9 +606,18 @@ def _own_compute_us(rs: RankSteps, in_compute: NDArray[np.float64]) -> NDArray[n
     return own
 
 
-def _optimizer_ratio(rs: RankSteps, key: NDArray[np.int64], n_groups: int) -> NDArray[np.float64]:
-    """Per rank-step: its optimizer step over the median of its (step, stage) peers' (NaN where either is 0)."""
+def _optimizer_ratio(
+    rs: RankSteps, key: NDArray[np.int64], n_groups: int, in_optimizer: NDArray[np.float64] | None = None
+) -> NDArray[np.float64]:
+    """Per rank-step: its optimizer step over the median of its (step, stage) peers' (NaN where either is 0).
+
+    Each less the time it waited for a CPU in it, where the records say (``in_optimizer``,
+    ``optimizer_runqueue_wait_us``): the witness of a slower core is the same work running slower while on a CPU,
+    not a rank the scheduler kept off one (that wait is the host's already, and counted as such).
+    """
     opt = rs.us(OPTIMIZER)
+    if in_optimizer is not None:
+        opt = np.maximum(opt - in_optimizer, 0.0)
     peers = median_of_others(key, opt, n_groups)
     with np.errstate(invalid="ignore", divide="ignore"):
         return np.where((opt > 0) & (peers > 0), opt / peers, np.nan)

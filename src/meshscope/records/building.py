@@ -195,6 +195,7 @@ class _Line(msgspec.Struct, gc=False):
     on_cpu_us: int | None = None
     compute_runqueue_wait_us: int | None = None
     data_runqueue_wait_us: int | None = None
+    optimizer_runqueue_wait_us: int | None = None
     attempt_start_us: int | None = None
     raised: str | None = None
 
@@ -209,7 +210,8 @@ _between_kinds_of = attrgetter(*BETWEEN_KINDS)
 _between_comm_of = attrgetter(BETWEEN_COMM)
 _runqueue_of, _on_cpu_of = attrgetter("runqueue_wait_us"), attrgetter("on_cpu_us")
 _in_compute_of, _attempt_of = attrgetter("compute_runqueue_wait_us"), attrgetter("attempt_start_us")
-_in_data_of, _raised_of = attrgetter("data_runqueue_wait_us"), attrgetter("raised")
+_in_data_of, _in_optimizer_of = attrgetter("data_runqueue_wait_us"), attrgetter("optimizer_runqueue_wait_us")
+_raised_of = attrgetter("raised")
 _row_ints_of = attrgetter("rank", "step", "start_us", "end_us")
 _axes_of = attrgetter(*(a.value for a in AXES))
 _start_of, _end_of, _phase_of = attrgetter("start_us"), attrgetter("end_us"), attrgetter("phase")
@@ -547,6 +549,7 @@ class _TableBuilder:
             "on_cpu_us": _optional_ints(map(_on_cpu_of, lines)),
             "compute_runqueue_wait_us": _optional_ints(map(_in_compute_of, lines)),
             "data_runqueue_wait_us": _optional_ints(map(_in_data_of, lines)),
+            "optimizer_runqueue_wait_us": _optional_ints(map(_in_optimizer_of, lines)),
             "attempt_start_us": _optional_ints(map(_attempt_of, lines)),
             "raised": _raised_column(list(map(_raised_of, lines))),
         }

@@ -12,7 +12,8 @@ job, the step numbers held, the name tables, and every column's part, name, dtyp
 is a new schema version; a reader reads the versions before its own too (``meshscope.columns/1``: without
 ``on_cpu_us``, ``meshscope.columns/2``: without ``compute_runqueue_wait_us``, ``meshscope.columns/3``: without
 ``attempt_start_us``, ``meshscope.columns/4``: without ``raised``, ``meshscope.columns/5``: without
-``between_comm_us``, ``meshscope.columns/6``: without ``data_runqueue_wait_us``, read as unknown), so that an operator
+``between_comm_us``, ``meshscope.columns/6``: without ``data_runqueue_wait_us`` and ``optimizer_runqueue_wait_us``,
+read as unknown), so that an operator
 reads the sidecars of pods started before it was upgraded.
 
 Packed bytes are input like any other: this module must not trust them. :func:`unpack_columns` checks the header,
@@ -67,6 +68,7 @@ _LACKS: dict[str, tuple[tuple[str, str], ...]] = {
         ("rows", "raised"),
         ("rows", "between_comm_us"),
         ("rows", "data_runqueue_wait_us"),
+        ("rows", "optimizer_runqueue_wait_us"),
     ),
     "meshscope.columns/2": (
         ("rows", "compute_runqueue_wait_us"),
@@ -74,22 +76,33 @@ _LACKS: dict[str, tuple[tuple[str, str], ...]] = {
         ("rows", "raised"),
         ("rows", "between_comm_us"),
         ("rows", "data_runqueue_wait_us"),
+        ("rows", "optimizer_runqueue_wait_us"),
     ),
     "meshscope.columns/3": (
         ("rows", "attempt_start_us"),
         ("rows", "raised"),
         ("rows", "between_comm_us"),
         ("rows", "data_runqueue_wait_us"),
+        ("rows", "optimizer_runqueue_wait_us"),
     ),
-    "meshscope.columns/4": (("rows", "raised"), ("rows", "between_comm_us"), ("rows", "data_runqueue_wait_us")),
-    "meshscope.columns/5": (("rows", "between_comm_us"), ("rows", "data_runqueue_wait_us")),
-    "meshscope.columns/6": (("rows", "data_runqueue_wait_us"),),
+    "meshscope.columns/4": (
+        ("rows", "raised"),
+        ("rows", "between_comm_us"),
+        ("rows", "data_runqueue_wait_us"),
+        ("rows", "optimizer_runqueue_wait_us"),
+    ),
+    "meshscope.columns/5": (
+        ("rows", "between_comm_us"),
+        ("rows", "data_runqueue_wait_us"),
+        ("rows", "optimizer_runqueue_wait_us"),
+    ),
+    "meshscope.columns/6": (("rows", "data_runqueue_wait_us"), ("rows", "optimizer_runqueue_wait_us")),
 }
 """The columns each older version lacks (read as unknown, -1; for ``raised``, a step that ended normally):
 ``on_cpu_us`` came with ``meshscope.columns/2``, ``compute_runqueue_wait_us`` with ``meshscope.columns/3``,
 ``attempt_start_us`` with ``meshscope.columns/4``, ``raised`` (1 where the step ended by an exception, else 0) with
-``meshscope.columns/5``, ``between_comm_us`` with ``meshscope.columns/6``, ``data_runqueue_wait_us`` with
-``meshscope.columns/7``."""
+``meshscope.columns/5``, ``between_comm_us`` with ``meshscope.columns/6``, ``data_runqueue_wait_us`` and
+``optimizer_runqueue_wait_us`` with ``meshscope.columns/7``."""
 _LAYOUTS = {
     PACKED_SCHEMA: LAYOUT,
     **{schema: tuple(c for c in LAYOUT if (c[0], c[1]) not in added) for schema, added in _LACKS.items()},

@@ -223,6 +223,7 @@ def _parse_record(obj: object, where: str) -> StepRecord:
     on_cpu_us = _int(d, "on_cpu_us", where, required=False, minimum=0)
     compute_runqueue_wait_us = _int(d, "compute_runqueue_wait_us", where, required=False, minimum=0)
     data_runqueue_wait_us = _int(d, "data_runqueue_wait_us", where, required=False, minimum=0)
+    optimizer_runqueue_wait_us = _int(d, "optimizer_runqueue_wait_us", where, required=False, minimum=0)
     attempt_start_us = _int(d, "attempt_start_us", where, required=False, minimum=0)
     raised = _str(d, "raised", where, required=False)
     between_obj = d.get("between_steps")
@@ -255,6 +256,7 @@ def _parse_record(obj: object, where: str) -> StepRecord:
             on_cpu_us=on_cpu_us,
             compute_runqueue_wait_us=compute_runqueue_wait_us,
             data_runqueue_wait_us=data_runqueue_wait_us,
+            optimizer_runqueue_wait_us=optimizer_runqueue_wait_us,
             attempt_start_us=attempt_start_us,
             raised=raised,
         )
@@ -316,6 +318,7 @@ def record_to_json(record: StepRecord) -> dict[str, Any]:
         "on_cpu_us": record.on_cpu_us,
         "compute_runqueue_wait_us": record.compute_runqueue_wait_us,
         "data_runqueue_wait_us": record.data_runqueue_wait_us,
+        "optimizer_runqueue_wait_us": record.optimizer_runqueue_wait_us,
         "raised": record.raised,
     }
     out.update({k: v for k, v in tail.items() if v is not None})

@@ -259,6 +259,7 @@ _NON_NEGATIVE = (
     "on_cpu_us",
     "compute_runqueue_wait_us",
     "data_runqueue_wait_us",
+    "optimizer_runqueue_wait_us",
     "attempt_start_us",
 )
 """The record's whole-number fields that are at least 0 where given."""
@@ -319,6 +320,10 @@ class StepRecord:
     it, a fetch held for it before it opened included), microseconds: a loader slow while off a CPU (a slow disk, a
     remote store) waits little for one, a rank whose loading only waited for a CPU more than its peers' is the
     host's. At most ``runqueue_wait_us``, and only with it; ``None`` when not measured."""
+    optimizer_runqueue_wait_us: int | None = None
+    """The part of ``runqueue_wait_us`` that fell in the step's optimizer step (its ``optimizer`` phases),
+    microseconds: the optimizer step is the same work on every rank of a stage, so less this wait it tells a slower
+    core from a busier one. At most ``runqueue_wait_us``, and only with it; ``None`` when not measured."""
     attempt_start_us: int | None = None
     """When the process that wrote the record began tracking (its tracker's start, host-clock microseconds): one
     value per attempt of the rank. A job restarted or resumed into the same records starts a new process, whose
@@ -374,11 +379,12 @@ class StepRecord:
             )
 
     def _check_run_delay(self) -> None:
-        """The run delay in compute and in data loading: parts of ``runqueue_wait_us``, only with it, at most it."""
+        """The run delay in compute, data loading, the optimizer step: parts of ``runqueue_wait_us``, at most it."""
         total = self.runqueue_wait_us
         for name, part, where in (
             ("compute_runqueue_wait_us", self.compute_runqueue_wait_us, "compute"),
             ("data_runqueue_wait_us", self.data_runqueue_wait_us, "data loading"),
+            ("optimizer_runqueue_wait_us", self.optimizer_runqueue_wait_us, "optimizer step"),
         ):
             if part is not None and (total is None or part > total):
                 raise ParseError(

@@ -113,6 +113,8 @@ class StepColumns:
     """The part of ``runqueue_wait_us`` in the step's compute, microseconds, or -1 (not measured)."""
     data_runqueue_wait_us: NDArray[np.int64]
     """The part of ``runqueue_wait_us`` in the step's data loading, microseconds, or -1 (not measured)."""
+    optimizer_runqueue_wait_us: NDArray[np.int64]
+    """The part of ``runqueue_wait_us`` in the step's optimizer step, microseconds, or -1 (not measured)."""
     attempt_start_us: NDArray[np.int64]
     """When the process that wrote the row began tracking (host-clock microseconds): one value per attempt of the
     rank, or -1 (the writer does not say)."""
@@ -149,6 +151,7 @@ class StepColumns:
         on_cpu_us: ArrayLike | None = None,
         compute_runqueue_wait_us: ArrayLike | None = None,
         data_runqueue_wait_us: ArrayLike | None = None,
+        optimizer_runqueue_wait_us: ArrayLike | None = None,
         attempt_start_us: ArrayLike | None = None,
         source_file: ArrayLike | None = None,
         source_line: ArrayLike | None = None,
@@ -198,6 +201,9 @@ class StepColumns:
             on_cpu_us=_column(on_cpu_us, n, i64, UNKNOWN, "on_cpu_us"),
             compute_runqueue_wait_us=_column(compute_runqueue_wait_us, n, i64, UNKNOWN, "compute_runqueue_wait_us"),
             data_runqueue_wait_us=_column(data_runqueue_wait_us, n, i64, UNKNOWN, "data_runqueue_wait_us"),
+            optimizer_runqueue_wait_us=_column(
+                optimizer_runqueue_wait_us, n, i64, UNKNOWN, "optimizer_runqueue_wait_us"
+            ),
             attempt_start_us=_column(attempt_start_us, n, i64, UNKNOWN, "attempt_start_us"),
             source_file=_column(source_file, n, i32, UNKNOWN, "source_file"),
             source_line=_column(source_line, n, i64, UNKNOWN, "source_line"),
@@ -478,6 +484,7 @@ def _table_of_records(records: Iterable[StepRecord], *, notes: tuple[Note, ...])
                 "on_cpu_us",
                 "compute_runqueue_wait_us",
                 "data_runqueue_wait_us",
+                "optimizer_runqueue_wait_us",
                 "attempt_start_us",
             )
         }
@@ -511,6 +518,8 @@ def _table_of_records(records: Iterable[StepRecord], *, notes: tuple[Note, ...])
         rows["compute_runqueue_wait_us"].append(UNKNOWN if in_compute is None else in_compute)
         in_data = rec.data_runqueue_wait_us
         rows["data_runqueue_wait_us"].append(UNKNOWN if in_data is None else in_data)
+        in_optimizer = rec.optimizer_runqueue_wait_us
+        rows["optimizer_runqueue_wait_us"].append(UNKNOWN if in_optimizer is None else in_optimizer)
         rows["attempt_start_us"].append(UNKNOWN if rec.attempt_start_us is None else rec.attempt_start_us)
         between = rec.between_steps
         rows["between_us"].append(
@@ -641,6 +650,7 @@ def _row_record(table: RecordTable, i: int, intervals: list[Interval]) -> StepRe
         on_cpu_us=_opt_int(s.on_cpu_us[i]),
         compute_runqueue_wait_us=_opt_int(s.compute_runqueue_wait_us[i]),
         data_runqueue_wait_us=_opt_int(s.data_runqueue_wait_us[i]),
+        optimizer_runqueue_wait_us=_opt_int(s.optimizer_runqueue_wait_us[i]),
         attempt_start_us=_opt_int(s.attempt_start_us[i]),
     )
 
@@ -708,6 +718,7 @@ def _validate_table(t: RecordTable) -> NDArray[np.intp]:  # noqa: C901, PLR0912,
         "on_cpu_us",
         "compute_runqueue_wait_us",
         "data_runqueue_wait_us",
+        "optimizer_runqueue_wait_us",
         "attempt_start_us",
         "source_file",
         "source_line",
@@ -779,6 +790,7 @@ def _validate_table(t: RecordTable) -> NDArray[np.intp]:  # noqa: C901, PLR0912,
         "on_cpu_us",
         "compute_runqueue_wait_us",
         "data_runqueue_wait_us",
+        "optimizer_runqueue_wait_us",
         "attempt_start_us",
     ):
         col = getattr(s, name)
@@ -788,8 +800,12 @@ def _validate_table(t: RecordTable) -> NDArray[np.intp]:  # noqa: C901, PLR0912,
                 f"{t.where_row(bad)}: {name} = {int(col[bad])} is below 0 (-1 means unknown)",
                 code=ParseCode.VALUE_OUT_OF_RANGE,
             )
-    # compute_runqueue_wait_us, data_runqueue_wait_us: parts of runqueue_wait_us, only with it
-    for name, where in (("compute_runqueue_wait_us", "compute"), ("data_runqueue_wait_us", "data loading")):
+    # the run delay in compute, data loading and the optimizer step: parts of runqueue_wait_us, only with it
+    for name, where in (
+        ("compute_runqueue_wait_us", "compute"),
+        ("data_runqueue_wait_us", "data loading"),
+        ("optimizer_runqueue_wait_us", "optimizer step"),
+    ):
         part = getattr(s, name)
         bad = _first((part >= 0) & ((s.runqueue_wait_us < 0) | (part > s.runqueue_wait_us)))
         if bad is not None:

@@ -145,6 +145,7 @@ class _LineOut(msgspec.Struct, kw_only=True, omit_defaults=True, gc=False):
     on_cpu_us: int | None = None
     compute_runqueue_wait_us: int | None = None
     data_runqueue_wait_us: int | None = None
+    optimizer_runqueue_wait_us: int | None = None
 
 
 def _named(codes: NDArray[Any], names: Iterable[str]) -> list[str | None]:
@@ -199,6 +200,7 @@ def _table_lines(table: RecordTable) -> Iterator[list[_LineOut]]:
             _optional(s.on_cpu_us[rows], s.on_cpu_us[rows] >= 0),
             _optional(s.compute_runqueue_wait_us[rows], s.compute_runqueue_wait_us[rows] >= 0),
             _optional(s.data_runqueue_wait_us[rows], s.data_runqueue_wait_us[rows] >= 0),
+            _optional(s.optimizer_runqueue_wait_us[rows], s.optimizer_runqueue_wait_us[rows] >= 0),
             strict=True,
         )
         yield [
@@ -225,6 +227,7 @@ def _table_lines(table: RecordTable) -> Iterator[list[_LineOut]]:
                 on_cpu_us=on_cpu,
                 compute_runqueue_wait_us=in_compute,
                 data_runqueue_wait_us=in_data,
+                optimizer_runqueue_wait_us=in_optimizer,
             )
             for (
                 step,
@@ -247,6 +250,7 @@ def _table_lines(table: RecordTable) -> Iterator[list[_LineOut]]:
                 on_cpu,
                 in_compute,
                 in_data,
+                in_optimizer,
             ) in columns
         ]
 

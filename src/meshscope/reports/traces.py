@@ -403,6 +403,7 @@ def _step_slice(table: RecordTable, bd: Breakdown, row: int, shift: int) -> _Sli
         "on_cpu_us",
         "compute_runqueue_wait_us",
         "data_runqueue_wait_us",
+        "optimizer_runqueue_wait_us",
     ):
         value = int(getattr(s, name)[row])
         if value >= 0:

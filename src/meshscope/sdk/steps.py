@@ -117,6 +117,7 @@ class StepState:
         "longest",
         "on_cpu_ns",
         "ops",
+        "optimizer_rq_ns",
         "peak_memory_bytes",
         "phased_rq_ns",
         "raised",
@@ -180,6 +181,8 @@ class StepState:
         """The part of :attr:`phased_rq_ns` in its compute phases, ns."""
         self.data_rq_ns = 0
         """The part of :attr:`phased_rq_ns` in its ``data`` phases (its fetches), ns."""
+        self.optimizer_rq_ns = 0
+        """The part of :attr:`phased_rq_ns` in its ``optimizer`` phases, ns."""
 
 
 def between_us(between_ns: Mapping[str, int]) -> dict[str, int]:
@@ -247,16 +250,16 @@ def compute_runqueue_wait_us(st: StepState) -> int | None:
     return min(max(inside, 0), total) // 1000
 
 
-def data_runqueue_wait_us(st: StepState) -> int | None:
-    """The record's ``data_runqueue_wait_us``: the part of the step's run delay in its data loading, µs.
+def phase_runqueue_wait_us(st: StepState, in_phase_ns: int) -> int | None:
+    """A record's ``data_runqueue_wait_us`` or ``optimizer_runqueue_wait_us``, µs.
 
-    The run delay in its ``data`` phases (the fetches timed in it, a held one included); at most the step's own run
-    delay; ``None`` where either is unknown.
+    ``in_phase_ns``: the run delay read across the step's phases of that kind (:attr:`StepState.data_rq_ns`,
+    :attr:`StepState.optimizer_rq_ns`). At most the step's own run delay; ``None`` where either is unknown.
     """
     total = st.runqueue_wait_ns
     if total is None or st.phased_rq_ns is None:
         return None
-    return min(max(st.data_rq_ns, 0), total) // 1000
+    return min(max(in_phase_ns, 0), total) // 1000
 
 
 def implicit_compute(
@@ -464,8 +467,10 @@ def build_record(
         record["runqueue_wait_us"] = st.runqueue_wait_ns // 1000
     if (in_compute := compute_runqueue_wait_us(st)) is not None:
         record["compute_runqueue_wait_us"] = in_compute
-    if (in_data := data_runqueue_wait_us(st)) is not None:
+    if (in_data := phase_runqueue_wait_us(st, st.data_rq_ns)) is not None:
         record["data_runqueue_wait_us"] = in_data
+    if (in_optimizer := phase_runqueue_wait_us(st, st.optimizer_rq_ns)) is not None:
+        record["optimizer_runqueue_wait_us"] = in_optimizer
     if st.on_cpu_ns is not None:
         record["on_cpu_us"] = st.on_cpu_ns // 1000
     if st.raised is not None:
@@ -546,8 +551,10 @@ def encode_record(st: StepState, p: StepIntervals, *, header: RecordHeader, sdk:
         loop += f',"runqueue_wait_us":{st.runqueue_wait_ns // 1000}'
     if (in_compute := compute_runqueue_wait_us(st)) is not None:
         loop += f',"compute_runqueue_wait_us":{in_compute}'
-    if (in_data := data_runqueue_wait_us(st)) is not None:
+    if (in_data := phase_runqueue_wait_us(st, st.data_rq_ns)) is not None:
         loop += f',"data_runqueue_wait_us":{in_data}'
+    if (in_optimizer := phase_runqueue_wait_us(st, st.optimizer_rq_ns)) is not None:
+        loop += f',"optimizer_runqueue_wait_us":{in_optimizer}'
     if st.on_cpu_ns is not None:
         loop += f',"on_cpu_us":{st.on_cpu_ns // 1000}'
     if st.raised is not None:

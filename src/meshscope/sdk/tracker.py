@@ -237,8 +237,8 @@ class _Boundary:
             len(st.attention),
         )
         """Where the fetch's own pieces begin in the open step's lists (moved to the next step with it)."""
-        self.rq_ns = (st.phased_rq_ns, st.compute_rq_ns, st.data_rq_ns)
-        """The step's run delay in phases, in compute phases and in data phases then (the fetch's own goes with
+        self.rq_ns = (st.phased_rq_ns, st.compute_rq_ns, st.data_rq_ns, st.optimizer_rq_ns)
+        """The step's run delay in phases, in compute, data and optimizer phases then (the fetch's own goes with
         it)."""
         self.after: tuple[int, ...] | None = None
         """The lists' lengths and the phase stack's depth when the (last) fetch ended: unchanged = nothing since."""
@@ -509,8 +509,8 @@ class Tracker:
         """Phases timed since the previous step ended (before any pending fetch), ns per ``between_steps`` key."""
         self._pre_step: list[tuple[str, str, str | None, int, int]] = []
         """Pieces (between key, kind, phase, start ns, end ns) since the first pending fetch: the next step's."""
-        self._pre_step_rq = [0, 0, 0]
-        """The run delay in those pieces, in their compute pieces and in their data pieces, ns
+        self._pre_step_rq = [0, 0, 0, 0]
+        """The run delay in those pieces, and in their compute, data and optimizer pieces, ns
         (:attr:`StepState.phased_rq_ns`)."""
         self._fetch_ns: int | None = None
         """Start of the first fetch held for the next step (:class:`_DataIterator`), host ns."""
@@ -1145,7 +1145,8 @@ class Tracker:
             st.phased_rq_ns += self._pre_step_rq[0]
             st.compute_rq_ns += self._pre_step_rq[1]
             st.data_rq_ns += self._pre_step_rq[2]
-        self._pre_step_rq = [0, 0, 0]
+            st.optimizer_rq_ns += self._pre_step_rq[3]
+        self._pre_step_rq = [0, 0, 0, 0]
         carried: list[tuple[list[Any], list[Any], list[Any]]] = []
         if self._carried is not None:  # what a boundary fetch issued (a loader's own collectives) comes with it
             carried.append(self._carried)
@@ -1303,6 +1304,8 @@ class Tracker:
                 st.compute_rq_ns += now - since
             elif kind == DATA:
                 st.data_rq_ns += now - since
+            elif kind == OPTIMIZER:
+                st.optimizer_rq_ns += now - since
 
     def _between_piece(self, frame: _Frame, now: int, rq: int) -> None:
         """The piece ``frame`` owned between steps, from its ``seg_start`` (host ns) to ``now``; run delay ``rq``."""
@@ -1314,6 +1317,8 @@ class Tracker:
                     self._pre_step_rq[1] += rq - frame.seg_rq
                 elif frame.kind == DATA:
                     self._pre_step_rq[2] += rq - frame.seg_rq
+                elif frame.kind == OPTIMIZER:
+                    self._pre_step_rq[3] += rq - frame.seg_rq
         else:
             self._between_ns[frame.between] = self._between_ns.get(frame.between, 0) + (now - frame.seg_start)
 
@@ -1439,7 +1444,7 @@ class Tracker:
         for between, _, _, a, b in self._pre_step:
             self._between_ns[between] = self._between_ns.get(between, 0) + (b - a)
         self._pre_step = []
-        self._pre_step_rq = [0, 0, 0]
+        self._pre_step_rq = [0, 0, 0, 0]
         self._fetch_ns = self._fetch_from = None
         self._held_stats = None
         held, self._ops.held = self._ops.held, None
@@ -1544,14 +1549,16 @@ class Tracker:
         fetched = st.segments[b.segments :]
         self._carried = (st.ops[b.ops :], st.windows[b.windows :], st.attention[b.attention :])
         del st.segments[b.segments :], st.ops[b.ops :], st.windows[b.windows :], st.attention[b.attention :]
-        phased_then, compute_then, data_then = b.rq_ns
+        phased_then, compute_then, data_then, optimizer_then = b.rq_ns
         if st.phased_rq_ns is not None and phased_then is not None:  # the fetch's run delay goes with it
             self._pre_step_rq = [
                 st.phased_rq_ns - phased_then,
                 st.compute_rq_ns - compute_then,
                 st.data_rq_ns - data_then,
+                st.optimizer_rq_ns - optimizer_then,
             ]
-            st.phased_rq_ns, st.compute_rq_ns, st.data_rq_ns = phased_then, compute_then, data_then
+            st.phased_rq_ns, st.compute_rq_ns = phased_then, compute_then
+            st.data_rq_ns, st.optimizer_rq_ns = data_then, optimizer_then
         self._end_step(b.start_ns, b.sched_ns)
         self._fetch_ns, self._fetch_from, self._fetch_sched_ns = b.start_ns, b.source, b.sched_ns
         self._pre_step.extend(("data", kind, phase, a, e) for kind, phase, a, e in fetched)
