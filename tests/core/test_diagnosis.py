@@ -1668,6 +1668,25 @@ def test_a_transient_stragglers_cost_is_what_its_slow_steps_caused_beyond_its_or
     assert "wait 3.69 ms per step" in row.suspect.message
 
 
+def test_a_periodic_stragglers_cost_counts_every_step_on_its_cadence() -> None:
+    # dp 4, 20 steps, no noise, a contended host (every thread waits 2 ms a step for a CPU: the contended bar, a
+    # quarter of the peers' phase): rank 1 computes 1.03 x 20 ms in every step (0.6 ms late) and pauses every fourth
+    # step, 1.6 x (12.96 ms late) in steps 3, 7, 15 and 19 but only 1.2 x (4.72 ms late: under the bar) in step 11.
+    # The finding names steps 3, 7, 15 and 19, every 4 steps; its cost counts step 11 too, on the same cadence:
+    # (4 x 12.96 + 4.72 - 5 x 0.6) / 20 = 2.678 ms a step per waiting rank, not (4 x 12.96 - 4 x 0.6) / 20 = 2.472.
+    slow_in_step = {(1, 3): 1.6, (1, 7): 1.6, (1, 11): 1.2, (1, 15): 1.6, (1, 19): 1.6}
+    job = Job(tp=1, dp=4, gpus_per_node=4, steps=20, slow={1: 1.03}, slow_in_step=slow_in_step, noise=0.0)
+    f = only(analyze(host_timed(job, {}, base_us=2_000)).findings, "straggler")
+    assert f.suspects[0].rank == 1
+    assert "cpu_contention" in f.evidence
+    assert f.evidence["steps_slow"] == 4
+    assert "every 4 steps (steps 3, 7, 15 and 19)" in f.message
+    assert f.evidence["slow_steps_wait_per_member_seconds_per_step"] == pytest.approx(0.002678, rel=5e-3)
+    assert f.cost_seconds_per_step == pytest.approx(0.002678, rel=5e-3)
+    # the table charges every wait it caused: (15 x 0.6 + 4 x 12.96 + 4.72) / 20 = 3.278 ms
+    assert f.evidence["wait_per_member_seconds_per_step"] == pytest.approx(0.003278, rel=5e-3)
+
+
 @pytest.mark.parametrize(
     ("slow_in_step", "clause"),
     [
