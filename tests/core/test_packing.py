@@ -107,39 +107,22 @@ def test_packed_lines_read_back_as_the_table_of_the_lines() -> None:
     assert table.source_files == ("node-0",)
 
 
+ADDED_IN = (
+    ("on_cpu_us",),
+    ("compute_runqueue_wait_us",),
+    ("attempt_start_us",),
+    ("raised",),
+    ("between_comm_us",),
+    ("data_runqueue_wait_us", "optimizer_runqueue_wait_us"),
+)
+"""The row columns each version from ``meshscope.columns/2`` on added, in order (docs/records.md)."""
+
+
 @pytest.mark.parametrize(
     ("schema", "lacks"),
     [
-        (
-            "meshscope.columns/1",
-            (
-                "on_cpu_us",
-                "compute_runqueue_wait_us",
-                "attempt_start_us",
-                "raised",
-                "between_comm_us",
-                "data_runqueue_wait_us",
-                "optimizer_runqueue_wait_us",
-            ),
-        ),
-        (
-            "meshscope.columns/2",
-            (
-                "compute_runqueue_wait_us",
-                "attempt_start_us",
-                "raised",
-                "between_comm_us",
-                "data_runqueue_wait_us",
-                "optimizer_runqueue_wait_us",
-            ),
-        ),
-        (
-            "meshscope.columns/3",
-            ("attempt_start_us", "raised", "between_comm_us", "data_runqueue_wait_us", "optimizer_runqueue_wait_us"),
-        ),
-        ("meshscope.columns/4", ("raised", "between_comm_us", "data_runqueue_wait_us", "optimizer_runqueue_wait_us")),
-        ("meshscope.columns/5", ("between_comm_us", "data_runqueue_wait_us", "optimizer_runqueue_wait_us")),
-        ("meshscope.columns/6", ("data_runqueue_wait_us", "optimizer_runqueue_wait_us")),
+        (f"meshscope.columns/{version}", tuple(c for added in ADDED_IN[version - 1 :] for c in added))
+        for version in range(1, len(ADDED_IN) + 1)
     ],
 )
 def test_the_versions_before_read_with_the_newer_columns_unknown(schema: str, lacks: tuple[str, ...]) -> None:
