@@ -392,6 +392,24 @@ def test_an_optimizer_step_slow_only_by_waiting_for_a_cpu_is_no_slower_core() ->
     assert analyze(host_timed(job, {}, on_cpu_us={5: 8_400}, optimizer_runqueue_us={})).findings == ()
 
 
+def test_a_rank_idle_outside_its_phases_keeps_that_time_when_it_waited_for_a_cpu_elsewhere() -> None:
+    # Rank 5 is idle 8 ms a step outside its phases (asleep: host work the loop does not mark), and its optimizer
+    # step took 9 ms against its peers' 1 ms, all of the difference waiting for a CPU. Where the records say only
+    # the step's run delay, its 8 ms of extra wait comes out of each phase it is compared in: nothing is left of its
+    # idle time and no finding names it. Where they also say the run delay in compute, data loading and the
+    # optimizer step, the time outside them waited for none: it keeps its 8 ms and is named, slow there.
+    job = Job(idle_us={5: 8_000}, slow_optimizer={5: 9.0}, noise=0.0)
+    waited = {5: 8_000.0}
+    assert analyze(host_timed(job, waited)).findings == ()
+    told = host_timed(job, waited, optimizer_runqueue_us=waited)
+    zeros = np.zeros(told.n_rows, dtype=np.int64)
+    told = replace(told, steps=replace(told.steps, compute_runqueue_wait_us=zeros, data_runqueue_wait_us=zeros))
+    f = only(analyze(told).findings, "straggler")
+    assert f.suspects[0].rank == 5
+    assert f.evidence["phase_is_other"] == 1
+    assert f.evidence["phase_seconds"] == pytest.approx(0.008, rel=0.05)
+
+
 def test_a_straggler_waiting_for_a_cpu_in_proportion_is_still_named() -> None:
     # Every thread waits a quarter of its compute for a CPU; rank 5 computes twice as long, so it also waits twice as
     # long (5 ms more): what is left (15 ms more compute) is the job's, and the contention is said.

@@ -342,9 +342,10 @@ class _Context:
     its compute less that wait (:func:`_own_compute_us`), µs, compared so for every rank alike (:meth:`reference_us`);
     ``None`` otherwise."""
     phase_host_excess_us: dict[str, NDArray[np.float64]] = field(default_factory=dict)
-    """Per phase (data loading, the optimizer step) of such a run whose every record says how long the thread waited
-    for a CPU in it (``data_runqueue_wait_us``, ``optimizer_runqueue_wait_us``): per rank-step, what the host took from
-    that phase beyond its peers' (:func:`_phase_host_excess_us`), µs."""
+    """Per phase (data loading, the optimizer step, the time outside phases) of such a run whose every record says how
+    long the thread waited for a CPU in it (``data_runqueue_wait_us``, ``optimizer_runqueue_wait_us``; outside phases:
+    the rest, :func:`_phase_runqueue_waits`): per rank-step, what the host took from that phase beyond its peers'
+    (:func:`_phase_host_excess_us`), µs."""
 
     def contention_clause(self) -> str:
         """What every timing finding of a contended run must say."""
@@ -389,9 +390,11 @@ class _Context:
             excess, core, slowdown = _host_excess_us(rs, key, n_groups, waits)
             by_phase = {
                 phase: _phase_host_excess_us(rs, key, n_groups, phase, waits[phase], core=core, slowdown=slowdown)
-                for phase in (DATA, OPTIMIZER)
+                for phase in (DATA, OPTIMIZER, OTHER)
                 if phase in waits
             }
+            if OTHER in by_phase:  # where a checkpoint phase took time too, the records do not split the rest
+                by_phase[OTHER] = np.where(rs.us(CHECKPOINT) > 0, excess, by_phase[OTHER])
         return cls(
             rs=rs,
             step_us=rs.median_step_us,
@@ -412,8 +415,9 @@ class _Context:
 
         Compute, where the records say how long each rank waited for a CPU in it (:attr:`own_compute_us`): less
         that wait, as its peers' (:meth:`reference_us`), and less what its slower core explains
-        (:attr:`core_excess_us`). Data loading and the optimizer step, where the records say how long each rank
-        waited for a CPU in them: less what the host took there (:attr:`phase_host_excess_us`). Any other phase, and
+        (:attr:`core_excess_us`). Data loading, the optimizer step and the time outside phases, where the records
+        say how long each rank waited for a CPU in them: less what the host took there
+        (:attr:`phase_host_excess_us`). Any other phase, and
         those without that: less the host's excess (:attr:`host_excess_us`) whole, at most down to 0: the records
         do not say in which of them the thread waited for a CPU (or ran slower on one), so this is the least the
         rank's own work can have taken. Its peers are compared as measured there, the most theirs can have taken:
@@ -463,10 +467,19 @@ _PHASE_RUNQUEUE_COLUMNS = {
 
 
 def _phase_runqueue_waits(rs: RankSteps) -> dict[str, NDArray[np.float64]]:
-    """Per phase whose run delay every record gives (:data:`_PHASE_RUNQUEUE_COLUMNS`): it per rank-step, µs."""
+    """Per phase whose run delay every record gives (:data:`_PHASE_RUNQUEUE_COLUMNS`): it per rank-step, µs.
+
+    With all three, also the time outside them (``other``): the step's run delay less theirs, which holds the wake-ups
+    of collectives outside phases too (so at least what ``other`` waited) and, in a step with checkpoint time, the
+    checkpoint's wait (the caller leaves such rank-steps to the whole extra host time).
+    """
     s = rs.breakdown.table.steps
     columns = {phase: getattr(s, name) for phase, name in _PHASE_RUNQUEUE_COLUMNS.items()}
-    return {phase: col.astype(np.float64) for phase, col in columns.items() if bool((col >= 0).all())}
+    waits = {phase: col.astype(np.float64) for phase, col in columns.items() if bool((col >= 0).all())}
+    if len(waits) == len(_PHASE_RUNQUEUE_COLUMNS):
+        total = s.runqueue_wait_us.astype(np.float64)
+        waits[OTHER] = np.maximum(total - waits[COMPUTE] - waits[DATA] - waits[OPTIMIZER], 0.0)
+    return waits
 
 
 def _host_excess_us(
