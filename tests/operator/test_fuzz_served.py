@@ -21,6 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from meshscope.errors import MeshscopeError
 from meshscope.plan import plan_job
 from meshscope_operator.spec import job_spec
+from operator_serving import BESIDE_THE_OPERATOR
 from trainingjob_strategies import training_jobs
 
 
@@ -35,6 +36,7 @@ def _core_verdict(job: dict[str, Any], bound: int) -> str | None:
     return None
 
 
+@BESIDE_THE_OPERATOR
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(job=training_jobs())
 def test_fuzzed_training_jobs_get_a_clear_verdict(served, job: dict[str, Any]) -> None:

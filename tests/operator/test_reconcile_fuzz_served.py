@@ -30,7 +30,7 @@ from meshscope_operator.children import ChildError, job_manifest
 from meshscope_operator.kubeapi import KubeApi
 from meshscope_operator.reconciling import reconcile_training_job
 from meshscope_operator.spec import job_spec
-from operator_serving import NAMESPACE, ROOT, TIMEOUT_S
+from operator_serving import BESIDE_THE_OPERATOR, NAMESPACE, ROOT, TIMEOUT_S
 from trainingjob_strategies import training_jobs
 
 if TYPE_CHECKING:
@@ -126,6 +126,7 @@ async def _reconcile(served: Served, body: dict[str, Any]) -> tuple[dict[str, An
     return status, None
 
 
+@BESIDE_THE_OPERATOR
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(job=training_jobs())
 def test_reconcile_of_any_body_ends_planned_or_invalid_with_bounded_requests(
